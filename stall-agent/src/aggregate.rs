@@ -1,0 +1,650 @@
+//! The job as seen so far: processes, threads, files and wakeups, built from
+//! decoded events and map snapshots, and cut into windows (an interval, or
+//! the whole run). Pure: no kernel, no /proc; unit-tested on synthetic
+//! streams.
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use stall_common::fd_kind;
+
+use crate::decode::{Event, FileCounters, FileSnap, Snapshot, ThreadCounters, ThreadNow};
+
+#[derive(Debug, Clone, Default)]
+pub struct Proc {
+    pub tgid: u32,
+    pub ppid: Option<u32>,
+    pub comm: String,
+    pub cmdline: Option<String>,
+    pub alive: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Thread {
+    pub tid: u32,
+    pub tgid: u32,
+    pub comm: String,
+    pub total: ThreadCounters,
+    mark: ThreadCounters,
+    pub now: ThreadNow,
+    pub other_nr: i32,
+    pub alive: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct File {
+    pub file_id: u64,
+    pub tgid: u32,
+    pub fd: i32,
+    pub path: String,
+    /// Absolute path, when `path` was given relative.
+    pub resolved: Option<String>,
+    pub kind: u32,
+    pub total: FileCounters,
+    mark: FileCounters,
+    pub open: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Wake {
+    waker_tgid: u32,
+    waker_comm: String,
+    total: u64,
+    mark: u64,
+}
+
+/// Everything the correlation and the verdict look at, for one span of time.
+#[derive(Debug, Clone, Default)]
+pub struct Window {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub procs: Vec<ProcWindow>,
+    /// Losses during the window, by cause.
+    pub lost: [u64; 5],
+    pub events: u64,
+}
+
+impl Window {
+    pub fn secs(&self) -> f64 {
+        self.end_ns.saturating_sub(self.start_ns) as f64 / 1e9
+    }
+    pub fn lost_total(&self) -> u64 {
+        self.lost.iter().sum()
+    }
+    pub fn proc(&self, tgid: u32) -> Option<&ProcWindow> {
+        self.procs.iter().find(|p| p.tgid == tgid)
+    }
+    pub fn thread(&self, tid: u32) -> Option<(&ProcWindow, &ThreadWindow)> {
+        self.procs.iter().find_map(|p| p.threads.iter().find(|t| t.tid == tid).map(|t| (p, t)))
+    }
+}
+
+impl Window {
+    /// Consecutive windows as one (the verdict looks at the last few
+    /// seconds, not at one noisy interval). Thread states are the latest.
+    pub fn merge(windows: &[Window]) -> Window {
+        let mut out = Window {
+            start_ns: windows.first().map_or(0, |w| w.start_ns),
+            end_ns: windows.last().map_or(0, |w| w.end_ns),
+            ..Default::default()
+        };
+        for w in windows {
+            for (i, l) in w.lost.iter().enumerate() {
+                out.lost[i] += l;
+            }
+            out.events += w.events;
+            for p in &w.procs {
+                let op = match out.procs.iter_mut().position(|o| o.tgid == p.tgid) {
+                    Some(i) => &mut out.procs[i],
+                    None => {
+                        out.procs.push(ProcWindow {
+                            threads: vec![],
+                            files: vec![],
+                            other_read_bytes: 0,
+                            ..p.clone()
+                        });
+                        out.procs.last_mut().unwrap()
+                    }
+                };
+                op.alive = p.alive;
+                op.comm.clone_from(&p.comm);
+                op.other_read_bytes += p.other_read_bytes;
+                for t in &p.threads {
+                    match op.threads.iter_mut().find(|o| o.tid == t.tid) {
+                        Some(o) => {
+                            o.delta.add(&t.delta);
+                            o.now = t.now;
+                            o.alive = t.alive;
+                            o.other_nr = t.other_nr;
+                            for b in &t.woken_by {
+                                match o.woken_by.iter_mut().find(|x| x.0 == b.0) {
+                                    Some(x) => x.3 += b.3,
+                                    None => o.woken_by.push(b.clone()),
+                                }
+                            }
+                        }
+                        None => op.threads.push(t.clone()),
+                    }
+                }
+                for f in &p.files {
+                    match op.files.iter_mut().find(|o| o.path == f.path) {
+                        Some(o) => {
+                            o.opens += f.opens;
+                            o.read_calls += f.read_calls;
+                            o.read_bytes += f.read_bytes;
+                            o.read_ns += f.read_ns;
+                        }
+                        None => op.files.push(f.clone()),
+                    }
+                }
+            }
+        }
+        for p in &mut out.procs {
+            p.files.sort_by(|a, b| b.read_bytes.cmp(&a.read_bytes).then(a.path.cmp(&b.path)));
+            for t in &mut p.threads {
+                t.woken_by.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(&b.0)));
+            }
+        }
+        out
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ProcWindow {
+    pub tgid: u32,
+    pub ppid: Option<u32>,
+    pub comm: String,
+    pub cmdline: Option<String>,
+    pub alive: bool,
+    pub threads: Vec<ThreadWindow>,
+    pub files: Vec<FileWindow>,
+    /// Reads of pipes, sockets and other non-files.
+    pub other_read_bytes: u64,
+}
+
+impl ProcWindow {
+    pub fn sum(&self) -> ThreadCounters {
+        let mut c = ThreadCounters::default();
+        for t in &self.threads {
+            c.add(&t.delta);
+        }
+        c
+    }
+    pub fn file_read_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.read_bytes).sum()
+    }
+    pub fn main_thread(&self) -> Option<&ThreadWindow> {
+        self.threads.iter().find(|t| t.tid == self.tgid).or(self.threads.first())
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ThreadWindow {
+    pub tid: u32,
+    pub comm: String,
+    pub delta: ThreadCounters,
+    pub now: ThreadNow,
+    pub other_nr: i32,
+    pub alive: bool,
+    /// (waker tid, waker tgid, waker comm, count), most frequent first.
+    pub woken_by: Vec<(u32, u32, String, u64)>,
+}
+
+/// Regular files only, merged by path.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FileWindow {
+    pub path: String,
+    pub resolved: Option<String>,
+    pub opens: u64,
+    pub read_calls: u64,
+    pub read_bytes: u64,
+    pub read_ns: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Model {
+    pub start_ns: u64,
+    mark_ns: u64,
+    pub last_ns: u64,
+    pub procs: BTreeMap<u32, Proc>,
+    pub threads: BTreeMap<u32, Thread>,
+    pub files: HashMap<u64, File>,
+    wakes: HashMap<(u32, u32), Wake>,
+    /// Opens seen since the last window, per file id (a file opened and
+    /// read between two snapshots is still counted once).
+    opened: HashSet<u64>,
+    lost: [u64; 5],
+    lost_mark: [u64; 5],
+    events: u64,
+    events_mark: u64,
+}
+
+impl Model {
+    pub fn new(start_ns: u64) -> Self {
+        Self { start_ns, mark_ns: start_ns, last_ns: start_ns, ..Default::default() }
+    }
+
+    /// Records what /proc (or the caller) knows of a process.
+    pub fn note_process(&mut self, tgid: u32, ppid: Option<u32>, comm: &str, cmdline: Option<String>) {
+        let p = self.procs.entry(tgid).or_insert_with(|| Proc { tgid, alive: true, ..Default::default() });
+        if ppid.is_some() {
+            p.ppid = ppid;
+        }
+        if !comm.is_empty() {
+            p.comm = comm.to_string();
+        }
+        if cmdline.is_some() {
+            p.cmdline = cmdline;
+        }
+    }
+
+    fn proc_mut(&mut self, tgid: u32) -> &mut Proc {
+        self.procs.entry(tgid).or_insert_with(|| Proc { tgid, alive: true, ..Default::default() })
+    }
+
+    fn thread_mut(&mut self, tid: u32, tgid: u32) -> &mut Thread {
+        let t = self.threads.entry(tid).or_insert_with(|| Thread {
+            tid,
+            tgid,
+            alive: true,
+            other_nr: -1,
+            ..Default::default()
+        });
+        if t.tgid == 0 {
+            t.tgid = tgid;
+        }
+        t
+    }
+
+    pub fn apply(&mut self, ev: &Event) {
+        match ev {
+            Event::Open { tgid, fd, file_id, path, .. } => {
+                self.proc_mut(*tgid);
+                self.opened.insert(*file_id);
+                self.files.insert(
+                    *file_id,
+                    File {
+                        file_id: *file_id,
+                        tgid: *tgid,
+                        fd: *fd,
+                        path: path.clone(),
+                        kind: fd_kind::UNKNOWN,
+                        open: true,
+                        ..Default::default()
+                    },
+                );
+            }
+            Event::NewTask { parent_tgid, child_tid, child_tgid, comm, .. } => {
+                self.proc_mut(*parent_tgid);
+                if child_tgid != parent_tgid {
+                    let p = self.proc_mut(*child_tgid);
+                    p.ppid = Some(*parent_tgid);
+                    if p.comm.is_empty() {
+                        p.comm = comm.clone();
+                    }
+                }
+                let t = self.thread_mut(*child_tid, *child_tgid);
+                if t.comm.is_empty() {
+                    t.comm = comm.clone();
+                }
+            }
+            Event::Exec { tid, tgid, comm, .. } => {
+                self.proc_mut(*tgid).comm = comm.clone();
+                self.thread_mut(*tid, *tgid).comm = comm.clone();
+            }
+            Event::Exit { tid, tgid, comm, counters, other_nr, ts } => {
+                let t = self.thread_mut(*tid, *tgid);
+                t.total = *counters;
+                t.alive = false;
+                t.other_nr = *other_nr;
+                t.now = ThreadNow::default();
+                if t.comm.is_empty() {
+                    t.comm = comm.clone();
+                }
+                self.last_ns = self.last_ns.max(*ts);
+                let tg = *tgid;
+                if !self.threads.values().any(|t| t.tgid == tg && t.alive) {
+                    self.proc_mut(tg).alive = false;
+                }
+            }
+            Event::Close { file_id, counters, .. } => {
+                if let Some(f) = self.files.get_mut(file_id) {
+                    f.total = *counters;
+                    f.open = false;
+                }
+            }
+        }
+    }
+
+    pub fn apply_snapshot(&mut self, snap: &Snapshot) {
+        self.last_ns = self.last_ns.max(snap.ts);
+        for s in &snap.threads {
+            let t = self.thread_mut(s.tid, s.tgid);
+            if t.alive {
+                t.total = s.counters;
+                t.now = s.now;
+                t.other_nr = s.other_nr;
+            }
+            let tgid = t.tgid;
+            self.proc_mut(tgid);
+        }
+        self.apply_files(&snap.files);
+        for w in &snap.wakes {
+            let e = self.wakes.entry((w.wakee, w.waker)).or_default();
+            e.total = e.total.max(w.count);
+            e.waker_tgid = w.waker_tgid;
+            e.waker_comm.clone_from(&w.waker_comm);
+        }
+        self.lost = snap.lost;
+        self.events = snap.events;
+    }
+
+    /// Counters of descriptors read from the kernel (snapshot or retire).
+    pub fn apply_files(&mut self, files: &[FileSnap]) {
+        for f in files {
+            if let Some(file) = self.files.get_mut(&f.file_id) {
+                file.total = f.counters;
+                file.kind = f.kind;
+            }
+        }
+    }
+
+    /// What the agent learnt about a descriptor (regular file or not).
+    pub fn set_file_kind(&mut self, file_id: u64, kind: u32) {
+        if let Some(f) = self.files.get_mut(&file_id) {
+            f.kind = kind;
+        }
+    }
+
+    pub fn set_file_resolved(&mut self, file_id: u64, resolved: &str) {
+        if let Some(f) = self.files.get_mut(&file_id) {
+            f.resolved = Some(resolved.to_string());
+        }
+    }
+
+    /// Processes whose every thread has exited, and exited threads, that
+    /// the kernel maps still hold. Call `forget` once they are retired.
+    pub fn dead(&self) -> (HashSet<u32>, HashSet<u32>) {
+        let tids: HashSet<u32> = self.threads.values().filter(|t| !t.alive).map(|t| t.tid).collect();
+        let tgids = self.procs.values().filter(|p| !p.alive).map(|p| p.tgid).collect();
+        (tgids, tids)
+    }
+
+    /// The window since the previous call, and starts the next one.
+    pub fn interval(&mut self, end_ns: u64) -> Window {
+        let w = self.window(self.mark_ns, end_ns, true);
+        self.mark_ns = end_ns;
+        for t in self.threads.values_mut() {
+            t.mark = t.total;
+        }
+        for f in self.files.values_mut() {
+            f.mark = f.total;
+        }
+        for w in self.wakes.values_mut() {
+            w.mark = w.total;
+        }
+        self.opened.clear();
+        self.lost_mark = self.lost;
+        self.events_mark = self.events;
+        w
+    }
+
+    /// The whole run so far.
+    pub fn summary(&self, end_ns: u64) -> Window {
+        self.window(self.start_ns, end_ns, false)
+    }
+
+    fn window(&self, start_ns: u64, end_ns: u64, since_mark: bool) -> Window {
+        let mut procs: Vec<ProcWindow> = self
+            .procs
+            .values()
+            .map(|p| ProcWindow {
+                tgid: p.tgid,
+                ppid: p.ppid,
+                comm: p.comm.clone(),
+                cmdline: p.cmdline.clone(),
+                alive: p.alive,
+                ..Default::default()
+            })
+            .collect();
+        let index: HashMap<u32, usize> = procs.iter().enumerate().map(|(i, p)| (p.tgid, i)).collect();
+
+        let mut woken: HashMap<u32, Vec<(u32, u32, String, u64)>> = HashMap::new();
+        for (&(wakee, waker), w) in &self.wakes {
+            let n = if since_mark { w.total - w.mark.min(w.total) } else { w.total };
+            if n > 0 {
+                woken.entry(wakee).or_default().push((waker, w.waker_tgid, w.waker_comm.clone(), n));
+            }
+        }
+        for t in self.threads.values() {
+            let Some(&i) = index.get(&t.tgid) else { continue };
+            let delta = if since_mark { t.total.saturating_sub(&t.mark) } else { t.total };
+            // A thread that exited before this window adds nothing to it.
+            if since_mark && !t.alive && delta == ThreadCounters::default() {
+                continue;
+            }
+            let mut by = woken.remove(&t.tid).unwrap_or_default();
+            by.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(&b.0)));
+            let comm = if t.comm.is_empty() { procs[i].comm.clone() } else { t.comm.clone() };
+            procs[i].other_read_bytes += delta.other_read_bytes;
+            procs[i].threads.push(ThreadWindow {
+                tid: t.tid,
+                comm,
+                delta,
+                now: t.now,
+                other_nr: t.other_nr,
+                alive: t.alive,
+                woken_by: by,
+            });
+        }
+        let mut by_path: HashMap<(usize, &str), FileWindow> = HashMap::new();
+        for f in self.files.values() {
+            let Some(&i) = index.get(&f.tgid) else { continue };
+            if f.kind == fd_kind::OTHER {
+                continue;
+            }
+            let d = if since_mark {
+                FileCounters {
+                    read_bytes: f.total.read_bytes.saturating_sub(f.mark.read_bytes),
+                    read_calls: f.total.read_calls.saturating_sub(f.mark.read_calls),
+                    read_ns: f.total.read_ns.saturating_sub(f.mark.read_ns),
+                }
+            } else {
+                f.total
+            };
+            let opened_now = !since_mark || self.opened.contains(&f.file_id);
+            if since_mark && d.read_calls == 0 && !opened_now {
+                continue;
+            }
+            let e = by_path.entry((i, f.path.as_str())).or_insert_with(|| FileWindow {
+                path: f.path.clone(),
+                resolved: f.resolved.clone(),
+                ..Default::default()
+            });
+            e.opens += u64::from(opened_now);
+            e.read_calls += d.read_calls;
+            e.read_bytes += d.read_bytes;
+            e.read_ns += d.read_ns;
+        }
+        for ((i, _), fw) in by_path {
+            procs[i].files.push(fw);
+        }
+        for p in &mut procs {
+            p.files.sort_by(|a, b| b.read_bytes.cmp(&a.read_bytes).then(a.path.cmp(&b.path)));
+            p.threads.sort_by_key(|t| t.tid);
+        }
+        // Processes with nothing in this window (gone before it) are left out.
+        procs.retain(|p| !p.threads.is_empty() || !p.files.is_empty() || p.alive);
+        let (lost, events) = if since_mark {
+            let mut l = [0; 5];
+            for (i, v) in l.iter_mut().enumerate() {
+                *v = self.lost[i].saturating_sub(self.lost_mark[i]);
+            }
+            (l, self.events.saturating_sub(self.events_mark))
+        } else {
+            (self.lost, self.events)
+        };
+        Window { start_ns, end_ns, procs, lost, events }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::{FileSnap, ThreadSnap, WakeSnap};
+
+    fn open(tgid: u32, fd: i32, id: u64, path: &str) -> Event {
+        Event::Open { ts: 0, tid: tgid, tgid, fd, file_id: id, path: path.into(), dfd: -100 }
+    }
+
+    fn file_snap(tgid: u32, fd: i32, id: u64, bytes: u64, calls: u64) -> FileSnap {
+        FileSnap {
+            tgid,
+            fd,
+            file_id: id,
+            kind: fd_kind::REGULAR,
+            counters: FileCounters { read_bytes: bytes, read_calls: calls, read_ns: calls * 10 },
+        }
+    }
+
+    #[test]
+    fn reused_fd_keeps_files_apart() {
+        let mut m = Model::new(0);
+        m.apply(&open(10, 3, 1, "/a"));
+        m.apply(&Event::Close {
+            ts: 1,
+            tgid: 10,
+            fd: 3,
+            file_id: 1,
+            counters: FileCounters { read_bytes: 100, read_calls: 2, read_ns: 0 },
+        });
+        m.apply(&open(10, 3, 2, "/b"));
+        m.apply_snapshot(&Snapshot { ts: 5, files: vec![file_snap(10, 3, 2, 7, 1)], ..Default::default() });
+        let w = m.summary(5);
+        let p = w.proc(10).unwrap();
+        let get = |path: &str| p.files.iter().find(|f| f.path == path).unwrap().read_bytes;
+        assert_eq!((get("/a"), get("/b")), (100, 7));
+    }
+
+    #[test]
+    fn intervals_are_deltas_and_sum_to_total() {
+        let mut m = Model::new(0);
+        m.apply(&open(10, 3, 1, "/a"));
+        let thread = |on: u64| ThreadSnap {
+            tid: 10,
+            tgid: 10,
+            counters: ThreadCounters { on_cpu_ns: on, ..Default::default() },
+            ..Default::default()
+        };
+        m.apply_snapshot(&Snapshot {
+            ts: 1_000,
+            threads: vec![thread(400)],
+            files: vec![file_snap(10, 3, 1, 4096, 1)],
+            ..Default::default()
+        });
+        let w1 = m.interval(1_000);
+        m.apply_snapshot(&Snapshot {
+            ts: 2_000,
+            threads: vec![thread(1_000)],
+            files: vec![file_snap(10, 3, 1, 5000, 3)],
+            ..Default::default()
+        });
+        let w2 = m.interval(2_000);
+        let p1 = w1.proc(10).unwrap();
+        let p2 = w2.proc(10).unwrap();
+        assert_eq!(p1.threads[0].delta.on_cpu_ns, 400);
+        assert_eq!(p2.threads[0].delta.on_cpu_ns, 600);
+        assert_eq!(p1.files[0].read_bytes + p2.files[0].read_bytes, 5000);
+        assert_eq!((p1.files[0].opens, p2.files[0].opens), (1, 0));
+        assert_eq!(m.summary(2_000).proc(10).unwrap().files[0].read_bytes, 5000);
+    }
+
+    #[test]
+    fn non_files_never_count_as_file_reads() {
+        let mut m = Model::new(0);
+        m.apply(&open(10, 5, 9, "/tmp/fifo"));
+        m.set_file_kind(9, fd_kind::OTHER);
+        m.apply_snapshot(&Snapshot {
+            ts: 10,
+            files: vec![FileSnap { kind: fd_kind::OTHER, ..file_snap(10, 5, 9, 50, 5) }],
+            ..Default::default()
+        });
+        assert!(m.summary(10).proc(10).unwrap().files.is_empty());
+    }
+
+    #[test]
+    fn forks_exec_exit_build_the_tree() {
+        let mut m = Model::new(0);
+        m.note_process(10, Some(1), "python", None);
+        m.apply(&Event::NewTask {
+            ts: 1,
+            parent_tid: 10,
+            parent_tgid: 10,
+            child_tid: 11,
+            child_tgid: 10,
+            comm: "python".into(),
+        });
+        m.apply(&Event::NewTask {
+            ts: 2,
+            parent_tid: 10,
+            parent_tgid: 10,
+            child_tid: 20,
+            child_tgid: 20,
+            comm: "python".into(),
+        });
+        m.apply(&Event::Exec { ts: 3, tid: 20, tgid: 20, comm: "worker".into() });
+        assert_eq!(m.procs[&20].ppid, Some(10));
+        assert_eq!(m.procs[&20].comm, "worker");
+        assert_eq!(m.threads[&11].tgid, 10);
+        let counters = ThreadCounters { file_read_bytes: 9, ..Default::default() };
+        m.apply(&Event::Exit { ts: 4, tid: 20, tgid: 20, comm: "worker".into(), counters, other_nr: -1 });
+        assert!(!m.procs[&20].alive);
+        assert!(m.procs[&10].alive);
+        let (tgids, tids) = m.dead();
+        assert!(tgids.contains(&20) && tids.contains(&20) && !tids.contains(&11));
+        // An exited thread's last counters stay in the totals.
+        assert_eq!(m.summary(5).thread(20).unwrap().1.delta.file_read_bytes, 9);
+    }
+
+    #[test]
+    fn merged_windows_equal_the_longer_window() {
+        let mut m = Model::new(0);
+        m.apply(&open(10, 3, 1, "/a"));
+        let mut windows = Vec::new();
+        for i in 1..=3u64 {
+            m.apply_snapshot(&Snapshot {
+                ts: i * 1000,
+                threads: vec![ThreadSnap {
+                    tid: 10,
+                    tgid: 10,
+                    counters: ThreadCounters { on_cpu_ns: i * 100, ..Default::default() },
+                    ..Default::default()
+                }],
+                files: vec![file_snap(10, 3, 1, i * 4096, i)],
+                ..Default::default()
+            });
+            windows.push(m.interval(i * 1000));
+        }
+        let merged = Window::merge(&windows);
+        let total = m.summary(3000);
+        assert_eq!(merged.secs(), total.secs());
+        let (mp, tp) = (merged.proc(10).unwrap(), total.proc(10).unwrap());
+        assert_eq!(mp.threads[0].delta, tp.threads[0].delta);
+        assert_eq!(mp.files, tp.files);
+    }
+
+    #[test]
+    fn wakers_are_listed_most_frequent_first() {
+        let mut m = Model::new(0);
+        m.apply_snapshot(&Snapshot {
+            ts: 10,
+            threads: vec![ThreadSnap { tid: 10, tgid: 10, ..Default::default() }],
+            wakes: vec![
+                WakeSnap { wakee: 10, waker: 21, waker_tgid: 21, waker_comm: "w1".into(), count: 3 },
+                WakeSnap { wakee: 10, waker: 22, waker_tgid: 22, waker_comm: "w2".into(), count: 30 },
+            ],
+            ..Default::default()
+        });
+        let w = m.summary(10);
+        let by = &w.thread(10).unwrap().1.woken_by;
+        assert_eq!(by.iter().map(|b| (b.0, b.3)).collect::<Vec<_>>(), vec![(22, 30), (21, 3)]);
+    }
+}

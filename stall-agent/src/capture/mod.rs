@@ -1,0 +1,518 @@
+//! The kernel side, seen from the agent: load and attach the programs with
+//! this kernel's tracepoint layouts, choose what is tracked (a PID tree, a
+//! cgroup), and read back events and counters. Dropping a [`Capture`]
+//! detaches and unloads everything; nothing is pinned, so nothing outlives
+//! the agent, even when it is killed.
+pub mod cgroup;
+pub mod procfs;
+pub mod syscalls;
+pub mod tracefs;
+
+use std::{
+    collections::HashSet,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::TracePoint,
+    Ebpf, EbpfLoader,
+};
+use stall_common::{
+    counter, fd_kind, reason, run_state, syscall_class, Config, FdKey, FileStats, ThreadStats, WakeKey,
+    WakeStats,
+};
+use tokio::io::unix::AsyncFd;
+
+use crate::decode::{self, Event, FileSnap, Snapshot, ThreadSnap, WakeSnap};
+
+/// One program serves all of these (fd is argument 0 of each).
+pub const READ_FAMILY: [&str; 5] = ["read", "pread64", "readv", "preadv", "preadv2"];
+
+/// (program, category, tracepoint) for every single attachment.
+const ATTACH: [(&str, &str, &str); 8] = [
+    ("sched_switch", "sched", "sched_switch"),
+    ("sched_waking", "sched", "sched_waking"),
+    ("task_newtask", "task", "task_newtask"),
+    ("sched_process_exec", "sched", "sched_process_exec"),
+    ("sched_process_exit", "sched", "sched_process_exit"),
+    ("sys_enter_openat", "syscalls", "sys_enter_openat"),
+    ("sys_exit_openat", "syscalls", "sys_exit_openat"),
+    ("sys_enter_close", "syscalls", "sys_enter_close"),
+];
+
+/// `orig_ax` in x86-64's `struct pt_regs`: the syscall a task is in.
+#[cfg(target_arch = "x86_64")]
+const PT_REGS_SYSCALL_NR: u32 = 15 * 8;
+
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("STALL_BPF_OBJ"));
+
+/// Errors callers branch on (each has its own exit code).
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error("stall needs root, or CAP_BPF and CAP_PERFMON, to load eBPF programs")]
+    NotPrivileged,
+    #[error("tracefs is not mounted and could not be mounted at /sys/kernel/tracing")]
+    NoTracefs,
+    #[error("this kernel has no tracepoint {name} (stall needs it)")]
+    MissingTracepoint { name: String },
+    #[error("tracepoint {tracepoint} has no usable field {field}")]
+    MissingField { tracepoint: String, field: String },
+    #[error("no cgroup v2 hierarchy is mounted")]
+    NoCgroup2,
+    #[error("{} is not a cgroup v2 directory (cgroup2 is mounted at {})", path.display(), mount.display())]
+    BadCgroup { path: PathBuf, mount: PathBuf },
+    #[error("no process with PID {0}")]
+    NoSuchProcess(u32),
+    #[error(
+        "this stall was built without its kernel side (STALL_BPF_STUB); build it with `cargo xtask build`"
+    )]
+    Stub,
+    #[error("the kernel refused stall's eBPF programs: {0}")]
+    Load(String),
+    #[error("{0}")]
+    Map(String),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CaptureOptions {
+    /// Ring buffer size in bytes (power of two, multiple of the page size).
+    pub ringbuf_bytes: Option<u32>,
+    /// Programs return at once: the benchmark's floor.
+    pub floor: bool,
+    /// Also track tasks by cgroup (see [`Capture::watch_cgroup`]).
+    pub cgroup_mode: bool,
+}
+
+pub struct Capture {
+    threads: HashMap<MapData, u32, ThreadStats>,
+    files: HashMap<MapData, FdKey, FileStats>,
+    wakes: HashMap<MapData, WakeKey, WakeStats>,
+    cgroups: HashMap<MapData, u64, u32>,
+    counters: PerCpuArray<MapData, u64>,
+    ring: AsyncFd<RingBuf<MapData>>,
+    seed_seq: u64,
+    decode_errors: u64,
+    // Last: programs detach when this drops.
+    _ebpf: Ebpf,
+}
+
+pub fn monotonic_ns() -> u64 {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+fn privileged() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    // CapEff bits: CAP_SYS_ADMIN 21, CAP_PERFMON 38, CAP_BPF 39.
+    let caps = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:").and_then(|v| u64::from_str_radix(v.trim(), 16).ok()))
+        })
+        .unwrap_or(0);
+    caps & (1 << 21) != 0 || (caps & (1 << 38) != 0 && caps & (1 << 39) != 0)
+}
+
+fn map_err(e: impl std::fmt::Display) -> CaptureError {
+    CaptureError::Map(e.to_string())
+}
+
+fn load_err(e: impl std::error::Error) -> CaptureError {
+    // aya nests the kernel's answer; EPERM anywhere means privileges.
+    let mut text = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        src = s.source();
+    }
+    if text.contains("Operation not permitted") || text.contains("EPERM") {
+        CaptureError::NotPrivileged
+    } else {
+        CaptureError::Load(text)
+    }
+}
+
+impl Capture {
+    /// Loads and attaches every program. Nothing is tracked until
+    /// [`Capture::track_tree`] or [`Capture::watch_cgroup`] says so.
+    pub fn load(opts: &CaptureOptions) -> Result<Self, CaptureError> {
+        if BPF_OBJECT.is_empty() {
+            return Err(CaptureError::Stub);
+        }
+        if !privileged() {
+            return Err(CaptureError::NotPrivileged);
+        }
+        let tracefs = tracefs::Tracefs::open()?;
+        let singles = ATTACH.iter().map(|(_, c, n)| (*c, n.to_string()));
+        let family = READ_FAMILY
+            .iter()
+            .flat_map(|f| [("syscalls", format!("sys_enter_{f}")), ("syscalls", format!("sys_exit_{f}"))]);
+        let needed: Vec<(&str, String)> = singles.chain(family).collect();
+        if let Some((c, n)) = needed.iter().find(|(c, n)| !tracefs.has(c, n)) {
+            return Err(CaptureError::MissingTracepoint { name: format!("{c}:{n}") });
+        }
+        let config = Config {
+            offsets: tracefs.offsets()?,
+            cgroup_filter: u8::from(opts.cgroup_mode),
+            floor: u8::from(opts.floor),
+            _pad: [0; 2],
+            pt_regs_syscall_nr: PT_REGS_SYSCALL_NR,
+        };
+        // Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
+        let _ = nix::sys::resource::setrlimit(
+            nix::sys::resource::Resource::RLIMIT_MEMLOCK,
+            nix::sys::resource::RLIM_INFINITY,
+            nix::sys::resource::RLIM_INFINITY,
+        );
+        let mut loader = EbpfLoader::new();
+        loader.override_global("CONFIG", &config, true);
+        if let Some(bytes) = opts.ringbuf_bytes {
+            loader.map_max_entries("EVENTS", bytes);
+        }
+        let mut ebpf = loader.load(BPF_OBJECT).map_err(load_err)?;
+
+        for (prog, category, name) in ATTACH {
+            let tp = tracepoint(&mut ebpf, prog)?;
+            tp.attach(category, name).map_err(load_err)?;
+        }
+        for (prog, prefix) in [("sys_enter_read_family", "sys_enter_"), ("sys_exit_read_family", "sys_exit_")]
+        {
+            let tp = tracepoint(&mut ebpf, prog)?;
+            for f in READ_FAMILY {
+                tp.attach("syscalls", &format!("{prefix}{f}")).map_err(load_err)?;
+            }
+        }
+
+        let mut classes: Array<_, u8> = take(&mut ebpf, "SYSCALL_CLASS")?;
+        for (nr, class) in syscalls::class_table() {
+            classes.set(nr, class, 0).map_err(map_err)?;
+        }
+        let ring: RingBuf<MapData> = take(&mut ebpf, "EVENTS")?;
+        // SAFETY: the RingBuf owns its map fd for as long as the AsyncFd lives.
+        let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| CaptureError::Map(e.to_string()))?;
+        Ok(Self {
+            threads: take(&mut ebpf, "THREADS")?,
+            files: take(&mut ebpf, "FILES")?,
+            wakes: take(&mut ebpf, "WAKES")?,
+            cgroups: take(&mut ebpf, "CGROUPS")?,
+            counters: take(&mut ebpf, "COUNTERS")?,
+            ring,
+            seed_seq: 0,
+            decode_errors: 0,
+            _ebpf: ebpf,
+        })
+    }
+
+    /// Tracks `root`, all its threads and all its descendants, and returns
+    /// the files they already had open (as `Open` events). The kernel
+    /// follows every task created from here on; inserting parents before
+    /// listing their children, and listing until nothing new appears, closes
+    /// the window in which a fork could slip through.
+    pub fn track_tree(&mut self, root: u32, job: u32) -> Result<Vec<Event>, CaptureError> {
+        if !procfs::exists(root) {
+            return Err(CaptureError::NoSuchProcess(root));
+        }
+        let mut done: HashSet<u32> = HashSet::new();
+        let mut todo = vec![root];
+        let mut opened = Vec::new();
+        loop {
+            while let Some(pid) = todo.pop() {
+                if done.insert(pid) {
+                    self.track_process(pid, job)?;
+                    opened.extend(self.seed_fds(pid));
+                }
+            }
+            let children = procfs::children_map();
+            let mut stack: Vec<u32> = done.iter().copied().collect();
+            while let Some(p) = stack.pop() {
+                for &c in children.get(&p).into_iter().flatten() {
+                    if !done.contains(&c) && !todo.contains(&c) {
+                        todo.push(c);
+                        stack.push(c);
+                    }
+                }
+            }
+            if todo.is_empty() {
+                break;
+            }
+        }
+        Ok(opened)
+    }
+
+    /// Adds every thread of `pid`, with its state as /proc shows it now.
+    pub fn track_process(&mut self, pid: u32, job: u32) -> Result<(), CaptureError> {
+        let mut seen: HashSet<u32> = HashSet::new();
+        loop {
+            let fresh: Vec<u32> = procfs::threads(pid).into_iter().filter(|t| !seen.contains(t)).collect();
+            if fresh.is_empty() {
+                return Ok(());
+            }
+            for tid in fresh {
+                seen.insert(tid);
+                self.seed_thread(pid, tid, job)?;
+            }
+        }
+    }
+
+    fn seed_thread(&mut self, tgid: u32, tid: u32, job: u32) -> Result<(), CaptureError> {
+        let now = monotonic_ns();
+        let Some(st) = procfs::thread_stat(tgid, tid) else { return Ok(()) };
+        let mut t = ThreadStats { tgid, job, last_ts: now, off_nr: -1, other_nr: -1, ..Default::default() };
+        if st.state == 'R' {
+            t.state = run_state::RUNNING;
+        } else {
+            let nr = procfs::thread_syscall(tgid, tid).unwrap_or(-1);
+            let fd_regular = || {
+                let text = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/syscall")).ok()?;
+                let arg0 = text.split_whitespace().nth(1)?;
+                let fd = i32::from_str_radix(arg0.trim_start_matches("0x"), 16).ok()?;
+                procfs::fd_info(tgid, fd).map(|(_, regular)| regular)
+            };
+            t.state = run_state::OFF;
+            t.off_reason = classify_blocked(nr, st.state, fd_regular);
+            t.off_nr = nr as i32;
+        }
+        // BPF_NOEXIST: the kernel may already have created it (a new thread).
+        match self.threads.insert(tid, t, 1) {
+            Ok(()) => Ok(()),
+            Err(_) if self.threads.get(&tid, 0).is_ok() => Ok(()),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    /// Registers the regular files `pid` has open, so reads of descriptors
+    /// opened before attach (or inherited over fork) are counted.
+    pub fn seed_fds(&mut self, pid: u32) -> Vec<Event> {
+        let now = monotonic_ns();
+        let mut out = Vec::new();
+        for f in procfs::open_fds(pid).into_iter().filter(|f| f.regular) {
+            self.seed_seq += 1;
+            let file_id = (1 << 63) | (u64::from(pid) << 24) | (self.seed_seq & 0xff_ffff);
+            let stats = FileStats { file_id, kind: fd_kind::REGULAR, ..Default::default() };
+            if self.files.insert(FdKey { tgid: pid, fd: f.fd }, stats, 1).is_ok() {
+                out.push(Event::Open {
+                    ts: now,
+                    tid: pid,
+                    tgid: pid,
+                    fd: f.fd,
+                    file_id,
+                    path: f.target,
+                    dfd: -100,
+                });
+            }
+        }
+        out
+    }
+
+    /// Tracks every task of the cgroup `dir` and its descendants: those in it
+    /// now, and any that later runs there. Returns the files already open.
+    pub fn watch_cgroup(&mut self, dir: &Path, job: u32) -> Result<Vec<Event>, CaptureError> {
+        let mut opened = Vec::new();
+        for d in cgroup::subtree(dir) {
+            let Some(id) = cgroup::id(&d) else { continue };
+            if self.cgroups.get(&id, 0).is_ok() {
+                continue;
+            }
+            self.cgroups.insert(id, job, 0).map_err(map_err)?;
+            let mut pids = HashSet::new();
+            for (pid, tid) in cgroup::threads(&d) {
+                self.seed_thread(pid, tid, job)?;
+                pids.insert(pid);
+            }
+            for pid in pids {
+                opened.extend(self.seed_fds(pid));
+            }
+        }
+        Ok(opened)
+    }
+
+    /// Stops following a cgroup (daemon: the job is gone).
+    pub fn unwatch_cgroup(&mut self, dir: &Path) {
+        for d in cgroup::subtree(dir) {
+            if let Some(id) = cgroup::id(&d) {
+                let _ = self.cgroups.remove(&id);
+            }
+        }
+    }
+
+    /// Records what an opened descriptor turned out to be; only if it still
+    /// names the same open file.
+    pub fn set_fd_kind(&mut self, tgid: u32, fd: i32, file_id: u64, kind: u32) {
+        let key = FdKey { tgid, fd };
+        if let Ok(mut s) = self.files.get(&key, 0) {
+            if s.file_id == file_id && s.kind != kind {
+                s.kind = kind;
+                let _ = self.files.insert(key, s, 2); // BPF_EXIST
+            }
+        }
+    }
+
+    /// Waits until the ring buffer has records, then decodes all of them.
+    pub async fn next_events(&mut self, out: &mut Vec<Event>) -> std::io::Result<()> {
+        let mut guard = self.ring.readable_mut().await?;
+        let ring = guard.get_inner_mut();
+        while let Some(item) = ring.next() {
+            match decode::decode(&item) {
+                Ok(ev) => out.push(ev),
+                Err(_) => self.decode_errors += 1,
+            }
+        }
+        guard.clear_ready();
+        Ok(())
+    }
+
+    /// Decodes whatever is in the ring buffer now, without waiting.
+    pub fn drain_events(&mut self, out: &mut Vec<Event>) {
+        let ring = self.ring.get_mut();
+        while let Some(item) = ring.next() {
+            match decode::decode(&item) {
+                Ok(ev) => out.push(ev),
+                Err(_) => self.decode_errors += 1,
+            }
+        }
+    }
+
+    pub fn ring_fd(&self) -> i32 {
+        self.ring.get_ref().as_raw_fd()
+    }
+
+    /// Reads every counter map once.
+    pub fn snapshot(&self) -> Snapshot {
+        let ts = monotonic_ns();
+        let threads = self
+            .threads
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(tid, s)| {
+                let (counters, now) = decode::fold(&s, ts);
+                ThreadSnap { tid, tgid: s.tgid, job: s.job, counters, now, other_nr: s.other_nr }
+            })
+            .collect();
+        let files = self
+            .files
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, s)| FileSnap {
+                tgid: k.tgid,
+                fd: k.fd,
+                file_id: s.file_id,
+                kind: s.kind,
+                counters: (&s).into(),
+            })
+            .collect();
+        let wakes = self
+            .wakes
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, w)| WakeSnap {
+                wakee: k.wakee,
+                waker: k.waker,
+                waker_tgid: w.waker_tgid,
+                waker_comm: decode::comm(&w.waker_comm),
+                count: w.count,
+            })
+            .collect();
+        let mut lost = [0u64; 5];
+        for (i, slot) in lost.iter_mut().enumerate() {
+            *slot = self.counter_sum(i as u32);
+        }
+        lost[counter::LOST_RINGBUF as usize] += self.decode_errors;
+        Snapshot { ts, threads, files, wakes, lost, events: self.counter_sum(counter::EVENTS) }
+    }
+
+    fn counter_sum(&self, idx: u32) -> u64 {
+        self.counters.get(&idx, 0).map(|v| v.iter().sum()).unwrap_or(0)
+    }
+
+    /// Forgets processes and threads that are gone: their descriptors (whose
+    /// final counts are returned; exit closes files without `close`), and
+    /// the waker counts of the threads. (Thread entries the kernel removes at
+    /// exit itself.)
+    pub fn retire(&mut self, tgids: &HashSet<u32>, tids: &HashSet<u32>) -> Vec<FileSnap> {
+        let mut out = Vec::new();
+        if !tgids.is_empty() {
+            let keys: Vec<FdKey> =
+                self.files.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
+            for k in keys {
+                if let Ok(s) = self.files.get(&k, 0) {
+                    out.push(FileSnap {
+                        tgid: k.tgid,
+                        fd: k.fd,
+                        file_id: s.file_id,
+                        kind: s.kind,
+                        counters: (&s).into(),
+                    });
+                }
+                let _ = self.files.remove(&k);
+            }
+        }
+        if !tids.is_empty() {
+            let keys: Vec<WakeKey> =
+                self.wakes.keys().filter_map(Result::ok).filter(|k| tids.contains(&k.wakee)).collect();
+            for k in keys {
+                let _ = self.wakes.remove(&k);
+            }
+        }
+        out
+    }
+}
+
+fn tracepoint<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut TracePoint, CaptureError> {
+    let prog: &mut TracePoint = ebpf
+        .program_mut(name)
+        .ok_or_else(|| CaptureError::Load(format!("program {name} missing from the object")))?
+        .try_into()
+        .map_err(load_err)?;
+    prog.load().map_err(load_err)?;
+    Ok(prog)
+}
+
+fn take<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &str) -> Result<T, CaptureError>
+where
+    T::Error: std::fmt::Display,
+{
+    let map = ebpf.take_map(name).ok_or_else(|| CaptureError::Map(format!("map {name} missing")))?;
+    T::try_from(map).map_err(map_err)
+}
+
+/// The wait reason of a thread found blocked at attach, from what /proc
+/// shows: the syscall it is in, its state letter, and (for reads) whether
+/// the descriptor is a regular file. Mirrors the kernel side's rules.
+pub fn classify_blocked(nr: i64, state: char, fd_regular: impl FnOnce() -> Option<bool>) -> u8 {
+    match syscalls::class(nr) {
+        syscall_class::FUTEX => reason::FUTEX,
+        syscall_class::POLL => reason::POLL,
+        syscall_class::SLEEP => reason::SLEEP,
+        syscall_class::READ if nr >= 0 => {
+            if fd_regular().unwrap_or(false) {
+                reason::IO
+            } else {
+                reason::POLL
+            }
+        }
+        _ if state == 'D' => reason::IO,
+        _ => reason::OTHER,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocked_reasons_from_proc() {
+        assert_eq!(classify_blocked(202, 'S', || None), reason::FUTEX);
+        assert_eq!(classify_blocked(0, 'S', || Some(false)), reason::POLL);
+        assert_eq!(classify_blocked(0, 'D', || Some(true)), reason::IO);
+        assert_eq!(classify_blocked(7, 'S', || None), reason::POLL);
+        assert_eq!(classify_blocked(230, 'S', || None), reason::SLEEP);
+        assert_eq!(classify_blocked(-1, 'D', || None), reason::IO);
+        assert_eq!(classify_blocked(61, 'S', || None), reason::OTHER);
+    }
+}

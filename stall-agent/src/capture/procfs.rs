@@ -1,0 +1,144 @@
+//! What /proc says about the target at attach time: its process tree, its
+//! threads and their current waits, and its open files.
+use std::{collections::HashMap, fs, os::unix::fs::FileTypeExt, path::PathBuf};
+
+pub fn exists(pid: u32) -> bool {
+    PathBuf::from(format!("/proc/{pid}")).exists()
+}
+
+/// Thread ids of a process.
+pub fn threads(pid: u32) -> Vec<u32> {
+    read_ids(&format!("/proc/{pid}/task"))
+}
+
+fn read_ids(dir: &str) -> Vec<u32> {
+    let Ok(rd) = fs::read_dir(dir) else { return Vec::new() };
+    let mut ids: Vec<u32> = rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// The fields of /proc/PID/stat we use. `comm` may hold spaces and parens,
+/// so the line is split at the last ')'.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    pub comm: String,
+    pub state: char,
+    pub ppid: u32,
+    /// Start time in clock ticks since boot.
+    pub start_ticks: u64,
+}
+
+pub fn parse_stat(text: &str) -> Option<Stat> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text[open + 1..close].to_string();
+    let rest: Vec<&str> = text[close + 1..].split_whitespace().collect();
+    Some(Stat {
+        comm,
+        state: rest.first()?.chars().next()?,
+        ppid: rest.get(1)?.parse().ok()?,
+        start_ticks: rest.get(19)?.parse().ok()?,
+    })
+}
+
+pub fn stat(pid: u32) -> Option<Stat> {
+    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+pub fn thread_stat(pid: u32, tid: u32) -> Option<Stat> {
+    parse_stat(&fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?)
+}
+
+/// The syscall a blocked thread is in (/proc/PID/task/TID/syscall): its
+/// number, -1 when blocked outside one, None when running or unreadable.
+pub fn thread_syscall(pid: u32, tid: u32) -> Option<i64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+    let first = text.split_whitespace().next()?;
+    if first == "running" {
+        return None;
+    }
+    first.parse().ok()
+}
+
+pub fn cmdline(pid: u32) -> Option<String> {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let parts: Vec<String> = raw
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(" "))
+}
+
+/// Parent → children for every process on the machine.
+pub fn children_map() -> HashMap<u32, Vec<u32>> {
+    let mut map: HashMap<u32, Vec<u32>> = HashMap::new();
+    for pid in read_ids("/proc") {
+        if let Some(st) = stat(pid) {
+            map.entry(st.ppid).or_default().push(pid);
+        }
+    }
+    map
+}
+
+/// A descriptor open in a process.
+#[derive(Debug, Clone)]
+pub struct OpenFd {
+    pub fd: i32,
+    pub target: String,
+    pub regular: bool,
+}
+
+pub fn open_fds(pid: u32) -> Vec<OpenFd> {
+    let dir = format!("/proc/{pid}/fd");
+    let Ok(rd) = fs::read_dir(&dir) else { return Vec::new() };
+    let mut fds: Vec<OpenFd> = rd
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+            fd_info(pid, fd).map(|(target, regular)| OpenFd { fd, target, regular })
+        })
+        .collect();
+    fds.sort_by_key(|f| f.fd);
+    fds
+}
+
+/// Where a descriptor points and whether it is a regular file (the link
+/// is followed: `metadata` of /proc/PID/fd/N is the open file's).
+pub fn fd_info(pid: u32, fd: i32) -> Option<(String, bool)> {
+    let link = PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
+    let target = fs::read_link(&link).ok()?.to_string_lossy().into_owned();
+    let ft = fs::metadata(&link).ok()?.file_type();
+    let regular = ft.is_file() && !ft.is_fifo() && !ft.is_socket();
+    Some((target, regular))
+}
+
+pub fn cwd(pid: u32) -> Option<PathBuf> {
+    fs::read_link(format!("/proc/{pid}/cwd")).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_odd_comm() {
+        let line = "4242 (pt_data (w) 1) S 4000 4242 4000 0 -1 4194560 0 0 0 0 1 2 0 0 20 0 3 0 987654 0 0";
+        let st = parse_stat(line).unwrap();
+        assert_eq!(st.comm, "pt_data (w) 1");
+        assert_eq!(st.state, 'S');
+        assert_eq!(st.ppid, 4000);
+        assert_eq!(st.start_ticks, 987654);
+    }
+
+    #[test]
+    fn reads_own_process() {
+        let me = std::process::id();
+        assert!(exists(me));
+        assert!(threads(me).contains(&me));
+        let st = stat(me).unwrap();
+        assert!(st.ppid > 0);
+        assert!(open_fds(me).iter().any(|f| f.fd <= 2));
+    }
+}

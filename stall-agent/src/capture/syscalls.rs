@@ -1,0 +1,111 @@
+//! The architecture's syscall numbers: which ones are which kind of wait (the
+//! kernel side's `SYSCALL_CLASS` table), and names for the report.
+use stall_common::syscall_class as class;
+
+/// (number, name, class) for x86-64. Only waits need a class; the names
+/// cover what commonly blocks, so "other" can say what it was.
+#[cfg(target_arch = "x86_64")]
+const TABLE: &[(u32, &str, u8)] = &[
+    (0, "read", class::READ),
+    (17, "pread64", class::READ),
+    (19, "readv", class::READ),
+    (295, "preadv", class::READ),
+    (327, "preadv2", class::READ),
+    (202, "futex", class::FUTEX),
+    (449, "futex_waitv", class::FUTEX),
+    (7, "poll", class::POLL),
+    (23, "select", class::POLL),
+    (270, "pselect6", class::POLL),
+    (271, "ppoll", class::POLL),
+    (232, "epoll_wait", class::POLL),
+    (281, "epoll_pwait", class::POLL),
+    (441, "epoll_pwait2", class::POLL),
+    (45, "recvfrom", class::POLL),
+    (47, "recvmsg", class::POLL),
+    (299, "recvmmsg", class::POLL),
+    (43, "accept", class::POLL),
+    (288, "accept4", class::POLL),
+    (35, "nanosleep", class::SLEEP),
+    (230, "clock_nanosleep", class::SLEEP),
+    (34, "pause", class::SLEEP),
+    (1, "write", class::OTHER),
+    (2, "open", class::OTHER),
+    (3, "close", class::OTHER),
+    (9, "mmap", class::OTHER),
+    (18, "pwrite64", class::OTHER),
+    (20, "writev", class::OTHER),
+    (42, "connect", class::OTHER),
+    (44, "sendto", class::OTHER),
+    (46, "sendmsg", class::OTHER),
+    (56, "clone", class::OTHER),
+    (57, "fork", class::OTHER),
+    (59, "execve", class::OTHER),
+    (61, "wait4", class::OTHER),
+    (62, "kill", class::OTHER),
+    (74, "fsync", class::OTHER),
+    (75, "fdatasync", class::OTHER),
+    (72, "fcntl", class::OTHER),
+    (101, "ptrace", class::OTHER),
+    (128, "rt_sigtimedwait", class::OTHER),
+    (130, "rt_sigsuspend", class::OTHER),
+    (16, "ioctl", class::OTHER),
+    (24, "sched_yield", class::OTHER),
+    (247, "waitid", class::OTHER),
+    (257, "openat", class::OTHER),
+    (426, "io_uring_enter", class::OTHER),
+    (435, "clone3", class::OTHER),
+    (40, "sendfile", class::OTHER),
+    (326, "copy_file_range", class::OTHER),
+    (275, "splice", class::OTHER),
+    (206, "io_setup", class::OTHER),
+    (208, "io_getevents", class::OTHER),
+    (332, "statx", class::OTHER),
+    (262, "newfstatat", class::OTHER),
+    (4, "stat", class::OTHER),
+    (5, "fstat", class::OTHER),
+    (217, "getdents64", class::OTHER),
+    (11, "munmap", class::OTHER),
+    (10, "mprotect", class::OTHER),
+    (12, "brk", class::OTHER),
+    (28, "madvise", class::OTHER),
+];
+
+#[cfg(not(target_arch = "x86_64"))]
+compile_error!("stall's syscall table covers x86-64 only so far");
+
+/// The class table indexed by syscall number.
+pub fn class_table() -> Vec<(u32, u8)> {
+    TABLE.iter().filter(|(_, _, c)| *c != class::OTHER).map(|&(nr, _, c)| (nr, c)).collect()
+}
+
+pub fn name(nr: i64) -> String {
+    if nr < 0 {
+        return "no syscall".into();
+    }
+    TABLE
+        .iter()
+        .find(|(n, _, _)| i64::from(*n) == nr)
+        .map(|(_, name, _)| (*name).to_string())
+        .unwrap_or_else(|| format!("syscall {nr}"))
+}
+
+pub fn class(nr: i64) -> u8 {
+    TABLE.iter().find(|(n, _, _)| i64::from(*n) == nr).map(|t| t.2).unwrap_or(class::OTHER)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_unique_and_fit_the_table() {
+        let mut seen = std::collections::HashSet::new();
+        for (nr, name, _) in TABLE {
+            assert!(seen.insert(nr), "{name} twice");
+            assert!(*nr < class::TABLE_LEN);
+        }
+        assert_eq!(name(202), "futex");
+        assert_eq!(name(9999), "syscall 9999");
+        assert_eq!(class(7), class::POLL);
+    }
+}

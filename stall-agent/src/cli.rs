@@ -1,0 +1,158 @@
+//! The command line.
+use std::{ffi::OsString, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::gpu::GpuSelect;
+
+pub const EXIT_CODES: &str = "\
+EXIT CODES:
+    0    success (stall attach)
+    N    stall run: the command's own exit status (128+signal if it was killed)
+    1    internal error
+    2    usage error
+    3    not privileged: needs root, or CAP_BPF and CAP_PERFMON
+    4    target not found: no such PID, or not a cgroup v2 directory
+    5    kernel not supported: missing tracepoint, tracefs or BPF feature
+    6    GPU asked for with --gpu, but NVML or the device is not available
+    126  stall run: the command is not executable
+    127  stall run: the command was not found";
+
+pub mod exit {
+    pub const INTERNAL: i32 = 1;
+    pub const USAGE: i32 = 2;
+    pub const NOT_PRIVILEGED: i32 = 3;
+    pub const NO_TARGET: i32 = 4;
+    pub const KERNEL: i32 = 5;
+    pub const GPU: i32 = 6;
+    pub const NOT_EXECUTABLE: i32 = 126;
+    pub const NOT_FOUND: i32 = 127;
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "stall",
+    version,
+    about = "Why is the GPU idle? Traces a training job from the kernel (eBPF) and says what holds it back.",
+    after_help = EXIT_CODES
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a command and trace it and everything it starts; exit with its status.
+    #[command(after_help = EXIT_CODES)]
+    Run {
+        #[command(flatten)]
+        common: Common,
+        /// The command and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+        cmd: Vec<OsString>,
+    },
+    /// Attach to a running job: a PID and its descendants, or a cgroup.
+    #[command(after_help = EXIT_CODES)]
+    Attach {
+        #[command(flatten)]
+        target: AttachTarget,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Internal: the exec gate `stall run` starts (see session::gate).
+    #[command(name = "__exec-gate", hide = true)]
+    ExecGate {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        cmd: Vec<OsString>,
+    },
+}
+
+#[derive(Args, Debug)]
+#[group(required = true, multiple = false)]
+pub struct AttachTarget {
+    /// Trace this process, all its threads and all its descendants (now and later).
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
+    /// Trace every task in this cgroup v2 and the cgroups below it (absolute,
+    /// or relative to the cgroup2 mount).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Seconds between live updates.
+    #[arg(long, default_value = "1", value_parser = parse_secs, value_name = "SECS")]
+    pub interval: Duration,
+    /// Stop after this many seconds (default: when the target exits, or Ctrl-C).
+    #[arg(long, value_parser = parse_secs, value_name = "SECS")]
+    pub duration: Option<Duration>,
+    /// Write JSON Lines here (`-`: stdout; human output then goes to stderr).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Print only the final report.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// GPUs to sample: `off`, `all`, or indices like `0,2`. Default: all, if NVML is there.
+    #[arg(long, value_name = "off|all|0,2")]
+    pub gpu: Option<GpuSelect>,
+    /// Ring-buffer size in bytes (power of two, at least a page).
+    #[arg(long, hide = true)]
+    pub ringbuf_bytes: Option<u32>,
+    /// Programs return at once (benchmark floor).
+    #[arg(long, hide = true)]
+    pub floor: bool,
+}
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(v > 0.0 && v.is_finite()) {
+        return Err(format!("{s:?} must be a positive number of seconds"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_the_rest_verbatim() {
+        let cli = Cli::try_parse_from([
+            "stall",
+            "run",
+            "--duration",
+            "2",
+            "--",
+            "python3",
+            "-u",
+            "x.py",
+            "--lr",
+            "1",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Run { cmd, common } => {
+                assert_eq!(cmd, ["python3", "-u", "x.py", "--lr", "1"]);
+                assert_eq!(common.duration, Some(Duration::from_secs(2)));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn attach_needs_exactly_one_target() {
+        assert!(Cli::try_parse_from(["stall", "attach"]).is_err());
+        assert!(Cli::try_parse_from(["stall", "attach", "--pid", "1", "--cgroup", "x"]).is_err());
+        assert!(Cli::try_parse_from(["stall", "attach", "--pid", "1", "--gpu", "0,2"]).is_ok());
+        assert!(Cli::try_parse_from(["stall", "attach", "--pid", "1", "--gpu", "x"]).is_err());
+        assert!(Cli::try_parse_from(["stall", "attach", "--pid", "1", "--interval", "0"]).is_err());
+    }
+}

@@ -1,0 +1,201 @@
+//! Who is who in the job: the trainer (the process that uses a GPU, or the
+//! one the others feed), its workers, and the rest. Pure.
+use std::collections::{HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::aggregate::Window;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Trainer,
+    Worker,
+    Other,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Trainer => "trainer",
+            Role::Worker => "worker",
+            Role::Other => "other",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Roles {
+    by_tgid: HashMap<u32, Role>,
+    pub trainers: Vec<u32>,
+    pub workers: Vec<u32>,
+}
+
+impl Roles {
+    pub fn of(&self, tgid: u32) -> Role {
+        self.by_tgid.get(&tgid).copied().unwrap_or(Role::Other)
+    }
+}
+
+/// Assigns roles over `w` (normally the whole run, so they stay stable).
+/// `gpu_pids`: processes NVML saw on a GPU; `root`: the process stall was
+/// pointed at (attach --pid, or run's child), if any.
+pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
+    let present: HashSet<u32> = w.procs.iter().map(|p| p.tgid).collect();
+    let parent: HashMap<u32, u32> = w.procs.iter().filter_map(|p| Some((p.tgid, p.ppid?))).collect();
+
+    // Who feeds whom: waking its threads, or being its child that does work.
+    let mut feeders: HashMap<u32, HashSet<u32>> = HashMap::new();
+    for p in &w.procs {
+        for t in &p.threads {
+            for &(_, waker_tgid, _, _) in &t.woken_by {
+                if waker_tgid != p.tgid && present.contains(&waker_tgid) {
+                    feeders.entry(p.tgid).or_default().insert(waker_tgid);
+                }
+            }
+        }
+        if let Some(pp) = p.ppid.filter(|pp| present.contains(pp)) {
+            if busy(w, p.tgid) {
+                feeders.entry(pp).or_default().insert(p.tgid);
+            }
+        }
+    }
+
+    let mut trainers: Vec<u32> = w.procs.iter().map(|p| p.tgid).filter(|t| gpu_pids.contains(t)).collect();
+    if trainers.is_empty() {
+        let depth = |mut t: u32| {
+            let mut d = 0;
+            while let Some(&pp) = parent.get(&t) {
+                if d > 64 {
+                    break;
+                }
+                t = pp;
+                d += 1;
+            }
+            d
+        };
+        let best = w
+            .procs
+            .iter()
+            .map(|p| (feeders.get(&p.tgid).map_or(0, HashSet::len), p.tgid))
+            .filter(|(n, _)| *n > 0)
+            .max_by(|a, b| a.0.cmp(&b.0).then(depth(b.1).cmp(&depth(a.1))).then(b.1.cmp(&a.1)));
+        match (best, root) {
+            (Some((_, t)), _) => trainers.push(t),
+            (None, Some(r)) if present.contains(&r) => trainers.push(r),
+            (None, _) => {
+                let busiest = w.procs.iter().max_by_key(|p| p.sum().on_cpu_ns).map(|p| p.tgid);
+                trainers.extend(busiest);
+            }
+        }
+    }
+
+    let trainer_set: HashSet<u32> = trainers.iter().copied().collect();
+    let descends_from_trainer = |mut t: u32| {
+        for _ in 0..64 {
+            match parent.get(&t) {
+                Some(pp) if trainer_set.contains(pp) => return true,
+                Some(&pp) => t = pp,
+                None => return false,
+            }
+        }
+        false
+    };
+    let mut by_tgid = HashMap::new();
+    let mut workers = Vec::new();
+    for p in &w.procs {
+        let role = if trainer_set.contains(&p.tgid) {
+            Role::Trainer
+        } else {
+            let feeds = trainers.iter().any(|t| feeders.get(t).is_some_and(|f| f.contains(&p.tgid)));
+            if (descends_from_trainer(p.tgid) && busy(w, p.tgid)) || feeds {
+                workers.push(p.tgid);
+                Role::Worker
+            } else {
+                Role::Other
+            }
+        };
+        by_tgid.insert(p.tgid, role);
+    }
+    Roles { by_tgid, trainers, workers }
+}
+
+/// Did this process do anything: read a file, or use the CPU (>1%)?
+fn busy(w: &Window, tgid: u32) -> bool {
+    let Some(p) = w.proc(tgid) else { return false };
+    let c = p.sum();
+    let secs = w.secs().max(1e-3);
+    p.file_read_bytes() > 0 || c.file_read_calls > 0 || (c.on_cpu_ns as f64 / 1e9) / secs > 0.01
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::{FileWindow, ProcWindow, ThreadWindow};
+    use crate::decode::ThreadCounters;
+
+    fn proc(tgid: u32, ppid: u32, on_ms: u64, read: u64) -> ProcWindow {
+        ProcWindow {
+            tgid,
+            ppid: Some(ppid),
+            comm: format!("p{tgid}"),
+            alive: true,
+            threads: vec![ThreadWindow {
+                tid: tgid,
+                delta: ThreadCounters { on_cpu_ns: on_ms * 1_000_000, ..Default::default() },
+                ..Default::default()
+            }],
+            files: if read > 0 {
+                vec![FileWindow {
+                    path: "/d".into(),
+                    resolved: None,
+                    opens: 1,
+                    read_calls: 1,
+                    read_bytes: read,
+                    read_ns: 1,
+                }]
+            } else {
+                vec![]
+            },
+            ..Default::default()
+        }
+    }
+
+    fn window(procs: Vec<ProcWindow>) -> Window {
+        Window { start_ns: 0, end_ns: 10_000_000_000, procs, ..Default::default() }
+    }
+
+    #[test]
+    fn the_fed_process_is_the_trainer_without_gpu_data() {
+        // bash (1) → python trainer (2) → workers 3, 4, 5; resource tracker 6 idle.
+        let w = window(vec![
+            proc(1, 0, 0, 0),
+            proc(2, 1, 500, 0),
+            proc(3, 2, 100, 1000),
+            proc(4, 2, 100, 1000),
+            proc(5, 2, 100, 1000),
+            proc(6, 2, 0, 0),
+        ]);
+        let r = assign(&w, &HashSet::new(), Some(1));
+        assert_eq!(r.trainers, vec![2]);
+        assert_eq!(r.of(3), Role::Worker);
+        assert_eq!(r.of(6), Role::Other);
+        assert_eq!(r.of(1), Role::Other);
+    }
+
+    #[test]
+    fn gpu_users_are_trainers() {
+        let w = window(vec![proc(1, 0, 0, 0), proc(2, 1, 500, 0), proc(3, 2, 100, 1000)]);
+        let r = assign(&w, &HashSet::from([1]), Some(1));
+        assert_eq!(r.trainers, vec![1]);
+        assert_eq!(r.of(3), Role::Worker);
+    }
+
+    #[test]
+    fn lone_process_is_its_own_trainer() {
+        let w = window(vec![proc(7, 1, 900, 5000)]);
+        let r = assign(&w, &HashSet::new(), None);
+        assert_eq!(r.trainers, vec![7]);
+        assert!(r.workers.is_empty());
+    }
+}

@@ -1,0 +1,313 @@
+//! Kernel records → plain values: ring-buffer events and map snapshots in
+//! the form the (pure) aggregation consumes. Nothing here touches the kernel.
+use stall_common::{
+    event_kind, reason, run_state, CloseEvent, EventHeader, ExecEvent, ExitEvent, FileStats, NewTaskEvent,
+    OpenEvent, ThreadStats, COMM_LEN,
+};
+
+/// Per-thread counters, cumulative since the thread became tracked, with the
+/// span in progress at snapshot time folded in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadCounters {
+    pub on_cpu_ns: u64,
+    pub off_ns: [u64; reason::COUNT],
+    pub file_read_bytes: u64,
+    pub file_read_calls: u64,
+    pub file_read_ns: u64,
+    pub other_read_bytes: u64,
+    pub other_read_calls: u64,
+    pub other_read_ns: u64,
+    pub wakeups: u64,
+}
+
+impl ThreadCounters {
+    pub fn saturating_sub(&self, o: &Self) -> Self {
+        let mut off = [0; reason::COUNT];
+        for (i, v) in off.iter_mut().enumerate() {
+            *v = self.off_ns[i].saturating_sub(o.off_ns[i]);
+        }
+        Self {
+            on_cpu_ns: self.on_cpu_ns.saturating_sub(o.on_cpu_ns),
+            off_ns: off,
+            file_read_bytes: self.file_read_bytes.saturating_sub(o.file_read_bytes),
+            file_read_calls: self.file_read_calls.saturating_sub(o.file_read_calls),
+            file_read_ns: self.file_read_ns.saturating_sub(o.file_read_ns),
+            other_read_bytes: self.other_read_bytes.saturating_sub(o.other_read_bytes),
+            other_read_calls: self.other_read_calls.saturating_sub(o.other_read_calls),
+            other_read_ns: self.other_read_ns.saturating_sub(o.other_read_ns),
+            wakeups: self.wakeups.saturating_sub(o.wakeups),
+        }
+    }
+
+    pub fn add(&mut self, o: &Self) {
+        self.on_cpu_ns += o.on_cpu_ns;
+        for (a, b) in self.off_ns.iter_mut().zip(o.off_ns) {
+            *a += b;
+        }
+        self.file_read_bytes += o.file_read_bytes;
+        self.file_read_calls += o.file_read_calls;
+        self.file_read_ns += o.file_read_ns;
+        self.other_read_bytes += o.other_read_bytes;
+        self.other_read_calls += o.other_read_calls;
+        self.other_read_ns += o.other_read_ns;
+        self.wakeups += o.wakeups;
+    }
+
+    pub fn off_cpu_ns(&self) -> u64 {
+        self.off_ns.iter().sum()
+    }
+}
+
+/// What a thread is doing at snapshot time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadNow {
+    pub running: bool,
+    /// Wait reason when off-CPU (see `stall_common::reason`).
+    pub reason: u8,
+    /// Syscall at switch-out (-1: none).
+    pub syscall: i32,
+    /// How long it has been in that state, ns.
+    pub for_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileCounters {
+    pub read_bytes: u64,
+    pub read_calls: u64,
+    pub read_ns: u64,
+}
+
+impl From<&FileStats> for FileCounters {
+    fn from(s: &FileStats) -> Self {
+        Self { read_bytes: s.read_bytes, read_calls: s.read_calls, read_ns: s.read_ns }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Open { ts: u64, tid: u32, tgid: u32, fd: i32, file_id: u64, path: String, dfd: i32 },
+    NewTask { ts: u64, parent_tid: u32, parent_tgid: u32, child_tid: u32, child_tgid: u32, comm: String },
+    Exec { ts: u64, tid: u32, tgid: u32, comm: String },
+    Exit { ts: u64, tid: u32, tgid: u32, comm: String, counters: ThreadCounters, other_nr: i32 },
+    Close { ts: u64, tgid: u32, fd: i32, file_id: u64, counters: FileCounters },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("ring-buffer record of {0} bytes is too short")]
+    Short(usize),
+    #[error("unknown ring-buffer record kind {0}")]
+    Kind(u32),
+}
+
+fn read<T: Copy>(buf: &[u8]) -> Result<T, DecodeError> {
+    if buf.len() < size_of::<T>() {
+        return Err(DecodeError::Short(buf.len()));
+    }
+    // SAFETY: length checked; T is a repr(C) plain-data type from stall-common.
+    Ok(unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<T>()) })
+}
+
+pub fn comm(raw: &[u8; COMM_LEN]) -> String {
+    let end = raw.iter().position(|b| *b == 0).unwrap_or(COMM_LEN);
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
+    let hdr: EventHeader = read(buf)?;
+    Ok(match hdr.kind {
+        event_kind::OPEN => {
+            let e: OpenEvent = read(buf)?;
+            let n = usize::try_from(e.path_len).unwrap_or(0).min(e.path.len());
+            let end = e.path[..n].iter().position(|b| *b == 0).unwrap_or(n);
+            Event::Open {
+                ts: hdr.ts,
+                tid: hdr.tid,
+                tgid: hdr.tgid,
+                fd: e.fd,
+                file_id: e.file_id,
+                path: String::from_utf8_lossy(&e.path[..end]).into_owned(),
+                dfd: e.dfd,
+            }
+        }
+        event_kind::NEWTASK => {
+            let e: NewTaskEvent = read(buf)?;
+            Event::NewTask {
+                ts: hdr.ts,
+                parent_tid: hdr.tid,
+                parent_tgid: hdr.tgid,
+                child_tid: e.child_tid,
+                child_tgid: e.child_tgid,
+                comm: comm(&e.comm),
+            }
+        }
+        event_kind::EXEC => {
+            let e: ExecEvent = read(buf)?;
+            Event::Exec { ts: hdr.ts, tid: hdr.tid, tgid: hdr.tgid, comm: comm(&e.comm) }
+        }
+        event_kind::EXIT => {
+            let e: ExitEvent = read(buf)?;
+            Event::Exit {
+                ts: hdr.ts,
+                tid: hdr.tid,
+                tgid: hdr.tgid,
+                comm: comm(&e.comm),
+                counters: fold(&e.stats, hdr.ts).0,
+                other_nr: e.stats.other_nr,
+            }
+        }
+        event_kind::CLOSE => {
+            let e: CloseEvent = read(buf)?;
+            Event::Close {
+                ts: hdr.ts,
+                tgid: hdr.tgid,
+                fd: e.fd,
+                file_id: e.stats.file_id,
+                counters: FileCounters::from(&e.stats),
+            }
+        }
+        k => return Err(DecodeError::Kind(k)),
+    })
+}
+
+/// The kernel's counters plus the span in progress at `now` (a thread that
+/// has been blocked since before attach has no finished span at all).
+pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
+    let mut c = ThreadCounters {
+        on_cpu_ns: s.on_cpu_ns,
+        off_ns: s.off_ns,
+        file_read_bytes: s.file_read_bytes,
+        file_read_calls: s.file_read_calls,
+        file_read_ns: s.file_read_ns,
+        other_read_bytes: s.other_read_bytes,
+        other_read_calls: s.other_read_calls,
+        other_read_ns: s.other_read_ns,
+        wakeups: s.wakeups,
+    };
+    let since = now.saturating_sub(s.last_ts);
+    let mut state = ThreadNow { running: false, reason: s.off_reason, syscall: s.off_nr, for_ns: since };
+    match s.state {
+        run_state::RUNNING => {
+            c.on_cpu_ns += since;
+            state.running = true;
+        }
+        run_state::OFF => {
+            let r = usize::from(s.off_reason).min(reason::COUNT - 1);
+            if s.off_reason != reason::RUNQUEUE && s.wake_ts >= s.last_ts && s.wake_ts != 0 {
+                let blocked = s.wake_ts - s.last_ts;
+                c.off_ns[r] += blocked.min(since);
+                c.off_ns[usize::from(reason::RUNQUEUE)] += since.saturating_sub(blocked);
+            } else {
+                c.off_ns[r] += since;
+            }
+        }
+        _ => state.for_ns = 0,
+    }
+    (c, state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes<T>(v: &T) -> Vec<u8> {
+        // SAFETY: plain-data test values.
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    }
+
+    #[test]
+    fn decodes_open_with_path() {
+        let mut e = OpenEvent {
+            hdr: EventHeader { kind: event_kind::OPEN, tid: 11, tgid: 10, job: 1, ts: 5 },
+            file_id: 77,
+            fd: 3,
+            dfd: -100,
+            flags: 0,
+            path_len: 9,
+            path: [0; stall_common::PATH_LEN],
+        };
+        e.path[..8].copy_from_slice(b"/data/x1");
+        match decode(&bytes(&e)).unwrap() {
+            Event::Open { path, fd, file_id, tgid, .. } => {
+                assert_eq!((path.as_str(), fd, file_id, tgid), ("/data/x1", 3, 77, 10))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rejects_short_and_unknown() {
+        assert_eq!(decode(&[0; 4]), Err(DecodeError::Short(4)));
+        let h = EventHeader { kind: 99, ..Default::default() };
+        assert_eq!(decode(&bytes(&h)), Err(DecodeError::Kind(99)));
+        let h = EventHeader { kind: event_kind::EXIT, ..Default::default() };
+        assert!(matches!(decode(&bytes(&h)), Err(DecodeError::Short(_))));
+    }
+
+    #[test]
+    fn fold_adds_span_in_progress() {
+        let running =
+            ThreadStats { state: run_state::RUNNING, last_ts: 100, on_cpu_ns: 7, ..Default::default() };
+        let (c, n) = fold(&running, 150);
+        assert_eq!(c.on_cpu_ns, 57);
+        assert!(n.running);
+
+        let blocked = ThreadStats {
+            state: run_state::OFF,
+            off_reason: reason::FUTEX,
+            last_ts: 100,
+            ..Default::default()
+        };
+        let (c, n) = fold(&blocked, 1100);
+        assert_eq!(c.off_ns[reason::FUTEX as usize], 1000);
+        assert_eq!(n.for_ns, 1000);
+
+        // Woken at 400, still waiting for a CPU at 500.
+        let woken = ThreadStats { wake_ts: 400, ..blocked };
+        let (c, _) = fold(&woken, 500);
+        assert_eq!(c.off_ns[reason::FUTEX as usize], 300);
+        assert_eq!(c.off_ns[reason::RUNQUEUE as usize], 100);
+    }
+}
+
+/// One read of the kernel maps.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// CLOCK_MONOTONIC ns, the clock of every kernel timestamp.
+    pub ts: u64,
+    pub threads: Vec<ThreadSnap>,
+    pub files: Vec<FileSnap>,
+    pub wakes: Vec<WakeSnap>,
+    /// Losses by cause (`stall_common::counter::LOST_NAMES`), cumulative.
+    pub lost: [u64; 5],
+    /// Events handled in the kernel for tracked threads, cumulative.
+    pub events: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadSnap {
+    pub tid: u32,
+    pub tgid: u32,
+    pub job: u32,
+    pub counters: ThreadCounters,
+    pub now: ThreadNow,
+    pub other_nr: i32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileSnap {
+    pub tgid: u32,
+    pub fd: i32,
+    pub file_id: u64,
+    pub kind: u32,
+    pub counters: FileCounters,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WakeSnap {
+    pub wakee: u32,
+    pub waker: u32,
+    pub waker_tgid: u32,
+    pub waker_comm: String,
+    pub count: u64,
+}

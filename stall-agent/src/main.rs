@@ -1,0 +1,79 @@
+//! `stall`: why is the GPU idle?
+use std::process::ExitCode;
+
+use clap::Parser;
+use stall_agent::{
+    capture::CaptureError,
+    cli::{exit, Cli, Command, Common},
+    session::{self, gate, Options, SessionError, Target},
+};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { exit::USAGE as u8 } else { 0 });
+        }
+    };
+    let (target, common) = match cli.command {
+        Command::ExecGate { cmd } => gate::exec_gate(&cmd),
+        Command::Run { common, cmd } => (Target::Run(cmd), common),
+        Command::Attach { target, common } => match (target.pid, target.cgroup) {
+            (Some(pid), _) => (Target::Pid(pid), common),
+            (None, Some(cg)) => (Target::Cgroup(cg), common),
+            (None, None) => unreachable!("clap requires one"),
+        },
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("stall: cannot start: {e}");
+            return ExitCode::from(exit::INTERNAL as u8);
+        }
+    };
+    match runtime.block_on(session::run(target, options(common))) {
+        Ok(outcome) => ExitCode::from(outcome.child_status.unwrap_or(0).clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("stall: {}", one_line(&e));
+            ExitCode::from(code_for(&e) as u8)
+        }
+    }
+}
+
+fn options(c: Common) -> Options {
+    Options {
+        interval: c.interval,
+        duration: c.duration,
+        json: c.json,
+        quiet: c.quiet,
+        gpu: c.gpu,
+        ringbuf_bytes: c.ringbuf_bytes,
+        floor: c.floor,
+    }
+}
+
+/// The error and its causes on one line.
+fn one_line(e: &anyhow::Error) -> String {
+    e.chain().map(ToString::to_string).collect::<Vec<_>>().join(": ")
+}
+
+fn code_for(e: &anyhow::Error) -> i32 {
+    match e.downcast_ref::<SessionError>() {
+        Some(SessionError::Capture(c)) => match c {
+            CaptureError::NotPrivileged => exit::NOT_PRIVILEGED,
+            CaptureError::NoSuchProcess(_) | CaptureError::BadCgroup { .. } | CaptureError::NoCgroup2 => {
+                exit::NO_TARGET
+            }
+            CaptureError::NoTracefs
+            | CaptureError::MissingTracepoint { .. }
+            | CaptureError::MissingField { .. }
+            | CaptureError::Load(_)
+            | CaptureError::Stub => exit::KERNEL,
+            CaptureError::Map(_) => exit::INTERNAL,
+        },
+        Some(SessionError::Gpu(_)) => exit::GPU,
+        Some(SessionError::Spawn(_)) => exit::INTERNAL,
+        None => exit::INTERNAL,
+    }
+}

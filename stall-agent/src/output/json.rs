@@ -1,0 +1,188 @@
+//! JSON Lines, schema 1 (docs/JSON.md): one `interval` record per interval,
+//! one `summary` at the end. Bytes are integers, times are seconds.
+use serde::Serialize;
+use stall_common::{counter, reason};
+
+use super::View;
+use crate::{
+    aggregate::{ProcWindow, ThreadWindow},
+    decode::ThreadCounters,
+    verdict::{GpuWindow, Verdict},
+};
+
+pub const SCHEMA: u32 = 1;
+
+#[derive(Serialize)]
+pub struct Record<'a> {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub schema: u32,
+    pub target: &'a str,
+    /// Seconds since tracing started, at the end of this record's window.
+    pub elapsed_s: f64,
+    pub duration_s: f64,
+    pub lost_events: u64,
+    pub lost_by_cause: std::collections::BTreeMap<&'static str, u64>,
+    pub partial: bool,
+    pub gpu_available: bool,
+    pub processes: Vec<Process>,
+    pub gpus: &'a [GpuWindow],
+    pub verdict: &'a Verdict,
+}
+
+#[derive(Serialize)]
+pub struct OffCpu {
+    pub futex: f64,
+    pub io: f64,
+    pub poll: f64,
+    pub sleep: f64,
+    pub runqueue: f64,
+    pub other: f64,
+}
+
+impl From<&ThreadCounters> for OffCpu {
+    fn from(c: &ThreadCounters) -> Self {
+        let s = |r: u8| c.off_ns[usize::from(r)] as f64 / 1e9;
+        Self {
+            futex: s(reason::FUTEX),
+            io: s(reason::IO),
+            poll: s(reason::POLL),
+            sleep: s(reason::SLEEP),
+            runqueue: s(reason::RUNQUEUE),
+            other: s(reason::OTHER),
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct Process {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub comm: String,
+    pub cmdline: Option<String>,
+    pub role: &'static str,
+    pub alive: bool,
+    pub read_bytes: u64,
+    pub read_calls: u64,
+    pub files_opened: u64,
+    /// Bytes read from pipes, sockets and other non-files (never file throughput).
+    pub ipc_read_bytes: u64,
+    pub on_cpu_s: f64,
+    pub off_cpu_s: f64,
+    pub off_cpu_by_reason: OffCpu,
+    pub threads: Vec<Thread>,
+    pub files: Vec<File>,
+}
+
+#[derive(Serialize)]
+pub struct Thread {
+    pub tid: u32,
+    pub comm: String,
+    pub on_cpu_s: f64,
+    pub off_cpu_s: f64,
+    pub off_cpu_by_reason: OffCpu,
+    pub read_bytes: u64,
+    pub read_calls: u64,
+    pub state: &'static str,
+    pub woken_by: Vec<Waker>,
+}
+
+#[derive(Serialize)]
+pub struct Waker {
+    pub tid: u32,
+    pub pid: u32,
+    pub comm: String,
+    pub count: u64,
+}
+
+#[derive(Serialize)]
+pub struct File {
+    pub path: String,
+    /// Absolute path when `path` was opened relative.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<String>,
+    pub opens: u64,
+    pub read_calls: u64,
+    pub read_bytes: u64,
+    pub read_latency_s: f64,
+}
+
+fn thread(t: &ThreadWindow) -> Thread {
+    let state = if !t.alive {
+        "exited"
+    } else if t.now.running {
+        "running"
+    } else {
+        reason::NAMES[usize::from(t.now.reason).min(reason::COUNT - 1)]
+    };
+    Thread {
+        tid: t.tid,
+        comm: t.comm.clone(),
+        on_cpu_s: t.delta.on_cpu_ns as f64 / 1e9,
+        off_cpu_s: t.delta.off_cpu_ns() as f64 / 1e9,
+        off_cpu_by_reason: (&t.delta).into(),
+        read_bytes: t.delta.file_read_bytes,
+        read_calls: t.delta.file_read_calls,
+        state,
+        woken_by: t
+            .woken_by
+            .iter()
+            .map(|(tid, pid, comm, count)| Waker { tid: *tid, pid: *pid, comm: comm.clone(), count: *count })
+            .collect(),
+    }
+}
+
+fn process(p: &ProcWindow, role: &'static str) -> Process {
+    let sum = p.sum();
+    Process {
+        pid: p.tgid,
+        ppid: p.ppid,
+        comm: p.comm.clone(),
+        cmdline: p.cmdline.clone(),
+        role,
+        alive: p.alive,
+        read_bytes: p.file_read_bytes(),
+        read_calls: p.files.iter().map(|f| f.read_calls).sum(),
+        files_opened: p.files.iter().map(|f| f.opens).sum(),
+        ipc_read_bytes: p.other_read_bytes,
+        on_cpu_s: sum.on_cpu_ns as f64 / 1e9,
+        off_cpu_s: sum.off_cpu_ns() as f64 / 1e9,
+        off_cpu_by_reason: (&sum).into(),
+        threads: p.threads.iter().map(thread).collect(),
+        files: p
+            .files
+            .iter()
+            .map(|f| File {
+                path: f.path.clone(),
+                resolved: f.resolved.clone(),
+                opens: f.opens,
+                read_calls: f.read_calls,
+                read_bytes: f.read_bytes,
+                read_latency_s: f.read_ns as f64 / 1e9,
+            })
+            .collect(),
+    }
+}
+
+pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
+    let w = v.window;
+    let lost_by_cause = counter::LOST_NAMES.iter().zip(w.lost).map(|(n, c)| (*n, c)).collect();
+    Record {
+        kind,
+        schema: SCHEMA,
+        target: v.target,
+        elapsed_s: v.elapsed_s,
+        duration_s: w.secs(),
+        lost_events: w.lost_total(),
+        lost_by_cause,
+        partial: w.lost_total() > 0,
+        gpu_available: !v.gpus.is_empty(),
+        processes: w.procs.iter().map(|p| process(p, v.roles.of(p.tgid).as_str())).collect(),
+        gpus: v.gpus,
+        verdict: v.verdict,
+    }
+}
+
+pub fn line(kind: &'static str, v: &View) -> String {
+    serde_json::to_string(&record(kind, v)).expect("JSON of plain data")
+}

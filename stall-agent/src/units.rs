@@ -1,0 +1,58 @@
+//! How numbers read in reports: bytes, rates, percentages, durations.
+
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1000.0 && i < UNITS.len() - 1 {
+        v /= 1000.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else if v >= 100.0 {
+        format!("{v:.0} {}", UNITS[i])
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+pub fn rate(bytes_n: u64, secs: f64) -> String {
+    if secs <= 0.0 {
+        return "-".into();
+    }
+    let mbs = bytes_n as f64 / 1e6 / secs;
+    if mbs >= 100.0 {
+        format!("{mbs:.0} MB/s")
+    } else {
+        format!("{mbs:.1} MB/s")
+    }
+}
+
+pub fn pct(frac: f64) -> String {
+    format!("{:.0}%", (frac * 100.0).clamp(0.0, 100.0))
+}
+
+pub fn secs(s: f64) -> String {
+    if s >= 100.0 {
+        format!("{s:.0}s")
+    } else {
+        format!("{s:.1}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readable() {
+        assert_eq!(bytes(999), "999 B");
+        assert_eq!(bytes(17_000_000_000), "17.0 GB");
+        assert_eq!(bytes(410_000_000), "410 MB");
+        assert_eq!(rate(410_000_000, 1.0), "410 MB/s");
+        assert_eq!(rate(5_000_000, 2.0), "2.5 MB/s");
+        assert_eq!(pct(0.834), "83%");
+        assert_eq!(secs(60.0), "60.0s");
+    }
+}

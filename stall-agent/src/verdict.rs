@@ -1,0 +1,447 @@
+//! Why is the GPU idle? One verdict with numbers, from a window of the job
+//! (roles assigned) and what the GPUs did meanwhile. Pure; see
+//! docs/VERDICTS.md for the kinds and their rules.
+use serde::Serialize;
+use stall_common::reason;
+
+use crate::{
+    aggregate::{ProcWindow, ThreadWindow, Window},
+    capture::syscalls,
+    correlate::Roles,
+    units,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    InputIoBound,
+    InputCpuBound,
+    Hang,
+    TrainerHostBound,
+    GpuBusy,
+    Idle,
+    Unknown,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::InputIoBound => "input-io-bound",
+            Kind::InputCpuBound => "input-cpu-bound",
+            Kind::Hang => "hang",
+            Kind::TrainerHostBound => "trainer-host-bound",
+            Kind::GpuBusy => "gpu-busy",
+            Kind::Idle => "idle",
+            Kind::Unknown => "unknown",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    pub kind: Kind,
+    pub summary: String,
+    pub evidence: Vec<String>,
+    /// No GPU data: the verdict is about the host side only.
+    pub host_only: bool,
+}
+
+/// A GPU over the window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuWindow {
+    pub index: u32,
+    pub name: String,
+    pub util_mean_pct: f64,
+    /// Share of samples at or below `IDLE_UTIL_PCT`.
+    pub idle_fraction: f64,
+    pub samples: usize,
+    /// The longest stretch without a sample, seconds (driver gaps).
+    pub max_gap_s: f64,
+}
+
+/// Thresholds, in one place so docs and tests can name them.
+pub mod rules {
+    /// A GPU sample at or below this utilization counts as idle.
+    pub const IDLE_UTIL_PCT: f64 = 5.0;
+    /// Mean utilization at or above this: the GPU is doing its job.
+    pub const GPU_BUSY_PCT: f64 = 60.0;
+    /// Below this the window says too little.
+    pub const MIN_WINDOW_S: f64 = 0.5;
+    /// Trainer waiting (futex + poll + its own file I/O) at least this share.
+    pub const TRAINER_WAITS: f64 = 0.5;
+    /// Workers' I/O or CPU share that names the bottleneck.
+    pub const WORKER_SHARE: f64 = 0.3;
+    /// Trainer on CPU at least this share: host-bound.
+    pub const TRAINER_BUSY: f64 = 0.5;
+    /// Hang: the trainer and its workers show no progress for this long.
+    pub const HANG_MIN_S: f64 = 4.0;
+    /// Hang: at most this on-CPU share for each of them.
+    pub const HANG_MAX_ON_CPU: f64 = 0.05;
+    /// Hang: pipe/socket bytes below this are status checks, not batches.
+    pub const HANG_MAX_IPC_BYTES_PER_S: f64 = 16_384.0;
+    /// Idle: the whole job uses less than this share of one CPU.
+    pub const IDLE_MAX_CPU: f64 = 0.05;
+}
+
+/// Shares of a thread's window by state (each of on-CPU and the reasons).
+#[derive(Debug, Clone, Copy, Default)]
+struct Shares {
+    on: f64,
+    off: [f64; reason::COUNT],
+}
+
+impl Shares {
+    fn of(t: &ThreadWindow, secs: f64) -> Self {
+        let wall = secs.max(1e-9) * 1e9;
+        let mut off = [0.0; reason::COUNT];
+        for (i, v) in off.iter_mut().enumerate() {
+            *v = t.delta.off_ns[i] as f64 / wall;
+        }
+        Self { on: t.delta.on_cpu_ns as f64 / wall, off }
+    }
+    fn r(&self, r: u8) -> f64 {
+        self.off[usize::from(r)]
+    }
+    fn blocked(&self) -> f64 {
+        self.off.iter().sum::<f64>() - self.r(reason::RUNQUEUE)
+    }
+    fn cpu(&self) -> f64 {
+        self.on + self.r(reason::RUNQUEUE)
+    }
+    /// Where the thread spent most of the window, as "futex 60%".
+    fn top_wait(&self) -> (u8, f64) {
+        (0..reason::COUNT as u8)
+            .filter(|r| *r != reason::RUNQUEUE)
+            .map(|r| (r, self.r(r)))
+            .fold((reason::OTHER, 0.0), |a, b| if b.1 > a.1 { b } else { a })
+    }
+}
+
+fn reason_name(r: u8, t: &ThreadWindow) -> String {
+    if r == reason::OTHER && t.other_nr >= 0 {
+        format!("other ({})", syscalls::name(i64::from(t.other_nr)))
+    } else {
+        reason::NAMES[usize::from(r).min(reason::COUNT - 1)].to_string()
+    }
+}
+
+pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow]) -> Verdict {
+    let secs = w.secs();
+    let host_only = gpus.is_empty();
+    let gpu_line = gpu_prefix(gpus, secs);
+    let mut evidence = Vec::new();
+    if let Some(g) = &gpu_line {
+        evidence.push(g.clone());
+    }
+    if w.lost_total() > 0 {
+        evidence.push(format!("{} events lost: figures are partial", w.lost_total()));
+    }
+    let done = |kind: Kind, text: String, mut evidence: Vec<String>| {
+        let mut summary = match &gpu_line {
+            Some(g) => format!("{g}. {text}"),
+            None => format!("{text} (no GPU data: host-side verdict)"),
+        };
+        if w.lost_total() > 0 {
+            summary.push_str(" [partial: events were lost]");
+        }
+        evidence.dedup();
+        Verdict { kind, summary, evidence, host_only }
+    };
+
+    if let Some(busy) = gpus.iter().find(|g| g.util_mean_pct >= rules::GPU_BUSY_PCT) {
+        let text = format!("GPU{} busy {:.0}% on average: no input stall", busy.index, busy.util_mean_pct);
+        return done(Kind::GpuBusy, text, evidence);
+    }
+    let trainer = roles.trainers.iter().find_map(|t| w.proc(*t));
+    let (Some(trainer), true) = (trainer, secs >= rules::MIN_WINDOW_S) else {
+        return done(Kind::Unknown, format!("not enough data ({} of tracing)", units::secs(secs)), evidence);
+    };
+    let Some(main) = trainer.main_thread() else {
+        return done(Kind::Unknown, "the trainer has no traced thread".into(), evidence);
+    };
+    let workers: Vec<&ProcWindow> = roles.workers.iter().filter_map(|t| w.proc(*t)).collect();
+    let tm = Shares::of(main, secs);
+    evidence.push(thread_line("trainer main thread", trainer, main, &tm));
+    for wp in &workers {
+        if let Some(t) = wp.main_thread() {
+            let s = Shares::of(t, secs);
+            evidence.push(format!(
+                "{}; read {} at {}",
+                thread_line("worker", wp, t, &s),
+                units::bytes(wp.file_read_bytes()),
+                units::rate(wp.file_read_bytes(), secs)
+            ));
+        }
+    }
+    let file_bytes: u64 = w.procs.iter().map(ProcWindow::file_read_bytes).sum();
+    evidence.extend(top_files(w, secs));
+
+    if let Some(text) = hang(w, trainer, main, &tm, &workers, secs, file_bytes) {
+        return done(Kind::Hang, text, evidence);
+    }
+
+    let waits = tm.r(reason::FUTEX) + tm.r(reason::POLL);
+    let own_io = tm.r(reason::IO);
+    let (wio, wcpu) = worker_shares(&workers, secs);
+    let feeders = wakers_of(main, &workers);
+    let reader_bytes: u64 = workers.iter().map(|p| p.file_read_bytes()).sum();
+    if waits + own_io >= rules::TRAINER_WAITS {
+        let waiting = format!(
+            "Trainer main thread blocked {} of {} ({}){}",
+            units::pct(waits + own_io),
+            units::secs(secs),
+            wait_breakdown(main, &tm),
+            feeders
+        );
+        if !workers.is_empty() && wio >= rules::WORKER_SHARE && wio >= wcpu {
+            let text = format!(
+                "{waiting}; {} read {} at {}, {} off-CPU in file reads: input pipeline is I/O-bound",
+                workers_word(workers.len()),
+                units::bytes(reader_bytes),
+                units::rate(reader_bytes, secs),
+                units::pct(wio)
+            );
+            return done(Kind::InputIoBound, text, evidence);
+        }
+        if !workers.is_empty() && wcpu >= rules::WORKER_SHARE && wcpu > wio {
+            let text = format!(
+                "{waiting}; {} on CPU {} of the time (read {} at {}): input pipeline is CPU-bound",
+                workers_word(workers.len()),
+                units::pct(wcpu),
+                units::bytes(reader_bytes),
+                units::rate(reader_bytes, secs)
+            );
+            return done(Kind::InputCpuBound, text, evidence);
+        }
+        if own_io >= rules::WORKER_SHARE {
+            let own = trainer.file_read_bytes();
+            let text = format!(
+                "Trainer main thread {} off-CPU in file reads of {} ({} at {}), no workers: input is I/O-bound",
+                units::pct(own_io),
+                units::secs(secs),
+                units::bytes(own),
+                units::rate(own, secs)
+            );
+            return done(Kind::InputIoBound, text, evidence);
+        }
+    }
+    if tm.cpu() >= rules::TRAINER_BUSY {
+        let text = if host_only {
+            format!(
+                "Trainer main thread on CPU {} of {}: it is busy on the host (input is not the bottleneck)",
+                units::pct(tm.cpu()),
+                units::secs(secs)
+            )
+        } else {
+            format!(
+                "Trainer main thread on CPU {} of {} while the GPU idles: trainer is host-bound",
+                units::pct(tm.cpu()),
+                units::secs(secs)
+            )
+        };
+        return done(Kind::TrainerHostBound, text, evidence);
+    }
+    let job_cpu: f64 = w.procs.iter().map(|p| p.sum().on_cpu_ns as f64).sum::<f64>() / 1e9 / secs;
+    if job_cpu < rules::IDLE_MAX_CPU && file_bytes == 0 {
+        let (r, share) = tm.top_wait();
+        let text = format!(
+            "Nothing is happening: the job used {:.1}% of a CPU and read no files in {}; trainer main thread mostly in {} ({})",
+            job_cpu * 100.0,
+            units::secs(secs),
+            reason_name(r, main),
+            units::pct(share)
+        );
+        return done(Kind::Idle, text, evidence);
+    }
+    let text = format!(
+        "No single bottleneck: trainer main thread on CPU {}, blocked {} ({})",
+        units::pct(tm.cpu()),
+        units::pct(tm.blocked()),
+        wait_breakdown(main, &tm)
+    );
+    done(Kind::Unknown, text, evidence)
+}
+
+fn gpu_prefix(gpus: &[GpuWindow], secs: f64) -> Option<String> {
+    let parts: Vec<String> = gpus
+        .iter()
+        .map(|g| {
+            let gap =
+                if g.max_gap_s > 2.0 { format!(", sample gap {:.1}s", g.max_gap_s) } else { String::new() };
+            if g.samples == 0 {
+                format!("GPU{}: no samples", g.index)
+            } else {
+                format!("GPU{} idle {} of {}{gap}", g.index, units::pct(g.idle_fraction), units::secs(secs))
+            }
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+fn thread_line(label: &str, p: &ProcWindow, t: &ThreadWindow, s: &Shares) -> String {
+    format!(
+        "{label} {} ({} pid {}): on CPU {}, runqueue {}, blocked {} ({})",
+        t.tid,
+        p.comm,
+        p.tgid,
+        units::pct(s.on),
+        units::pct(s.r(reason::RUNQUEUE)),
+        units::pct(s.blocked()),
+        wait_breakdown(t, s)
+    )
+}
+
+/// "futex 60%, poll 37%": the waits above 5%, largest first.
+fn wait_breakdown(t: &ThreadWindow, s: &Shares) -> String {
+    let mut parts: Vec<(u8, f64)> = (0..reason::COUNT as u8)
+        .filter(|r| *r != reason::RUNQUEUE)
+        .map(|r| (r, s.r(r)))
+        .filter(|x| x.1 >= 0.05)
+        .collect();
+    parts.sort_by(|a, b| b.1.total_cmp(&a.1));
+    if parts.is_empty() {
+        return "no wait above 5%".into();
+    }
+    parts
+        .iter()
+        .map(|(r, v)| format!("{} {}", reason_name(*r, t), units::pct(*v)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn workers_word(n: usize) -> String {
+    if n == 1 {
+        "1 worker".into()
+    } else {
+        format!("{n} workers")
+    }
+}
+
+/// I/O and CPU shares of the workers' main threads, averaged.
+fn worker_shares(workers: &[&ProcWindow], secs: f64) -> (f64, f64) {
+    let shares: Vec<Shares> =
+        workers.iter().filter_map(|p| p.main_thread()).map(|t| Shares::of(t, secs)).collect();
+    if shares.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = shares.len() as f64;
+    (shares.iter().map(|s| s.r(reason::IO)).sum::<f64>() / n, shares.iter().map(Shares::cpu).sum::<f64>() / n)
+}
+
+/// ", woken 1,240 times by 4 workers (most by 84810)".
+fn wakers_of(main: &ThreadWindow, workers: &[&ProcWindow]) -> String {
+    let from_workers: Vec<&(u32, u32, String, u64)> =
+        main.woken_by.iter().filter(|b| workers.iter().any(|w| w.tgid == b.1)).collect();
+    let n: u64 = from_workers.iter().map(|b| b.3).sum();
+    if n == 0 {
+        return String::new();
+    }
+    let procs: std::collections::HashSet<u32> = from_workers.iter().map(|b| b.1).collect();
+    let top = from_workers[0];
+    format!(", woken {n} times by {} (most by {} {} ×{})", workers_word(procs.len()), top.2, top.0, top.3)
+}
+
+fn top_files(w: &Window, secs: f64) -> Vec<String> {
+    let mut files: Vec<(u32, &str, u64, u64)> = w
+        .procs
+        .iter()
+        .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f.path.as_str(), f.read_bytes, f.read_calls)))
+        .filter(|f| f.2 > 0)
+        .collect();
+    files.sort_by_key(|f| std::cmp::Reverse(f.2));
+    files
+        .iter()
+        .take(5)
+        .map(|(pid, path, bytes, calls)| {
+            format!(
+                "file {path}: {} in {calls} reads by pid {pid} ({})",
+                units::bytes(*bytes),
+                units::rate(*bytes, secs)
+            )
+        })
+        .collect()
+}
+
+fn hang(
+    w: &Window,
+    trainer: &ProcWindow,
+    main: &ThreadWindow,
+    tm: &Shares,
+    workers: &[&ProcWindow],
+    secs: f64,
+    file_bytes: u64,
+) -> Option<String> {
+    if secs < rules::HANG_MIN_S || main.now.running || tm.on > rules::HANG_MAX_ON_CPU {
+        return None;
+    }
+    // Sleeping on purpose is idleness, not a hang.
+    if tm.r(reason::SLEEP) >= 0.5 || tm.blocked() < 0.9 {
+        return None;
+    }
+    let ipc: u64 = w.procs.iter().map(|p| p.other_read_bytes).sum();
+    if file_bytes > 0 || ipc as f64 / secs > rules::HANG_MAX_IPC_BYTES_PER_S {
+        return None;
+    }
+    let worker_tgids: Vec<u32> = workers.iter().map(|p| p.tgid).collect();
+    if main.woken_by.iter().any(|b| worker_tgids.contains(&b.1) && b.3 > 0) {
+        return None;
+    }
+    for p in workers {
+        if p.threads.iter().any(|t| Shares::of(t, secs).on > rules::HANG_MAX_ON_CPU) {
+            return None;
+        }
+    }
+    let mut blocked: Vec<String> = Vec::new();
+    for p in std::iter::once(trainer).chain(workers.iter().copied()) {
+        for t in p.threads.iter().filter(|t| t.alive && !t.now.running) {
+            let r = t.now.reason;
+            let what = if r == reason::OTHER || t.now.syscall >= 0 && r != reason::IO {
+                format!(
+                    "{} in {}",
+                    reason::NAMES[usize::from(r).min(5)],
+                    syscalls::name(i64::from(t.now.syscall))
+                )
+            } else {
+                reason::NAMES[usize::from(r).min(5)].to_string()
+            };
+            blocked.push(format!("{} {} ({})", t.comm, t.tid, what));
+        }
+    }
+    let shown = blocked.len().min(8);
+    let more =
+        if blocked.len() > shown { format!(" and {} more", blocked.len() - shown) } else { String::new() };
+    Some(format!(
+        "No progress for {}: trainer (pid {}) and {} blocked, no file reads, nobody wakes the trainer: the job is hung. Blocked: {}{more}",
+        units::secs(secs),
+        trainer.tgid,
+        workers_word(workers.len()),
+        blocked[..shown].join(", ")
+    ))
+}
+
+/// GPU utilization samples over a window → [`GpuWindow`].
+pub fn gpu_window(index: u32, name: &str, samples: &[(u64, f64)], start_ns: u64, end_ns: u64) -> GpuWindow {
+    let inside: Vec<&(u64, f64)> = samples.iter().filter(|(t, _)| *t >= start_ns && *t <= end_ns).collect();
+    let n = inside.len();
+    let mean = if n == 0 { 0.0 } else { inside.iter().map(|s| s.1).sum::<f64>() / n as f64 };
+    let idle = if n == 0 {
+        0.0
+    } else {
+        inside.iter().filter(|s| s.1 <= rules::IDLE_UTIL_PCT).count() as f64 / n as f64
+    };
+    let mut edges: Vec<u64> = vec![start_ns];
+    edges.extend(inside.iter().map(|s| s.0));
+    edges.push(end_ns);
+    let max_gap = edges.windows(2).map(|p| p[1].saturating_sub(p[0])).max().unwrap_or(0) as f64 / 1e9;
+    GpuWindow {
+        index,
+        name: name.to_string(),
+        util_mean_pct: mean,
+        idle_fraction: idle,
+        samples: n,
+        max_gap_s: max_gap,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,293 @@
+//! Every verdict kind on synthetic streams, through the same path as live
+//! data: events and snapshots → Model → Window → roles → judge.
+use std::collections::HashSet;
+
+use stall_common::{fd_kind, reason};
+
+use super::*;
+use crate::{
+    aggregate::Model,
+    correlate,
+    decode::{Event, FileCounters, FileSnap, Snapshot, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
+};
+
+const S: u64 = 1_000_000_000;
+
+/// Shares of a window by state: (on, [futex, io, poll, sleep, runqueue, other]).
+fn counters(secs: u64, on: f64, off: [f64; 6], file_bytes: u64) -> ThreadCounters {
+    let ns = |f: f64| (f * (secs * S) as f64) as u64;
+    let mut off_ns = [0; reason::COUNT];
+    for (i, v) in off.iter().enumerate() {
+        off_ns[i] = ns(*v);
+    }
+    ThreadCounters {
+        on_cpu_ns: ns(on),
+        off_ns,
+        file_read_bytes: file_bytes,
+        file_read_calls: file_bytes / 65536,
+        ..Default::default()
+    }
+}
+
+struct Job {
+    model: Model,
+    secs: u64,
+    threads: Vec<ThreadSnap>,
+    files: Vec<FileSnap>,
+    wakes: Vec<WakeSnap>,
+    gpu_pids: HashSet<u32>,
+    lost: [u64; 5],
+}
+
+impl Job {
+    fn new(secs: u64) -> Self {
+        let mut model = Model::new(0);
+        model.note_process(100, Some(1), "python", None);
+        Self {
+            model,
+            secs,
+            threads: vec![],
+            files: vec![],
+            wakes: vec![],
+            gpu_pids: HashSet::new(),
+            lost: [0; 5],
+        }
+    }
+
+    fn thread(mut self, tid: u32, tgid: u32, c: ThreadCounters, now: ThreadNow) -> Self {
+        self.threads.push(ThreadSnap { tid, tgid, job: 1, counters: c, now, other_nr: -1 });
+        self
+    }
+
+    fn trainer(self, on: f64, off: [f64; 6], now: ThreadNow) -> Self {
+        let c = counters(self.secs, on, off, 0);
+        self.thread(100, 100, c, now)
+    }
+
+    /// A worker process (child of the trainer) reading `bytes` from its own file.
+    fn worker(mut self, pid: u32, on: f64, off: [f64; 6], bytes: u64) -> Self {
+        self.model.note_process(pid, Some(100), "pt_data_worker", None);
+        let id = u64::from(pid);
+        self.model.apply(&Event::Open {
+            ts: 0,
+            tid: pid,
+            tgid: pid,
+            fd: 5,
+            file_id: id,
+            path: format!("/data/rows_{pid}.pt"),
+            dfd: -100,
+        });
+        self.files.push(FileSnap {
+            tgid: pid,
+            fd: 5,
+            file_id: id,
+            kind: fd_kind::REGULAR,
+            counters: FileCounters { read_bytes: bytes, read_calls: bytes / 65536 + 1, read_ns: 1 },
+        });
+        let c = counters(self.secs, on, off, bytes);
+        let now = ThreadNow { running: false, reason: reason::IO, syscall: 0, for_ns: 1000 };
+        self.thread(pid, pid, c, now)
+    }
+
+    fn woken_by(mut self, wakee: u32, waker: u32, count: u64) -> Self {
+        self.wakes.push(WakeSnap {
+            wakee,
+            waker,
+            waker_tgid: waker,
+            waker_comm: "pt_data_worker".into(),
+            count,
+        });
+        self
+    }
+
+    fn judge(mut self, gpus: &[GpuWindow]) -> Verdict {
+        let end = self.secs * S;
+        self.model.apply_snapshot(&Snapshot {
+            ts: end,
+            threads: self.threads.clone(),
+            files: self.files.clone(),
+            wakes: self.wakes.clone(),
+            lost: self.lost,
+            ..Default::default()
+        });
+        let w = self.model.summary(end);
+        let roles = correlate::assign(&w, &self.gpu_pids, Some(100));
+        judge(&w, &roles, gpus)
+    }
+}
+
+fn blocked(r: u8) -> ThreadNow {
+    ThreadNow { running: false, reason: r, syscall: if r == reason::FUTEX { 202 } else { 7 }, for_ns: 1 }
+}
+
+const RUNNING: ThreadNow = ThreadNow { running: true, reason: 0, syscall: -1, for_ns: 1 };
+
+fn gpu(util: f64, secs: u64, gap_at: Option<(u64, u64)>) -> GpuWindow {
+    // One sample every 100 ms, except inside the gap.
+    let samples: Vec<(u64, f64)> = (0..secs * 10)
+        .map(|i| i * S / 10)
+        .filter(|t| gap_at.is_none_or(|(a, b)| *t < a * S || *t >= b * S))
+        .map(|t| (t, util))
+        .collect();
+    gpu_window(0, "NVIDIA H200", &samples, 0, secs * S)
+}
+
+//          on    futex io   poll sleep runq other
+const IO_WORKER: [f64; 6] = [0.0, 0.85, 0.0, 0.0, 0.02, 0.0];
+const CPU_WORKER: [f64; 6] = [0.0, 0.05, 0.0, 0.0, 0.1, 0.0];
+const TRAINER_WAITS: [f64; 6] = [0.6, 0.0, 0.37, 0.0, 0.0, 0.0];
+
+fn io_bound_job() -> Job {
+    let mut job = Job::new(10).trainer(0.03, TRAINER_WAITS, blocked(reason::FUTEX));
+    for pid in 101..=104 {
+        job = job.worker(pid, 0.1, IO_WORKER, 400_000_000).woken_by(100, pid, 300);
+    }
+    job
+}
+
+#[test]
+fn input_io_bound_with_numbers() {
+    let v = io_bound_job().judge(&[]);
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    assert!(v.host_only);
+    assert!(v.summary.contains("4 workers read 1.6 GB at 160 MB/s"), "{}", v.summary);
+    assert!(v.summary.contains("85% off-CPU in file reads"), "{}", v.summary);
+    assert!(v.summary.contains("woken 1200 times by 4 workers"), "{}", v.summary);
+    assert!(v.summary.contains("no GPU data"), "{}", v.summary);
+    assert!(v.evidence.iter().any(|e| e.starts_with("file /data/rows_10")), "{:?}", v.evidence);
+}
+
+#[test]
+fn input_io_bound_names_idle_gpu() {
+    let v = io_bound_job().judge(&[gpu(2.0, 10, None)]);
+    assert_eq!(v.kind, Kind::InputIoBound);
+    assert!(!v.host_only);
+    assert!(v.summary.starts_with("GPU0 idle 100% of 10.0s."), "{}", v.summary);
+}
+
+#[test]
+fn input_cpu_bound() {
+    let mut job = Job::new(10).trainer(0.03, TRAINER_WAITS, blocked(reason::FUTEX));
+    for pid in 101..=104 {
+        job = job.worker(pid, 0.8, CPU_WORKER, 1_000_000);
+    }
+    let v = job.judge(&[gpu(1.0, 10, None)]);
+    assert_eq!(v.kind, Kind::InputCpuBound, "{v:?}");
+    assert!(v.summary.contains("on CPU 90% of the time"), "{}", v.summary);
+}
+
+#[test]
+fn trainer_reading_its_own_data_is_io_bound() {
+    let mut job = Job::new(10);
+    job.model.apply(&Event::Open {
+        ts: 0,
+        tid: 100,
+        tgid: 100,
+        fd: 3,
+        file_id: 1,
+        path: "/d".into(),
+        dfd: -100,
+    });
+    job.files.push(FileSnap {
+        tgid: 100,
+        fd: 3,
+        file_id: 1,
+        kind: fd_kind::REGULAR,
+        counters: FileCounters { read_bytes: 5_000_000, read_calls: 10, read_ns: 1 },
+    });
+    let v = job.trainer(0.1, [0.0, 0.85, 0.0, 0.0, 0.05, 0.0], blocked(reason::IO)).judge(&[]);
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    assert!(v.summary.contains("no workers"), "{}", v.summary);
+}
+
+#[test]
+fn hang_names_blocked_threads() {
+    let mut job = Job::new(6).trainer(0.001, [0.999, 0.0, 0.0, 0.0, 0.0, 0.0], blocked(reason::FUTEX));
+    for pid in 101..=102 {
+        job = job.worker(pid, 0.0, [0.0, 0.0, 1.0, 0.0, 0.0, 0.0], 0);
+    }
+    // Workers did read before the window: mark them as children that worked.
+    let v = job.judge(&[gpu(0.0, 6, None)]);
+    assert_eq!(v.kind, Kind::Hang, "{v:?}");
+    assert!(v.summary.contains("No progress for 6.0s"), "{}", v.summary);
+    assert!(v.summary.contains("futex in futex"), "{}", v.summary);
+}
+
+#[test]
+fn short_stall_is_not_a_hang() {
+    let v = Job::new(2).trainer(0.0, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0], blocked(reason::FUTEX)).judge(&[]);
+    assert_ne!(v.kind, Kind::Hang);
+}
+
+#[test]
+fn woken_by_workers_is_not_a_hang() {
+    let v = Job::new(6)
+        .trainer(0.001, [0.999, 0.0, 0.0, 0.0, 0.0, 0.0], blocked(reason::FUTEX))
+        .worker(101, 0.0, [0.0, 0.0, 1.0, 0.0, 0.0, 0.0], 0)
+        .woken_by(100, 101, 40)
+        .judge(&[]);
+    assert_ne!(v.kind, Kind::Hang, "{v:?}");
+}
+
+#[test]
+fn trainer_host_bound_with_and_without_gpu() {
+    let job = || {
+        Job::new(10).trainer(0.9, [0.05, 0.0, 0.0, 0.0, 0.05, 0.0], RUNNING).worker(
+            101,
+            0.01,
+            [0.0, 0.0, 0.95, 0.0, 0.0, 0.0],
+            100_000,
+        )
+    };
+    let v = job().judge(&[gpu(1.0, 10, None)]);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    assert!(v.summary.contains("while the GPU idles"));
+    let v = job().judge(&[]);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    assert!(v.summary.contains("busy on the host"));
+}
+
+#[test]
+fn gpu_busy_wins() {
+    let v = io_bound_job().judge(&[gpu(95.0, 10, None)]);
+    assert_eq!(v.kind, Kind::GpuBusy);
+    assert!(v.summary.contains("GPU0 busy 95%"), "{}", v.summary);
+}
+
+#[test]
+fn idle_job() {
+    let v = Job::new(10).trainer(0.001, [0.0, 0.0, 0.0, 0.999, 0.0, 0.0], blocked(reason::SLEEP)).judge(&[]);
+    assert_eq!(v.kind, Kind::Idle, "{v:?}");
+    assert!(v.summary.contains("mostly in sleep"), "{}", v.summary);
+}
+
+#[test]
+fn unknown_without_data() {
+    let v = Job::new(10).judge(&[]);
+    assert_eq!(v.kind, Kind::Unknown);
+    let v = Job::new(0).trainer(0.5, [0.0; 6], RUNNING).judge(&[]);
+    assert_eq!(v.kind, Kind::Unknown);
+    assert!(v.summary.contains("not enough data"));
+}
+
+#[test]
+fn nvml_sample_gaps_are_reported_and_do_not_skew_idle() {
+    let g = gpu(0.0, 10, Some((3, 8)));
+    assert_eq!(g.samples, 50);
+    assert!((g.max_gap_s - 5.1).abs() < 0.11, "{}", g.max_gap_s);
+    assert_eq!(g.idle_fraction, 1.0);
+    let v = io_bound_job().judge(&[g]);
+    assert_eq!(v.kind, Kind::InputIoBound);
+    assert!(v.summary.contains("sample gap 5.1s"), "{}", v.summary);
+    let none = gpu_window(1, "x", &[], 0, 10 * S);
+    assert_eq!((none.samples, none.util_mean_pct), (0, 0.0));
+}
+
+#[test]
+fn lost_events_mark_the_verdict_partial() {
+    let mut job = io_bound_job();
+    job.lost = [3, 0, 0, 0, 0];
+    let v = job.judge(&[]);
+    assert!(v.summary.contains("partial"), "{}", v.summary);
+    assert!(v.evidence.iter().any(|e| e.contains("3 events lost")));
+}

@@ -1,0 +1,304 @@
+//! Types shared by stall's kernel side (`stall-ebpf`) and its agent.
+//!
+//! Everything here is `#[repr(C)]`, `Copy`, and free of implicit padding, so
+//! the same bytes mean the same thing on both sides of a BPF map or the ring
+//! buffer, and the verifier never sees uninitialised stack bytes.
+#![no_std]
+
+pub const COMM_LEN: usize = 16;
+pub const PATH_LEN: usize = 256;
+
+/// Why a thread is off-CPU; the index into [`ThreadStats::off_ns`].
+pub mod reason {
+    /// Blocked in `futex` (locks, condition variables, `queue.Queue.get`).
+    pub const FUTEX: u8 = 0;
+    /// Blocked reading a regular file, or in uninterruptible sleep outside a
+    /// syscall (page faults on mapped files).
+    pub const IO: u8 = 1;
+    /// Waiting on a pipe, socket or event: poll/select/epoll, or a blocking
+    /// read of a non-file descriptor (a `multiprocessing` queue).
+    pub const POLL: u8 = 2;
+    /// Sleeping on purpose: nanosleep, clock_nanosleep, pause.
+    pub const SLEEP: u8 = 3;
+    /// Runnable but not running: preempted, or woken and waiting for a CPU.
+    pub const RUNQUEUE: u8 = 4;
+    /// Any other blocking syscall; [`super::ThreadStats::other_nr`] names it.
+    pub const OTHER: u8 = 5;
+    pub const COUNT: usize = 6;
+    pub const NAMES: [&str; COUNT] = ["futex", "io", "poll", "sleep", "runqueue", "other"];
+}
+
+/// How a syscall number maps to a wait reason; the values of the
+/// `SYSCALL_CLASS` array map, filled by the agent for its architecture.
+pub mod syscall_class {
+    pub const OTHER: u8 = 0;
+    pub const FUTEX: u8 = 1;
+    /// read-family: refined to IO or POLL by the descriptor's kind.
+    pub const READ: u8 = 2;
+    pub const POLL: u8 = 3;
+    pub const SLEEP: u8 = 4;
+    pub const TABLE_LEN: u32 = 1024;
+}
+
+/// What a tracked descriptor is; set by the agent after it has looked at it.
+pub mod fd_kind {
+    /// Opened with openat, not yet classified: counted as a file.
+    pub const UNKNOWN: u32 = 0;
+    pub const REGULAR: u32 = 1;
+    /// FIFO, socket, device, eventfd...: never file throughput.
+    pub const OTHER: u32 = 2;
+}
+
+/// Scheduling state of a tracked thread as the kernel side last saw it.
+pub mod run_state {
+    /// Tracked, but no switch seen yet and nothing seeded.
+    pub const UNKNOWN: u8 = 0;
+    pub const RUNNING: u8 = 1;
+    pub const OFF: u8 = 2;
+}
+
+/// In-flight syscall kinds recorded at sys_enter for use at sys_exit.
+pub mod inflight {
+    pub const NONE: u32 = 0;
+    pub const READ: u32 = 1;
+    pub const OPEN: u32 = 2;
+}
+
+/// Indices into the per-CPU `COUNTERS` array: losses by cause, and totals.
+pub mod counter {
+    pub const LOST_RINGBUF: u32 = 0;
+    pub const LOST_THREAD_MAP: u32 = 1;
+    pub const LOST_FD_MAP: u32 = 2;
+    pub const LOST_WAKE_MAP: u32 = 3;
+    pub const LOST_PATH: u32 = 4;
+    /// Events handled for tracked threads (all hooks): the agent's event rate.
+    pub const EVENTS: u32 = 8;
+    pub const COUNT: u32 = 16;
+    pub const LOST_NAMES: [&str; 5] =
+        ["ringbuf_full", "thread_map_full", "fd_map_full", "wake_map_full", "path_unreadable"];
+}
+
+/// Value of the `THREADS` map, keyed by tid. Presence in the map is what
+/// makes a thread tracked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadStats {
+    pub tgid: u32,
+    /// Which job (attach target, daemon cgroup) this thread belongs to.
+    pub job: u32,
+    pub on_cpu_ns: u64,
+    pub off_ns: [u64; reason::COUNT],
+    pub file_read_bytes: u64,
+    pub file_read_calls: u64,
+    pub file_read_ns: u64,
+    pub other_read_bytes: u64,
+    pub other_read_calls: u64,
+    pub other_read_ns: u64,
+    pub wakeups: u64,
+    /// Switch-in time while running, switch-out time while off-CPU
+    /// (CLOCK_MONOTONIC ns, as `bpf_ktime_get_ns`).
+    pub last_ts: u64,
+    /// When a wakeup was seen during the current off-CPU span, else 0.
+    pub wake_ts: u64,
+    pub state: u8,
+    pub off_reason: u8,
+    pub _pad0: [u8; 2],
+    /// Syscall number at switch-out (-1: not in a syscall).
+    pub off_nr: i32,
+    /// Last syscall counted as OTHER, to name it.
+    pub other_nr: i32,
+    pub inflight: u32,
+    pub inflight_ts: u64,
+    /// fd for reads, dfd for openat.
+    pub inflight_fd: i32,
+    pub inflight_kind: u32,
+    /// filename pointer for openat.
+    pub inflight_ptr: u64,
+}
+
+/// Key of the `FILES` map: one open descriptor of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FdKey {
+    pub tgid: u32,
+    pub fd: i32,
+}
+
+/// Value of the `FILES` map. `file_id` names one open(); a reused fd number
+/// gets a new id, so bytes never land on the file that had the number before.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FileStats {
+    pub file_id: u64,
+    pub read_bytes: u64,
+    pub read_calls: u64,
+    pub read_ns: u64,
+    pub kind: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct WakeKey {
+    pub wakee: u32,
+    pub waker: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WakeStats {
+    pub count: u64,
+    pub waker_tgid: u32,
+    pub _pad: u32,
+    pub waker_comm: [u8; COMM_LEN],
+}
+
+/// Ring-buffer event kinds ([`EventHeader::kind`]).
+pub mod event_kind {
+    pub const OPEN: u32 = 1;
+    pub const NEWTASK: u32 = 2;
+    pub const EXEC: u32 = 3;
+    pub const EXIT: u32 = 4;
+    pub const CLOSE: u32 = 5;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EventHeader {
+    pub kind: u32,
+    pub tid: u32,
+    pub tgid: u32,
+    pub job: u32,
+    pub ts: u64,
+}
+
+/// A successful openat of a tracked thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OpenEvent {
+    pub hdr: EventHeader,
+    pub file_id: u64,
+    pub fd: i32,
+    pub dfd: i32,
+    pub flags: u32,
+    /// Length of `path` including the NUL, or a negative errno.
+    pub path_len: i32,
+    pub path: [u8; PATH_LEN],
+}
+
+/// A tracked thread created a task (thread or process).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NewTaskEvent {
+    pub hdr: EventHeader,
+    pub child_tid: u32,
+    pub child_tgid: u32,
+    pub clone_flags: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExecEvent {
+    pub hdr: EventHeader,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// A tracked thread exited; its final counters (the map entry is gone).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExitEvent {
+    pub hdr: EventHeader,
+    pub stats: ThreadStats,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// A tracked descriptor was closed; its final counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CloseEvent {
+    pub hdr: EventHeader,
+    pub fd: i32,
+    pub _pad: u32,
+    pub stats: FileStats,
+}
+
+/// Byte offsets of the tracepoint fields the programs read, taken from
+/// tracefs `format` files at start-up (they move between kernels).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Offsets {
+    pub switch_prev_pid: u16,
+    pub switch_prev_state: u16,
+    pub switch_next_pid: u16,
+    pub waking_pid: u16,
+    pub newtask_pid: u16,
+    pub newtask_clone_flags: u16,
+    /// First syscall argument in `syscalls:sys_enter_*` (fd, dfd).
+    pub sys_arg0: u16,
+    pub sys_arg1: u16,
+    pub sys_arg2: u16,
+    /// `ret` in `syscalls:sys_exit_*`.
+    pub sys_ret: u16,
+    /// Size in bytes of `prev_state` (4 or 8).
+    pub switch_prev_state_size: u16,
+    pub _pad: u16,
+}
+
+/// Load-time configuration, written into the object's `CONFIG` global.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    pub offsets: Offsets,
+    /// Non-zero: also track any task whose cgroup is in `CGROUPS`.
+    pub cgroup_filter: u8,
+    /// Non-zero: every program returns at once (the benchmark's floor).
+    pub floor: u8,
+    pub _pad: [u8; 2],
+    /// Offset of `orig_ax` in `struct pt_regs` (the syscall in progress).
+    pub pt_regs_syscall_nr: u32,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all these are repr(C), Copy, and have no implicit padding.
+    unsafe impl aya::Pod for ThreadStats {}
+    unsafe impl aya::Pod for FdKey {}
+    unsafe impl aya::Pod for FileStats {}
+    unsafe impl aya::Pod for WakeKey {}
+    unsafe impl aya::Pod for WakeStats {}
+    unsafe impl aya::Pod for Config {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    // Sizes are fixed so a change on one side cannot silently desync the other,
+    // and every struct is a multiple of 8 (ring-buffer reservations need it).
+    #[test]
+    fn layouts_have_no_hidden_padding() {
+        assert_eq!(size_of::<ThreadStats>(), 4 * 2 + 8 + 8 * 6 + 8 * 9 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8);
+        assert_eq!(size_of::<FdKey>(), 8);
+        assert_eq!(size_of::<FileStats>(), 40);
+        assert_eq!(size_of::<WakeKey>(), 8);
+        assert_eq!(size_of::<WakeStats>(), 32);
+        assert_eq!(size_of::<EventHeader>(), 24);
+        assert_eq!(size_of::<OpenEvent>(), 24 + 8 + 16 + PATH_LEN);
+        assert_eq!(size_of::<NewTaskEvent>(), 24 + 8 + 8 + 16);
+        assert_eq!(size_of::<ExitEvent>(), 24 + size_of::<ThreadStats>() + 16);
+        assert_eq!(size_of::<CloseEvent>(), 24 + 8 + 40);
+        assert_eq!(size_of::<Offsets>(), 24);
+        assert_eq!(size_of::<Config>(), 32);
+        for s in [
+            size_of::<ThreadStats>(),
+            size_of::<OpenEvent>(),
+            size_of::<ExitEvent>(),
+            size_of::<CloseEvent>(),
+        ] {
+            assert_eq!(s % 8, 0);
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! stall's kernel side.
+//!
+//! Every program starts with the target filter: one hash lookup of the
+//! current tid in `THREADS` (plus, in cgroup mode, one of the current cgroup
+//! id in `CGROUPS`). Tracked threads are aggregated in place (per-thread
+//! counters in `THREADS`, per-descriptor counters in `FILES`, waker counts in
+//! `WAKES`); only what must be seen one by one (opens, task creation, exec,
+//! exit, close) goes through the `EVENTS` ring buffer. Anything dropped is
+//! counted by cause in `COUNTERS`.
+#![no_std]
+#![no_main]
+// BPF inline asm (atomic add) is behind this gate; the build sets RUSTC_BOOTSTRAP.
+#![feature(asm_experimental_arch)]
+
+mod maps;
+mod sched;
+mod syscalls;
+mod task;
+
+use aya_ebpf::helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
+use stall_common::{counter, Config, ThreadStats};
+
+use crate::maps::{CGROUPS, COUNTERS, THREADS};
+
+/// Written by the agent at load time (`EbpfLoader::override_global`).
+#[unsafe(no_mangle)]
+static CONFIG: Config = unsafe { core::mem::zeroed() };
+
+/// The config as loaded; volatile so the compiler cannot fold the zeroes
+/// it sees at build time (the verifier folds the frozen values instead).
+#[inline(always)]
+pub(crate) fn config() -> Config {
+    unsafe { core::ptr::read_volatile(&CONFIG) }
+}
+
+#[inline(always)]
+pub(crate) fn now() -> u64 {
+    unsafe { bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+pub(crate) fn bump(idx: u32) {
+    if let Some(p) = COUNTERS.get_ptr_mut(idx) {
+        unsafe { *p += 1 };
+    }
+}
+
+/// `lock *(u64 *)(p) += v`: core's atomics are not available on the BPF
+/// target, and counters shared by threads of one process need this.
+#[inline(always)]
+pub(crate) unsafe fn atomic_add(p: *mut u64, v: u64) {
+    unsafe {
+        core::arch::asm!("lock *(u64 *)({0} + 0) += {1}", in(reg) p, in(reg) v);
+    }
+}
+
+pub(crate) struct Current {
+    pub tid: u32,
+    pub tgid: u32,
+    pub stats: &'static mut ThreadStats,
+}
+
+/// The target filter: the current thread's stats if it is tracked.
+///
+/// In cgroup mode a thread of a watched cgroup that is not in `THREADS` yet
+/// is added here, on its first traced event.
+#[inline(always)]
+pub(crate) fn current(cfg: &Config) -> Option<Current> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    let tgid = (pid_tgid >> 32) as u32;
+    if let Some(p) = THREADS.get_ptr_mut(tid) {
+        bump(counter::EVENTS);
+        return Some(Current { tid, tgid, stats: unsafe { &mut *p } });
+    }
+    if cfg.cgroup_filter == 0 || tid == 0 {
+        return None;
+    }
+    let cgid = unsafe { bpf_get_current_cgroup_id() };
+    let job = unsafe { CGROUPS.get(cgid) }.copied()?;
+    let fresh = ThreadStats { tgid, job, ..Default::default() };
+    // BPF_NOEXIST: never reset a thread another CPU inserted meanwhile.
+    if THREADS.insert(tid, fresh, 1).is_err() && THREADS.get_ptr(tid).is_none() {
+        bump(counter::LOST_THREAD_MAP);
+        return None;
+    }
+    let p = THREADS.get_ptr_mut(tid)?;
+    bump(counter::EVENTS);
+    Some(Current { tid, tgid, stats: unsafe { &mut *p } })
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

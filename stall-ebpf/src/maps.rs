@@ -1,0 +1,40 @@
+//! The maps shared with the agent. Sizes are defaults; the agent may resize
+//! them at load time (`EbpfLoader::map_max_entries`).
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+};
+use stall_common::{counter, syscall_class, FdKey, FileStats, ThreadStats, WakeKey, WakeStats};
+
+/// Tracked threads by tid. Being here is what "tracked" means.
+#[map]
+pub static THREADS: HashMap<u32, ThreadStats> = HashMap::with_max_entries(16384, 0);
+
+/// Watched cgroup v2 ids (cgroup mode) → job id.
+#[map]
+pub static CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1024, 0);
+
+/// Open descriptors of tracked processes that were opened with openat (or
+/// were open at attach), with their read counters.
+#[map]
+pub static FILES: HashMap<FdKey, FileStats> = HashMap::with_max_entries(32768, 0);
+
+/// Who woke a tracked thread, and how often.
+#[map]
+pub static WAKES: HashMap<WakeKey, WakeStats> = HashMap::with_max_entries(32768, 0);
+
+/// Syscall number → wait class, filled by the agent for its architecture.
+#[map]
+pub static SYSCALL_CLASS: Array<u8> = Array::with_max_entries(syscall_class::TABLE_LEN, 0);
+
+/// Events that must be seen one by one.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
+
+/// Losses by cause and totals, see `stall_common::counter`.
+#[map]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Per-CPU sequence for file ids.
+#[map]
+pub static FILE_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);

@@ -1,0 +1,122 @@
+//! Following the job's tasks: creation (`task:task_newtask`, in the parent's
+//! context, before the child can run, so no fork escapes), exec and exit.
+use aya_ebpf::{helpers::bpf_get_current_comm, macros::tracepoint, programs::TracePointContext};
+use stall_common::{
+    counter, event_kind, reason, run_state, EventHeader, ExecEvent, ExitEvent, NewTaskEvent, ThreadStats,
+};
+
+use crate::{
+    bump, config, current,
+    maps::{EVENTS, THREADS},
+    now,
+};
+
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+#[tracepoint]
+pub fn task_newtask(ctx: TracePointContext) -> u32 {
+    let cfg = config();
+    if cfg.floor != 0 {
+        return 0;
+    }
+    let Some(parent) = current(&cfg) else {
+        return 0;
+    };
+    let o = &cfg.offsets;
+    let child: i32 = unsafe { ctx.read_at(usize::from(o.newtask_pid)) }.unwrap_or(0);
+    let flags: u64 = unsafe { ctx.read_at(usize::from(o.newtask_clone_flags)) }.unwrap_or(0);
+    if child <= 0 {
+        return 0;
+    }
+    let child = child as u32;
+    let child_tgid = if flags & CLONE_THREAD != 0 { parent.tgid } else { child };
+    let ts = now();
+    // A new task is runnable from its creation until it first runs.
+    let fresh = ThreadStats {
+        tgid: child_tgid,
+        job: parent.stats.job,
+        state: run_state::OFF,
+        off_reason: reason::RUNQUEUE,
+        off_nr: -1,
+        other_nr: -1,
+        last_ts: ts,
+        ..Default::default()
+    };
+    if THREADS.insert(child, fresh, 0).is_err() {
+        bump(counter::LOST_THREAD_MAP);
+    }
+    match EVENTS.reserve::<NewTaskEvent>(0) {
+        Some(mut e) => {
+            e.write(NewTaskEvent {
+                hdr: header(event_kind::NEWTASK, parent.tid, parent.tgid, parent.stats.job, ts),
+                child_tid: child,
+                child_tgid,
+                clone_flags: flags,
+                comm: bpf_get_current_comm().unwrap_or_default(),
+            });
+            e.submit(0);
+        }
+        None => bump(counter::LOST_RINGBUF),
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+    let cfg = config();
+    if cfg.floor != 0 {
+        return 0;
+    }
+    let Some(cur) = current(&cfg) else {
+        return 0;
+    };
+    match EVENTS.reserve::<ExecEvent>(0) {
+        Some(mut e) => {
+            e.write(ExecEvent {
+                hdr: header(event_kind::EXEC, cur.tid, cur.tgid, cur.stats.job, now()),
+                comm: bpf_get_current_comm().unwrap_or_default(),
+            });
+            e.submit(0);
+        }
+        None => bump(counter::LOST_RINGBUF),
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
+    let cfg = config();
+    if cfg.floor != 0 {
+        return 0;
+    }
+    let Some(cur) = current(&cfg) else {
+        return 0;
+    };
+    let ts = now();
+    let t = cur.stats;
+    if t.state == run_state::RUNNING {
+        t.on_cpu_ns += ts.saturating_sub(t.last_ts);
+        t.last_ts = ts;
+    }
+    if t.tgid == 0 {
+        t.tgid = cur.tgid;
+    }
+    match EVENTS.reserve::<ExitEvent>(0) {
+        Some(mut e) => {
+            e.write(ExitEvent {
+                hdr: header(event_kind::EXIT, cur.tid, cur.tgid, t.job, ts),
+                stats: *t,
+                comm: bpf_get_current_comm().unwrap_or_default(),
+            });
+            e.submit(0);
+        }
+        None => bump(counter::LOST_RINGBUF),
+    }
+    let _ = THREADS.remove(cur.tid);
+    0
+}
+
+#[inline(always)]
+pub(crate) fn header(kind: u32, tid: u32, tgid: u32, job: u32, ts: u64) -> EventHeader {
+    EventHeader { kind, tid, tgid, job, ts }
+}

@@ -1,0 +1,78 @@
+//! Developer tasks for stall: `cargo xtask <task>` (see `cargo xtask --help`).
+
+mod build;
+mod cmd;
+mod demo;
+mod setup;
+mod test;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", bin_name = "cargo xtask", about = "Developer tasks for stall")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the BPF toolchain if anything is missing (Debian 12, as root)
+    Setup,
+    /// Build the agent binary, target/{debug,release}/stall
+    Build {
+        /// Build with the release profile
+        #[arg(long)]
+        release: bool,
+    },
+    /// Check formatting and run clippy with warnings denied
+    Lint,
+    /// Build the release agent and run all tests, privileged integration tests
+    /// included (needs root)
+    Test {
+        /// Extra arguments for the test harness, after `--` (e.g. --test-threads 1)
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Lint, then test
+    Ci {
+        /// Extra arguments for the test harness, after `--`
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Run a demo workload under stall and print its report (needs root)
+    Demo {
+        /// Extra arguments for stall, after `--`
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    // Printed by hand: anyhow's Debug output would add a backtrace whenever
+    // RUST_BACKTRACE is set, burying the message that says what to do.
+    match run(Cli::parse().task) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(task: Task) -> Result<()> {
+    match task {
+        Task::Setup => setup::ensure(),
+        Task::Build { release } => build::run(release),
+        Task::Lint => test::lint(),
+        Task::Test { args } => test::run(&args),
+        Task::Ci { args } => test::ci(&args),
+        Task::Demo { args } => demo::run(&args),
+    }
+}

@@ -1,0 +1,48 @@
+//! `cargo xtask test`, `lint` and `ci`.
+
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::{build, cmd, setup};
+
+/// stall-ebpf only builds for bpfel-unknown-none (stall-agent's build script
+/// builds it); host-side cargo commands over the workspace must leave it out.
+const EXCLUDE_EBPF: [&str; 3] = ["--workspace", "--exclude", "stall-ebpf"];
+const NEED_ROOT: &str = "integration tests load eBPF programs and need root; refusing to skip them";
+
+/// Builds the release agent and runs every test, including the integration
+/// tests that load the eBPF programs for real. `extra` goes to the test harness.
+pub fn run(extra: &[String]) -> Result<()> {
+    let start = Instant::now();
+    // Checked first: skipping the privileged tests would make a green run meaningless.
+    cmd::require_root(NEED_ROOT)?;
+    setup::ensure()?;
+    let stall = build::agent(true)?;
+    let mut test = cmd::cargo();
+    test.arg("test").args(EXCLUDE_EBPF).arg("--release").env("STALL_BIN", &stall);
+    if !extra.is_empty() {
+        test.arg("--").args(extra);
+    }
+    cmd::run(&mut test)?;
+    println!("xtask test: all passed in {:.0}s", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// rustfmt check, then clippy with warnings denied.
+pub fn lint() -> Result<()> {
+    cmd::run(cmd::cargo().args(["fmt", "--all", "--", "--check"]))?;
+    // clippy builds stall-agent, whose build script needs the BPF toolchain.
+    setup::ensure()?;
+    cmd::run(cmd::cargo().arg("clippy").args(EXCLUDE_EBPF).args(["--all-targets", "--", "-D", "warnings"]))?;
+    println!("xtask lint: clean");
+    Ok(())
+}
+
+/// Everything CI checks: lint, then the full test suite.
+pub fn ci(extra: &[String]) -> Result<()> {
+    // Fail before the lint pass if the integration tests could not run anyway.
+    cmd::require_root(NEED_ROOT)?;
+    lint()?;
+    run(extra)
+}
