@@ -112,10 +112,16 @@ pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let fd = ret as i32;
+    let key = FdKey { tgid: cur.tgid, fd };
+    // An entry still there for this number (closed without `close`: dup2,
+    // close_range, exec; or seeded by the agent a moment ago) is retired
+    // with its counts before the new open replaces it.
+    if let Some(old) = unsafe { FILES.get(key) }.copied() {
+        emit_close(cur.tid, cur.tgid, t.job, fd, old);
+    }
     let file_id = next_file_id();
     let stats = FileStats { file_id, kind: fd_kind::UNKNOWN, ..Default::default() };
-    // Any flags: a stale entry for a reused number is simply replaced.
-    if FILES.insert(FdKey { tgid: cur.tgid, fd }, stats, 0).is_err() {
+    if FILES.insert(key, stats, 0).is_err() {
         bump(counter::LOST_FD_MAP);
     }
     let Some(mut e) = EVENTS.reserve::<OpenEvent>(0) else {
@@ -158,19 +164,19 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
         return 0;
     };
     let _ = FILES.remove(key);
+    emit_close(cur.tid, cur.tgid, cur.stats.job, fd as i32, stats);
+    0
+}
+
+#[inline(always)]
+fn emit_close(tid: u32, tgid: u32, job: u32, fd: i32, stats: FileStats) {
     match EVENTS.reserve::<CloseEvent>(0) {
         Some(mut e) => {
-            e.write(CloseEvent {
-                hdr: header(event_kind::CLOSE, cur.tid, cur.tgid, cur.stats.job, now()),
-                fd: fd as i32,
-                _pad: 0,
-                stats,
-            });
+            e.write(CloseEvent { hdr: header(event_kind::CLOSE, tid, tgid, job, now()), fd, _pad: 0, stats });
             e.submit(0);
         }
         None => bump(counter::LOST_RINGBUF),
     }
-    0
 }
 
 /// Unique per open: CPU number in the top bits, a per-CPU sequence below.

@@ -1,1 +1,232 @@
+//! Helpers for stall's privileged integration tests: they run the real
+//! `stall` binary on the running kernel against workloads whose ground truth
+//! is known, and read its JSON summary.
+//!
+//! They need root (to load eBPF programs). Without it they fail loudly:
+//! a skipped kernel test would hide exactly what CI is for.
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    sync::OnceLock,
+    time::Duration,
+};
 
+use serde_json::Value;
+
+/// The stall binary: $STALL_BIN (set by `cargo xtask test`), else the
+/// workspace's release or debug build.
+pub fn stall_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("STALL_BIN") {
+        return PathBuf::from(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    for profile in ["release", "debug"] {
+        let p = root.join("target").join(profile).join("stall");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("no stall binary: run `cargo xtask build --release` or set STALL_BIN");
+}
+
+/// Fails the test unless we can load BPF: never a silent skip.
+pub fn require_root() {
+    static CHECKED: OnceLock<()> = OnceLock::new();
+    CHECKED.get_or_init(|| {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "stall's integration tests load eBPF programs and must run as root (refusing to skip them)"
+        );
+    });
+}
+
+/// A Python interpreter that is a real binary (not a shell shim), so the
+/// traced tree holds only the workload.
+pub fn python() -> &'static str {
+    static PY: OnceLock<String> = OnceLock::new();
+    PY.get_or_init(|| {
+        for p in ["/usr/bin/python3", "/usr/local/bin/python3"] {
+            if Path::new(p).exists() {
+                return p.to_string();
+            }
+        }
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 is needed by the workloads");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    })
+}
+
+pub fn jobs_py() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/jobs.py")
+}
+
+/// A scratch directory removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Self {
+        let base = std::env::var_os("STALL_TEST_TMP").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+        let dir = base.join(format!("stall-it-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    /// A file of `size` random-ish bytes.
+    pub fn file(&self, name: &str, size: usize) -> PathBuf {
+        let p = self.path(name);
+        let mut data = vec![0u8; size];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ size as u64;
+        for b in data.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        std::fs::write(&p, data).unwrap();
+        p
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What one stall run produced.
+pub struct Run {
+    pub status: i32,
+    pub stdout: String,
+    pub stderr: String,
+    /// All JSON records (intervals, then the summary).
+    pub records: Vec<Value>,
+}
+
+impl Run {
+    pub fn summary(&self) -> &Value {
+        self.records.iter().rev().find(|r| r["type"] == "summary").unwrap_or_else(|| {
+            panic!("no summary record; stderr:\n{}\nstdout:\n{}", self.stderr, self.stdout)
+        })
+    }
+
+    pub fn processes(&self) -> &Vec<Value> {
+        self.summary()["processes"].as_array().expect("processes[]")
+    }
+
+    pub fn process(&self, pid: u64) -> &Value {
+        self.processes()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid} not in the summary: {}", self.pids()))
+    }
+
+    fn pids(&self) -> String {
+        self.processes().iter().map(|p| format!("{} {}", p["pid"], p["comm"])).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The file entry for `path` in process `pid`.
+    pub fn file(&self, pid: u64, path: &Path) -> &Value {
+        let p = self.process(pid);
+        p["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == path.to_str().unwrap())
+            .unwrap_or_else(|| panic!("{} not among pid {pid}'s files: {}", path.display(), p["files"]))
+    }
+
+    /// Every process that has this path among its files.
+    pub fn readers_of(&self, path: &Path) -> Vec<u64> {
+        self.processes()
+            .iter()
+            .filter(|p| p["files"].as_array().unwrap().iter().any(|f| f["path"] == path.to_str().unwrap()))
+            .map(|p| p["pid"].as_u64().unwrap())
+            .collect()
+    }
+
+    pub fn thread(&self, tid: u64) -> &Value {
+        self.processes()
+            .iter()
+            .flat_map(|p| p["threads"].as_array().unwrap())
+            .find(|t| t["tid"] == tid)
+            .unwrap_or_else(|| panic!("tid {tid} not in the summary"))
+    }
+}
+
+/// Runs stall with `args`, JSON Lines into a file, and a hard timeout.
+pub fn stall(args: &[&str], env: &[(&str, &Path)], timeout: Duration) -> Run {
+    require_root();
+    let json = tempfile_path("json");
+    let mut cmd = Command::new(stall_bin());
+    let (sub, rest) = args.split_first().expect("a subcommand");
+    cmd.arg(sub).arg("--json").arg(&json).arg("--gpu").arg("off").args(rest);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run_with_timeout(cmd, timeout);
+    let text = std::fs::read_to_string(&json).unwrap_or_default();
+    let _ = std::fs::remove_file(&json);
+    let records = text.lines().map(|l| serde_json::from_str(l).expect("each JSON line parses")).collect();
+    Run {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        records,
+    }
+}
+
+pub fn tempfile_path(tag: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    std::env::temp_dir().join(format!(
+        "stall-it-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// Runs a command; kills it (by its own PID) if it outlives `timeout`.
+pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Output {
+    let child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(out) => out.expect("wait"),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("command did not finish within {timeout:?}: {cmd:?}");
+        }
+    }
+}
+
+/// Reads the truth file a workload wrote.
+pub fn truth(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("workload wrote no truth at {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+pub fn secs(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// |got - want| <= tol * want
+pub fn assert_close(what: &str, got: f64, want: f64, tol: f64) {
+    assert!(
+        (got - want).abs() <= tol * want,
+        "{what}: got {got:.4}, want {want:.4} within {:.0}%",
+        tol * 100.0
+    );
+}

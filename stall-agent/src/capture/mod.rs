@@ -341,8 +341,11 @@ impl Capture {
         }
     }
 
-    /// Records what an opened descriptor turned out to be; only if it still
-    /// names the same open file.
+    /// Records that an opened descriptor is not a regular file (FIFO,
+    /// device...), so the kernel stops counting it as file reads; only if
+    /// it still names the same open. This rewrites the whole entry: reads
+    /// counted between the lookup and the update are lost, which is why it
+    /// is used only for non-files, whose per-file counts nothing reports.
     pub fn set_fd_kind(&mut self, tgid: u32, fd: i32, file_id: u64, kind: u32) {
         let key = FdKey { tgid, fd };
         if let Ok(mut s) = self.files.get(&key, 0) {

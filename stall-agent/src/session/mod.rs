@@ -343,15 +343,16 @@ impl Loop {
             match ev {
                 Event::Open { tgid, fd, file_id, path, .. } => {
                     if let Some((target, regular)) = procfs::fd_info(*tgid, *fd) {
-                        if !regular {
-                            capture.set_fd_kind(*tgid, *fd, *file_id, fd_kind::OTHER);
-                            self.model.set_file_kind(*file_id, fd_kind::OTHER);
-                        } else {
-                            capture.set_fd_kind(*tgid, *fd, *file_id, fd_kind::REGULAR);
+                        if regular {
+                            // The kernel counts UNKNOWN as a file already; no map
+                            // write, so no read-modify-write race with its counters.
                             self.model.set_file_kind(*file_id, fd_kind::REGULAR);
                             if !path.starts_with('/') {
                                 self.model.set_file_resolved(*file_id, &target);
                             }
+                        } else {
+                            capture.set_fd_kind(*tgid, *fd, *file_id, fd_kind::OTHER);
+                            self.model.set_file_kind(*file_id, fd_kind::OTHER);
                         }
                     }
                 }

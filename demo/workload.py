@@ -1,0 +1,469 @@
+#!/usr/bin/env python3
+"""A DataLoader-shaped training job whose input pipeline waits on the disk.
+
+The demo workload for stall (`cargo xtask demo`); Python 3 standard library
+only, no PyTorch. It does what torch.utils.data.DataLoader does with
+num_workers=4:
+
+  * a trainer process forks worker processes (multiprocessing, fork context);
+  * it hands each worker sample indices through that worker's index queue;
+  * the workers read the samples from disk and put small batch summaries on a
+    shared result queue;
+  * the trainer blocks in `result_queue.get(timeout=...)` (poll on the queue's
+    pipe) until a batch arrives, then "computes" for a few milliseconds.
+
+The samples are shard files of --file-mb MB each ("rows_00000-02000.bin"),
+written once into --cache-dir and reused by later runs. Before a worker reads
+a file it evicts it from the page cache (posix_fadvise DONTNEED), so every
+read really goes to the disk.
+
+Local disks are often fast enough (~1 GB/s) that the job would hardly wait.
+To look like a job reading from slower (network) storage, the reads are
+throttled to --throttle-mbps for this job only, with a cgroup: cgroup v1
+blkio (blkio.throttle.read_bps_device) where it is mounted, else cgroup v2
+io.max where the io controller can be enabled, on the disk that holds the
+cache directory. The trainer moves itself into the cgroup before it forks
+the workers, so they inherit it; the cgroup is removed at the end. Without
+root or either controller the job runs unthrottled, and says so.
+
+Defaults: 24 files x 100 MB = 2.4 GB read at 100 MB/s, about 25 s of reading
+(generating the files the first time takes a few seconds more).
+
+Output: the first stdout line is `PID <trainer pid>`, printed once the files
+and the throttle are ready and just before the workers start (`cargo xtask
+demo` attaches `stall attach --pid` to it); the job then waits --start-delay
+seconds so the tracer is in place before the reading starts. Progress goes to
+stderr; a one-line summary goes to stdout at the end. Exit status 0 on success.
+"""
+
+import argparse
+import contextlib
+import ctypes
+import multiprocessing as mp
+import os
+import queue
+import signal
+import sys
+import time
+import zlib
+
+ROWS_PER_FILE = 2000
+CHUNK = 1 << 20  # bytes per read(2) call
+# DataLoader's MP_STATUS_CHECK_INTERVAL: the trainer polls its result queue
+# with this timeout and checks that its workers are alive in between.
+STATUS_CHECK_S = 5.0
+PR_SET_NAME = 15
+PR_SET_PDEATHSIG = 1
+TAG = "workload:"
+
+
+def log(msg):
+    print(f"{TAG} {msg}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cache-dir", default="/var/tmp/stall-demo-cache",
+                   help="where the sample files are generated once (default: %(default)s)")
+    p.add_argument("--files", type=int, default=24, help="number of sample files (default: %(default)s)")
+    p.add_argument("--file-mb", type=int, default=100, help="size of each file in MB (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=4, help="DataLoader worker processes (default: %(default)s)")
+    p.add_argument("--batch-kb", type=int, default=4096,
+                   help="bytes per batch, in KiB, read in 1 MiB read(2) calls (default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the files (default: %(default)s)")
+    p.add_argument("--compute-ms", type=float, default=2.0,
+                   help="trainer 'compute' per batch, in ms (default: %(default)s)")
+    p.add_argument("--throttle-mbps", type=float, default=100.0,
+                   help="cap the job's disk reads at this many MB/s with a cgroup; 0: no throttle "
+                        "(default: %(default)s)")
+    p.add_argument("--cgroup-name", default=None,
+                   help="name of the throttling cgroup (default: stall-demo-<pid>)")
+    p.add_argument("--start-delay", type=float, default=1.5,
+                   help="seconds between printing the PID line and starting the workers, so a tracer "
+                        "can attach (default: %(default)s)")
+    a = p.parse_args(argv)
+    for name in ("files", "file_mb", "workers", "batch_kb", "epochs"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if a.throttle_mbps < 0 or a.compute_ms < 0 or a.start_delay < 0:
+        p.error("--throttle-mbps, --compute-ms and --start-delay must not be negative")
+    return a
+
+
+def set_comm(name):
+    """Names the calling thread (and so, from the main thread, /proc/PID/comm)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def die_with_parent():
+    """SIGKILL this process when its parent (the trainer) dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+# ---------------------------------------------------------------- sample files
+
+def file_names(n):
+    width = max(5, len(str(n * ROWS_PER_FILE)))
+    return [f"rows_{i * ROWS_PER_FILE:0{width}d}-{(i + 1) * ROWS_PER_FILE:0{width}d}.bin" for i in range(n)]
+
+
+def generate(cache_dir, names, size):
+    """Writes the files that are missing or of the wrong size; returns their paths."""
+    os.makedirs(cache_dir, exist_ok=True)
+    paths = [os.path.join(cache_dir, n) for n in names]
+    todo = [p for p in paths if not (os.path.isfile(p) and os.path.getsize(p) == size)]
+    if not todo:
+        log(f"{len(paths)} sample files of {size / 1e6:.0f} MB already in {cache_dir}")
+        return paths
+    log(f"generating {len(todo)} of {len(paths)} sample files of {size / 1e6:.0f} MB in {cache_dir} "
+        f"(once; later runs reuse them)")
+    t0 = time.monotonic()
+    base = os.urandom(CHUNK)
+    for path in todo:
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                done, n = 0, 0
+                while done < size:
+                    # A different chunk every MiB: no two blocks of the files are equal.
+                    block = n.to_bytes(8, "little") + os.urandom(56) + base[64:]
+                    block = block[: size - done]
+                    done += os.write(fd, block)
+                    n += 1
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.rename(tmp, path)
+    log(f"generated {len(todo) * size / 1e9:.2f} GB in {time.monotonic() - t0:.1f} s")
+    return paths
+
+
+# -------------------------------------------------------------------- throttle
+
+def block_device(path):
+    """(major, minor, name) of the whole disk holding `path`, or None."""
+    dev = os.stat(path).st_dev
+    sys_dir = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+    if not os.path.exists(sys_dir):
+        return None
+    real = os.path.realpath(sys_dir)
+    if os.path.exists(os.path.join(real, "partition")):
+        real = os.path.dirname(real)  # a partition: throttle its disk
+    try:
+        with open(os.path.join(real, "dev")) as f:
+            major, minor = (int(x) for x in f.read().split(":"))
+    except (OSError, ValueError):
+        return None
+    return major, minor, os.path.basename(real)
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def cgroup2_mount():
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split()[:1] == ["cgroup2"]:
+                    return left.split()[4]
+    except OSError:
+        pass
+    return None
+
+
+def own_cgroup(controller):
+    """This process's cgroup path in the v1 hierarchy of `controller`, or v2 if None."""
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            if (controller is None and ctrls == "") or (controller and controller in ctrls.split(",")):
+                return path
+    return None
+
+
+class Throttle:
+    """A cgroup that caps disk reads; `description` says what was done."""
+
+    def __init__(self, kind, path, back, description, undo=None):
+        self.kind, self.path, self.back, self.description, self.undo = kind, path, back, description, undo
+
+    def enter(self):
+        write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))
+
+    def remove(self):
+        """Moves the trainer back, waits for the cgroup to empty, removes it."""
+        try:
+            write(os.path.join(self.back, "cgroup.procs"), str(os.getpid()))
+        except OSError as e:
+            log(f"could not leave {self.path}: {e}")
+        for _ in range(50):
+            try:
+                os.rmdir(self.path)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            log(f"could not remove {self.path}; remove it by hand once it is empty")
+        if self.undo:
+            self.undo()
+
+
+def remove_stale(parent):
+    """Removes empty stall-demo-<pid> cgroups left by runs that were killed."""
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return
+    for name in entries:
+        pid = name[len("stall-demo-"):]
+        if not (name.startswith("stall-demo-") and pid.isdigit()) or os.path.exists(f"/proc/{pid}"):
+            continue
+        try:
+            os.rmdir(os.path.join(parent, name))  # fails while any process is in it
+            log(f"removed stale cgroup {os.path.join(parent, name)}")
+        except OSError:
+            pass
+
+
+def setup_v2(parent, name, back, major, minor, bps, description):
+    control = os.path.join(parent, "cgroup.subtree_control")
+    with open(control) as f:
+        enable = "io" not in f.read().split()
+    if enable:
+        write(control, "+io")
+
+    def undo():
+        if enable:
+            try:
+                write(control, "-io")
+            except OSError:
+                pass
+
+    try:
+        remove_stale(parent)
+        path = os.path.join(parent, name)
+        os.mkdir(path)
+        try:
+            write(os.path.join(path, "io.max"), f"{major}:{minor} rbps={bps}")
+        except OSError:
+            os.rmdir(path)
+            raise
+    except OSError:
+        undo()
+        raise
+    return Throttle("io.max", path, back, f"{description} ({path}/io.max)", undo)
+
+
+def setup_throttle(cache_dir, mbps, name):
+    """Returns (Throttle or None, a sentence saying what the job's reads get)."""
+    if mbps <= 0:
+        return None, "not throttled (--throttle-mbps 0): reads run at the disk's own speed"
+    if os.geteuid() != 0:
+        return None, "NOT throttled: creating a cgroup needs root; reads run at the disk's own speed"
+    disk = block_device(cache_dir)
+    if disk is None:
+        return None, (f"NOT throttled: {cache_dir} is not on a block device that a cgroup can throttle; "
+                      "reads run at the disk's own speed")
+    major, minor, dev_name = disk
+    bps = int(mbps * 1e6)
+    rule = f"{major}:{minor} {bps}"
+    errors = []
+
+    v1 = "/sys/fs/cgroup/blkio"
+    if os.path.exists(os.path.join(v1, "blkio.throttle.read_bps_device")):
+        rel = (own_cgroup("blkio") or "/").lstrip("/")
+        parent = os.path.join(v1, rel) if rel else v1
+        remove_stale(parent)
+        path = os.path.join(parent, name)
+        try:
+            os.mkdir(path)
+            try:
+                write(os.path.join(path, "blkio.throttle.read_bps_device"), rule)
+            except OSError:
+                os.rmdir(path)
+                raise
+            return (Throttle("blkio", path, parent,
+                             f"throttled to {mbps:g} MB/s on {dev_name} ({major}:{minor}) with cgroup v1 "
+                             f"blkio ({path}/blkio.throttle.read_bps_device)"), None)
+        except OSError as e:
+            errors.append(f"cgroup v1 blkio: {e}")
+
+    mnt = cgroup2_mount()
+    if mnt:
+        try:
+            with open(os.path.join(mnt, "cgroup.controllers")) as f:
+                has_io = "io" in f.read().split()
+        except OSError:
+            has_io = False
+        if not has_io:
+            errors.append(f"cgroup v2 at {mnt}: the io controller is not available")
+        else:
+            own = os.path.join(mnt, (own_cgroup(None) or "/").lstrip("/")).rstrip("/")
+            # The new cgroup goes next to ours. Its parent must pass the io
+            # controller down, which cgroup v2 allows only if that parent holds
+            # no processes itself (the root is exempt): try there, then the root.
+            candidates = [os.path.dirname(own), mnt] if own != mnt.rstrip("/") else [mnt]
+            for parent in dict.fromkeys(p.rstrip("/") or "/" for p in candidates):
+                try:
+                    return (setup_v2(parent, name, own, major, minor, bps,
+                                     f"throttled to {mbps:g} MB/s on {dev_name} ({major}:{minor}) with "
+                                     f"cgroup v2 io.max"), None)
+                except OSError as e:
+                    errors.append(f"cgroup v2 io under {parent}: {e}")
+    if not errors:
+        errors.append("no cgroup v1 blkio or cgroup v2 mount found")
+    return None, "NOT throttled (" + "; ".join(errors) + "): reads run at the disk's own speed"
+
+
+# ------------------------------------------------------------------- the job
+
+def worker_loop(worker_id, paths, batch_bytes, index_queue, result_queue):
+    """A DataLoader worker: file indices in, batch summaries out."""
+    die_with_parent()
+    set_comm("pt_data_worker")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer handles Ctrl-C
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    while True:
+        idx = index_queue.get()
+        if idx is None:
+            break
+        with open(paths[idx], "rb", buffering=0) as f:
+            # Evict the file so that this read goes to the disk.
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            batch = 0
+            while True:
+                got, crc = 0, 0
+                while got < batch_bytes:
+                    n = f.readinto(view[: min(CHUNK, batch_bytes - got)])  # read(2)
+                    if not n:
+                        break
+                    crc = zlib.crc32(view[:n], crc)  # "decode" the batch, cheaply
+                    got += n
+                if got == 0:
+                    break
+                result_queue.put(("batch", worker_id, idx, batch, got, crc))
+                batch += 1
+        result_queue.put(("file", worker_id, idx, None, None, None))
+
+
+def compute(ms):
+    """Pure-Python arithmetic for about `ms` milliseconds (the training step)."""
+    end = time.perf_counter() + ms / 1000.0
+    x = 0
+    while time.perf_counter() < end:
+        for i in range(200):
+            x = (x * 31 + i) & 0xFFFFFFFF
+    return x
+
+
+def train(args, paths, throttle_note):
+    ctx = mp.get_context("fork")
+    result_queue = ctx.Queue()
+    index_queues = [ctx.Queue() for _ in range(args.workers)]
+    batch_bytes = args.batch_kb * 1024
+
+    # Progress goes out before the PID line: once stall is attached, its
+    # screen is the demo's output.
+    log(f"trainer pid {os.getpid()} (comm 'trainer') starts {args.workers} workers (comm 'pt_data_worker') "
+        f"in {args.start_delay:g} s to read {args.epochs} x {len(paths)} files, {args.batch_kb} KiB batches")
+    print(f"PID {os.getpid()}", flush=True)
+    time.sleep(args.start_delay)
+
+    workers = []
+    for w in range(args.workers):
+        p = ctx.Process(target=worker_loop, name=f"pt_data_worker_{w}", daemon=True,
+                        args=(w, paths, batch_bytes, index_queues[w], result_queue))
+        p.start()
+        workers.append(p)
+
+    t0 = time.monotonic()
+    total_bytes, batches = 0, 0
+    per_worker = [0] * args.workers
+    try:
+        for _epoch in range(args.epochs):
+            # Round-robin over the workers, as DataLoader's sampler feed does.
+            for i in range(len(paths)):
+                index_queues[i % args.workers].put(i)
+            files_left = len(paths)
+            while files_left:
+                try:
+                    kind, w, _idx, _batch, nbytes, _crc = result_queue.get(timeout=STATUS_CHECK_S)
+                except queue.Empty:
+                    dead = [p for p in workers if not p.is_alive()]
+                    if dead:
+                        raise RuntimeError(f"DataLoader worker (pid {dead[0].pid}) exited unexpectedly "
+                                           f"with code {dead[0].exitcode}")
+                    continue
+                if kind == "file":
+                    files_left -= 1
+                    continue
+                total_bytes += nbytes
+                per_worker[w] += nbytes
+                batches += 1
+                compute(args.compute_ms)
+        for q in index_queues:
+            q.put(None)
+        for p in workers:
+            p.join(timeout=30)
+    finally:
+        for p in workers:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    secs = time.monotonic() - t0
+    rate = total_bytes / 1e6 / max(secs, 1e-9)
+    shares = " ".join(f"{b / 1e6 / max(secs, 1e-9):.0f}" for b in per_worker)
+    print(f"workload: read {total_bytes / 1e9:.2f} GB in {batches} batches in {secs:.1f} s = {rate:.0f} MB/s "
+          f"(per worker MB/s: {shares}); reads {throttle_note}", flush=True)
+
+
+def on_sigterm(_signum, _frame):
+    raise KeyboardInterrupt  # stop the workers and remove the cgroup, as for Ctrl-C
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    name = args.cgroup_name or f"stall-demo-{os.getpid()}"
+    paths = generate(args.cache_dir, file_names(args.files), args.file_mb * 1_000_000)
+    throttle, note = setup_throttle(args.cache_dir, args.throttle_mbps, name)
+    if throttle:
+        note = throttle.description
+    log(f"job's disk reads: {note}")
+    if not throttle and args.throttle_mbps > 0:
+        log("on a fast disk an unthrottled job may hardly wait for its input (then it does not look input-bound)")
+    set_comm("trainer")
+    try:
+        if throttle:
+            throttle.enter()  # before forking: the workers inherit the cgroup
+        train(args, paths, note)
+    except KeyboardInterrupt:
+        log("interrupted; workers stopped")
+        return 130
+    finally:
+        if throttle:
+            throttle.remove()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

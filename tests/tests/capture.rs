@@ -1,0 +1,229 @@
+//! Kernel capture against ground truth (issue 3): bytes per worker and file,
+//! off-CPU time by reason, wakers, forks and execs, scoping, and losses.
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use stall_tests::*;
+
+const T: Duration = Duration::from_secs(90);
+
+fn job(args: &[&str]) -> Vec<String> {
+    let mut v = vec![python().to_string(), jobs_py().to_str().unwrap().to_string()];
+    v.extend(args.iter().map(|s| s.to_string()));
+    v
+}
+
+fn run_job(extra: &[&str], job_args: &[&str], truth_path: &Path) -> Run {
+    let mut args: Vec<String> = vec!["run".into(), "-q".into()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.push("--".into());
+    args.extend(job(job_args));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    stall(&refs, &[("TRUTH", truth_path)], T)
+}
+
+#[test]
+fn workers_bytes_exact_per_syscall_family_and_pipes_are_not_files() {
+    let s = Scratch::new("family");
+    let sizes = [1_000_003usize, 2_000_029, 777_777, 1_500_001];
+    let files: Vec<_> = sizes.iter().enumerate().map(|(i, n)| s.file(&format!("w{i}.bin"), *n)).collect();
+    let truth_path = s.path("truth.json");
+    let mut args = vec!["family"];
+    args.extend(files.iter().map(|f| f.to_str().unwrap()));
+    let run = run_job(&[], &args, &truth_path);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    for w in t["workers"].as_array().unwrap() {
+        let pid = w["pid"].as_u64().unwrap();
+        let path = Path::new(w["path"].as_str().unwrap());
+        let i = files.iter().position(|f| f == path).unwrap();
+        assert_eq!(w["bytes"], sizes[i] as u64);
+        let p = run.process(pid);
+        let f = run.file(pid, path);
+        assert_eq!(f["read_bytes"], sizes[i] as u64, "worker {pid} ({i}): {f}");
+        // The only regular file a worker reads after fork is its own.
+        assert_eq!(p["read_bytes"], sizes[i] as u64, "worker {pid}: {p}");
+        assert_eq!(run.readers_of(path), vec![pid], "only its worker read {}", path.display());
+    }
+    let parent = run.process(t["parent"].as_u64().unwrap());
+    let pipe_bytes = t["pipe_bytes"].as_u64().unwrap();
+    assert!(parent["ipc_read_bytes"].as_u64().unwrap() >= pipe_bytes, "{parent}");
+    for f in parent["files"].as_array().unwrap() {
+        assert!(!f["path"].as_str().unwrap().starts_with("pipe:"), "a pipe counted as a file: {f}");
+    }
+}
+
+#[test]
+fn off_cpu_reasons_match_ground_truth() {
+    let s = Scratch::new("waits");
+    let truth_path = s.path("truth.json");
+    let run = run_job(&[], &["waits", "2.0"], &truth_path);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    let by = |tid: &str| run.thread(t[tid].as_u64().unwrap())["off_cpu_by_reason"].clone();
+
+    let futex = by("futex_tid");
+    assert_close("futex off-CPU", secs(&futex["futex"]), secs(&t["futex_s"]), 0.05);
+    let poll = by("poll_tid");
+    assert_close("poll off-CPU", secs(&poll["poll"]), secs(&t["poll_s"]), 0.05);
+
+    let burner = run.thread(t["burn_tid"].as_u64().unwrap());
+    eprintln!("burner: {burner}\ntruth: {t}\nlost: {}", run.summary()["lost_by_cause"]);
+    assert_close("burner on-CPU vs its CPU time", secs(&burner["on_cpu_s"]), secs(&t["burn_cpu_s"]), 0.05);
+    let runq = secs(&burner["off_cpu_by_reason"]["runqueue"]);
+    assert_close(
+        "burner on-CPU + runqueue vs wall",
+        secs(&burner["on_cpu_s"]) + runq,
+        secs(&t["burn_wall_s"]),
+        0.05,
+    );
+}
+
+#[test]
+fn waker_is_identified() {
+    let s = Scratch::new("wake");
+    let truth_path = s.path("truth.json");
+    let run = run_job(&[], &["wake", "0.5"], &truth_path);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    let sleeper = run.thread(t["sleeper_tid"].as_u64().unwrap());
+    let wakers = sleeper["woken_by"].as_array().unwrap();
+    // Python's GIL can add wakeups by other threads; the one that set the
+    // event must be among the wakers, under its own name.
+    let w = wakers
+        .iter()
+        .find(|w| w["tid"] == t["waker_tid"])
+        .unwrap_or_else(|| panic!("waker missing: {sleeper}"));
+    assert_eq!(w["comm"], "waker");
+    assert!(w["count"].as_u64().unwrap() >= 1);
+    assert!(secs(&sleeper["off_cpu_by_reason"]["futex"]) >= 0.45, "{sleeper}");
+}
+
+#[test]
+fn exec_after_fork_is_traced() {
+    let s = Scratch::new("exec");
+    let size = 654_321;
+    let data = s.file("e.bin", size);
+    let truth_path = s.path("truth.json");
+    let run = run_job(&[], &["exec", data.to_str().unwrap()], &truth_path);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let pid = truth(&truth_path)["pid"].as_u64().unwrap();
+    assert_eq!(run.file(pid, &data)["read_bytes"], size as u64);
+}
+
+/// Starts a reader that is not part of any traced job.
+fn outsider(path: &Path) -> (std::process::Child, u32) {
+    let mut child = Command::new(python())
+        .arg(jobs_py())
+        .args(["reader-loop", path.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let pid = line.trim().parse().unwrap();
+    (child, pid)
+}
+
+#[test]
+fn a_process_outside_the_tree_is_not_traced() {
+    let s = Scratch::new("outside");
+    let theirs = s.file("theirs.bin", 100_000);
+    let ours = s.file("ours.bin", 200_000);
+    let (mut other, other_pid) = outsider(&theirs);
+    let truth_path = s.path("truth.json");
+    let run = run_job(&[], &["exact", ours.to_str().unwrap(), "5000", "0"], &truth_path);
+    let _ = other.kill();
+    let _ = other.wait();
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    assert!(run.processes().iter().all(|p| p["pid"] != u64::from(other_pid)));
+    assert!(run.readers_of(&theirs).is_empty());
+}
+
+#[test]
+fn tiny_ring_buffer_loses_events_and_says_so() {
+    let s = Scratch::new("overflow");
+    let f = s.file("o.bin", 10);
+    let truth_path = s.path("truth.json");
+    let run =
+        run_job(&["--ringbuf-bytes", "4096"], &["many-opens", f.to_str().unwrap(), "20000"], &truth_path);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let sum = run.summary();
+    assert!(sum["lost_events"].as_u64().unwrap() > 0, "{}", sum["lost_by_cause"]);
+    assert!(sum["lost_by_cause"]["ringbuf_full"].as_u64().unwrap() > 0);
+    assert_eq!(sum["partial"], true);
+    assert!(sum["verdict"]["summary"].as_str().unwrap().contains("partial"));
+    assert!(run.stdout.contains("events were lost"), "{}", run.stdout);
+}
+
+/// Starts `idle-then-read` (prints its PID, then forks a reader after
+/// `pause`); returns it and its PID.
+fn idle_then_read(data: &Path, truth_path: &Path, pause: &str) -> (std::process::Child, u32) {
+    let mut child = Command::new(python())
+        .arg(jobs_py())
+        .args(["idle-then-read", data.to_str().unwrap(), pause])
+        .env("TRUTH", truth_path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    (child, line.trim().parse().unwrap())
+}
+
+#[test]
+fn attach_to_pid_follows_later_forks_and_ends_with_the_target() {
+    let s = Scratch::new("attach");
+    let size = 2_222_223;
+    let data = s.file("a.bin", size);
+    let truth_path = s.path("truth.json");
+    let (mut child, pid) = idle_then_read(&data, &truth_path, "1.0");
+    // Reap the target in the background so stall sees it go.
+    let waiter = std::thread::spawn(move || child.wait());
+    let run = stall(&["attach", "--pid", &pid.to_string(), "-q"], &[], T);
+    waiter.join().unwrap().unwrap();
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let reader = truth(&truth_path)["reader"].as_u64().unwrap();
+    assert_eq!(run.file(reader, &data)["read_bytes"], size as u64);
+    assert_eq!(run.process(reader)["ppid"], u64::from(pid));
+}
+
+#[test]
+fn attach_to_cgroup_traces_members_only() {
+    require_root();
+    let Some(mount) = cgroup2_mount() else { panic!("no cgroup2 mount on this machine") };
+    let s = Scratch::new("cgroup");
+    let size = 1_111_111;
+    let data = s.file("c.bin", size);
+    let theirs = s.file("theirs.bin", 50_000);
+    let truth_path = s.path("truth.json");
+    let name = format!("stall-it-{}", std::process::id());
+    let dir = mount.join(&name);
+    std::fs::create_dir(&dir).unwrap();
+    let (mut child, pid) = idle_then_read(&data, &truth_path, "1.5");
+    std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    let (mut other, other_pid) = outsider(&theirs);
+    // Relative to the cgroup2 mount, as users type it.
+    let run = stall(&["attach", "--cgroup", &name, "--duration", "4", "-q"], &[], T);
+    let _ = child.wait();
+    let _ = other.kill();
+    let _ = other.wait();
+    let _ = std::fs::remove_dir(&dir);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let reader = truth(&truth_path)["reader"].as_u64().unwrap();
+    assert_eq!(run.file(reader, &data)["read_bytes"], size as u64);
+    assert!(run.processes().iter().all(|p| p["pid"] != u64::from(other_pid)));
+}
+
+fn cgroup2_mount() -> Option<std::path::PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    text.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next()? == "cgroup2")
+            .then(|| pre.split_whitespace().nth(4).map(Into::into))?
+    })
+}

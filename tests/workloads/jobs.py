@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Workloads with known ground truth for stall's integration tests.
+
+Each job writes what it did (tids, byte counts, measured durations) as JSON
+to the path in $TRUTH, so tests compare stall's figures with the job's own.
+"""
+import ctypes
+import json
+import os
+import select
+import sys
+import threading
+import time
+
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_NAME = 15
+
+
+def name_thread(name):
+    libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+def write_truth(obj):
+    path = os.environ.get("TRUTH")
+    if path:
+        with open(path + ".tmp", "w") as f:
+            json.dump(obj, f)
+        os.rename(path + ".tmp", path)
+
+
+def make_file(path, size):
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+
+
+def read_with(path, how, chunk):
+    """Reads the whole file with one syscall family; returns bytes read."""
+    fd = os.open(path, os.O_RDONLY)
+    total = 0
+    try:
+        while True:
+            if how == "read":
+                n = len(os.read(fd, chunk))
+            elif how == "pread":
+                n = len(os.pread(fd, chunk, total))
+            elif how == "readv":
+                bufs = [bytearray(chunk // 2), bytearray(chunk - chunk // 2)]
+                n = os.readv(fd, bufs)
+            elif how == "preadv":
+                bufs = [bytearray(chunk // 3), bytearray(chunk - chunk // 3)]
+                n = os.preadv(fd, bufs, total)
+            else:
+                raise SystemExit(f"unknown read kind {how}")
+            if n == 0:
+                break
+            total += n
+    finally:
+        os.close(fd)
+    return total
+
+
+def job_exact(args):
+    """Reads one file fully in odd-sized chunks; exits with the given code."""
+    path, chunk, code = args[0], int(args[1]), int(args[2])
+    total = read_with(path, "read", chunk)
+    write_truth({"pid": os.getpid(), "bytes": total})
+    sys.exit(code)
+
+
+def job_grandchild(args):
+    """The child forks after a pause; the grandchild reads the file."""
+    path = args[0]
+    time.sleep(0.3)
+    pid = os.fork()
+    if pid == 0:
+        gc = os.fork()
+        if gc == 0:
+            total = read_with(path, "read", 7777)
+            write_truth({"grandchild": os.getpid(), "bytes": total})
+            os._exit(0)
+        os.waitpid(gc, 0)
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def job_family(args):
+    """N workers read their own files with read/pread/readv/preadv and send
+    results to the parent over a pipe (which must not count as file reads)."""
+    files = args
+    kinds = ["read", "pread", "readv", "preadv"]
+    chunks = [4093, 10007, 65537, 33331]
+    r, w = os.pipe()
+    pids = {}
+    for i, path in enumerate(files):
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            name_thread(f"worker{i}")
+            total = read_with(path, kinds[i % 4], chunks[i % 4])
+            msg = json.dumps({"pid": os.getpid(), "path": path, "bytes": total}).encode()
+            # Pad so the parent reads a fair amount of pipe data.
+            os.write(w, msg.ljust(4000) + b"\n")
+            os._exit(0)
+        pids[pid] = path
+    os.close(w)
+    data = b""
+    while True:
+        chunk = os.read(r, 512)
+        if not chunk:
+            break
+        data += chunk
+    for pid in pids:
+        os.waitpid(pid, 0)
+    results = [json.loads(line) for line in data.split(b"\n") if line.strip()]
+    write_truth({"parent": os.getpid(), "pipe_bytes": len(data), "workers": results})
+
+
+def job_waits(args):
+    """One thread blocked on a futex, one in poll on a pipe, one burning CPU,
+    each for `secs`; reports tids and measured times."""
+    secs = float(args[0])
+    truth = {}
+    lock = threading.Lock()
+    lock.acquire()
+    r, w = os.pipe()
+    start = threading.Barrier(4)
+
+    def futexer():
+        name_thread("futexer")
+        truth["futex_tid"] = threading.get_native_id()
+        start.wait()
+        t0 = time.monotonic()
+        lock.acquire(timeout=secs)
+        truth["futex_s"] = time.monotonic() - t0
+
+    def poller():
+        name_thread("poller")
+        truth["poll_tid"] = threading.get_native_id()
+        p = select.poll()
+        p.register(r, select.POLLIN)
+        start.wait()
+        t0 = time.monotonic()
+        p.poll(secs * 1000)
+        truth["poll_s"] = time.monotonic() - t0
+
+    def burner():
+        name_thread("burner")
+        truth["burn_tid"] = threading.get_native_id()
+        start.wait()
+        t0 = time.monotonic()
+        c0 = time.thread_time()
+        x = 0
+        while time.monotonic() - t0 < secs:
+            for i in range(10000):
+                x += i
+        truth["burn_cpu_s"] = time.thread_time() - c0
+        truth["burn_wall_s"] = time.monotonic() - t0
+
+    threads = [threading.Thread(target=f) for f in (futexer, poller, burner)]
+    for t in threads:
+        t.start()
+    start.wait()
+    for t in threads:
+        t.join()
+    write_truth(truth)
+
+
+def job_wake(args):
+    """A sleeper blocks on an event that a named waker thread sets."""
+    delay = float(args[0])
+    ev = threading.Event()
+    truth = {}
+
+    def sleeper():
+        name_thread("sleeper")
+        truth["sleeper_tid"] = threading.get_native_id()
+        ev.wait()
+
+    def waker():
+        name_thread("waker")
+        truth["waker_tid"] = threading.get_native_id()
+        time.sleep(delay)
+        ev.set()
+
+    ts = [threading.Thread(target=sleeper), threading.Thread(target=waker)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    write_truth(truth)
+
+
+def job_exec(args):
+    """Forks a child that execs a fresh python which reads the file."""
+    path = args[0]
+    pid = os.fork()
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, __file__, "exact", path, "5555", "0"])
+    os.waitpid(pid, 0)
+
+
+def job_many_opens(args):
+    """Opens and closes a file many times, fast (floods the ring buffer)."""
+    path, n = args[0], int(args[1])
+    for _ in range(n):
+        os.close(os.open(path, os.O_RDONLY))
+
+
+def job_idle_then_read(args):
+    """Announces itself, sleeps (attach happens now), then forks a reader."""
+    path, pause = args[0], float(args[1])
+    print(os.getpid(), flush=True)
+    time.sleep(pause)
+    pid = os.fork()
+    if pid == 0:
+        total = read_with(path, "pread", 9999)
+        write_truth({"reader": os.getpid(), "bytes": total})
+        os._exit(0)
+    os.waitpid(pid, 0)
+    time.sleep(0.3)
+
+
+def job_reader_loop(args):
+    """Reads a file over and over until killed (a process outside the job)."""
+    path = args[0]
+    print(os.getpid(), flush=True)
+    while True:
+        read_with(path, "read", 65536)
+        time.sleep(0.01)
+
+
+JOBS = {
+    "exact": job_exact,
+    "grandchild": job_grandchild,
+    "family": job_family,
+    "waits": job_waits,
+    "wake": job_wake,
+    "exec": job_exec,
+    "many-opens": job_many_opens,
+    "idle-then-read": job_idle_then_read,
+    "reader-loop": job_reader_loop,
+}
+
+if __name__ == "__main__":
+    JOBS[sys.argv[1]](sys.argv[2:])
