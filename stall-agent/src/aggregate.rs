@@ -41,6 +41,8 @@ pub struct File {
     pub total: FileCounters,
     mark: FileCounters,
     pub open: bool,
+    pub open_ts: u64,
+    pub close_ts: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -131,6 +133,7 @@ impl Window {
                             o.read_calls += f.read_calls;
                             o.read_bytes += f.read_bytes;
                             o.read_ns += f.read_ns;
+                            o.open_ns += f.open_ns;
                         }
                         None => op.files.push(f.clone()),
                     }
@@ -197,6 +200,15 @@ pub struct FileWindow {
     pub read_calls: u64,
     pub read_bytes: u64,
     pub read_ns: u64,
+    /// Time the file was open within the window, summed over its opens:
+    /// the per-file rate is over this, not over the whole window.
+    pub open_ns: u64,
+}
+
+impl FileWindow {
+    pub fn rate_secs(&self) -> f64 {
+        self.open_ns as f64 / 1e9
+    }
 }
 
 #[derive(Debug, Default)]
@@ -236,6 +248,21 @@ impl Model {
         }
     }
 
+    /// Current names (threads rename themselves after fork, e.g.
+    /// DataLoader workers): `name(tgid, tid)` asks the caller's source.
+    pub fn refresh_names(&mut self, mut name: impl FnMut(u32, u32) -> Option<String>) {
+        for t in self.threads.values_mut().filter(|t| t.alive) {
+            if let Some(n) = name(t.tgid, t.tid) {
+                t.comm = n;
+            }
+        }
+        for p in self.procs.values_mut().filter(|p| p.alive) {
+            if let Some(t) = self.threads.get(&p.tgid) {
+                p.comm.clone_from(&t.comm);
+            }
+        }
+    }
+
     fn proc_mut(&mut self, tgid: u32) -> &mut Proc {
         self.procs.entry(tgid).or_insert_with(|| Proc { tgid, alive: true, ..Default::default() })
     }
@@ -256,7 +283,7 @@ impl Model {
 
     pub fn apply(&mut self, ev: &Event) {
         match ev {
-            Event::Open { tgid, fd, file_id, path, .. } => {
+            Event::Open { ts, tgid, fd, file_id, path, .. } => {
                 self.proc_mut(*tgid);
                 self.opened.insert(*file_id);
                 self.files.insert(
@@ -268,6 +295,7 @@ impl Model {
                         path: path.clone(),
                         kind: fd_kind::UNKNOWN,
                         open: true,
+                        open_ts: *ts,
                         ..Default::default()
                     },
                 );
@@ -296,7 +324,8 @@ impl Model {
                 t.alive = false;
                 t.other_nr = *other_nr;
                 t.now = ThreadNow::default();
-                if t.comm.is_empty() {
+                // The comm at exit is the latest (workers rename themselves).
+                if !comm.is_empty() {
                     t.comm = comm.clone();
                 }
                 self.last_ns = self.last_ns.max(*ts);
@@ -305,10 +334,11 @@ impl Model {
                     self.proc_mut(tg).alive = false;
                 }
             }
-            Event::Close { file_id, counters, .. } => {
+            Event::Close { ts, file_id, counters, .. } => {
                 if let Some(f) = self.files.get_mut(file_id) {
                     f.total = *counters;
                     f.open = false;
+                    f.close_ts = Some(*ts);
                 }
             }
         }
@@ -460,6 +490,9 @@ impl Model {
                 ..Default::default()
             });
             e.opens += u64::from(opened_now);
+            let from = f.open_ts.max(start_ns);
+            let to = f.close_ts.unwrap_or(end_ns).min(end_ns);
+            e.open_ns += to.saturating_sub(from);
             e.read_calls += d.read_calls;
             e.read_bytes += d.read_bytes;
             e.read_ns += d.read_ns;

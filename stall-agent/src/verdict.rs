@@ -342,21 +342,24 @@ fn wakers_of(main: &ThreadWindow, workers: &[&ProcWindow]) -> String {
 }
 
 fn top_files(w: &Window, secs: f64) -> Vec<String> {
-    let mut files: Vec<(u32, &str, u64, u64)> = w
+    let mut files: Vec<(u32, &crate::aggregate::FileWindow)> = w
         .procs
         .iter()
-        .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f.path.as_str(), f.read_bytes, f.read_calls)))
-        .filter(|f| f.2 > 0)
+        .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f)))
+        .filter(|(_, f)| f.read_bytes > 0)
         .collect();
-    files.sort_by_key(|f| std::cmp::Reverse(f.2));
+    files.sort_by_key(|(_, f)| std::cmp::Reverse(f.read_bytes));
     files
         .iter()
         .take(5)
-        .map(|(pid, path, bytes, calls)| {
+        .map(|(pid, f)| {
+            let open_s = if f.open_ns > 0 { f.rate_secs().min(secs) } else { secs };
             format!(
-                "file {path}: {} in {calls} reads by pid {pid} ({})",
-                units::bytes(*bytes),
-                units::rate(*bytes, secs)
+                "file {}: {} in {} reads by pid {pid} ({} while open)",
+                f.path,
+                units::bytes(f.read_bytes),
+                f.read_calls,
+                units::rate(f.read_bytes, open_s)
             )
         })
         .collect()

@@ -30,16 +30,13 @@ enum Task {
     },
     /// Check formatting and run clippy with warnings denied
     Lint,
-    /// Build the release agent and run all tests, privileged integration tests
-    /// included (needs root)
+    /// Lint, build the release agent and run all tests, privileged integration
+    /// tests included (needs root). This is what CI runs.
     Test {
+        /// Skip fmt and clippy (quicker local iterations)
+        #[arg(long)]
+        no_lint: bool,
         /// Extra arguments for the test harness, after `--` (e.g. --test-threads 1)
-        #[arg(last = true)]
-        args: Vec<String>,
-    },
-    /// Lint, then test
-    Ci {
-        /// Extra arguments for the test harness, after `--`
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -71,8 +68,7 @@ fn run(task: Task) -> Result<()> {
         Task::Setup => setup::ensure(),
         Task::Build { release } => build::run(release),
         Task::Lint => test::lint(),
-        Task::Test { args } => test::run(&args),
-        Task::Ci { args } => test::ci(&args),
+        Task::Test { no_lint, args } => test::run(&args, no_lint),
         Task::Demo { args } => demo::run(&args),
     }
 }

@@ -11,13 +11,17 @@ use crate::{build, cmd, setup};
 const EXCLUDE_EBPF: [&str; 3] = ["--workspace", "--exclude", "stall-ebpf"];
 const NEED_ROOT: &str = "integration tests load eBPF programs and need root; refusing to skip them";
 
-/// Builds the release agent and runs every test, including the integration
-/// tests that load the eBPF programs for real. `extra` goes to the test harness.
-pub fn run(extra: &[String]) -> Result<()> {
+/// Lints (unless `skip_lint`), builds the release agent and runs every test,
+/// including the integration tests that load the eBPF programs for real.
+/// `extra` goes to the test harness.
+pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
     let start = Instant::now();
     // Checked first: skipping the privileged tests would make a green run meaningless.
     cmd::require_root(NEED_ROOT)?;
     setup::ensure()?;
+    if !skip_lint {
+        lint()?;
+    }
     let stall = build::agent(true)?;
     let mut test = cmd::cargo();
     test.arg("test").args(EXCLUDE_EBPF).arg("--release").env("STALL_BIN", &stall);
@@ -37,12 +41,4 @@ pub fn lint() -> Result<()> {
     cmd::run(cmd::cargo().arg("clippy").args(EXCLUDE_EBPF).args(["--all-targets", "--", "-D", "warnings"]))?;
     println!("xtask lint: clean");
     Ok(())
-}
-
-/// Everything CI checks: lint, then the full test suite.
-pub fn ci(extra: &[String]) -> Result<()> {
-    // Fail before the lint pass if the integration tests could not run anyway.
-    cmd::require_root(NEED_ROOT)?;
-    lint()?;
-    run(extra)
 }

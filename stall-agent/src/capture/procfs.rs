@@ -61,6 +61,11 @@ pub fn thread_syscall(pid: u32, tid: u32) -> Option<i64> {
     first.parse().ok()
 }
 
+pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+    Some(text.trim_end_matches('\n').to_string())
+}
+
 pub fn cmdline(pid: u32) -> Option<String> {
     let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let parts: Vec<String> = raw

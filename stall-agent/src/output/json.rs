@@ -104,7 +104,10 @@ pub struct File {
     pub opens: u64,
     pub read_calls: u64,
     pub read_bytes: u64,
+    /// Summed time spent in read calls on it.
     pub read_latency_s: f64,
+    /// Time it was open during the window (the per-file rate's divisor).
+    pub open_s: f64,
 }
 
 fn thread(t: &ThreadWindow) -> Thread {
@@ -159,6 +162,7 @@ fn process(p: &ProcWindow, role: &'static str) -> Process {
                 read_calls: f.read_calls,
                 read_bytes: f.read_bytes,
                 read_latency_s: f.read_ns as f64 / 1e9,
+                open_s: f.open_ns as f64 / 1e9,
             })
             .collect(),
     }

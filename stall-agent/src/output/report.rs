@@ -4,7 +4,7 @@ use std::fmt::Write;
 use stall_common::reason;
 
 use super::View;
-use crate::{aggregate::ThreadWindow, capture::syscalls, correlate::Role, units};
+use crate::{correlate::Role, units};
 
 /// One row per thread worth showing: every process's main thread, plus
 /// threads that used >2% CPU or read files. Trainer first, then workers.
@@ -34,7 +34,7 @@ pub fn table(v: &View, max_rows: usize) -> Vec<String> {
     };
     procs.sort_by_key(|p| (rank(v.roles.of(p.tgid)), p.tgid));
     let mut hidden = 0;
-    for p in procs {
+    for p in procs.into_iter().filter(|p| notable(v, p)) {
         let role = v.roles.of(p.tgid).as_str();
         let top = p.files.first().map(|f| f.path.as_str()).unwrap_or("");
         for t in &p.threads {
@@ -74,23 +74,13 @@ fn truncate(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
 }
 
-fn waits(t: &ThreadWindow) -> String {
-    let mut parts: Vec<(usize, u64)> =
-        t.delta.off_ns.iter().copied().enumerate().filter(|(_, ns)| *ns > 0).collect();
-    parts.sort_by_key(|p| std::cmp::Reverse(p.1));
-    parts
-        .iter()
-        .take(3)
-        .map(|(r, ns)| {
-            let name = if *r == usize::from(reason::OTHER) && t.other_nr >= 0 {
-                format!("other/{}", syscalls::name(i64::from(t.other_nr)))
-            } else {
-                reason::NAMES[*r].to_string()
-            };
-            format!("{name} {}", units::secs(*ns as f64 / 1e9))
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+/// Whether a process earns rows in the human output: the trainer and
+/// workers always; others when they used >1% of a CPU or read >1 MB.
+fn notable(v: &View, p: &crate::aggregate::ProcWindow) -> bool {
+    let secs = v.window.secs().max(1e-9);
+    v.roles.of(p.tgid) != Role::Other
+        || p.sum().on_cpu_ns as f64 / 1e9 / secs > 0.01
+        || p.file_read_bytes() > 1_000_000
 }
 
 pub fn render(v: &View) -> String {
@@ -115,65 +105,59 @@ pub fn render(v: &View) -> String {
     if w.lost_total() > 0 {
         let _ = writeln!(
             out,
-            "WARNING: {} events were lost ({:?}): figures below are partial",
+            "WARNING: {} events were lost ({}): figures below are partial",
             w.lost_total(),
-            w.lost
+            stall_common::counter::LOST_NAMES
+                .iter()
+                .zip(w.lost)
+                .filter(|(_, n)| *n > 0)
+                .map(|(name, n)| format!("{name} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     let _ = writeln!(out);
-    for p in &w.procs {
-        let role = v.roles.of(p.tgid).as_str();
-        let sum = p.sum();
+    for line in table(v, 40) {
+        let _ = writeln!(out, "{line}");
+    }
+    let hidden = w.procs.iter().filter(|p| !notable(v, p)).count();
+
+    let mut files: Vec<(u32, &crate::aggregate::FileWindow)> = w
+        .procs
+        .iter()
+        .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f)))
+        .filter(|(_, f)| f.read_bytes > 0)
+        .collect();
+    files.sort_by_key(|(_, f)| std::cmp::Reverse(f.read_bytes));
+    if !files.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "Top files by bytes read:");
+    }
+    for (pid, f) in files.iter().take(10) {
+        let lat = if f.read_calls > 0 { f.read_ns as f64 / f.read_calls as f64 / 1e3 } else { 0.0 };
+        let resolved = f.resolved.as_deref().map(|r| format!(" (= {r})")).unwrap_or_default();
         let _ = writeln!(
             out,
-            "[{role}] pid {} ({}){}: on CPU {}, off CPU {}, read {} from {} file(s) at {}{}",
-            p.tgid,
-            p.comm,
-            p.ppid.map(|pp| format!(" ppid {pp}")).unwrap_or_default(),
-            units::secs(sum.on_cpu_ns as f64 / 1e9),
-            units::secs(sum.off_cpu_ns() as f64 / 1e9),
-            units::bytes(p.file_read_bytes()),
-            p.files.len(),
-            units::rate(p.file_read_bytes(), secs),
-            if p.other_read_bytes > 0 {
-                format!(", {} from pipes/sockets", units::bytes(p.other_read_bytes))
-            } else {
-                String::new()
-            }
+            "  {}{resolved}: {} in {} reads, {:.0} µs/read, {} while open [{} pid {pid}]",
+            f.path,
+            units::bytes(f.read_bytes),
+            f.read_calls,
+            lat,
+            units::rate(f.read_bytes, if f.open_ns > 0 { f.rate_secs().min(secs) } else { secs }),
+            v.roles.of(*pid).as_str()
         );
-        if let Some(cmd) = &p.cmdline {
-            let _ = writeln!(out, "    cmd: {}", truncate(cmd, 120));
-        }
-        for t in &p.threads {
-            let wakers: Vec<String> =
-                t.woken_by.iter().take(3).map(|(tid, _, comm, n)| format!("{comm} {tid} ×{n}")).collect();
-            let _ = writeln!(
-                out,
-                "    thread {} ({}): on CPU {}, waits: {}{}",
-                t.tid,
-                t.comm,
-                units::secs(t.delta.on_cpu_ns as f64 / 1e9),
-                if t.delta.off_cpu_ns() > 0 { waits(t) } else { "none".into() },
-                if wakers.is_empty() { String::new() } else { format!("; woken by {}", wakers.join(", ")) }
-            );
-        }
-        for f in p.files.iter().take(10) {
-            let lat = if f.read_calls > 0 { f.read_ns as f64 / f.read_calls as f64 / 1e3 } else { 0.0 };
-            let _ = writeln!(
-                out,
-                "    file {}: {} in {} reads ({} opens, {:.0} µs/read, {})",
-                f.path,
-                units::bytes(f.read_bytes),
-                f.read_calls,
-                f.opens,
-                lat,
-                units::rate(f.read_bytes, secs)
-            );
-        }
-        if p.files.len() > 10 {
-            let _ = writeln!(out, "    ... {} more files", p.files.len() - 10);
-        }
     }
+    if files.len() > 10 {
+        let _ = writeln!(out, "  ... and {} more files", files.len() - 10);
+    }
+    let _ = writeln!(out);
+    let exited = w.procs.iter().filter(|p| !p.alive).count();
+    let _ = writeln!(
+        out,
+        "{} processes traced ({exited} exited){}; --json has every process, thread and file.",
+        w.procs.len(),
+        if hidden > 0 { format!(", {hidden} quiet ones not shown above") } else { String::new() }
+    );
     let _ = writeln!(out);
     let _ = writeln!(out, "verdict: {}", v.verdict.kind.as_str());
     let _ = writeln!(out, "  {}", v.verdict.summary);

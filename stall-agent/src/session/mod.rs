@@ -398,6 +398,7 @@ impl Loop {
         for t in &snap.threads {
             note_process(&mut self.model, t.tgid);
         }
+        self.model.refresh_names(procfs::thread_comm);
         if let Some(src) = gpu {
             for s in src.poll() {
                 let track = match self.gpus.iter_mut().position(|g| g.index == s.index) {
