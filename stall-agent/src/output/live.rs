@@ -5,7 +5,7 @@ use std::fmt::Write;
 use super::{report, View};
 use crate::units;
 
-pub fn screen(v: &View, rate_per_s: f64, rows: usize) -> String {
+pub fn screen(v: &View, rate_per_s: f64, rows: usize, cols: usize) -> String {
     let mut out = String::new();
     // Home + clear: redraw in place without scrolling.
     out.push_str("\x1b[H\x1b[2J");
@@ -35,12 +35,57 @@ pub fn screen(v: &View, rate_per_s: f64, rows: usize) -> String {
         }
     }
     let _ = writeln!(out);
-    for line in report::table(v, rows.saturating_sub(8).max(4)) {
-        let _ = writeln!(out, "{line}");
+    // The columns before TOP FILE take 112 characters.
+    let file_cols = cols.saturating_sub(112).max(12);
+    for line in report::table(v, rows.saturating_sub(10).max(4), Some(file_cols)) {
+        let _ = writeln!(out, "{}", fit(&line, cols));
     }
     let _ = writeln!(out);
-    let _ = writeln!(out, "verdict: {}  {}", v.verdict.kind.as_str(), v.verdict.summary);
+    let text = format!("verdict: {}  {}", v.verdict.kind.as_str(), v.verdict.summary);
+    for line in wrap(&text, cols) {
+        let _ = writeln!(out, "{line}");
+    }
     out
+}
+
+/// Cuts a line to the terminal width (no wrapping inside the table).
+fn fit(line: &str, cols: usize) -> String {
+    if line.chars().count() <= cols {
+        return line.to_string();
+    }
+    let mut s: String = line.chars().take(cols.saturating_sub(1)).collect();
+    s.push('…');
+    s
+}
+
+/// Word-wraps at the terminal width.
+fn wrap(text: &str, cols: usize) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for word in text.split(' ') {
+        let cur = lines.last_mut().unwrap();
+        if !cur.is_empty() && cur.chars().count() + 1 + word.chars().count() > cols {
+            lines.push(word.to_string());
+        } else {
+            if !cur.is_empty() {
+                cur.push(' ');
+            }
+            cur.push_str(word);
+        }
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fits_and_wraps_to_the_terminal() {
+        assert_eq!(fit("abcdef", 4), "abc…");
+        assert_eq!(fit("abc", 4), "abc");
+        assert_eq!(wrap("aa bb cc dd", 5), vec!["aa bb", "cc dd"]);
+        assert!(wrap(&"word ".repeat(50), 20).iter().all(|l| l.chars().count() <= 20));
+    }
 }
 
 pub fn plain(v: &View) -> String {

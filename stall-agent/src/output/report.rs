@@ -8,7 +8,9 @@ use crate::{correlate::Role, units};
 
 /// One row per thread worth showing: every process's main thread, plus
 /// threads that used >2% CPU or read files. Trainer first, then workers.
-pub fn table(v: &View, max_rows: usize) -> Vec<String> {
+/// `file_cols`: room for the TOP FILE column (paths are cut from the left,
+/// keeping the file name); `None`: whole paths.
+pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String> {
     let secs = v.window.secs().max(1e-9);
     let mut rows = vec![format!(
         "{:<8} {:>7} {:>7} {:<15} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10}  {}",
@@ -36,7 +38,7 @@ pub fn table(v: &View, max_rows: usize) -> Vec<String> {
     let mut hidden = 0;
     for p in procs.into_iter().filter(|p| notable(v, p)) {
         let role = v.roles.of(p.tgid).as_str();
-        let top = p.files.first().map(|f| f.path.as_str()).unwrap_or("");
+        let top = p.files.first().filter(|f| f.read_bytes > 0).map(|f| f.path.as_str()).unwrap_or("");
         for t in &p.threads {
             let pct = |ns: u64| ns as f64 / 1e9 / secs;
             let worth = t.tid == p.tgid || pct(t.delta.on_cpu_ns) > 0.02 || t.delta.file_read_bytes > 0;
@@ -45,7 +47,7 @@ pub fn table(v: &View, max_rows: usize) -> Vec<String> {
                 continue;
             }
             let off = |r: u8| units::pct(pct(t.delta.off_ns[usize::from(r)]));
-            let file = if t.tid == p.tgid { top } else { "" };
+            let file = if t.tid == p.tgid { shorten(top, file_cols) } else { String::new() };
             rows.push(format!(
                 "{:<8} {:>7} {:>7} {:<15} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10}  {}",
                 role,
@@ -68,6 +70,17 @@ pub fn table(v: &View, max_rows: usize) -> Vec<String> {
         rows.push(format!("({hidden} quiet threads not shown)"));
     }
     rows
+}
+
+fn shorten(path: &str, max: Option<usize>) -> String {
+    let n = path.chars().count();
+    match max {
+        Some(max) if n > max && max > 1 => {
+            let tail: String = path.chars().skip(n - (max - 1)).collect();
+            format!("…{tail}")
+        }
+        _ => path.to_string(),
+    }
 }
 
 fn truncate(s: &str, n: usize) -> String {
@@ -117,7 +130,7 @@ pub fn render(v: &View) -> String {
         );
     }
     let _ = writeln!(out);
-    for line in table(v, 40) {
+    for line in table(v, 40, None) {
         let _ = writeln!(out, "{line}");
     }
     let hidden = w.procs.iter().filter(|p| !notable(v, p)).count();

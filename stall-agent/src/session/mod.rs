@@ -293,8 +293,8 @@ fn emit_interval(sinks: &mut Sinks, view: &IntervalView, state: &Loop) -> Result
         return Ok(());
     }
     if sinks.live_tty {
-        let rows = terminal_rows();
-        write!(sinks.human, "{}", output::live::screen(&v, view.events_per_s, rows))?;
+        let (rows, cols) = terminal_size();
+        write!(sinks.human, "{}", output::live::screen(&v, view.events_per_s, rows, cols))?;
     } else {
         writeln!(sinks.human, "{}", output::live::plain(&v))?;
     }
@@ -302,15 +302,16 @@ fn emit_interval(sinks: &mut Sinks, view: &IntervalView, state: &Loop) -> Result
     Ok(())
 }
 
-fn terminal_rows() -> usize {
+/// (rows, columns) of the terminal the live view draws on.
+fn terminal_size() -> (usize, usize) {
     let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ fills a winsize.
-    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0;
-    if ok && ws.ws_row > 0 {
-        usize::from(ws.ws_row)
-    } else {
-        40
+    for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+        // SAFETY: TIOCGWINSZ fills a winsize.
+        if unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_row > 0 && ws.ws_col > 0 {
+            return (usize::from(ws.ws_row), usize::from(ws.ws_col));
+        }
     }
+    (40, 120)
 }
 
 struct IntervalView {
