@@ -3,6 +3,7 @@
 mod build;
 mod cmd;
 mod demo;
+mod gpu_check;
 mod setup;
 mod test;
 
@@ -40,6 +41,12 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Prepare a folder for checking stall against PyTorch on a GPU machine
+    GpuCheck {
+        /// Where to put it (default target/gpu-check)
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Run a demo workload under stall and print its report (needs root)
     Demo {
         /// Extra arguments for stall, after `--`
@@ -70,5 +77,6 @@ fn run(task: Task) -> Result<()> {
         Task::Lint => test::lint(),
         Task::Test { no_lint, args } => test::run(&args, no_lint),
         Task::Demo { args } => demo::run(&args),
+        Task::GpuCheck { out } => gpu_check::run(out.as_deref()),
     }
 }
