@@ -398,6 +398,19 @@ impl Model {
         (tgids, tids)
     }
 
+    /// Forgets what has ended (exited threads and processes, closed files,
+    /// their wakers) once an interval has counted it: a long-running
+    /// daemon's memory then follows the live job, not its history. The
+    /// whole-run summary no longer covers what was pruned.
+    pub fn prune(&mut self) {
+        self.threads.retain(|_, t| t.alive);
+        let threads = &self.threads;
+        self.procs.retain(|tgid, p| p.alive || threads.values().any(|t| t.tgid == *tgid));
+        let procs = &self.procs;
+        self.files.retain(|_, f| f.open && procs.contains_key(&f.tgid));
+        self.wakes.retain(|(wakee, _), _| threads.contains_key(wakee));
+    }
+
     /// The window since the previous call, and starts the next one.
     pub fn interval(&mut self, end_ns: u64) -> Window {
         let w = self.window(self.mark_ns, end_ns, true);
@@ -662,6 +675,34 @@ mod tests {
         let (mp, tp) = (merged.proc(10).unwrap(), total.proc(10).unwrap());
         assert_eq!(mp.threads[0].delta, tp.threads[0].delta);
         assert_eq!(mp.files, tp.files);
+    }
+
+    #[test]
+    fn prune_keeps_only_the_live_job() {
+        let mut m = Model::new(0);
+        m.apply(&open(10, 3, 1, "/a"));
+        m.apply(&open(20, 3, 2, "/b"));
+        m.apply(&Event::NewTask {
+            ts: 1,
+            parent_tid: 10,
+            parent_tgid: 10,
+            child_tid: 20,
+            child_tgid: 20,
+            comm: "w".into(),
+        });
+        let counters = ThreadCounters::default();
+        m.apply(&Event::Exit { ts: 2, tid: 20, tgid: 20, comm: "w".into(), counters, other_nr: -1 });
+        m.apply(&Event::Close { ts: 2, tgid: 10, fd: 3, file_id: 1, counters: FileCounters::default() });
+        m.apply_snapshot(&Snapshot {
+            ts: 3,
+            threads: vec![ThreadSnap { tid: 10, tgid: 10, ..Default::default() }],
+            ..Default::default()
+        });
+        let _ = m.interval(3);
+        m.prune();
+        assert_eq!(m.threads.keys().copied().collect::<Vec<_>>(), vec![10]);
+        assert_eq!(m.procs.keys().copied().collect::<Vec<_>>(), vec![10]);
+        assert!(m.files.is_empty());
     }
 
     #[test]

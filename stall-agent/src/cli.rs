@@ -15,6 +15,7 @@ EXIT CODES:
     4    target not found: no such PID, or not a cgroup v2 directory
     5    kernel not supported: missing tracepoint, tracefs or BPF feature
     6    GPU asked for with --gpu, but NVML or the device is not available
+    7    stall daemon: cannot listen on the --listen address (e.g. port taken)
     126  stall run: the command is not executable
     127  stall run: the command was not found";
 
@@ -25,6 +26,7 @@ pub mod exit {
     pub const NO_TARGET: i32 = 4;
     pub const KERNEL: i32 = 5;
     pub const GPU: i32 = 6;
+    pub const LISTEN: i32 = 7;
     pub const NOT_EXECUTABLE: i32 = 126;
     pub const NOT_FOUND: i32 = 127;
 }
@@ -59,6 +61,25 @@ pub enum Command {
         target: AttachTarget,
         #[command(flatten)]
         common: Common,
+    },
+    /// Watch every job on this node continuously and export Prometheus metrics.
+    #[command(after_help = EXIT_CODES)]
+    Daemon {
+        /// A cgroup v2 whose child cgroups are the jobs (repeatable; e.g. kubepods.slice).
+        #[arg(long = "cgroup-root", required = true, value_name = "PATH")]
+        roots: Vec<PathBuf>,
+        /// Watch every job, not only those with a GPU open (machines without GPUs).
+        #[arg(long)]
+        all_jobs: bool,
+        /// Address for /metrics and /jobs.
+        #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
+        listen: std::net::SocketAddr,
+        /// Seconds between updates.
+        #[arg(long, default_value = "5", value_parser = parse_secs, value_name = "SECS")]
+        interval: Duration,
+        /// GPUs to sample: `off`, `all`, or indices like `0,2`.
+        #[arg(long, value_name = "off|all|0,2")]
+        gpu: Option<GpuSelect>,
     },
     /// Internal: the exec gate `stall run` starts (see session::gate).
     #[command(name = "__exec-gate", hide = true)]

@@ -92,6 +92,9 @@ pub enum Event {
     Close { ts: u64, tgid: u32, fd: i32, file_id: u64, counters: FileCounters },
 }
 
+/// An event and the job (attach target, daemon cgroup) it belongs to.
+pub type JobEvent = (u32, Event);
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
     #[error("ring-buffer record of {0} bytes is too short")]
@@ -113,9 +116,9 @@ pub fn comm(raw: &[u8; COMM_LEN]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
-pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
+pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
     let hdr: EventHeader = read(buf)?;
-    Ok(match hdr.kind {
+    let event = match hdr.kind {
         event_kind::OPEN => {
             let e: OpenEvent = read(buf)?;
             let n = usize::try_from(e.path_len).unwrap_or(0).min(e.path.len());
@@ -167,7 +170,8 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
             }
         }
         k => return Err(DecodeError::Kind(k)),
-    })
+    };
+    Ok((hdr.job, event))
 }
 
 /// The kernel's counters plus the span in progress at `now` (a thread that
@@ -227,7 +231,7 @@ mod tests {
             path: [0; stall_common::PATH_LEN],
         };
         e.path[..8].copy_from_slice(b"/data/x1");
-        match decode(&bytes(&e)).unwrap() {
+        match decode(&bytes(&e)).unwrap().1 {
             Event::Open { path, fd, file_id, tgid, .. } => {
                 assert_eq!((path.as_str(), fd, file_id, tgid), ("/data/x1", 3, 77, 10))
             }

@@ -5,6 +5,7 @@ pub mod aggregate;
 pub mod capture;
 pub mod cli;
 pub mod correlate;
+pub mod daemon;
 pub mod decode;
 pub mod gpu;
 pub mod output;

@@ -5,6 +5,7 @@ use clap::Parser;
 use stall_agent::{
     capture::CaptureError,
     cli::{exit, Cli, Command, Common},
+    daemon::{self, DaemonError},
     session::{self, gate, Options, SessionError, Target},
 };
 
@@ -16,15 +17,6 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { exit::USAGE as u8 } else { 0 });
         }
     };
-    let (target, common) = match cli.command {
-        Command::ExecGate { cmd } => gate::exec_gate(&cmd),
-        Command::Run { common, cmd } => (Target::Run(cmd), common),
-        Command::Attach { target, common } => match (target.pid, target.cgroup) {
-            (Some(pid), _) => (Target::Pid(pid), common),
-            (None, Some(cg)) => (Target::Cgroup(cg), common),
-            (None, None) => unreachable!("clap requires one"),
-        },
-    };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -32,13 +24,31 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::INTERNAL as u8);
         }
     };
+    let (target, common) = match cli.command {
+        Command::ExecGate { cmd } => gate::exec_gate(&cmd),
+        Command::Daemon { roots, all_jobs, listen, interval, gpu } => {
+            let opts = daemon::Options { roots, all_jobs, listen, interval, gpu };
+            return match runtime.block_on(daemon::run(opts)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&e),
+            };
+        }
+        Command::Run { common, cmd } => (Target::Run(cmd), common),
+        Command::Attach { target, common } => match (target.pid, target.cgroup) {
+            (Some(pid), _) => (Target::Pid(pid), common),
+            (None, Some(cg)) => (Target::Cgroup(cg), common),
+            (None, None) => unreachable!("clap requires one"),
+        },
+    };
     match runtime.block_on(session::run(target, options(common))) {
         Ok(outcome) => ExitCode::from(outcome.child_status.unwrap_or(0).clamp(0, 255) as u8),
-        Err(e) => {
-            eprintln!("stall: {}", one_line(&e));
-            ExitCode::from(code_for(&e) as u8)
-        }
+        Err(e) => fail(&e),
     }
+}
+
+fn fail(e: &anyhow::Error) -> ExitCode {
+    eprintln!("stall: {}", one_line(e));
+    ExitCode::from(code_for(e) as u8)
 }
 
 fn options(c: Common) -> Options {
@@ -59,6 +69,9 @@ fn one_line(e: &anyhow::Error) -> String {
 }
 
 fn code_for(e: &anyhow::Error) -> i32 {
+    if e.downcast_ref::<DaemonError>().is_some() {
+        return exit::LISTEN;
+    }
     match e.downcast_ref::<SessionError>() {
         Some(SessionError::Capture(c)) => match c {
             CaptureError::NotPrivileged => exit::NOT_PRIVILEGED,

@@ -66,27 +66,42 @@ pub(crate) struct Current {
 /// is added here, on its first traced event.
 #[inline(always)]
 pub(crate) fn current(cfg: &Config) -> Option<Current> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    let tgid = (pid_tgid >> 32) as u32;
-    if let Some(p) = THREADS.get_ptr_mut(tid) {
-        bump(counter::EVENTS);
-        return Some(Current { tid, tgid, stats: unsafe { &mut *p } });
+    let (tid, tgid) = ids();
+    match tracked(tid, tgid) {
+        Some(c) => Some(c),
+        None => adopt(cfg, tid, tgid),
     }
+}
+
+#[inline(always)]
+pub(crate) fn ids() -> (u32, u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    (pid_tgid as u32, (pid_tgid >> 32) as u32)
+}
+
+/// The current thread, if it is in `THREADS`.
+#[inline(always)]
+pub(crate) fn tracked(tid: u32, tgid: u32) -> Option<Current> {
+    let p = THREADS.get_ptr_mut(tid)?;
+    bump(counter::EVENTS);
+    Some(Current { tid, tgid, stats: unsafe { &mut *p } })
+}
+
+/// Cgroup mode: starts tracking the current thread if its cgroup is watched.
+#[inline(always)]
+pub(crate) fn adopt(cfg: &Config, tid: u32, tgid: u32) -> Option<Current> {
     if cfg.cgroup_filter == 0 || tid == 0 {
         return None;
     }
     let cgid = unsafe { bpf_get_current_cgroup_id() };
     let job = unsafe { CGROUPS.get(cgid) }.copied()?;
-    let fresh = ThreadStats { tgid, job, ..Default::default() };
+    let fresh = ThreadStats { tgid, job, off_nr: -1, other_nr: -1, ..Default::default() };
     // BPF_NOEXIST: never reset a thread another CPU inserted meanwhile.
     if THREADS.insert(tid, fresh, 1).is_err() && THREADS.get_ptr(tid).is_none() {
         bump(counter::LOST_THREAD_MAP);
         return None;
     }
-    let p = THREADS.get_ptr_mut(tid)?;
-    bump(counter::EVENTS);
-    Some(Current { tid, tgid, stats: unsafe { &mut *p } })
+    tracked(tid, tgid)
 }
 
 #[cfg(not(test))]

@@ -14,9 +14,9 @@ use stall_common::{
 };
 
 use crate::{
-    atomic_add, bump, config, current,
+    adopt, atomic_add, bump, config, ids,
     maps::{FILES, SYSCALL_CLASS, THREADS, WAKES},
-    now,
+    now, tracked,
 };
 
 /// `prev_state` as the tracepoint reports it: the low byte is the
@@ -24,6 +24,8 @@ use crate::{
 /// (`TASK_REPORT_MAX`) marks a preemption.
 const STATE_PREEMPTED: u64 = 0x100;
 const STATE_UNINTERRUPTIBLE: u64 = 0x2;
+/// `X` (EXIT_DEAD) and `Z` (EXIT_ZOMBIE) in the report bits.
+const STATE_EXITING: u64 = 0x10 | 0x20;
 
 #[tracepoint]
 pub fn sched_switch(ctx: TracePointContext) -> u32 {
@@ -33,9 +35,19 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     }
     let ts = now();
     // prev is the current task: the filter needs no field read.
-    if let Some(cur) = current(&cfg) {
+    let (tid, tgid) = ids();
+    if let Some(cur) = tracked(tid, tgid) {
         let state = read_prev_state(&ctx, &cfg);
         switch_out(cur.stats, cur.tgid, state, ts, &cfg);
+    } else if cfg.cgroup_filter != 0 {
+        // A task's last switch comes after its exit event (which removed it):
+        // it must not be adopted again, or it would linger as a zombie.
+        let state = read_prev_state(&ctx, &cfg);
+        if state & STATE_EXITING == 0 {
+            if let Some(cur) = adopt(&cfg, tid, tgid) {
+                switch_out(cur.stats, cur.tgid, state, ts, &cfg);
+            }
+        }
     }
     let next: i32 = match unsafe { ctx.read_at(usize::from(cfg.offsets.switch_next_pid)) } {
         Ok(pid) => pid,

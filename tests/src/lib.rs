@@ -230,3 +230,40 @@ pub fn assert_close(what: &str, got: f64, want: f64, tol: f64) {
         tol * 100.0
     );
 }
+
+/// Where cgroup v2 is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified on
+/// hybrid systems). Panics without one: the cgroup tests cannot run.
+pub fn cgroup2_mount() -> PathBuf {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    text.lines()
+        .find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            if post.split_whitespace().next()? != "cgroup2" {
+                return None;
+            }
+            Some(PathBuf::from(pre.split_whitespace().nth(4)?))
+        })
+        .expect("no cgroup2 mount on this machine")
+}
+
+/// Ids of the BPF programs process `pid` holds (from /proc/PID/fdinfo), to
+/// check later that exactly these are gone — whatever else is loaded.
+pub fn bpf_programs_of(pid: u32) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return Vec::new() };
+    let mut ids: Vec<u32> = rd
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter_map(|text| text.lines().find_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok()))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Which of `ids` are still loaded in the kernel.
+pub fn still_loaded(ids: &[u32]) -> Vec<u32> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .map(|p| p.id())
+        .filter(|id| ids.contains(id))
+        .collect()
+}

@@ -167,9 +167,28 @@ fn verify() -> Result<String> {
 /// Versions of the installed packages among [`PACKAGES`], from one dpkg-query
 /// call. No dpkg at all means nothing is installed.
 fn installed_packages() -> Result<HashMap<String, String>> {
+    installed(&PACKAGES)
+}
+
+/// Debian packages the integration tests use besides the toolchain: a real
+/// Prometheus server (and promtool) for the daemon's test.
+const TEST_PACKAGES: [&str; 1] = ["prometheus"];
+
+/// Installs [`TEST_PACKAGES`] if any is missing (quiet when all are there).
+pub fn ensure_test_packages() -> Result<()> {
+    let have = installed(&TEST_PACKAGES)?;
+    let missing: Vec<&str> = TEST_PACKAGES.into_iter().filter(|p| !have.contains_key(*p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    can_use_apt().with_context(|| format!("the integration tests need {}", missing.join(" ")))?;
+    apt_install(&missing)
+}
+
+fn installed(packages: &[&str]) -> Result<HashMap<String, String>> {
     let mut query = cmd::command("dpkg-query");
     query.args(["-W", "-f=${Package}\t${Status}\t${Version}\n"]);
-    query.args(PACKAGES);
+    query.args(packages);
     let Ok(out) = cmd::output(&mut query) else {
         return Ok(HashMap::new());
     };

@@ -19,6 +19,7 @@ pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
     // Checked first: skipping the privileged tests would make a green run meaningless.
     cmd::require_root(NEED_ROOT)?;
     setup::ensure()?;
+    setup::ensure_test_packages()?;
     if !skip_lint {
         lint()?;
     }

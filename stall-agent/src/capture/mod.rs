@@ -25,7 +25,7 @@ use stall_common::{
 };
 use tokio::io::unix::AsyncFd;
 
-use crate::decode::{self, Event, FileSnap, Snapshot, ThreadSnap, WakeSnap};
+use crate::decode::{self, Event, FileSnap, JobEvent, Snapshot, ThreadSnap, WakeSnap};
 
 /// One program serves all of these (fd is argument 0 of each).
 pub const READ_FAMILY: [&str; 5] = ["read", "pread64", "readv", "preadv", "preadv2"];
@@ -214,7 +214,7 @@ impl Capture {
     /// follows every task created from here on; inserting parents before
     /// listing their children, and listing until nothing new appears, closes
     /// the window in which a fork could slip through.
-    pub fn track_tree(&mut self, root: u32, job: u32) -> Result<Vec<Event>, CaptureError> {
+    pub fn track_tree(&mut self, root: u32, job: u32) -> Result<Vec<JobEvent>, CaptureError> {
         if !procfs::exists(root) {
             return Err(CaptureError::NoSuchProcess(root));
         }
@@ -225,7 +225,7 @@ impl Capture {
             while let Some(pid) = todo.pop() {
                 if done.insert(pid) {
                     self.track_process(pid, job)?;
-                    opened.extend(self.seed_fds(pid));
+                    opened.extend(self.seed_fds(pid, job));
                 }
             }
             let children = procfs::children_map();
@@ -288,7 +288,7 @@ impl Capture {
 
     /// Registers the regular files `pid` has open, so reads of descriptors
     /// opened before attach (or inherited over fork) are counted.
-    pub fn seed_fds(&mut self, pid: u32) -> Vec<Event> {
+    pub fn seed_fds(&mut self, pid: u32, job: u32) -> Vec<JobEvent> {
         let now = monotonic_ns();
         let mut out = Vec::new();
         for f in procfs::open_fds(pid).into_iter().filter(|f| f.regular) {
@@ -296,7 +296,7 @@ impl Capture {
             let file_id = (1 << 63) | (u64::from(pid) << 24) | (self.seed_seq & 0xff_ffff);
             let stats = FileStats { file_id, kind: fd_kind::REGULAR, ..Default::default() };
             if self.files.insert(FdKey { tgid: pid, fd: f.fd }, stats, 1).is_ok() {
-                out.push(Event::Open {
+                let open = Event::Open {
                     ts: now,
                     tid: pid,
                     tgid: pid,
@@ -304,7 +304,8 @@ impl Capture {
                     file_id,
                     path: f.target,
                     dfd: -100,
-                });
+                };
+                out.push((job, open));
             }
         }
         out
@@ -312,7 +313,7 @@ impl Capture {
 
     /// Tracks every task of the cgroup `dir` and its descendants: those in it
     /// now, and any that later runs there. Returns the files already open.
-    pub fn watch_cgroup(&mut self, dir: &Path, job: u32) -> Result<Vec<Event>, CaptureError> {
+    pub fn watch_cgroup(&mut self, dir: &Path, job: u32) -> Result<Vec<JobEvent>, CaptureError> {
         let mut opened = Vec::new();
         for d in cgroup::subtree(dir) {
             let Some(id) = cgroup::id(&d) else { continue };
@@ -326,7 +327,7 @@ impl Capture {
                 pids.insert(pid);
             }
             for pid in pids {
-                opened.extend(self.seed_fds(pid));
+                opened.extend(self.seed_fds(pid, job));
             }
         }
         Ok(opened)
@@ -357,7 +358,7 @@ impl Capture {
     }
 
     /// Waits until the ring buffer has records, then decodes all of them.
-    pub async fn next_events(&mut self, out: &mut Vec<Event>) -> std::io::Result<()> {
+    pub async fn next_events(&mut self, out: &mut Vec<JobEvent>) -> std::io::Result<()> {
         let mut guard = self.ring.readable_mut().await?;
         let ring = guard.get_inner_mut();
         while let Some(item) = ring.next() {
@@ -371,7 +372,7 @@ impl Capture {
     }
 
     /// Decodes whatever is in the ring buffer now, without waiting.
-    pub fn drain_events(&mut self, out: &mut Vec<Event>) {
+    pub fn drain_events(&mut self, out: &mut Vec<JobEvent>) {
         let ring = self.ring.get_mut();
         while let Some(item) = ring.next() {
             match decode::decode(&item) {

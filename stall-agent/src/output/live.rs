@@ -48,6 +48,10 @@ pub fn screen(v: &View, rate_per_s: f64, rows: usize, cols: usize) -> String {
     out
 }
 
+pub fn plain(v: &View) -> String {
+    format!("[{:>7}] {}: {}", units::secs(v.elapsed_s), v.verdict.kind.as_str(), v.verdict.summary)
+}
+
 /// Cuts a line to the terminal width (no wrapping inside the table).
 fn fit(line: &str, cols: usize) -> String {
     if line.chars().count() <= cols {
@@ -86,8 +90,4 @@ mod tests {
         assert_eq!(wrap("aa bb cc dd", 5), vec!["aa bb", "cc dd"]);
         assert!(wrap(&"word ".repeat(50), 20).iter().all(|l| l.chars().count() <= 20));
     }
-}
-
-pub fn plain(v: &View) -> String {
-    format!("[{:>7}] {}: {}", units::secs(v.elapsed_s), v.verdict.kind.as_str(), v.verdict.summary)
 }

@@ -1,7 +1,7 @@
 //! One tracing session (`stall run`, `stall attach`): capture → aggregate →
 //! correlate → verdict → outputs, every interval and once at the end.
 pub mod gate;
-mod gpu;
+pub(crate) mod gpu;
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -19,7 +19,7 @@ use crate::{
     aggregate::{Model, Window},
     capture::{cgroup, monotonic_ns, procfs, Capture, CaptureOptions},
     correlate,
-    decode::Event,
+    decode::{Event, JobEvent},
     gpu::{self as nvml, GpuSelect},
     output::{self, View},
     verdict::{self, GpuWindow, Verdict},
@@ -94,6 +94,9 @@ impl Sinks {
 }
 
 pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
+    // First: a signal during start-up must still end in a clean exit.
+    let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut capture = Capture::load(&CaptureOptions {
         ringbuf_bytes: opts.ringbuf_bytes,
         floor: opts.floor,
@@ -112,7 +115,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
     let mut sinks = Sinks::open(&opts)?;
 
     let mut model = Model::new(monotonic_ns());
-    let mut pending: Vec<Event> = Vec::new();
+    let mut pending: Vec<JobEvent> = Vec::new();
     let mut gate: Option<Gate> = None;
     let (root, label, cgroup_dir) = match &target {
         Target::Run(cmd) => {
@@ -152,8 +155,6 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
     };
     state.process(&mut capture, &mut pending);
 
-    let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut tick = tokio::time::interval(opts.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -257,12 +258,52 @@ fn open_gpu(opts: &Options) -> Result<Result<Option<Box<dyn nvml::GpuSource>>, n
     }
 }
 
+/// Applies one event to `model`, adding what only /proc can tell: what an
+/// opened descriptor is, the new process's name and the files it inherited
+/// (those go to `extra`, to be applied after the batch).
+pub(crate) fn observe(
+    capture: &mut Capture,
+    model: &mut Model,
+    job: u32,
+    ev: &Event,
+    extra: &mut Vec<JobEvent>,
+) {
+    model.apply(ev);
+    match ev {
+        Event::Open { tgid, fd, file_id, path, .. } => {
+            if let Some((target, regular)) = procfs::fd_info(*tgid, *fd) {
+                if regular {
+                    // The kernel counts UNKNOWN as a file already; no map
+                    // write, so no read-modify-write race with its counters.
+                    model.set_file_kind(*file_id, fd_kind::REGULAR);
+                    if !path.starts_with('/') {
+                        model.set_file_resolved(*file_id, &target);
+                    }
+                } else {
+                    capture.set_fd_kind(*tgid, *fd, *file_id, fd_kind::OTHER);
+                    model.set_file_kind(*file_id, fd_kind::OTHER);
+                }
+            }
+        }
+        Event::NewTask { child_tid, child_tgid, .. } if child_tid == child_tgid => {
+            note_process(model, *child_tgid);
+            extra.extend(capture.seed_fds(*child_tgid, job));
+        }
+        Event::Exec { tgid, .. } => {
+            if let Some(c) = procfs::cmdline(*tgid) {
+                model.note_process(*tgid, None, "", Some(c));
+            }
+        }
+        _ => {}
+    }
+}
+
 fn shell_status(s: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
 }
 
-fn note_process(model: &mut Model, tgid: u32) {
+pub(crate) fn note_process(model: &mut Model, tgid: u32) {
     if model.procs.get(&tgid).is_some_and(|p| p.cmdline.is_some()) {
         return;
     }
@@ -337,40 +378,12 @@ struct Loop {
 impl Loop {
     /// Applies decoded events, looking at what only /proc can tell: what an
     /// opened descriptor is, and what a new process inherited.
-    fn process(&mut self, capture: &mut Capture, events: &mut Vec<Event>) {
+    fn process(&mut self, capture: &mut Capture, events: &mut Vec<JobEvent>) {
         let mut extra = Vec::new();
-        for ev in events.iter() {
-            self.model.apply(ev);
-            match ev {
-                Event::Open { tgid, fd, file_id, path, .. } => {
-                    if let Some((target, regular)) = procfs::fd_info(*tgid, *fd) {
-                        if regular {
-                            // The kernel counts UNKNOWN as a file already; no map
-                            // write, so no read-modify-write race with its counters.
-                            self.model.set_file_kind(*file_id, fd_kind::REGULAR);
-                            if !path.starts_with('/') {
-                                self.model.set_file_resolved(*file_id, &target);
-                            }
-                        } else {
-                            capture.set_fd_kind(*tgid, *fd, *file_id, fd_kind::OTHER);
-                            self.model.set_file_kind(*file_id, fd_kind::OTHER);
-                        }
-                    }
-                }
-                Event::NewTask { child_tid, child_tgid, .. } if child_tid == child_tgid => {
-                    note_process(&mut self.model, *child_tgid);
-                    extra.extend(capture.seed_fds(*child_tgid));
-                }
-                Event::Exec { tgid, .. } => {
-                    if let Some(c) = procfs::cmdline(*tgid) {
-                        self.model.note_process(*tgid, None, "", Some(c));
-                    }
-                }
-                _ => {}
-            }
+        for (job, ev) in events.drain(..) {
+            observe(capture, &mut self.model, job, &ev, &mut extra);
         }
-        events.clear();
-        for ev in &extra {
+        for (_, ev) in &extra {
             self.model.apply(ev);
         }
     }

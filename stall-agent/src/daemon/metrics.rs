@@ -1,0 +1,375 @@
+//! The Prometheus exposition. Labels are bounded by design: cgroup (the
+//! job's path; `job` is Prometheus's own target label), pod, container, role, reason, verdict kind, GPU index — never a
+//! file or a thread; those go to `/jobs`.
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::{Registry, Unit},
+};
+use stall_common::{counter::LOST_NAMES, reason};
+
+use crate::{aggregate::Window, correlate::Roles, verdict::Kind};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    pub cgroup: String,
+    pub pod: String,
+    pub container: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabels {
+    pub cgroup: String,
+    pub pod: String,
+    pub container: String,
+    pub role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub cgroup: String,
+    pub pod: String,
+    pub container: String,
+    pub role: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabels {
+    pub cgroup: String,
+    pub pod: String,
+    pub container: String,
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobGpuLabels {
+    pub cgroup: String,
+    pub pod: String,
+    pub container: String,
+    pub gpu: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuLabels {
+    pub gpu: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    pub cause: String,
+}
+
+type FloatCounter = Counter<f64, AtomicU64>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+pub const KINDS: [Kind; 7] = [
+    Kind::InputIoBound,
+    Kind::InputCpuBound,
+    Kind::Hang,
+    Kind::TrainerHostBound,
+    Kind::GpuBusy,
+    Kind::Idle,
+    Kind::Unknown,
+];
+const ROLES: [&str; 3] = ["trainer", "worker", "other"];
+
+pub struct Metrics {
+    pub registry: Registry,
+    read_bytes: Family<RoleLabels, Counter>,
+    read_calls: Family<RoleLabels, Counter>,
+    ipc_read_bytes: Family<RoleLabels, Counter>,
+    on_cpu: Family<RoleLabels, FloatCounter>,
+    off_cpu: Family<ReasonLabels, FloatCounter>,
+    processes: Family<RoleLabels, Gauge>,
+    verdict: Family<VerdictLabels, Gauge>,
+    job_gpu_idle: Family<JobGpuLabels, FloatCounter>,
+    gpu_util: Family<GpuLabels, FloatGauge>,
+    gpu_idle: Family<GpuLabels, FloatCounter>,
+    lost: Family<CauseLabels, Counter>,
+    pub agent_cpu: FloatCounter,
+    pub agent_rss: Gauge,
+    pub agent_jobs: Gauge,
+    pub agent_events: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("stall");
+        let m = Self {
+            read_bytes: Family::default(),
+            read_calls: Family::default(),
+            ipc_read_bytes: Family::default(),
+            on_cpu: Family::default(),
+            off_cpu: Family::default(),
+            processes: Family::default(),
+            verdict: Family::default(),
+            job_gpu_idle: Family::default(),
+            gpu_util: Family::default(),
+            gpu_idle: Family::default(),
+            lost: Family::default(),
+            agent_cpu: FloatCounter::default(),
+            agent_rss: Gauge::default(),
+            agent_jobs: Gauge::default(),
+            agent_events: Counter::default(),
+            registry: Registry::default(),
+        };
+        r.register_with_unit("read", "Bytes read from regular files", Unit::Bytes, m.read_bytes.clone());
+        r.register("read_calls", "read-family calls on regular files", m.read_calls.clone());
+        r.register_with_unit(
+            "ipc_read",
+            "Bytes read from pipes, sockets and other non-files",
+            Unit::Bytes,
+            m.ipc_read_bytes.clone(),
+        );
+        r.register_with_unit("on_cpu", "Time on CPU", Unit::Seconds, m.on_cpu.clone());
+        r.register_with_unit("off_cpu", "Time off CPU, by reason", Unit::Seconds, m.off_cpu.clone());
+        r.register("processes", "Live processes of the job, by role", m.processes.clone());
+        r.register("verdict", "The job's current verdict (1 for the current kind)", m.verdict.clone());
+        r.register_with_unit(
+            "job_gpu_idle",
+            "Time a GPU the job uses spent idle (utilization <= 5%)",
+            Unit::Seconds,
+            m.job_gpu_idle.clone(),
+        );
+        r.register(
+            "gpu_utilization_percent",
+            "Mean GPU utilization over the last interval",
+            m.gpu_util.clone(),
+        );
+        r.register_with_unit("gpu_idle", "Time the GPU spent idle", Unit::Seconds, m.gpu_idle.clone());
+        r.register("lost_events", "Events the kernel side dropped, by cause", m.lost.clone());
+        r.register_with_unit(
+            "agent_cpu",
+            "CPU time used by stall itself",
+            Unit::Seconds,
+            m.agent_cpu.clone(),
+        );
+        r.register_with_unit(
+            "agent_resident_memory",
+            "stall's resident memory",
+            Unit::Bytes,
+            m.agent_rss.clone(),
+        );
+        r.register("agent_jobs", "Jobs attached", m.agent_jobs.clone());
+        r.register("agent_events", "Kernel events handled for traced threads", m.agent_events.clone());
+        Self { registry: r, ..m }
+    }
+
+    /// Adds one interval of a job.
+    pub fn add_window(&self, job: &JobLabels, w: &Window, roles: &Roles) {
+        let mut live = [0i64; 3];
+        for p in &w.procs {
+            let role = roles.of(p.tgid).as_str();
+            let rl = role_labels(job, role);
+            let sum = p.sum();
+            self.read_bytes.get_or_create(&rl).inc_by(p.file_read_bytes());
+            self.read_calls.get_or_create(&rl).inc_by(p.files.iter().map(|f| f.read_calls).sum());
+            self.ipc_read_bytes.get_or_create(&rl).inc_by(p.other_read_bytes);
+            self.on_cpu.get_or_create(&rl).inc_by(sum.on_cpu_ns as f64 / 1e9);
+            for (i, name) in reason::NAMES.iter().enumerate() {
+                let l = ReasonLabels {
+                    cgroup: job.cgroup.clone(),
+                    pod: job.pod.clone(),
+                    container: job.container.clone(),
+                    role: role.to_string(),
+                    reason: name.to_string(),
+                };
+                self.off_cpu.get_or_create(&l).inc_by(sum.off_ns[i] as f64 / 1e9);
+            }
+            if p.alive {
+                live[ROLES.iter().position(|r| *r == role).unwrap_or(2)] += 1;
+            }
+        }
+        for (i, role) in ROLES.iter().enumerate() {
+            self.processes.get_or_create(&role_labels(job, role)).set(live[i]);
+        }
+    }
+
+    pub fn set_verdict(&self, job: &JobLabels, kind: Kind) {
+        for k in KINDS {
+            let l = VerdictLabels {
+                cgroup: job.cgroup.clone(),
+                pod: job.pod.clone(),
+                container: job.container.clone(),
+                kind: k.as_str().to_string(),
+            };
+            self.verdict.get_or_create(&l).set(i64::from(k == kind));
+        }
+    }
+
+    pub fn add_job_gpu_idle(&self, job: &JobLabels, gpu: u32, secs: f64) {
+        let l = JobGpuLabels {
+            cgroup: job.cgroup.clone(),
+            pod: job.pod.clone(),
+            container: job.container.clone(),
+            gpu: gpu.to_string(),
+        };
+        self.job_gpu_idle.get_or_create(&l).inc_by(secs);
+    }
+
+    pub fn set_gpu(&self, gpu: u32, name: &str, util_pct: f64, idle_secs: f64) {
+        let l = GpuLabels { gpu: gpu.to_string(), name: name.to_string() };
+        self.gpu_util.get_or_create(&l).set(util_pct);
+        self.gpu_idle.get_or_create(&l).inc_by(idle_secs);
+    }
+
+    pub fn add_lost(&self, lost: &[u64; 5]) {
+        for (name, n) in LOST_NAMES.iter().zip(lost) {
+            self.lost.get_or_create(&CauseLabels { cause: name.to_string() }).inc_by(*n);
+        }
+    }
+
+    /// Drops every series of a job that is gone (bounded cardinality however
+    /// many jobs come and go).
+    pub fn remove_job(&self, job: &JobLabels, gpus: &[u32]) {
+        for role in ROLES {
+            let rl = role_labels(job, role);
+            self.read_bytes.remove(&rl);
+            self.read_calls.remove(&rl);
+            self.ipc_read_bytes.remove(&rl);
+            self.on_cpu.remove(&rl);
+            self.processes.remove(&rl);
+            for name in reason::NAMES {
+                self.off_cpu.remove(&ReasonLabels {
+                    cgroup: job.cgroup.clone(),
+                    pod: job.pod.clone(),
+                    container: job.container.clone(),
+                    role: role.to_string(),
+                    reason: name.to_string(),
+                });
+            }
+        }
+        for k in KINDS {
+            self.verdict.remove(&VerdictLabels {
+                cgroup: job.cgroup.clone(),
+                pod: job.pod.clone(),
+                container: job.container.clone(),
+                kind: k.as_str().to_string(),
+            });
+        }
+        for g in gpus {
+            self.job_gpu_idle.remove(&JobGpuLabels {
+                cgroup: job.cgroup.clone(),
+                pod: job.pod.clone(),
+                container: job.container.clone(),
+                gpu: g.to_string(),
+            });
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("encoding to a String");
+        out
+    }
+}
+
+/// OpenMetrics text → the classic Prometheus text format (0.0.4), for
+/// scrapers and tools that ask for `text/plain` (promtool among them): a
+/// counter family is named with its `_total` suffix there, and `# UNIT` and
+/// `# EOF` do not exist.
+pub fn to_classic(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> =
+        om.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters.contains(name).then(|| format!("{p}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+fn role_labels(job: &JobLabels, role: &str) -> RoleLabels {
+    RoleLabels {
+        cgroup: job.cgroup.clone(),
+        pod: job.pod.clone(),
+        container: job.container.clone(),
+        role: role.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{aggregate::Model, correlate, decode::*};
+
+    fn job() -> JobLabels {
+        JobLabels { cgroup: "jobs/a".into(), pod: String::new(), container: String::new() }
+    }
+
+    #[test]
+    fn a_window_becomes_series_and_a_gone_job_leaves_none() {
+        let mut model = Model::new(0);
+        model.note_process(10, Some(1), "python", None);
+        model.apply(&Event::Open {
+            ts: 0,
+            tid: 10,
+            tgid: 10,
+            fd: 3,
+            file_id: 1,
+            path: "/d".into(),
+            dfd: -100,
+        });
+        model.apply_snapshot(&Snapshot {
+            ts: 1_000_000_000,
+            threads: vec![ThreadSnap {
+                tid: 10,
+                tgid: 10,
+                counters: ThreadCounters { on_cpu_ns: 500_000_000, ..Default::default() },
+                ..Default::default()
+            }],
+            files: vec![FileSnap {
+                tgid: 10,
+                fd: 3,
+                file_id: 1,
+                kind: 1,
+                counters: FileCounters { read_bytes: 4096, read_calls: 1, read_ns: 10 },
+            }],
+            ..Default::default()
+        });
+        let w = model.interval(1_000_000_000);
+        let roles = correlate::assign(&w, &Default::default(), Some(10));
+        let m = Metrics::new();
+        m.add_window(&job(), &w, &roles);
+        m.set_verdict(&job(), Kind::InputIoBound);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                r#"stall_read_bytes_total{cgroup="jobs/a",pod="",container="",role="trainer"} 4096"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"stall_verdict{cgroup="jobs/a",pod="",container="",kind="input-io-bound"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(
+            r#"stall_on_cpu_seconds_total{cgroup="jobs/a",pod="",container="",role="trainer"} 0.5"#
+        ));
+        let classic = to_classic(&text);
+        assert!(classic.contains("# TYPE stall_read_bytes_total counter\n"), "{classic}");
+        assert!(classic.contains("# HELP stall_read_bytes_total Bytes read from regular files."));
+        assert!(classic.contains("# TYPE stall_verdict gauge\n"));
+        assert!(!classic.contains("# EOF") && !classic.contains("# UNIT"));
+        m.remove_job(&job(), &[]);
+        assert!(!m.encode().contains("jobs/a"));
+    }
+}
