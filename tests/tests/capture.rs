@@ -218,3 +218,47 @@ fn attach_to_cgroup_traces_members_only() {
     assert_eq!(run.file(reader, &data)["read_bytes"], size as u64);
     assert!(run.processes().iter().all(|p| p["pid"] != u64::from(other_pid)));
 }
+
+#[test]
+fn reused_descriptor_numbers_keep_files_apart() {
+    let s = Scratch::new("reuse");
+    let sizes = [100_001usize, 250_003, 70_007];
+    let files: Vec<_> = sizes.iter().enumerate().map(|(i, n)| s.file(&format!("r{i}.bin"), *n)).collect();
+    let truth_path = s.path("truth.json");
+    let mut args = vec!["reuse"];
+    args.extend(files.iter().map(|f| f.to_str().unwrap()));
+    let run = run_job(&[], &args, &truth_path);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    let fds = t["fds"].as_array().unwrap();
+    assert!(fds.iter().all(|fd| *fd == fds[0]), "the workload reuses one fd number: {fds:?}");
+    let pid = t["pid"].as_u64().unwrap();
+    for (f, n) in files.iter().zip(sizes) {
+        assert_eq!(run.file(pid, f)["read_bytes"], n as u64, "{}", f.display());
+    }
+}
+
+#[test]
+fn files_opened_before_attach_are_counted() {
+    let s = Scratch::new("openbefore");
+    let size = 3_333_331;
+    let data = s.file("b.bin", size);
+    let truth_path = s.path("truth.json");
+    let mut child = Command::new(python())
+        .arg(jobs_py())
+        .args(["open-before", data.to_str().unwrap(), "1.0"])
+        .env("TRUTH", &truth_path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let pid: u32 = line.trim().parse().unwrap();
+    let waiter = std::thread::spawn(move || child.wait());
+    let run = stall(&["attach", "--pid", &pid.to_string(), "-q"], &[], T);
+    waiter.join().unwrap().unwrap();
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    assert_eq!(truth(&truth_path)["bytes"], size as u64);
+    let f = run.file(u64::from(pid), &data);
+    assert_eq!(f["read_bytes"], size as u64, "{f}");
+}

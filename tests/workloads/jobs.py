@@ -229,7 +229,42 @@ def job_reader_loop(args):
         time.sleep(0.01)
 
 
+def job_open_before(args):
+    """Opens the file, announces itself (attach happens now), then reads it."""
+    path, pause = args[0], float(args[1])
+    fd = os.open(path, os.O_RDONLY)
+    print(os.getpid(), flush=True)
+    time.sleep(pause)
+    total = 0
+    while True:
+        n = len(os.read(fd, 8191))
+        if n == 0:
+            break
+        total += n
+    os.close(fd)
+    write_truth({"pid": os.getpid(), "bytes": total, "fd": fd})
+
+
+def job_reuse(args):
+    """Opens, reads and closes each file in turn: they all get the same fd."""
+    fds, totals = [], {}
+    for path in args:
+        fd = os.open(path, os.O_RDONLY)
+        fds.append(fd)
+        total = 0
+        while True:
+            n = len(os.read(fd, 3001))
+            if n == 0:
+                break
+            total += n
+        totals[path] = total
+        os.close(fd)
+    write_truth({"pid": os.getpid(), "fds": fds, "bytes": totals})
+
+
 JOBS = {
+    "open-before": job_open_before,
+    "reuse": job_reuse,
     "exact": job_exact,
     "grandchild": job_grandchild,
     "family": job_family,

@@ -244,6 +244,11 @@ fn discover(
         for dir in
             rd.filter_map(|e| e.ok()).filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path())
         {
+            // A root below another root (kubepods.slice and its QoS slices)
+            // is a level of the hierarchy, not a job.
+            if roots.contains(&dir) {
+                continue;
+            }
             present.insert(dir.clone());
             if let Some(job) = jobs.get_mut(&dir) {
                 // New sub-cgroups of a watched job, and their tasks.
