@@ -74,6 +74,18 @@ impl Window {
     pub fn proc(&self, tgid: u32) -> Option<&ProcWindow> {
         self.procs.iter().find(|p| p.tgid == tgid)
     }
+    /// The files that were read, most bytes first, with their reader's pid.
+    pub fn files_by_bytes(&self) -> Vec<(u32, &FileWindow)> {
+        let mut files: Vec<(u32, &FileWindow)> = self
+            .procs
+            .iter()
+            .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f)))
+            .filter(|(_, f)| f.read_bytes > 0)
+            .collect();
+        files.sort_by_key(|(_, f)| std::cmp::Reverse(f.read_bytes));
+        files
+    }
+
     pub fn thread(&self, tid: u32) -> Option<(&ProcWindow, &ThreadWindow)> {
         self.procs.iter().find_map(|p| p.threads.iter().find(|t| t.tid == tid).map(|t| (p, t)))
     }
@@ -206,8 +218,14 @@ pub struct FileWindow {
 }
 
 impl FileWindow {
-    pub fn rate_secs(&self) -> f64 {
-        self.open_ns as f64 / 1e9
+    /// Seconds to divide its bytes by: the time it was open in a window of
+    /// `window_s` (the whole window for files open throughout or unknown).
+    pub fn rate_secs(&self, window_s: f64) -> f64 {
+        if self.open_ns > 0 {
+            (self.open_ns as f64 / 1e9).min(window_s)
+        } else {
+            window_s
+        }
     }
 }
 

@@ -342,24 +342,16 @@ fn wakers_of(main: &ThreadWindow, workers: &[&ProcWindow]) -> String {
 }
 
 fn top_files(w: &Window, secs: f64) -> Vec<String> {
-    let mut files: Vec<(u32, &crate::aggregate::FileWindow)> = w
-        .procs
-        .iter()
-        .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f)))
-        .filter(|(_, f)| f.read_bytes > 0)
-        .collect();
-    files.sort_by_key(|(_, f)| std::cmp::Reverse(f.read_bytes));
-    files
+    w.files_by_bytes()
         .iter()
         .take(5)
         .map(|(pid, f)| {
-            let open_s = if f.open_ns > 0 { f.rate_secs().min(secs) } else { secs };
             format!(
                 "file {}: {} in {} reads by pid {pid} ({} while open)",
                 f.path,
                 units::bytes(f.read_bytes),
                 f.read_calls,
-                units::rate(f.read_bytes, open_s)
+                units::rate(f.read_bytes, f.rate_secs(secs))
             )
         })
         .collect()

@@ -267,3 +267,15 @@ pub fn still_loaded(ids: &[u32]) -> Vec<u32> {
         .filter(|id| ids.contains(id))
         .collect()
 }
+
+/// Starts a workload whose first stdout line is its PID (as the attach
+/// workloads print it); returns the child and that PID.
+pub fn spawn_announcing(cmd: &mut Command) -> (std::process::Child, u32) {
+    use std::io::{BufRead, BufReader};
+    let mut child = cmd.stdout(Stdio::piped()).spawn().expect("spawn the workload");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let pid =
+        line.trim().trim_start_matches("PID ").parse().unwrap_or_else(|_| panic!("no PID line: {line:?}"));
+    (child, pid)
+}

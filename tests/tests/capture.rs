@@ -1,11 +1,6 @@
 //! Kernel capture against ground truth (issue 3): bytes per worker and file,
 //! off-CPU time by reason, wakers, forks and execs, scoping, and losses.
-use std::{
-    io::{BufRead, BufReader},
-    path::Path,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use stall_tests::*;
 
@@ -117,16 +112,7 @@ fn exec_after_fork_is_traced() {
 
 /// Starts a reader that is not part of any traced job.
 fn outsider(path: &Path) -> (std::process::Child, u32) {
-    let mut child = Command::new(python())
-        .arg(jobs_py())
-        .args(["reader-loop", path.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-    let pid = line.trim().parse().unwrap();
-    (child, pid)
+    spawn_announcing(Command::new(python()).arg(jobs_py()).args(["reader-loop", path.to_str().unwrap()]))
 }
 
 #[test]
@@ -163,16 +149,12 @@ fn tiny_ring_buffer_loses_events_and_says_so() {
 /// Starts `idle-then-read` (prints its PID, then forks a reader after
 /// `pause`); returns it and its PID.
 fn idle_then_read(data: &Path, truth_path: &Path, pause: &str) -> (std::process::Child, u32) {
-    let mut child = Command::new(python())
-        .arg(jobs_py())
-        .args(["idle-then-read", data.to_str().unwrap(), pause])
-        .env("TRUTH", truth_path)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-    (child, line.trim().parse().unwrap())
+    spawn_announcing(
+        Command::new(python())
+            .arg(jobs_py())
+            .args(["idle-then-read", data.to_str().unwrap(), pause])
+            .env("TRUTH", truth_path),
+    )
 }
 
 #[test]
@@ -244,16 +226,13 @@ fn files_opened_before_attach_are_counted() {
     let size = 3_333_331;
     let data = s.file("b.bin", size);
     let truth_path = s.path("truth.json");
-    let mut child = Command::new(python())
-        .arg(jobs_py())
-        .args(["open-before", data.to_str().unwrap(), "1.0"])
-        .env("TRUTH", &truth_path)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-    let pid: u32 = line.trim().parse().unwrap();
+    let (child, pid) = spawn_announcing(
+        Command::new(python())
+            .arg(jobs_py())
+            .args(["open-before", data.to_str().unwrap(), "1.0"])
+            .env("TRUTH", &truth_path),
+    );
+    let mut child = child;
     let waiter = std::thread::spawn(move || child.wait());
     let run = stall(&["attach", "--pid", &pid.to_string(), "-q"], &[], T);
     waiter.join().unwrap().unwrap();

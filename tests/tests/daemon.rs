@@ -4,7 +4,7 @@
 //! verdict series; promtool must accept the exposition; SIGTERM must leave no
 //! program behind. (Its own test binary: cargo runs binaries one at a time.)
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::{Read, Write},
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -145,16 +145,13 @@ fn prometheus_scrapes_the_daemon() {
 
     // The job: announces itself, is moved into the job's cgroup, then forks
     // a reader of the data file.
-    let mut job = Command::new(python())
-        .arg(jobs_py())
-        .args(["idle-then-read", data.to_str().unwrap(), "2.0"])
-        .env("TRUTH", &truth_path)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(job.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-    std::fs::write(job_dir.join("cgroup.procs"), line.trim()).unwrap();
+    let (mut job, job_pid) = spawn_announcing(
+        Command::new(python())
+            .arg(jobs_py())
+            .args(["idle-then-read", data.to_str().unwrap(), "2.0"])
+            .env("TRUTH", &truth_path),
+    );
+    std::fs::write(job_dir.join("cgroup.procs"), job_pid.to_string()).unwrap();
     assert!(job.wait().unwrap().success());
     assert_eq!(truth(&truth_path)["bytes"], size as u64);
 

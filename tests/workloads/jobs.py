@@ -33,6 +33,16 @@ def make_file(path, size):
         f.write(os.urandom(size))
 
 
+def read_fd(fd, chunk):
+    """Reads fd to its end with read(2); returns bytes read."""
+    total = 0
+    while True:
+        n = len(os.read(fd, chunk))
+        if n == 0:
+            return total
+        total += n
+
+
 def read_with(path, how, chunk):
     """Reads the whole file with one syscall family; returns bytes read."""
     fd = os.open(path, os.O_RDONLY)
@@ -235,12 +245,7 @@ def job_open_before(args):
     fd = os.open(path, os.O_RDONLY)
     print(os.getpid(), flush=True)
     time.sleep(pause)
-    total = 0
-    while True:
-        n = len(os.read(fd, 8191))
-        if n == 0:
-            break
-        total += n
+    total = read_fd(fd, 8191)
     os.close(fd)
     write_truth({"pid": os.getpid(), "bytes": total, "fd": fd})
 
@@ -251,13 +256,7 @@ def job_reuse(args):
     for path in args:
         fd = os.open(path, os.O_RDONLY)
         fds.append(fd)
-        total = 0
-        while True:
-            n = len(os.read(fd, 3001))
-            if n == 0:
-                break
-            total += n
-        totals[path] = total
+        totals[path] = read_fd(fd, 3001)
         os.close(fd)
     write_truth({"pid": os.getpid(), "fds": fds, "bytes": totals})
 

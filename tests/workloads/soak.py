@@ -105,7 +105,9 @@ def main():
                 os.makedirs(d)
                 kind = ["family", "waits", "family", "grandchild"][started % 4]
                 args = {"family": files, "waits": ["1.5"], "grandchild": files[:1]}[kind]
-                cmd = f"echo $$ > {d}/cgroup.procs && exec {sys.executable} {JOBS} {kind} " + " ".join(args)
+                # A pause first, so the daemon (1 s interval) attaches before the work.
+                cmd = (f"echo $$ > {d}/cgroup.procs && sleep 1.2 && exec {sys.executable} {JOBS} {kind} "
+                       + " ".join(args))
                 live[d] = subprocess.Popen(["sh", "-c", cmd], stdout=subprocess.DEVNULL)
                 started += 1
                 next_job += a.every

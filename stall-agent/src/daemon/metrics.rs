@@ -19,6 +19,42 @@ pub struct JobLabels {
     pub container: String,
 }
 
+impl JobLabels {
+    fn role(&self, role: &str) -> RoleLabels {
+        RoleLabels {
+            cgroup: self.cgroup.clone(),
+            pod: self.pod.clone(),
+            container: self.container.clone(),
+            role: role.to_string(),
+        }
+    }
+    fn reason(&self, role: &str, reason: &str) -> ReasonLabels {
+        ReasonLabels {
+            cgroup: self.cgroup.clone(),
+            pod: self.pod.clone(),
+            container: self.container.clone(),
+            role: role.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+    fn kind(&self, kind: Kind) -> VerdictLabels {
+        VerdictLabels {
+            cgroup: self.cgroup.clone(),
+            pod: self.pod.clone(),
+            container: self.container.clone(),
+            kind: kind.as_str().to_string(),
+        }
+    }
+    fn gpu(&self, gpu: u32) -> JobGpuLabels {
+        JobGpuLabels {
+            cgroup: self.cgroup.clone(),
+            pod: self.pod.clone(),
+            container: self.container.clone(),
+            gpu: gpu.to_string(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RoleLabels {
     pub cgroup: String,
@@ -170,51 +206,32 @@ impl Metrics {
         let mut live = [0i64; 3];
         for p in &w.procs {
             let role = roles.of(p.tgid).as_str();
-            let rl = role_labels(job, role);
+            let rl = job.role(role);
             let sum = p.sum();
             self.read_bytes.get_or_create(&rl).inc_by(p.file_read_bytes());
             self.read_calls.get_or_create(&rl).inc_by(p.files.iter().map(|f| f.read_calls).sum());
             self.ipc_read_bytes.get_or_create(&rl).inc_by(p.other_read_bytes);
             self.on_cpu.get_or_create(&rl).inc_by(sum.on_cpu_ns as f64 / 1e9);
             for (i, name) in reason::NAMES.iter().enumerate() {
-                let l = ReasonLabels {
-                    cgroup: job.cgroup.clone(),
-                    pod: job.pod.clone(),
-                    container: job.container.clone(),
-                    role: role.to_string(),
-                    reason: name.to_string(),
-                };
-                self.off_cpu.get_or_create(&l).inc_by(sum.off_ns[i] as f64 / 1e9);
+                self.off_cpu.get_or_create(&job.reason(role, name)).inc_by(sum.off_ns[i] as f64 / 1e9);
             }
             if p.alive {
                 live[ROLES.iter().position(|r| *r == role).unwrap_or(2)] += 1;
             }
         }
         for (i, role) in ROLES.iter().enumerate() {
-            self.processes.get_or_create(&role_labels(job, role)).set(live[i]);
+            self.processes.get_or_create(&job.role(role)).set(live[i]);
         }
     }
 
     pub fn set_verdict(&self, job: &JobLabels, kind: Kind) {
         for k in KINDS {
-            let l = VerdictLabels {
-                cgroup: job.cgroup.clone(),
-                pod: job.pod.clone(),
-                container: job.container.clone(),
-                kind: k.as_str().to_string(),
-            };
-            self.verdict.get_or_create(&l).set(i64::from(k == kind));
+            self.verdict.get_or_create(&job.kind(k)).set(i64::from(k == kind));
         }
     }
 
     pub fn add_job_gpu_idle(&self, job: &JobLabels, gpu: u32, secs: f64) {
-        let l = JobGpuLabels {
-            cgroup: job.cgroup.clone(),
-            pod: job.pod.clone(),
-            container: job.container.clone(),
-            gpu: gpu.to_string(),
-        };
-        self.job_gpu_idle.get_or_create(&l).inc_by(secs);
+        self.job_gpu_idle.get_or_create(&job.gpu(gpu)).inc_by(secs);
     }
 
     pub fn set_gpu(&self, gpu: u32, name: &str, util_pct: f64, idle_secs: f64) {
@@ -233,37 +250,21 @@ impl Metrics {
     /// many jobs come and go).
     pub fn remove_job(&self, job: &JobLabels, gpus: &[u32]) {
         for role in ROLES {
-            let rl = role_labels(job, role);
+            let rl = job.role(role);
             self.read_bytes.remove(&rl);
             self.read_calls.remove(&rl);
             self.ipc_read_bytes.remove(&rl);
             self.on_cpu.remove(&rl);
             self.processes.remove(&rl);
             for name in reason::NAMES {
-                self.off_cpu.remove(&ReasonLabels {
-                    cgroup: job.cgroup.clone(),
-                    pod: job.pod.clone(),
-                    container: job.container.clone(),
-                    role: role.to_string(),
-                    reason: name.to_string(),
-                });
+                self.off_cpu.remove(&job.reason(role, name));
             }
         }
         for k in KINDS {
-            self.verdict.remove(&VerdictLabels {
-                cgroup: job.cgroup.clone(),
-                pod: job.pod.clone(),
-                container: job.container.clone(),
-                kind: k.as_str().to_string(),
-            });
+            self.verdict.remove(&job.kind(k));
         }
         for g in gpus {
-            self.job_gpu_idle.remove(&JobGpuLabels {
-                cgroup: job.cgroup.clone(),
-                pod: job.pod.clone(),
-                container: job.container.clone(),
-                gpu: g.to_string(),
-            });
+            self.job_gpu_idle.remove(&job.gpu(*g));
         }
     }
 
@@ -295,15 +296,6 @@ pub fn to_classic(om: &str) -> String {
         out.push('\n');
     }
     out
-}
-
-fn role_labels(job: &JobLabels, role: &str) -> RoleLabels {
-    RoleLabels {
-        cgroup: job.cgroup.clone(),
-        pod: job.pod.clone(),
-        container: job.container.clone(),
-        role: role.to_string(),
-    }
 }
 
 #[cfg(test)]

@@ -383,22 +383,18 @@ fn jobs_json(jobs: &BTreeMap<PathBuf, Job>, interval: Duration) -> String {
         .map(|j| {
             let w = Window::merge(&j.recent.iter().cloned().collect::<Vec<_>>());
             let secs = w.secs().max(interval.as_secs_f64());
-            let mut files: Vec<FileDoc> = w
-                .procs
-                .iter()
-                .flat_map(|p| {
-                    p.files.iter().map(move |f| FileDoc {
-                        pid: p.tgid,
-                        path: f.path.clone(),
-                        read_bytes: f.read_bytes,
-                        read_calls: f.read_calls,
-                        mb_per_s: f.read_bytes as f64 / 1e6 / secs,
-                    })
+            let files: Vec<FileDoc> = w
+                .files_by_bytes()
+                .into_iter()
+                .take(10)
+                .map(|(pid, f)| FileDoc {
+                    pid,
+                    path: f.path.clone(),
+                    read_bytes: f.read_bytes,
+                    read_calls: f.read_calls,
+                    mb_per_s: f.read_bytes as f64 / 1e6 / f.rate_secs(secs),
                 })
-                .filter(|f| f.read_bytes > 0)
                 .collect();
-            files.sort_by_key(|f| std::cmp::Reverse(f.read_bytes));
-            files.truncate(10);
             JobDoc {
                 job: &j.labels.cgroup,
                 cgroup: j.dir.display().to_string(),

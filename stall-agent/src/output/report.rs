@@ -135,13 +135,7 @@ pub fn render(v: &View) -> String {
     }
     let hidden = w.procs.iter().filter(|p| !notable(v, p)).count();
 
-    let mut files: Vec<(u32, &crate::aggregate::FileWindow)> = w
-        .procs
-        .iter()
-        .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f)))
-        .filter(|(_, f)| f.read_bytes > 0)
-        .collect();
-    files.sort_by_key(|(_, f)| std::cmp::Reverse(f.read_bytes));
+    let files = w.files_by_bytes();
     if !files.is_empty() {
         let _ = writeln!(out);
         let _ = writeln!(out, "Top files by bytes read:");
@@ -156,7 +150,7 @@ pub fn render(v: &View) -> String {
             units::bytes(f.read_bytes),
             f.read_calls,
             lat,
-            units::rate(f.read_bytes, if f.open_ns > 0 { f.rate_secs().min(secs) } else { secs }),
+            units::rate(f.read_bytes, f.rate_secs(secs)),
             v.roles.of(*pid).as_str()
         );
     }
