@@ -2,7 +2,7 @@
 //! decoded events and map snapshots, and cut into windows (an interval, or
 //! the whole run). Pure: no kernel, no /proc; unit-tested on synthetic
 //! streams.
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use stall_common::fd_kind;
 
@@ -238,6 +238,10 @@ pub struct Model {
     pub threads: BTreeMap<u32, Thread>,
     pub files: HashMap<u64, File>,
     wakes: HashMap<(u32, u32), Wake>,
+    /// Closed files, folded per (process, path) once an interval has counted
+    /// them: memory follows distinct paths, not opens (a job that opens the
+    /// same shards a million times keeps one entry per shard).
+    archived: HashMap<(u32, String), FileWindow>,
     /// Opens seen since the last window, per file id (a file opened and
     /// read between two snapshots is still counted once).
     opened: HashSet<u64>,
@@ -245,6 +249,20 @@ pub struct Model {
     lost_mark: [u64; 5],
     events: u64,
     events_mark: u64,
+    /// Processes in the order they ended, for folding the oldest.
+    ended: VecDeque<u32>,
+    /// Ended processes beyond [`MAX_ENDED`], summed (fork storms).
+    folded: Folded,
+}
+
+/// Ended processes kept one by one; older ones are folded into one entry.
+pub const MAX_ENDED: usize = 4096;
+
+#[derive(Debug, Default)]
+struct Folded {
+    procs: u64,
+    counters: ThreadCounters,
+    files: HashMap<String, FileWindow>,
 }
 
 impl Model {
@@ -349,7 +367,11 @@ impl Model {
                 self.last_ns = self.last_ns.max(*ts);
                 let tg = *tgid;
                 if !self.threads.values().any(|t| t.tgid == tg && t.alive) {
-                    self.proc_mut(tg).alive = false;
+                    let p = self.proc_mut(tg);
+                    if p.alive {
+                        p.alive = false;
+                        self.ended.push_back(tg);
+                    }
                 }
             }
             Event::Close { ts, file_id, counters, .. } => {
@@ -427,6 +449,30 @@ impl Model {
         let procs = &self.procs;
         self.files.retain(|_, f| f.open && procs.contains_key(&f.tgid));
         self.wakes.retain(|(wakee, _), _| threads.contains_key(wakee));
+        self.archived.clear();
+        self.ended.clear();
+        self.folded = Folded::default();
+    }
+
+    /// Folds closed files into `archived` (their last interval is counted).
+    fn archive_closed(&mut self) {
+        let closed: Vec<u64> = self.files.values().filter(|f| !f.open).map(|f| f.file_id).collect();
+        for id in closed {
+            let f = self.files.remove(&id).expect("listed above");
+            if f.kind == fd_kind::OTHER {
+                continue;
+            }
+            let e = self.archived.entry((f.tgid, f.path.clone())).or_insert_with(|| FileWindow {
+                path: f.path.clone(),
+                resolved: f.resolved.clone(),
+                ..Default::default()
+            });
+            e.opens += 1;
+            e.read_calls += f.total.read_calls;
+            e.read_bytes += f.total.read_bytes;
+            e.read_ns += f.total.read_ns;
+            e.open_ns += f.close_ts.unwrap_or(f.open_ts).saturating_sub(f.open_ts);
+        }
     }
 
     /// The window since the previous call, and starts the next one.
@@ -445,7 +491,43 @@ impl Model {
         self.opened.clear();
         self.lost_mark = self.lost;
         self.events_mark = self.events;
+        self.archive_closed();
+        self.fold_ended();
         w
+    }
+
+    /// Sums the oldest ended processes beyond [`MAX_ENDED`] into one entry,
+    /// so a job that forks without end keeps the agent's memory bounded.
+    fn fold_ended(&mut self) {
+        while self.ended.len() > MAX_ENDED {
+            let tgid = self.ended.pop_front().expect("non-empty");
+            if self.procs.get(&tgid).is_none_or(|p| p.alive) {
+                continue; // the pid came back as a new process
+            }
+            self.procs.remove(&tgid);
+            let tids: Vec<u32> = self.threads.values().filter(|t| t.tgid == tgid).map(|t| t.tid).collect();
+            for tid in &tids {
+                if let Some(t) = self.threads.remove(tid) {
+                    self.folded.counters.add(&t.total);
+                }
+            }
+            self.wakes.retain(|(wakee, _), _| !tids.contains(wakee));
+            let keys: Vec<(u32, String)> = self.archived.keys().filter(|k| k.0 == tgid).cloned().collect();
+            for k in keys {
+                let a = self.archived.remove(&k).expect("listed above");
+                let e = self
+                    .folded
+                    .files
+                    .entry(k.1)
+                    .or_insert_with(|| FileWindow { path: a.path.clone(), ..Default::default() });
+                e.opens += a.opens;
+                e.read_calls += a.read_calls;
+                e.read_bytes += a.read_bytes;
+                e.read_ns += a.read_ns;
+                e.open_ns += a.open_ns;
+            }
+            self.folded.procs += 1;
+        }
     }
 
     /// The whole run so far.
@@ -497,6 +579,13 @@ impl Model {
             });
         }
         let mut by_path: HashMap<(usize, &str), FileWindow> = HashMap::new();
+        if !since_mark {
+            for ((tgid, path), a) in &self.archived {
+                if let Some(&i) = index.get(tgid) {
+                    by_path.insert((i, path.as_str()), a.clone());
+                }
+            }
+        }
         for f in self.files.values() {
             let Some(&i) = index.get(&f.tgid) else { continue };
             if f.kind == fd_kind::OTHER {
@@ -530,6 +619,24 @@ impl Model {
         }
         for ((i, _), fw) in by_path {
             procs[i].files.push(fw);
+        }
+        if !since_mark && self.folded.procs > 0 {
+            let mut files: Vec<FileWindow> = self.folded.files.values().cloned().collect();
+            files.sort_by(|a, b| b.read_bytes.cmp(&a.read_bytes).then(a.path.cmp(&b.path)));
+            procs.push(ProcWindow {
+                tgid: 0,
+                comm: format!("({} ended processes, summed)", self.folded.procs),
+                other_read_bytes: self.folded.counters.other_read_bytes,
+                threads: vec![ThreadWindow {
+                    tid: 0,
+                    comm: "(summed)".into(),
+                    delta: self.folded.counters,
+                    other_nr: -1,
+                    ..Default::default()
+                }],
+                files,
+                ..Default::default()
+            });
         }
         for p in &mut procs {
             p.files.sort_by(|a, b| b.read_bytes.cmp(&a.read_bytes).then(a.path.cmp(&b.path)));
@@ -693,6 +800,61 @@ mod tests {
         let (mp, tp) = (merged.proc(10).unwrap(), total.proc(10).unwrap());
         assert_eq!(mp.threads[0].delta, tp.threads[0].delta);
         assert_eq!(mp.files, tp.files);
+    }
+
+    #[test]
+    fn closed_files_fold_per_path_and_keep_their_counts() {
+        let mut m = Model::new(0);
+        for k in 0..1000u64 {
+            m.apply(&Event::Open {
+                ts: k,
+                tid: 10,
+                tgid: 10,
+                fd: 3,
+                file_id: k,
+                path: "/shard".into(),
+                dfd: -100,
+            });
+            let counters = FileCounters { read_bytes: 10, read_calls: 2, read_ns: 5 };
+            m.apply(&Event::Close { ts: k + 1, tgid: 10, fd: 3, file_id: k, counters });
+            if k % 100 == 99 {
+                let _ = m.interval(k + 1);
+            }
+        }
+        assert!(m.files.is_empty(), "closed files are folded away");
+        let w = m.summary(1000);
+        let f = &w.proc(10).unwrap().files[0];
+        assert_eq!((f.opens, f.read_bytes, f.read_calls, f.open_ns), (1000, 10_000, 2000, 1000));
+    }
+
+    #[test]
+    fn ended_processes_beyond_the_cap_are_summed() {
+        let mut m = Model::new(0);
+        let n = MAX_ENDED as u32 + 100;
+        for pid in 100..100 + n {
+            m.apply(&Event::NewTask {
+                ts: 1,
+                parent_tid: 10,
+                parent_tgid: 10,
+                child_tid: pid,
+                child_tgid: pid,
+                comm: "w".into(),
+            });
+            m.apply(&open(pid, 3, u64::from(pid), "/shard"));
+            let fc = FileCounters { read_bytes: 7, read_calls: 1, read_ns: 1 };
+            m.apply(&Event::Close { ts: 2, tgid: pid, fd: 3, file_id: u64::from(pid), counters: fc });
+            let counters = ThreadCounters { file_read_bytes: 7, on_cpu_ns: 3, ..Default::default() };
+            m.apply(&Event::Exit { ts: 3, tid: pid, tgid: pid, comm: "w".into(), counters, other_nr: -1 });
+        }
+        let _ = m.interval(10);
+        assert!(m.procs.len() <= MAX_ENDED + 1, "{}", m.procs.len());
+        let w = m.summary(10);
+        let folded = w.proc(0).expect("the summed entry");
+        assert!(folded.comm.starts_with("(100 ended processes"), "{}", folded.comm);
+        let total_bytes: u64 = w.procs.iter().map(ProcWindow::file_read_bytes).sum();
+        assert_eq!(total_bytes, 7 * u64::from(n));
+        let on: u64 = w.procs.iter().map(|p| p.sum().on_cpu_ns).sum();
+        assert_eq!(on, 3 * u64::from(n));
     }
 
     #[test]
