@@ -62,6 +62,8 @@ pub struct Window {
     /// Losses during the window, by cause.
     pub lost: [u64; 5],
     pub events: u64,
+    /// Missed switches seen so far (cumulative; should be 0).
+    pub sched_gaps: u64,
 }
 
 impl Window {
@@ -105,6 +107,7 @@ impl Window {
                 out.lost[i] += l;
             }
             out.events += w.events;
+            out.sched_gaps = out.sched_gaps.max(w.sched_gaps);
             for p in &w.procs {
                 let op = match out.procs.iter_mut().position(|o| o.tgid == p.tgid) {
                     Some(i) => &mut out.procs[i],
@@ -249,10 +252,28 @@ pub struct Model {
     lost_mark: [u64; 5],
     events: u64,
     events_mark: u64,
+    sched_gaps: u64,
     /// Processes in the order they ended, for folding the oldest.
     ended: VecDeque<u32>,
     /// Ended processes beyond [`MAX_ENDED`], summed (fork storms).
     folded: Folded,
+}
+
+/// How much recent history the live verdict looks at.
+pub const RECENT_NS: u64 = 5_000_000_000;
+
+/// Keeps the newest windows that span at least [`RECENT_NS`] (never less,
+/// so a threshold like the hang's 4 s is not missed by a jitter of the tick).
+pub fn push_recent(recent: &mut VecDeque<Window>, w: Window) {
+    recent.push_back(w);
+    while recent.len() > 1 {
+        let end = recent.back().map_or(0, |w| w.end_ns);
+        let second_start = recent[1].start_ns;
+        if end.saturating_sub(second_start) < RECENT_NS {
+            break;
+        }
+        recent.pop_front();
+    }
 }
 
 /// Ended processes kept one by one; older ones are folded into one entry.
@@ -405,6 +426,7 @@ impl Model {
         }
         self.lost = snap.lost;
         self.events = snap.events;
+        self.sched_gaps = self.sched_gaps.max(snap.sched_gaps);
     }
 
     /// Counters of descriptors read from the kernel (snapshot or retire).
@@ -653,7 +675,7 @@ impl Model {
         } else {
             (self.lost, self.events)
         };
-        Window { start_ns, end_ns, procs, lost, events }
+        Window { start_ns, end_ns, procs, lost, events, sched_gaps: self.sched_gaps }
     }
 }
 
@@ -883,6 +905,21 @@ mod tests {
         assert_eq!(m.threads.keys().copied().collect::<Vec<_>>(), vec![10]);
         assert_eq!(m.procs.keys().copied().collect::<Vec<_>>(), vec![10]);
         assert!(m.files.is_empty());
+    }
+
+    #[test]
+    fn recent_windows_span_at_least_five_seconds() {
+        let mut recent = VecDeque::new();
+        for i in 0..20u64 {
+            let start = i * 999_000_000;
+            push_recent(
+                &mut recent,
+                Window { start_ns: start, end_ns: start + 999_000_000, ..Default::default() },
+            );
+            let span = Window::merge(recent.make_contiguous()).secs();
+            assert!(span >= 4.99 || i < 5, "{span}");
+            assert!(span < 6.0, "{span}");
+        }
     }
 
     #[test]

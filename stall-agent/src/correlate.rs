@@ -74,14 +74,20 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
             }
             d
         };
+        // Worker-like children first (a DataLoader's parent is the trainer
+        // even when the trainer is the busy one and wakes its workers more
+        // than they wake it), then who wakes it, then nearest the root.
+        let kids = |t: u32| w.procs.iter().filter(|c| c.ppid == Some(t) && worker_like(w, c.tgid, t)).count();
         let best = w
             .procs
             .iter()
-            .map(|p| (feeders.get(&p.tgid).map_or(0, HashSet::len), p.tgid))
-            .filter(|(n, _)| *n > 0)
-            .max_by(|a, b| a.0.cmp(&b.0).then(depth(b.1).cmp(&depth(a.1))).then(b.1.cmp(&a.1)));
+            .map(|p| (kids(p.tgid), feeders.get(&p.tgid).map_or(0, HashSet::len), p.tgid))
+            .filter(|(k, n, _)| *k > 0 || *n > 0)
+            .max_by(|a, b| {
+                a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(depth(b.2).cmp(&depth(a.2))).then(b.2.cmp(&a.2))
+            });
         match (best, root) {
-            (Some((_, t)), _) => trainers.push(t),
+            (Some((_, _, t)), _) => trainers.push(t),
             (None, Some(r)) if present.contains(&r) => trainers.push(r),
             (None, _) => {
                 let busiest = w.procs.iter().max_by_key(|p| p.sum().on_cpu_ns).map(|p| p.tgid);
@@ -108,7 +114,8 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
             Role::Trainer
         } else {
             let feeds = trainers.iter().any(|t| feeders.get(t).is_some_and(|f| f.contains(&p.tgid)));
-            if (descends_from_trainer(p.tgid) && busy(w, p.tgid)) || feeds {
+            let forked = p.ppid.is_some_and(|pp| trainer_set.contains(&pp) && worker_like(w, p.tgid, pp));
+            if (descends_from_trainer(p.tgid) && busy(w, p.tgid)) || forked || feeds {
                 workers.push(p.tgid);
                 Role::Worker
             } else {
@@ -118,6 +125,24 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
         by_tgid.insert(p.tgid, role);
     }
     Roles { by_tgid, trainers, workers }
+}
+
+/// A child that looks like a data worker of `parent`: it did work, or it
+/// is a fork that did not exec (same command line: multiprocessing's fork
+/// start method, as DataLoader uses on Linux), or a multiprocessing spawn
+/// child — even when it does nothing (a hung worker is still a worker).
+/// multiprocessing's resource tracker is not one.
+fn worker_like(w: &Window, child: u32, parent: u32) -> bool {
+    if busy(w, child) {
+        return true;
+    }
+    let cmd = |t: u32| w.proc(t).and_then(|p| p.cmdline.as_deref());
+    match (cmd(child), cmd(parent)) {
+        (Some(c), _) if c.contains("resource_tracker") => false,
+        (Some(c), Some(p)) if c == p => true,
+        (Some(c), _) => c.contains("multiprocessing.spawn") || c.contains("multiprocessing.forkserver"),
+        _ => false,
+    }
 }
 
 /// Did this process do anything: read a file, or use the CPU (>1%)?
@@ -182,6 +207,37 @@ mod tests {
         assert_eq!(r.of(3), Role::Worker);
         assert_eq!(r.of(6), Role::Other);
         assert_eq!(r.of(1), Role::Other);
+    }
+
+    #[test]
+    fn the_busy_trainer_that_feeds_idle_workers_stays_the_trainer() {
+        // Trainer computing (busy), handing indices to 2 forked workers that
+        // are nearly idle: the trainer wakes them more than they wake it.
+        let mut t = proc(2, 1, 900, 0);
+        t.cmdline = Some("python train.py".into());
+        let mut w1 = proc(3, 2, 5, 0);
+        let mut w2 = proc(4, 2, 5, 0);
+        for w in [&mut w1, &mut w2] {
+            w.cmdline = Some("python train.py".into());
+            w.threads[0].woken_by = vec![(2, 2, "python".into(), 50)];
+        }
+        let mut tracker = proc(5, 2, 0, 0);
+        tracker.cmdline = Some("python -c from multiprocessing.resource_tracker import main;main(8)".into());
+        let w = window(vec![t, w1, w2, tracker]);
+        let r = assign(&w, &HashSet::new(), Some(2));
+        assert_eq!(r.trainers, vec![2]);
+        assert_eq!((r.of(3), r.of(4), r.of(5)), (Role::Worker, Role::Worker, Role::Other));
+    }
+
+    #[test]
+    fn hung_forked_workers_are_workers() {
+        let mut t = proc(2, 1, 0, 0);
+        t.cmdline = Some("python train.py".into());
+        let mut w1 = proc(3, 2, 0, 0);
+        w1.cmdline = Some("python train.py".into());
+        let w = window(vec![t, w1]);
+        let r = assign(&w, &HashSet::new(), Some(2));
+        assert_eq!((r.trainers.clone(), r.of(3)), (vec![2], Role::Worker));
     }
 
     #[test]

@@ -286,6 +286,9 @@ pub struct Snapshot {
     pub lost: [u64; 5],
     /// Events handled in the kernel for tracked threads, cumulative.
     pub events: u64,
+    /// Switches that did not match the state before (see
+    /// `stall_common::counter::SCHED_GAPS`), cumulative.
+    pub sched_gaps: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -91,8 +91,13 @@ struct Shares {
 }
 
 impl Shares {
+    /// Shares of the thread's own time in the window: a worker that lived
+    /// one epoch of three is judged on that epoch (non-persistent
+    /// DataLoader workers), not diluted by the time before it existed.
     fn of(t: &ThreadWindow, secs: f64) -> Self {
-        let wall = secs.max(1e-9) * 1e9;
+        let window = secs.max(1e-9) * 1e9;
+        let accounted = (t.delta.on_cpu_ns + t.delta.off_cpu_ns()) as f64;
+        let wall = if accounted > 0.0 { accounted.min(window) } else { window };
         let mut off = [0.0; reason::COUNT];
         for (i, v) in off.iter_mut().enumerate() {
             *v = t.delta.off_ns[i] as f64 / wall;
@@ -337,8 +342,16 @@ fn wakers_of(main: &ThreadWindow, workers: &[&ProcWindow]) -> String {
         return String::new();
     }
     let procs: std::collections::HashSet<u32> = from_workers.iter().map(|b| b.1).collect();
-    let top = from_workers[0];
-    format!(", woken {n} times by {} (most by {} {} ×{})", workers_word(procs.len()), top.2, top.0, top.3)
+    // Count per worker process (its queue feeder threads do the waking).
+    let mut per_proc: Vec<(u32, u64)> = procs.iter().map(|p| (*p, 0)).collect();
+    for b in &from_workers {
+        if let Some(e) = per_proc.iter_mut().find(|e| e.0 == b.1) {
+            e.1 += b.3;
+        }
+    }
+    per_proc.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let (top_pid, top_n) = per_proc[0];
+    format!(", woken {n} times by {} (most by pid {top_pid} ×{top_n})", workers_word(procs.len()))
 }
 
 fn top_files(w: &Window, secs: f64) -> Vec<String> {
@@ -406,7 +419,7 @@ fn hang(
     let more =
         if blocked.len() > shown { format!(" and {} more", blocked.len() - shown) } else { String::new() };
     Some(format!(
-        "No progress for {}: trainer (pid {}) and {} blocked, no file reads, nobody wakes the trainer: the job is hung. Blocked: {}{more}",
+        "No progress in the last {}: trainer (pid {}) and {} blocked, no file reads, nobody wakes the trainer: the job is hung. Blocked: {}{more}",
         units::secs(secs),
         trainer.tgid,
         workers_word(workers.len()),

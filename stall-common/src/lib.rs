@@ -73,6 +73,10 @@ pub mod counter {
     pub const LOST_PATH: u32 = 4;
     /// Events handled for tracked threads (all hooks): the agent's event rate.
     pub const EVENTS: u32 = 8;
+    /// A switch that did not match the state seen before (switched in while
+    /// marked running, or out while marked off): a switch was missed and
+    /// that span's time is unaccounted. Should stay 0.
+    pub const SCHED_GAPS: u32 = 9;
     pub const COUNT: u32 = 16;
     pub const LOST_NAMES: [&str; 5] =
         ["ringbuf_full", "thread_map_full", "fd_map_full", "wake_map_full", "path_unreadable"];

@@ -76,6 +76,8 @@ fn read_prev_state(ctx: &TracePointContext, cfg: &Config) -> u64 {
 fn switch_out(t: &mut ThreadStats, tgid: u32, state: u64, ts: u64, cfg: &Config) {
     if t.state == run_state::RUNNING {
         t.on_cpu_ns += ts.saturating_sub(t.last_ts);
+    } else if t.state == run_state::OFF {
+        bump(counter::SCHED_GAPS);
     }
     if t.tgid == 0 {
         t.tgid = tgid;
@@ -134,6 +136,9 @@ fn syscall_nr(cfg: &Config) -> i32 {
 
 #[inline(always)]
 fn switch_in(t: &mut ThreadStats, ts: u64) {
+    if t.state == run_state::RUNNING {
+        bump(counter::SCHED_GAPS);
+    }
     if t.state == run_state::OFF {
         let r = t.off_reason;
         let woke = t.wake_ts;

@@ -67,7 +67,11 @@ fn off_cpu_reasons_match_ground_truth() {
     assert_close("poll off-CPU", secs(&poll["poll"]), secs(&t["poll_s"]), 0.05);
 
     let burner = run.thread(t["burn_tid"].as_u64().unwrap());
-    eprintln!("burner: {burner}\ntruth: {t}\nlost: {}", run.summary()["lost_by_cause"]);
+    eprintln!(
+        "burner: {burner}\ntruth: {t}\nlost: {} sched_gaps: {}",
+        run.summary()["lost_by_cause"],
+        run.summary()["sched_gaps"]
+    );
     assert_close("burner on-CPU vs its CPU time", secs(&burner["on_cpu_s"]), secs(&t["burn_cpu_s"]), 0.05);
     let runq = secs(&burner["off_cpu_by_reason"]["runqueue"]);
     assert_close(

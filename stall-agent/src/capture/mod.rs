@@ -427,7 +427,15 @@ impl Capture {
             *slot = self.counter_sum(i as u32);
         }
         lost[counter::LOST_RINGBUF as usize] += self.decode_errors;
-        Snapshot { ts, threads, files, wakes, lost, events: self.counter_sum(counter::EVENTS) }
+        Snapshot {
+            ts,
+            threads,
+            files,
+            wakes,
+            lost,
+            events: self.counter_sum(counter::EVENTS),
+            sched_gaps: self.counter_sum(counter::SCHED_GAPS),
+        }
     }
 
     fn counter_sum(&self, idx: u32) -> u64 {

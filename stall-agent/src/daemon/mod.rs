@@ -21,7 +21,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use self::metrics::{JobLabels, Metrics};
 use crate::{
-    aggregate::{Model, Window},
+    aggregate::{push_recent, Model, Window},
     capture::{cgroup, monotonic_ns, procfs, Capture, CaptureOptions},
     correlate,
     decode::{JobEvent, Snapshot},
@@ -29,8 +29,6 @@ use crate::{
     session::{gpu::GpuTrack, note_process, observe, SessionError},
     verdict::{self, GpuWindow, Verdict},
 };
-
-const RECENT_WINDOW_NS: u64 = 5_000_000_000;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -333,6 +331,7 @@ fn slice(snap: &Snapshot, job: u32) -> Snapshot {
         threads,
         lost: [0; 5],
         events: 0,
+        sched_gaps: 0,
     }
 }
 
@@ -351,12 +350,7 @@ fn step(job: &mut Job, capture: &mut Capture, snap: &Snapshot, gpus: &[GpuTrack]
         job.model.apply_files(&last);
     }
     let window = job.model.interval(snap.ts);
-    job.recent.push_back(window.clone());
-    while job.recent.len() > 1
-        && snap.ts.saturating_sub(job.recent.front().map_or(0, |w| w.start_ns)) > RECENT_WINDOW_NS
-    {
-        job.recent.pop_front();
-    }
+    push_recent(&mut job.recent, window.clone());
     let pids: HashSet<u32> = job.model.procs.keys().copied().collect();
     let job_gpus: Vec<&GpuTrack> = gpus.iter().filter(|g| g.pids.iter().any(|p| pids.contains(p))).collect();
     job.gpus.extend(job_gpus.iter().map(|g| g.index));

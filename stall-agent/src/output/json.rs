@@ -24,6 +24,9 @@ pub struct Record<'a> {
     pub lost_events: u64,
     pub lost_by_cause: std::collections::BTreeMap<&'static str, u64>,
     pub partial: bool,
+    /// Context switches the kernel side missed so far (0 expected): their
+    /// spans are not in the on/off-CPU figures.
+    pub sched_gaps: u64,
     pub gpu_available: bool,
     pub processes: Vec<Process>,
     pub gpus: &'a [GpuWindow],
@@ -180,6 +183,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         lost_events: w.lost_total(),
         lost_by_cause,
         partial: w.lost_total() > 0,
+        sched_gaps: w.sched_gaps,
         gpu_available: !v.gpus.is_empty(),
         processes: w.procs.iter().map(|p| process(p, v.roles.of(p.tgid).as_str())).collect(),
         gpus: v.gpus,

@@ -129,6 +129,13 @@ pub fn render(v: &View) -> String {
                 .join(", ")
         );
     }
+    if w.sched_gaps > 0 {
+        let _ = writeln!(
+            out,
+            "note: {} context switches were missed; on/off-CPU times are short by those spans",
+            w.sched_gaps
+        );
+    }
     let _ = writeln!(out);
     for line in table(v, 40, None) {
         let _ = writeln!(out, "{line}");

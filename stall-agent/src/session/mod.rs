@@ -16,7 +16,7 @@ use stall_common::fd_kind;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    aggregate::{Model, Window},
+    aggregate::{push_recent, Model, Window},
     capture::{cgroup, monotonic_ns, procfs, Capture, CaptureOptions},
     correlate,
     decode::{Event, JobEvent},
@@ -26,9 +26,6 @@ use crate::{
 };
 
 use self::{gate::Gate, gpu::GpuTrack};
-
-/// The verdict looks at this much recent history on each interval.
-const RECENT_WINDOW_NS: u64 = 5_000_000_000;
 
 pub enum Target {
     Run(Vec<OsString>),
@@ -431,12 +428,7 @@ impl Loop {
         let window = self.model.interval(snap.ts);
         let events_per_s = window.events as f64 / window.secs().max(1e-3);
         self.last_events = snap.events;
-        self.recent.push_back(window.clone());
-        while self.recent.len() > 1
-            && snap.ts.saturating_sub(self.recent.front().map_or(0, |w| w.start_ns)) > RECENT_WINDOW_NS
-        {
-            self.recent.pop_front();
-        }
+        push_recent(&mut self.recent, window.clone());
         self.retire(capture);
 
         let summary = self.model.summary(snap.ts);
