@@ -32,13 +32,43 @@ Defaults: 24 files x 100 MB = 2.4 GB read at 100 MB/s, about 25 s of reading
 Output: the first stdout line is `PID <trainer pid>`, printed once the files
 and the throttle are ready and just before the workers start (`cargo xtask
 demo` attaches `stall attach --pid` to it); the job then waits --start-delay
-seconds so the tracer is in place before the reading starts. Progress goes to
-stderr; a one-line summary goes to stdout at the end. Exit status 0 on success.
+seconds (and, with --start-after PATH, until PATH exists) so the tracer is in
+place before the reading starts. Progress goes to stderr; a one-line summary
+goes to stdout at the end. Exit status 0 on success (also when stopped by
+--max-seconds), 130 when interrupted (Ctrl-C, SIGTERM).
+
+Other input pipelines (--mode), for stall's scenario tests:
+
+  io       the above (default): the workers wait on the disk -> input-io-bound
+  cpu      no files: each worker "decodes/augments" every batch from memory
+           with --decode-ms of CPU (zlib + Python) -> input-cpu-bound
+  hang     the workers block forever on a multiprocessing Event that is never
+           set, before reading anything; the trainer polls its result queue
+           every 5 s like DataLoader -> hang (runs until killed or
+           --max-seconds)
+  healthy  the trainer is the bottleneck: --compute-ms (default 200) per
+           batch; the workers make batches from memory in --decode-ms
+           (default 30) and then idle -> not an input verdict
+
+In cpu, healthy and hang modes a batch is one index and the trainer keeps
+--prefetch indices outstanding per worker, handing out the next one as it
+takes a batch (DataLoader's prefetch_factor); in io mode an index is a file,
+and all files of an epoch are handed out at its start, round-robin.
+--respawn starts new workers every epoch (persistent_workers=False).
+
+--truth PATH writes ground truth as JSON (atomically: a temporary file, then
+rename) once the workers are started, after each epoch, every 5 s while
+waiting for a batch, and at the end: the mode, the trainer's pid and its main
+thread's CPU time, each worker process (pid, id, epoch, the exact bytes it
+read from files as it counted them, per file the bytes and CLOCK_MONOTONIC
+open/close times, and in cpu/healthy modes its CPU time at its last batch),
+and the start/end times (CLOCK_MONOTONIC, seconds).
 """
 
 import argparse
 import contextlib
 import ctypes
+import json
 import multiprocessing as mp
 import os
 import queue
@@ -61,8 +91,16 @@ def log(msg):
     print(f"{TAG} {msg}", file=sys.stderr, flush=True)
 
 
+MODES = ("io", "cpu", "hang", "healthy")
+# Per-mode defaults of --compute-ms and --decode-ms.
+COMPUTE_MS = {"io": 2.0, "cpu": 2.0, "hang": 2.0, "healthy": 200.0}
+DECODE_MS = {"io": 0.0, "cpu": 50.0, "hang": 0.0, "healthy": 30.0}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=MODES, default="io",
+                   help="what the input pipeline does (see the top of this file; default: %(default)s)")
     p.add_argument("--cache-dir", default="/var/tmp/stall-demo-cache",
                    help="where the sample files are generated once (default: %(default)s)")
     p.add_argument("--files", type=int, default=24, help="number of sample files (default: %(default)s)")
@@ -71,22 +109,46 @@ def parse_args(argv=None):
     p.add_argument("--batch-kb", type=int, default=4096,
                    help="bytes per batch, in KiB, read in 1 MiB read(2) calls (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=1, help="passes over the files (default: %(default)s)")
-    p.add_argument("--compute-ms", type=float, default=2.0,
-                   help="trainer 'compute' per batch, in ms (default: %(default)s)")
+    p.add_argument("--batches", type=int, default=100,
+                   help="batches per epoch in cpu, healthy and hang modes (default: %(default)s)")
+    p.add_argument("--prefetch", type=int, default=2,
+                   help="outstanding batches per worker in cpu, healthy and hang modes (default: %(default)s)")
+    p.add_argument("--compute-ms", type=float, default=None,
+                   help="trainer 'compute' per batch, in ms (default: 200 in healthy mode, else 2)")
+    p.add_argument("--decode-ms", type=float, default=None,
+                   help="worker CPU time per batch, in ms, in cpu and healthy modes (default: 50 in cpu "
+                        "mode, 30 in healthy mode)")
+    p.add_argument("--respawn", action="store_true",
+                   help="new worker processes every epoch; the old ones exit at its end")
     p.add_argument("--throttle-mbps", type=float, default=100.0,
                    help="cap the job's disk reads at this many MB/s with a cgroup; 0: no throttle "
-                        "(default: %(default)s)")
+                        "(default: %(default)s; io mode only)")
     p.add_argument("--cgroup-name", default=None,
                    help="name of the throttling cgroup (default: stall-demo-<pid>)")
     p.add_argument("--start-delay", type=float, default=1.5,
                    help="seconds between printing the PID line and starting the workers, so a tracer "
                         "can attach (default: %(default)s)")
+    p.add_argument("--start-after", default=None, metavar="PATH",
+                   help="after --start-delay, also wait until PATH exists before starting the workers")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="stop after this many seconds (workers stopped, cgroup removed), exit status 0")
+    p.add_argument("--truth", default=None, metavar="PATH", help="write ground truth as JSON to PATH")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="io mode: generate the sample files, then exit")
     a = p.parse_args(argv)
-    for name in ("files", "file_mb", "workers", "batch_kb", "epochs"):
+    for name in ("files", "file_mb", "workers", "batch_kb", "epochs", "batches", "prefetch"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
-    if a.throttle_mbps < 0 or a.compute_ms < 0 or a.start_delay < 0:
-        p.error("--throttle-mbps, --compute-ms and --start-delay must not be negative")
+    if a.compute_ms is None:
+        a.compute_ms = COMPUTE_MS[a.mode]
+    if a.decode_ms is None:
+        a.decode_ms = DECODE_MS[a.mode]
+    if a.throttle_mbps < 0 or a.compute_ms < 0 or a.decode_ms < 0 or a.start_delay < 0:
+        p.error("--throttle-mbps, --compute-ms, --decode-ms and --start-delay must not be negative")
+    if a.max_seconds is not None and a.max_seconds <= 0:
+        p.error("--max-seconds must be positive")
+    if a.prepare_only and a.mode != "io":
+        p.error("--prepare-only is for io mode (the other modes read no files)")
     return a
 
 
@@ -334,22 +396,26 @@ def setup_throttle(cache_dir, mbps, name):
 
 # ------------------------------------------------------------------- the job
 
+class TimeUp(Exception):
+    """--max-seconds has passed."""
+
+
 def worker_loop(worker_id, paths, batch_bytes, index_queue, result_queue):
-    """A DataLoader worker: file indices in, batch summaries out."""
-    die_with_parent()
-    set_comm("pt_data_worker")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer handles Ctrl-C
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """An io-mode DataLoader worker: file indices in, batch summaries out.
+
+    Each batch message carries the bytes its read(2) calls returned; after a
+    file, a "file" message carries the file's bytes and when it was open."""
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     while True:
         idx = index_queue.get()
         if idx is None:
             break
+        opened = time.monotonic()
+        file_bytes = 0
         with open(paths[idx], "rb", buffering=0) as f:
             # Evict the file so that this read goes to the disk.
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            batch = 0
             while True:
                 got, crc = 0, 0
                 while got < batch_bytes:
@@ -360,9 +426,46 @@ def worker_loop(worker_id, paths, batch_bytes, index_queue, result_queue):
                     got += n
                 if got == 0:
                     break
-                result_queue.put(("batch", worker_id, idx, batch, got, crc))
-                batch += 1
-        result_queue.put(("file", worker_id, idx, None, None, None))
+                file_bytes += got
+                result_queue.put(("batch", worker_id, idx, got, crc))
+        result_queue.put(("file", worker_id, idx, file_bytes, (opened, time.monotonic())))
+
+
+def decode(data, ms, seed):
+    """'Decodes and augments' a batch held in memory: zlib and Python
+    arithmetic for about `ms` milliseconds of this thread's CPU time."""
+    end = time.thread_time() + ms / 1000.0
+    crc = seed & 0xFFFFFFFF
+    while True:
+        crc = zlib.crc32(zlib.compress(data, 1), crc)
+        for i in range(64):
+            crc = (crc * 31 + i) & 0xFFFFFFFF
+        if time.thread_time() >= end:
+            return crc
+
+
+def memory_loop(worker_id, data, decode_ms, index_queue, result_queue):
+    """A cpu/healthy-mode worker: batch indices in, batches made from memory out."""
+    while True:
+        idx = index_queue.get()
+        if idx is None:
+            break
+        crc = decode(data, decode_ms, idx)
+        # With this thread's CPU time so far: ground truth for on-CPU time.
+        result_queue.put(("batch", worker_id, idx, 0, (crc, time.thread_time())))
+
+
+def worker_main(worker_id, args, paths, data, never, index_queue, result_queue):
+    die_with_parent()
+    set_comm("pt_data_worker")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer handles Ctrl-C
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if args.mode == "hang":
+        never.wait()  # never set: blocks in futex, before reading anything
+    if args.mode == "io":
+        worker_loop(worker_id, paths, args.batch_kb * 1024, index_queue, result_queue)
+    else:
+        memory_loop(worker_id, data, args.decode_ms, index_queue, result_queue)
 
 
 def compute(ms):
@@ -375,65 +478,210 @@ def compute(ms):
     return x
 
 
-def train(args, paths, throttle_note):
-    ctx = mp.get_context("fork")
-    result_queue = ctx.Queue()
-    index_queues = [ctx.Queue() for _ in range(args.workers)]
-    batch_bytes = args.batch_kb * 1024
+class Job:
+    """The trainer: starts the workers, feeds them indices, takes their batches."""
 
-    # Progress goes out before the PID line: once stall is attached, its
-    # screen is the demo's output.
-    log(f"trainer pid {os.getpid()} (comm 'trainer') starts {args.workers} workers (comm 'pt_data_worker') "
-        f"in {args.start_delay:g} s to read {args.epochs} x {len(paths)} files, {args.batch_kb} KiB batches")
-    print(f"PID {os.getpid()}", flush=True)
-    time.sleep(args.start_delay)
+    def __init__(self, args, paths, throttle_note, started):
+        self.args, self.paths, self.note = args, paths, throttle_note
+        self.ctx = mp.get_context("fork")
+        self.result_queue = self.ctx.Queue()
+        self.never = self.ctx.Event()  # hang mode: nobody sets it
+        # cpu/healthy: the "encoded samples", in memory (getrandom(2), no file).
+        self.data = os.urandom(64 * 1024) if args.mode in ("cpu", "healthy") else None
+        self.deadline = None if args.max_seconds is None else started + args.max_seconds
+        self.workers, self.index_queues, self.current, self.records = [], [], [], []
+        self.t0 = self.t_end = None
+        self.stopped = None
+        self.total_bytes = self.batches = 0
+        self.per_worker = [0] * args.workers
+        self.epochs_done = 0
 
-    workers = []
-    for w in range(args.workers):
-        p = ctx.Process(target=worker_loop, name=f"pt_data_worker_{w}", daemon=True,
-                        args=(w, paths, batch_bytes, index_queues[w], result_queue))
-        p.start()
-        workers.append(p)
+    # ----------------------------------------------------------- ground truth
 
-    t0 = time.monotonic()
-    total_bytes, batches = 0, 0
-    per_worker = [0] * args.workers
-    try:
-        for _epoch in range(args.epochs):
-            # Round-robin over the workers, as DataLoader's sampler feed does.
-            for i in range(len(paths)):
-                index_queues[i % args.workers].put(i)
-            files_left = len(paths)
-            while files_left:
-                try:
-                    kind, w, _idx, _batch, nbytes, _crc = result_queue.get(timeout=STATUS_CHECK_S)
-                except queue.Empty:
-                    dead = [p for p in workers if not p.is_alive()]
-                    if dead:
-                        raise RuntimeError(f"DataLoader worker (pid {dead[0].pid}) exited unexpectedly "
-                                           f"with code {dead[0].exitcode}")
-                    continue
-                if kind == "file":
-                    files_left -= 1
-                    continue
-                total_bytes += nbytes
-                per_worker[w] += nbytes
-                batches += 1
-                compute(args.compute_ms)
-        for q in index_queues:
+    def write_truth(self):
+        path = self.args.truth
+        if not path:
+            return
+        obj = {
+            "mode": self.args.mode,
+            "trainer": os.getpid(),
+            # The trainer main thread's CPU time so far (seconds).
+            "trainer_cpu_s": time.thread_time(),
+            "respawn": self.args.respawn,
+            "epochs": self.args.epochs,
+            "epochs_done": self.epochs_done,
+            "start": self.t0,
+            "end": self.t_end,
+            "done": self.t_end is not None,
+            "stopped": self.stopped,
+            "workers": self.records,
+            "read_bytes": self.total_bytes,
+            "batches": self.batches,
+            "files": self.paths,
+            "throttle": self.note,
+        }
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(obj, f)
+        os.replace(tmp, path)
+
+    # ---------------------------------------------------------------- workers
+
+    def pause(self, seconds):
+        if self.deadline is not None and time.monotonic() + seconds >= self.deadline:
+            time.sleep(max(0.0, self.deadline - time.monotonic()))
+            raise TimeUp
+        time.sleep(seconds)
+
+    def start_workers(self, epoch):
+        a = self.args
+        self.index_queues = [self.ctx.Queue() for _ in range(a.workers)]
+        self.workers, self.current = [], []
+        for w in range(a.workers):
+            p = self.ctx.Process(target=worker_main, name=f"pt_data_worker_{w}", daemon=True,
+                                 args=(w, a, self.paths, self.data, self.never, self.index_queues[w],
+                                       self.result_queue))
+            p.start()
+            self.workers.append(p)
+            rec = {"pid": p.pid, "id": w, "epoch": epoch, "read_bytes": 0, "batches": 0, "cpu_s": None,
+                   "files": []}
+            self.current.append(rec)
+            self.records.append(rec)
+        if self.t0 is None:
+            self.t0 = time.monotonic()
+        self.write_truth()
+
+    def stop_workers(self):
+        """Asks the workers to finish (they exit once their queue is drained)."""
+        for q in self.index_queues:
             q.put(None)
-        for p in workers:
+        for p in self.workers:
             p.join(timeout=30)
-    finally:
-        for p in workers:
+        self.kill_workers()
+
+    def kill_workers(self):
+        for p in self.workers:
             if p.is_alive():
                 p.kill()
                 p.join()
-    secs = time.monotonic() - t0
-    rate = total_bytes / 1e6 / max(secs, 1e-9)
-    shares = " ".join(f"{b / 1e6 / max(secs, 1e-9):.0f}" for b in per_worker)
-    print(f"workload: read {total_bytes / 1e9:.2f} GB in {batches} batches in {secs:.1f} s = {rate:.0f} MB/s "
-          f"(per worker MB/s: {shares}); reads {throttle_note}", flush=True)
+
+    def receive(self):
+        """The next message from a worker, as DataLoader waits for one: in
+        slices of STATUS_CHECK_S, checking the workers in between."""
+        while True:
+            timeout = STATUS_CHECK_S
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeUp
+                timeout = min(timeout, left)
+            try:
+                return self.result_queue.get(timeout=timeout)
+            except queue.Empty:
+                dead = [p for p in self.workers if not p.is_alive()]
+                if dead:
+                    raise RuntimeError(f"DataLoader worker (pid {dead[0].pid}) exited unexpectedly "
+                                       f"with code {dead[0].exitcode}")
+                self.write_truth()
+
+    def take_batch(self, w, nbytes, cpu_s=None):
+        rec = self.current[w]
+        if cpu_s is not None:
+            rec["cpu_s"] = cpu_s
+        rec["read_bytes"] += nbytes
+        rec["batches"] += 1
+        self.total_bytes += nbytes
+        self.per_worker[w] += nbytes
+        self.batches += 1
+
+    # ----------------------------------------------------------------- epochs
+
+    def file_epoch(self):
+        """io mode: every file once, handed out round-robin at the start."""
+        for i in range(len(self.paths)):
+            self.index_queues[i % self.args.workers].put(i)
+        files_left = len(self.paths)
+        while files_left:
+            kind, w, idx, nbytes, extra = self.receive()
+            if kind == "file":
+                opened, closed = extra
+                self.current[w]["files"].append(
+                    {"path": self.paths[idx], "bytes": nbytes, "open_t": opened, "close_t": closed})
+                files_left -= 1
+                continue
+            self.take_batch(w, nbytes)
+            compute(self.args.compute_ms)
+
+    def batch_epoch(self):
+        """cpu/healthy/hang: --batches indices, --prefetch outstanding per worker."""
+        a = self.args
+        n, nxt = a.batches, 0
+        for _ in range(a.prefetch):
+            for q in self.index_queues:
+                if nxt < n:
+                    q.put(nxt)
+                    nxt += 1
+        done = 0
+        while done < n:
+            _kind, w, _idx, nbytes, (_crc, cpu_s) = self.receive()
+            self.take_batch(w, nbytes, cpu_s)
+            done += 1
+            # As DataLoader does: the next index goes out before the step.
+            if nxt < n:
+                self.index_queues[w].put(nxt)
+                nxt += 1
+            compute(a.compute_ms)
+
+    def run(self):
+        a = self.args
+        what = (f"read {a.epochs} x {len(self.paths)} files, {a.batch_kb} KiB batches" if a.mode == "io"
+                else f"make {a.epochs} x {a.batches} batches ({a.mode} mode)")
+        # Progress goes out before the PID line: once stall is attached, its
+        # screen is the demo's output.
+        log(f"trainer pid {os.getpid()} (comm 'trainer') starts {a.workers} workers (comm 'pt_data_worker') "
+            f"in {a.start_delay:g} s to {what}")
+        print(f"PID {os.getpid()}", flush=True)
+        try:
+            self.pause(a.start_delay)
+            if a.start_after:
+                while not os.path.exists(a.start_after):
+                    self.pause(0.02)
+            epoch_fn = self.file_epoch if a.mode == "io" else self.batch_epoch
+            for epoch in range(a.epochs):
+                if a.respawn or epoch == 0:
+                    self.start_workers(epoch)
+                epoch_fn()
+                self.epochs_done += 1
+                if a.respawn:
+                    self.stop_workers()
+                self.write_truth()
+            if not a.respawn:
+                self.stop_workers()
+            self.stopped = "completed"
+        except TimeUp:
+            self.stopped = "max-seconds"
+            log(f"stopping after --max-seconds {a.max_seconds:g}")
+        except KeyboardInterrupt:
+            self.stopped = "interrupted"
+            raise
+        finally:
+            self.kill_workers()
+            self.t_end = time.monotonic()
+            if self.stopped is None:
+                self.stopped = "failed"
+            self.write_truth()
+        self.report()
+
+    def report(self):
+        secs = max(self.t_end - (self.t0 or self.t_end), 1e-9)
+        if self.args.mode == "io":
+            rate = self.total_bytes / 1e6 / secs
+            shares = " ".join(f"{b / 1e6 / secs:.0f}" for b in self.per_worker)
+            print(f"workload: read {self.total_bytes / 1e9:.2f} GB in {self.batches} batches in {secs:.1f} s = "
+                  f"{rate:.0f} MB/s (per worker MB/s: {shares}); reads {self.note}", flush=True)
+        else:
+            print(f"workload: {self.args.mode} mode: {self.batches} batches in {secs:.1f} s = "
+                  f"{self.batches / secs:.1f} batches/s ({self.stopped})", flush=True)
 
 
 def on_sigterm(_signum, _frame):
@@ -441,21 +689,29 @@ def on_sigterm(_signum, _frame):
 
 
 def main(argv=None):
+    started = time.monotonic()
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)
-    name = args.cgroup_name or f"stall-demo-{os.getpid()}"
-    paths = generate(args.cache_dir, file_names(args.files), args.file_mb * 1_000_000)
-    throttle, note = setup_throttle(args.cache_dir, args.throttle_mbps, name)
-    if throttle:
-        note = throttle.description
-    log(f"job's disk reads: {note}")
-    if not throttle and args.throttle_mbps > 0:
-        log("on a fast disk an unthrottled job may hardly wait for its input (then it does not look input-bound)")
+    throttle = None
+    if args.mode == "io":
+        name = args.cgroup_name or f"stall-demo-{os.getpid()}"
+        paths = generate(args.cache_dir, file_names(args.files), args.file_mb * 1_000_000)
+        if args.prepare_only:
+            return 0
+        throttle, note = setup_throttle(args.cache_dir, args.throttle_mbps, name)
+        if throttle:
+            note = throttle.description
+        log(f"job's disk reads: {note}")
+        if not throttle and args.throttle_mbps > 0:
+            log("on a fast disk an unthrottled job may hardly wait for its input (then it does not look "
+                "input-bound)")
+    else:
+        paths, note = [], f"none: {args.mode} mode reads no files"
     set_comm("trainer")
     try:
         if throttle:
             throttle.enter()  # before forking: the workers inherit the cgroup
-        train(args, paths, note)
+        Job(args, paths, note, started).run()
     except KeyboardInterrupt:
         log("interrupted; workers stopped")
         return 130

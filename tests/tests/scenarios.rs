@@ -1,0 +1,810 @@
+//! Scenario suite (issue 5): the demo job (demo/workload.py) in each of its
+//! modes on the real kernel, no GPU; each scenario checks the verdict kind and
+//! its key numbers against the ground truth the job writes (--truth):
+//!
+//! 1. I/O-bound input under `stall run` (reads throttled with a blkio cgroup);
+//! 2. CPU-bound transforms in the workers;
+//! 3. a hang, reported within 10 s of `stall attach`;
+//! 4. a healthy job (the trainer is the bottleneck): no input verdict;
+//! 5. workers respawned every epoch: every one of them, exact bytes;
+//! 6. attach in the middle of a run, (a) to the trainer's PID, (b) to a cgroup.
+//!
+//! Each scenario takes seconds: small files, throttled reads of ~4 s. The
+//! files live in $STALL_TEST_TMP or /var/tmp, which must be on a block device
+//! (the throttle needs one): an unthrottled job fails the test.
+use std::{
+    io::{BufRead, BufReader, Read},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    thread::{sleep, JoinHandle},
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{kill, Signal},
+    time::{clock_gettime, ClockId},
+    unistd::Pid,
+};
+use serde_json::Value;
+use stall_tests::*;
+
+const T: Duration = Duration::from_secs(60);
+
+/// Prints how long a scenario took (see them with --nocapture).
+struct Timed(&'static str, Instant);
+
+impl Timed {
+    fn start(name: &'static str) -> Self {
+        Self(name, Instant::now())
+    }
+}
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        eprintln!("scenario {}: {:.1}s", self.0, self.1.elapsed().as_secs_f64());
+    }
+}
+
+/// Verdicts that blame the input pipeline (or say nothing moves).
+const INPUT_KINDS: [&str; 3] = ["input-io-bound", "input-cpu-bound", "hang"];
+
+fn workload_py() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("demo/workload.py")
+}
+
+/// `python3 demo/workload.py ARGS...`
+fn workload(args: &[&str]) -> Vec<String> {
+    let mut v = vec![python().to_string(), workload_py().to_str().unwrap().to_string()];
+    v.extend(args.iter().map(|s| s.to_string()));
+    v
+}
+
+/// A scratch directory on a block device, so that blkio can throttle reads of
+/// the files in it: $STALL_TEST_TMP, else /var/tmp (not a tmpfs).
+fn disk_scratch(tag: &str) -> Scratch {
+    let base = std::env::var_os("STALL_TEST_TMP").map(PathBuf::from).unwrap_or_else(|| "/var/tmp".into());
+    let dir = base.join(format!("stall-it-scn-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    Scratch(dir)
+}
+
+/// Generates the job's sample files (untraced), so that a traced run only reads them.
+fn prepare(cache: &Path, files: u32, mb: u32) {
+    let mut cmd = Command::new(python());
+    cmd.arg(workload_py()).arg("--prepare-only").arg("--cache-dir").arg(cache);
+    cmd.args(["--files", &files.to_string(), "--file-mb", &mb.to_string()]);
+    let out = run_with_timeout(cmd, T);
+    assert!(out.status.success(), "preparing files: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `stall run -q -- python3 demo/workload.py ARGS...`
+fn stall_run(args: &[&str]) -> Run {
+    let mut v: Vec<String> = vec!["run".into(), "-q".into(), "--".into()];
+    v.extend(workload(args));
+    let refs: Vec<&str> = v.iter().map(String::as_str).collect();
+    stall(&refs, &[], T)
+}
+
+/// CLOCK_MONOTONIC in seconds, the clock of the truth's times.
+fn monotonic_s() -> f64 {
+    let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).unwrap();
+    ts.tv_sec() as f64 + ts.tv_nsec() as f64 / 1e9
+}
+
+fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        sleep(Duration::from_millis(20));
+    }
+}
+
+/// Stops a child we started, by its PID: `sig` first, SIGKILL if it lingers.
+fn stop(child: &mut Child, sig: Signal) {
+    if child.try_wait().ok().flatten().is_some() {
+        return;
+    }
+    let _ = kill(Pid::from_raw(child.id() as i32), sig);
+    if wait_child(child, Duration::from_secs(5)).is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Collects a pipe's text in the background.
+fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    })
+}
+
+/// The demo job running in the background; stopped (SIGTERM: it stops its
+/// workers and removes its blkio cgroup) when dropped.
+struct Job {
+    child: Child,
+    pid: u32,
+    stderr: Option<JoinHandle<String>>,
+}
+
+impl Job {
+    /// Starts it and reads its first stdout line, `PID <trainer pid>`.
+    fn start(args: &[&str]) -> Self {
+        let argv = workload(args);
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting the workload");
+        let stderr = Some(drain(child.stderr.take().unwrap()));
+        let mut job = Self { pid: child.id(), child, stderr };
+        let mut out = BufReader::new(job.child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let Some(pid) = line.trim().strip_prefix("PID ") else {
+            stop(&mut job.child, Signal::SIGKILL);
+            panic!("workload's first line is not `PID <n>`: {line:?}; stderr:\n{}", job.stderr());
+        };
+        assert_eq!(pid.parse::<u32>().unwrap(), job.pid, "the trainer is the process we started");
+        drain(out);
+        job
+    }
+
+    /// Stops it (if need be) and returns what it wrote on stderr.
+    fn stderr(&mut self) -> String {
+        stop(&mut self.child, Signal::SIGTERM);
+        self.stderr.take().map(|h| h.join().unwrap()).unwrap_or_default()
+    }
+
+    /// Waits for it to finish by itself, successfully.
+    fn finish(&mut self, timeout: Duration) {
+        match wait_child(&mut self.child, timeout) {
+            Some(s) if s.success() => {}
+            s => panic!("workload: {s:?} within {timeout:?}; stderr:\n{}", self.stderr()),
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        stop(&mut self.child, Signal::SIGTERM);
+    }
+}
+
+/// `stall attach` running in the background, JSON Lines into a file; killed
+/// (by its PID) if the test gives up on it.
+struct Attached {
+    child: Child,
+    json: PathBuf,
+    out: Option<(JoinHandle<String>, JoinHandle<String>)>,
+}
+
+impl Attached {
+    fn start(args: &[&str]) -> Self {
+        require_root();
+        let json = tempfile_path("scn-json");
+        let mut child = Command::new(stall_bin())
+            .arg("attach")
+            .arg("--json")
+            .arg(&json)
+            .args(["--gpu", "off", "-q"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting stall");
+        let out = Some((drain(child.stdout.take().unwrap()), drain(child.stderr.take().unwrap())));
+        Self { child, json, out }
+    }
+
+    /// Waits for its first JSON record: by then it is attached and tracing.
+    fn wait_tracing(&mut self) {
+        let json = self.json.clone();
+        let child = &mut self.child;
+        wait_until("stall's first JSON record", Duration::from_secs(20), || {
+            if let Some(s) = child.try_wait().unwrap() {
+                panic!("stall exited ({s}) before its first record");
+            }
+            std::fs::read_to_string(&json).is_ok_and(|t| t.contains('\n'))
+        });
+    }
+
+    fn finish(mut self, timeout: Duration) -> Run {
+        let Some(status) = wait_child(&mut self.child, timeout) else {
+            stop(&mut self.child, Signal::SIGKILL);
+            panic!("stall attach did not finish within {timeout:?}");
+        };
+        let (o, e) = self.out.take().unwrap();
+        let text = std::fs::read_to_string(&self.json).unwrap_or_default();
+        Run {
+            status: status.code().unwrap_or(-1),
+            stdout: o.join().unwrap(),
+            stderr: e.join().unwrap(),
+            records: text.lines().map(|l| serde_json::from_str(l).expect("each JSON line parses")).collect(),
+        }
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        stop(&mut self.child, Signal::SIGKILL);
+        let _ = std::fs::remove_file(&self.json);
+    }
+}
+
+/// A cgroup v2 directory for one test, removed when dropped (once empty).
+struct Cgroup {
+    dir: PathBuf,
+    name: String,
+}
+
+impl Cgroup {
+    fn new(tag: &str) -> Self {
+        let mount = cgroup2_mount();
+        let name = format!("stall-it-scn-{tag}-{}", std::process::id());
+        let dir = mount.join(&name);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating cgroup {}: {e}", dir.display()));
+        Self { dir, name }
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+
+    /// Removes it, retrying while its last tasks are being torn down.
+    fn remove(&self) -> bool {
+        for _ in 0..100 {
+            if !self.dir.exists() || std::fs::remove_dir(&self.dir).is_ok() {
+                return true;
+            }
+            sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+// ------------------------------------------------------------ ground truth
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not an integer: {v}"))
+}
+
+fn workers(t: &Value) -> &Vec<Value> {
+    t["workers"].as_array().expect("truth: workers[]")
+}
+
+fn kind(v: &Value) -> &str {
+    v["verdict"]["kind"].as_str().unwrap()
+}
+
+fn verdict_summary(run: &Run) -> &str {
+    run.summary()["verdict"]["summary"].as_str().unwrap()
+}
+
+fn evidence(run: &Run) -> Vec<&str> {
+    run.summary()["verdict"]["evidence"].as_array().unwrap().iter().map(|e| e.as_str().unwrap()).collect()
+}
+
+/// The truth of a finished job, checked for consistency.
+fn finished_truth(path: &Path, mode: &str) -> Value {
+    let t = truth(path);
+    assert_eq!(t["mode"], mode);
+    assert_eq!(t["stopped"], "completed", "the job did not complete: {t}");
+    for w in workers(&t) {
+        let per_file: u64 = w["files"].as_array().unwrap().iter().map(|f| u(&f["bytes"])).sum();
+        assert_eq!(u(&w["read_bytes"]), per_file, "truth: a worker's bytes are its files' bytes: {w}");
+    }
+    t
+}
+
+/// An io job's reads must really have been throttled (else it need not wait).
+fn assert_throttled(t: &Value) {
+    let note = t["throttle"].as_str().unwrap();
+    assert!(note.starts_with("throttled"), "the job's reads were not throttled: {note}");
+}
+
+/// Every worker process of the truth: in the summary, role worker, and
+/// exactly the bytes it read, per file too.
+fn assert_workers_exact(run: &Run, t: &Value) {
+    for w in workers(t) {
+        let pid = u(&w["pid"]);
+        let p = run.process(pid);
+        assert_eq!(p["role"], "worker", "worker {pid}: {}", brief(p));
+        assert_eq!(p["read_bytes"], w["read_bytes"], "worker {pid} (truth {w}): {}", brief(p));
+        for f in w["files"].as_array().unwrap() {
+            let path = Path::new(f["path"].as_str().unwrap());
+            assert_eq!(run.file(pid, path)["read_bytes"], f["bytes"], "worker {pid}, {}", path.display());
+        }
+    }
+}
+
+/// What stall counted for `path` in process `pid` (0 if it is not listed).
+fn counted(run: &Run, pid: u64, path: &str) -> u64 {
+    let files = run.process(pid)["files"].as_array().unwrap();
+    files.iter().filter(|f| f["path"] == path).map(|f| u(&f["read_bytes"])).sum()
+}
+
+/// On-CPU seconds vs a thread's own clock, read by the job a little before
+/// the thread ended: within `rel` and 50 ms (the rest of its life).
+fn assert_cpu_close(what: &str, got: f64, want: f64, rel: f64) {
+    assert!(
+        (got - want).abs() <= 0.05 + rel * want,
+        "{what}: got {got:.3}s, its own clock {want:.3}s (tolerance {:.0}% + 50 ms)",
+        rel * 100.0
+    );
+}
+
+/// A process record without its thread and file lists (for messages).
+fn brief(p: &Value) -> Value {
+    let mut p = p.clone();
+    if let Some(o) = p.as_object_mut() {
+        o.remove("threads");
+        o.remove("files");
+    }
+    p
+}
+
+/// The trainer's record: pid from the truth, role trainer.
+fn assert_trainer(run: &Run, t: &Value) {
+    let p = run.process(u(&t["trainer"]));
+    assert_eq!(p["role"], "trainer", "{}", brief(p));
+}
+
+/// stall's byte counts as its reports print them (units::bytes).
+fn human_bytes(n: u64) -> String {
+    let units = ["B", "KB", "MB", "GB", "TB"];
+    let (mut v, mut i) = (n as f64, 0);
+    while v >= 1000.0 && i < units.len() - 1 {
+        v /= 1000.0;
+        i += 1;
+    }
+    match i {
+        0 => format!("{n} B"),
+        _ if v >= 100.0 => format!("{v:.0} {}", units[i]),
+        _ => format!("{v:.1} {}", units[i]),
+    }
+}
+
+/// The number just before `unit` after `after` in `text`, e.g. the 19.5 of
+/// "read 128 MB at 19.5 MB/s".
+fn number_before(text: &str, after: &str, unit: &str) -> f64 {
+    let rest = &text[text.find(after).unwrap_or_else(|| panic!("{after:?} not in {text:?}")) + after.len()..];
+    let end = rest.find(unit).unwrap_or_else(|| panic!("{unit:?} not after {after:?} in {text:?}"));
+    rest[..end].trim().rsplit(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("no number in {text:?}"))
+}
+
+/// The io-bound line: "N workers read <bytes> at <rate> MB/s": the bytes are
+/// the truth's; the rate is those bytes over the window, and near the job's own;
+/// and the evidence.
+fn assert_io_numbers(run: &Run, t: &Value) {
+    let line = verdict_summary(run);
+    let total: u64 = workers(t).iter().map(|w| u(&w["read_bytes"])).sum();
+    let n = workers(t).len();
+    let read = format!("{n} workers read {} at ", human_bytes(total));
+    assert!(line.contains(&read), "{read:?} not in {line:?}");
+    let rate = number_before(line, &read, "MB/s");
+    let window = secs(&run.summary()["duration_s"]);
+    assert_close("MB/s in the verdict vs truth bytes / window", rate, total as f64 / 1e6 / window, 0.02);
+    let own = total as f64 / 1e6 / (secs(&t["end"]) - secs(&t["start"]));
+    eprintln!("io: verdict says {rate} MB/s over {window:.2}s; the job read at {own:.1} MB/s");
+    assert_close("MB/s in the verdict vs the job's own rate", rate, own, 0.3);
+    assert_worker_evidence(run, t);
+}
+
+/// Each worker's evidence line says what it read; the job's files are named.
+fn assert_worker_evidence(run: &Run, t: &Value) {
+    let ev = evidence(run);
+    for w in workers(t) {
+        let head = format!("worker {} ", w["pid"]);
+        let line =
+            ev.iter().find(|e| e.starts_with(&head)).unwrap_or_else(|| panic!("no {head:?} in {ev:?}"));
+        let want = format!("read {} at ", human_bytes(u(&w["read_bytes"])));
+        assert!(line.contains(&want), "{want:?} not in {line:?}");
+    }
+    let files: Vec<&str> = t["files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    assert!(
+        ev.iter()
+            .any(|e| e.starts_with("file ") && files.iter().any(|f| e.contains(f)) && e.contains("MB/s")),
+        "no evidence names the job's files: {ev:?}"
+    );
+}
+
+// --------------------------------------------------------------- scenarios
+
+/// 1. A throttled DataLoader-style job under `stall run`: input-io-bound,
+///    every worker's exact bytes.
+#[test]
+fn io_bound_job_under_run() {
+    let _t = Timed::start("io_bound_job_under_run");
+    let s = disk_scratch("io");
+    let cache = s.path("cache");
+    prepare(&cache, 8, 12);
+    let truth_path = s.path("truth.json");
+    let run = stall_run(&[
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--files",
+        "8",
+        "--file-mb",
+        "12",
+        "--throttle-mbps",
+        "24",
+        "--workers",
+        "4",
+        "--start-delay",
+        "0",
+        "--truth",
+        truth_path.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = finished_truth(&truth_path, "io");
+    assert_throttled(&t);
+    assert_eq!(workers(&t).len(), 4);
+    assert_eq!(kind(run.summary()), "input-io-bound", "{}", verdict_summary(&run));
+    assert_trainer(&run, &t);
+    assert_workers_exact(&run, &t);
+    assert_io_numbers(&run, &t);
+    assert_eq!(run.summary()["lost_events"], 0);
+}
+
+/// 2. Workers that spend their time decoding in memory: input-cpu-bound;
+///    their on-CPU time is their own.
+#[test]
+fn cpu_bound_transforms() {
+    let _t = Timed::start("cpu_bound_transforms");
+    let s = disk_scratch("cpu");
+    let truth_path = s.path("truth.json");
+    let run = stall_run(&[
+        "--mode",
+        "cpu",
+        "--workers",
+        "4",
+        "--batches",
+        "60",
+        "--decode-ms",
+        "50",
+        "--start-delay",
+        "0",
+        "--truth",
+        truth_path.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = finished_truth(&truth_path, "cpu");
+    assert_eq!(kind(run.summary()), "input-cpu-bound", "{}", verdict_summary(&run));
+    assert_trainer(&run, &t);
+    assert_workers_exact(&run, &t); // role worker, 0 bytes from files
+    let line = verdict_summary(&run);
+    assert!(line.contains("4 workers on CPU"), "{line}");
+    for w in workers(&t) {
+        let pid = u(&w["pid"]);
+        let main = run.thread(pid);
+        // The worker measured its CPU time at its last batch; it then only exits.
+        let want = secs(&w["cpu_s"]);
+        assert!(want >= 0.1, "truth: worker {pid} did little: {w}");
+        assert_cpu_close(&format!("worker {pid} on-CPU ({main})"), secs(&main["on_cpu_s"]), want, 0.05);
+    }
+}
+
+/// 3. Workers blocked forever before reading anything: `hang` within 10 s
+///    of attaching, naming the blocked threads and what they wait in.
+#[test]
+fn hang_is_reported_within_ten_seconds_of_attach() {
+    let _t = Timed::start("hang_is_reported_within_ten_seconds_of_attach");
+    let s = disk_scratch("hang");
+    let truth_path = s.path("truth.json");
+    let mut job = Job::start(&[
+        "--mode",
+        "hang",
+        "--workers",
+        "2",
+        "--start-delay",
+        "0",
+        "--max-seconds",
+        "60",
+        "--truth",
+        truth_path.to_str().unwrap(),
+    ]);
+    // The truth is written once the workers are started.
+    wait_until("the workers to start", Duration::from_secs(20), || truth_path.exists());
+    let run = stall(&["attach", "--pid", &job.pid.to_string(), "--duration", "9", "-q"], &[], T);
+    let alive = job.child.try_wait().unwrap().is_none();
+    drop(job); // SIGTERM to the trainer; its workers die with it (PDEATHSIG)
+    assert!(alive, "the hung job ended by itself");
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    assert_eq!(t["mode"], "hang");
+    assert_eq!(t["batches"], 0, "{t}");
+
+    let intervals: Vec<&Value> = run.records.iter().filter(|r| r["type"] == "interval").collect();
+    let first = intervals.iter().find(|r| kind(r) == "hang").unwrap_or_else(|| {
+        panic!("no interval says hang: {:?}", intervals.iter().map(|r| kind(r)).collect::<Vec<_>>())
+    });
+    assert!(secs(&first["elapsed_s"]) <= 10.0, "hang first reported at {}", first["elapsed_s"]);
+    let sum = run.summary();
+    assert_eq!(kind(sum), "hang", "{}", verdict_summary(&run));
+    let line = verdict_summary(&run);
+    let trainer = u(&t["trainer"]);
+    assert!(line.contains(&format!("trainer (pid {trainer})")), "{line}");
+    // The trainer's main thread waits in poll on its result queue; its queue
+    // feeder threads in futex.
+    assert!(line.contains(&format!("{trainer} (poll")), "the trainer main thread is not named: {line}");
+    assert!(line.contains("futex"), "{line}");
+    let stalled = number_before(line, "No progress in the last", "s:");
+    assert!(stalled >= 4.0, "{line}");
+    let n = workers(&t).len();
+    assert!(line.contains(&format!("and {n} workers blocked")), "{line}");
+    // The workers are traced, hold still in futex (the Event), read nothing,
+    // and are named among the blocked threads with their wait.
+    for w in workers(&t) {
+        let pid = u(&w["pid"]);
+        assert!(line.contains(&format!("{pid} (futex in futex)")), "worker {pid} not named: {line}");
+        let p = run.process(pid);
+        assert_eq!(p["role"], "worker", "{}", brief(p));
+        assert_eq!(p["read_bytes"], 0, "{}", brief(p));
+        assert!(secs(&p["on_cpu_s"]) < 0.2, "{}", brief(p));
+        assert_eq!(run.thread(pid)["state"], "futex", "worker {pid}: {}", run.thread(pid));
+    }
+}
+
+/// 4. The trainer is the bottleneck: not an input verdict, trainer-host-bound;
+///    its on-CPU time is its own.
+#[test]
+fn healthy_job_is_not_input_bound() {
+    let _t = Timed::start("healthy_job_is_not_input_bound");
+    let s = disk_scratch("healthy");
+    let truth_path = s.path("truth.json");
+    let run = stall_run(&[
+        "--mode",
+        "healthy",
+        "--workers",
+        "4",
+        "--batches",
+        "15",
+        "--compute-ms",
+        "200",
+        // Near-idle workers (the trainer wakes them more than they wake it):
+        // the trainer must still be recognised as the trainer.
+        "--decode-ms",
+        "2",
+        "--start-delay",
+        "0",
+        "--truth",
+        truth_path.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = finished_truth(&truth_path, "healthy");
+    let k = kind(run.summary());
+    assert!(!INPUT_KINDS.contains(&k), "{k}: {}", verdict_summary(&run));
+    assert_eq!(k, "trainer-host-bound", "{}", verdict_summary(&run));
+    let trainer = u(&t["trainer"]);
+    assert_eq!(run.process(trainer)["role"], "trainer");
+    let main = run.thread(trainer);
+    // Its CPU time, as the trainer measured it itself.
+    let want = secs(&t["trainer_cpu_s"]);
+    assert!(want >= 0.1, "truth: {t}");
+    eprintln!(
+        "healthy: trainer main thread on CPU {:.3}s (own clock {want:.3}s), off CPU {:.3}s, window {:.3}s",
+        secs(&main["on_cpu_s"]),
+        secs(&main["off_cpu_s"]),
+        secs(&run.summary()["duration_s"])
+    );
+    // 15%: under load (several stall instances, CPU-bound jobs) a context
+    // switch can be missed (counted as sched_gaps) and its span lost.
+    assert_cpu_close(&format!("trainer main thread on-CPU ({main})"), secs(&main["on_cpu_s"]), want, 0.15);
+    // 15 steps of 200 ms (wall time): on CPU, or runnable when others hold the CPUs.
+    let busy = secs(&main["on_cpu_s"]) + secs(&main["off_cpu_by_reason"]["runqueue"]);
+    assert!(busy >= 0.8 * 15.0 * 0.2, "trainer main thread on CPU or runnable {busy:.2}s: {main}");
+    for w in workers(&t) {
+        assert_eq!(run.process(u(&w["pid"]))["read_bytes"], 0);
+    }
+}
+
+/// 5. Non-persistent workers, new ones every epoch: every worker of every
+///    epoch is in the summary with its exact bytes.
+#[test]
+fn respawned_workers_every_epoch() {
+    let _t = Timed::start("respawned_workers_every_epoch");
+    let s = disk_scratch("respawn");
+    let cache = s.path("cache");
+    prepare(&cache, 4, 4);
+    let truth_path = s.path("truth.json");
+    let run = stall_run(&[
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--files",
+        "4",
+        "--file-mb",
+        "4",
+        "--throttle-mbps",
+        "16",
+        "--workers",
+        "2",
+        "--respawn",
+        "--epochs",
+        "3",
+        "--start-delay",
+        "0",
+        "--truth",
+        truth_path.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = finished_truth(&truth_path, "io");
+    assert_throttled(&t);
+    assert_eq!(t["epochs_done"], 3);
+    let pids: std::collections::BTreeSet<u64> = workers(&t).iter().map(|w| u(&w["pid"])).collect();
+    assert_eq!(pids.len(), 6, "2 new workers per epoch: {t}");
+    for e in 0..3 {
+        let n = workers(&t).iter().filter(|w| w["epoch"] == e && u(&w["read_bytes"]) > 0).count();
+        assert_eq!(n, 2, "epoch {e}: {t}");
+    }
+    assert_trainer(&run, &t);
+    assert_workers_exact(&run, &t);
+    for w in workers(&t) {
+        let p = run.process(u(&w["pid"]));
+        assert_eq!(p["alive"], false, "{}", brief(p));
+        assert_eq!(p["ppid"], t["trainer"], "{}", brief(p));
+    }
+    // Each worker is judged over its own epoch, not the whole run.
+    assert_eq!(kind(run.summary()), "input-io-bound", "{}", verdict_summary(&run));
+    assert_io_numbers(&run, &t);
+}
+
+/// 6a. Attach to the trainer's PID while its workers read: what is read
+///     after attach is counted (exactly, for files opened after it), what was
+///     read before is not invented.
+#[test]
+fn attach_to_pid_mid_run() {
+    let _t = Timed::start("attach_to_pid_mid_run");
+    let s = disk_scratch("midrun");
+    let cache = s.path("cache");
+    prepare(&cache, 16, 6);
+    let truth_path = s.path("truth.json");
+    let mut job = Job::start(&[
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--files",
+        "16",
+        "--file-mb",
+        "6",
+        "--throttle-mbps",
+        "24",
+        "--workers",
+        "4",
+        "--start-delay",
+        "0",
+        "--max-seconds",
+        "60",
+        "--truth",
+        truth_path.to_str().unwrap(),
+    ]);
+    wait_until("the workers to start", Duration::from_secs(20), || truth_path.exists());
+    sleep(Duration::from_secs(1)); // reading is under way
+    let spawned = monotonic_s();
+    let mut stall = Attached::start(&["--pid", &job.pid.to_string(), "--interval", "0.25"]);
+    stall.wait_tracing();
+    let tracing = monotonic_s();
+    eprintln!(
+        "midrun: stall attached {:.2}s after the workers started",
+        tracing - secs(&truth(&truth_path)["start"])
+    );
+    job.finish(Duration::from_secs(30));
+    // It ends with its target.
+    let run = stall.finish(Duration::from_secs(15));
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = finished_truth(&truth_path, "io");
+    assert_throttled(&t);
+    assert_eq!(kind(run.summary()), "input-io-bound", "{}", verdict_summary(&run));
+    assert_trainer(&run, &t);
+
+    let (mut after, mut during, mut before) = (0, 0, 0);
+    let (mut got_total, mut truth_total) = (0, 0);
+    for w in workers(&t) {
+        let pid = u(&w["pid"]);
+        let p = run.process(pid);
+        assert_eq!(p["role"], "worker", "{}", brief(p));
+        let (got, want) = (u(&p["read_bytes"]), u(&w["read_bytes"]));
+        assert!(got > 0 && got <= want, "worker {pid}: stall {got} B, truth {want} B");
+        got_total += got;
+        truth_total += want;
+        for f in w["files"].as_array().unwrap() {
+            let path = f["path"].as_str().unwrap();
+            let (open_t, close_t, bytes) = (secs(&f["open_t"]), secs(&f["close_t"]), u(&f["bytes"]));
+            let n = counted(&run, pid, path);
+            if open_t > tracing {
+                // Opened once stall was tracing: every byte.
+                assert_eq!(n, bytes, "worker {pid}, {path} opened after attach");
+                after += 1;
+            } else if close_t < spawned {
+                // Read and closed before stall started: nothing to count.
+                assert_eq!(n, 0, "worker {pid}, {path} read before attach");
+                before += 1;
+            } else {
+                // Open at attach: what was read since, at most the whole file.
+                assert!(n <= bytes, "worker {pid}, {path} open at attach: stall {n} B, truth {bytes} B");
+                during += 1;
+            }
+        }
+    }
+    eprintln!(
+        "midrun: files opened after attach {after}, open at attach {during}, read before {before}; \
+         stall counted {got_total} of {truth_total} B"
+    );
+    assert!(after >= 4, "too few files opened after attach to check ({after}): attach was late");
+    // About a second of reading happened before stall started.
+    assert!(got_total < truth_total, "stall counted bytes read before it attached");
+}
+
+/// 6b. Attach to the job's cgroup v2 before its workers start: verdict and
+///     every worker's exact bytes.
+#[test]
+fn attach_to_cgroup() {
+    let _t = Timed::start("attach_to_cgroup");
+    let s = disk_scratch("cgroup");
+    let cache = s.path("cache");
+    prepare(&cache, 8, 8);
+    let truth_path = s.path("truth.json");
+    let go = s.path("go");
+    let cg = Cgroup::new("cg");
+    let mut job = Job::start(&[
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--files",
+        "8",
+        "--file-mb",
+        "8",
+        "--throttle-mbps",
+        "16",
+        "--workers",
+        "4",
+        "--start-delay",
+        "0",
+        "--start-after",
+        go.to_str().unwrap(),
+        "--max-seconds",
+        "60",
+        "--truth",
+        truth_path.to_str().unwrap(),
+    ]);
+    // The trainer waits for `go`; its workers will be forked into the cgroup.
+    cg.add(job.pid);
+    let mut stall = Attached::start(&["--cgroup", &cg.name, "--duration", "40", "--interval", "0.25"]);
+    stall.wait_tracing();
+    std::fs::write(&go, "").unwrap();
+    job.finish(Duration::from_secs(30));
+    // stall ends at its next interval once the cgroup is gone.
+    assert!(cg.remove(), "could not remove {}", cg.dir.display());
+    let run = stall.finish(Duration::from_secs(15));
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    assert!(secs(&run.summary()["elapsed_s"]) < 30.0, "stall did not end with its cgroup");
+    let t = finished_truth(&truth_path, "io");
+    assert_throttled(&t);
+    assert_eq!(kind(run.summary()), "input-io-bound", "{}", verdict_summary(&run));
+    assert_trainer(&run, &t);
+    assert_workers_exact(&run, &t);
+    assert_io_numbers(&run, &t);
+}
