@@ -576,7 +576,10 @@ impl Model {
         for (&(wakee, waker), w) in &self.wakes {
             let n = if since_mark { w.total - w.mark.min(w.total) } else { w.total };
             if n > 0 {
-                woken.entry(wakee).or_default().push((waker, w.waker_tgid, w.waker_comm.clone(), n));
+                // A traced waker's current name (the kernel's is from its
+                // first wakeup, maybe before it renamed itself).
+                let comm = self.threads.get(&waker).map_or(&w.waker_comm, |t| &t.comm).clone();
+                woken.entry(wakee).or_default().push((waker, w.waker_tgid, comm, n));
             }
         }
         for t in self.threads.values() {

@@ -13,10 +13,10 @@ use stall_tests::*;
 fn nothing_is_left_behind() {
     require_root();
     for signal in ["INT", "TERM", "KILL"] {
-        let mut child = Command::new(stall_bin())
+        let child = Command::new(stall_bin())
             .args(["attach", "--gpu", "off", "-q", "--pid", &std::process::id().to_string()])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         // Wait until its programs are in (8 programs, 2 of them attached
@@ -31,9 +31,14 @@ fn nothing_is_left_behind() {
         }
         assert!(ours.len() >= 10, "stall never loaded its programs ({ours:?})");
         Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status().unwrap();
-        let status = child.wait().unwrap();
+        let out = child.wait_with_output().unwrap();
         if signal != "KILL" {
-            assert!(status.success(), "stall exits cleanly on SIG{signal}: {status}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success(),
+                "stall exits cleanly on SIG{signal}: {}; stderr: {err}",
+                out.status
+            );
         }
         let mut left = still_loaded(&ours);
         for _ in 0..40 {

@@ -1,11 +1,14 @@
 //! Developer tasks for stall: `cargo xtask <task>` (see `cargo xtask --help`).
 
+mod bench;
 mod build;
 mod cmd;
 mod demo;
 mod gpu_check;
 mod setup;
+mod soak;
 mod test;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -47,6 +50,30 @@ enum Task {
         #[arg(long)]
         out: Option<std::path::PathBuf>,
     },
+    /// Run the integration tests on other kernels (`vm`: in QEMU; see docs/KERNELS.md)
+    IntegrationTest {
+        #[command(subcommand)]
+        target: vm::Target,
+    },
+    /// Measure stall's overhead (vs no tracer, strace and the floor) and its own
+    /// cost; writes docs/PERFORMANCE.md (needs root; ~10 min, --quick ~2)
+    Bench {
+        /// Fewer runs and smaller workloads
+        #[arg(long)]
+        quick: bool,
+        /// Runs per mode (default 5, 3 with --quick)
+        #[arg(long)]
+        runs: Option<usize>,
+        /// Use the binaries already in target/release
+        #[arg(long)]
+        no_build: bool,
+    },
+    /// Soak `stall daemon`: jobs start and stop for MINUTES; memory must stay
+    /// flat and nothing may stay loaded after SIGTERM (needs root)
+    Soak {
+        #[arg(long, default_value = "10")]
+        minutes: f64,
+    },
     /// Run a demo workload under stall and print its report (needs root)
     Demo {
         /// Extra arguments for stall, after `--`
@@ -77,6 +104,9 @@ fn run(task: Task) -> Result<()> {
         Task::Lint => test::lint(),
         Task::Test { no_lint, args } => test::run(&args, no_lint),
         Task::Demo { args } => demo::run(&args),
+        Task::Soak { minutes } => soak::run(minutes),
+        Task::Bench { quick, runs, no_build } => bench::run(&bench::Options { quick, runs, no_build }),
+        Task::IntegrationTest { target } => vm::run_cli(target),
         Task::GpuCheck { out } => gpu_check::run(out.as_deref()),
     }
 }

@@ -30,6 +30,8 @@ pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
         test.arg("--").args(extra);
     }
     cmd::run(&mut test)?;
+    // The same integration tests on other kernels, in QEMU (docs/KERNELS.md).
+    crate::vm::after_native_tests(&stall, extra)?;
     println!("xtask test: all passed in {:.0}s", start.elapsed().as_secs_f64());
     Ok(())
 }

@@ -1,0 +1,464 @@
+//! docs/PERFORMANCE.md from the bench's samples.
+use std::fmt::Write;
+
+use super::{profile::Profile, sh, CostRow, Mode, Quiet, Workload};
+
+pub struct Meta {
+    pub quick: bool,
+    pub runs: usize,
+    pub strace: bool,
+    pub minutes: f64,
+    pub quiet: Quiet,
+    /// 1-minute load average at the start and the end.
+    pub load: (f64, f64),
+}
+
+/// Medians of one workload under one mode.
+#[derive(Clone, Copy)]
+pub struct Stats {
+    pub runs: usize,
+    pub ops: u64,
+    pub secs: f64,
+    pub ns_op: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+pub fn stats(w: &Workload, mode: Mode) -> Option<Stats> {
+    let s: Vec<_> = w.samples.iter().filter(|(m, _)| *m == mode).map(|(_, s)| *s).collect();
+    if s.is_empty() {
+        return None;
+    }
+    let per: Vec<f64> = s.iter().map(|s| s.ns_per_op()).collect();
+    Some(Stats {
+        runs: s.len(),
+        ops: median(s.iter().map(|s| s.ops as f64).collect()) as u64,
+        secs: median(s.iter().map(|s| s.ns as f64 / 1e9).collect()),
+        ns_op: median(per.clone()),
+        min: per.iter().copied().fold(f64::INFINITY, f64::min),
+        max: per.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    })
+}
+
+/// (ratio vs baseline, added ns per op) for a mode.
+fn versus(w: &Workload, mode: Mode) -> Option<(f64, f64)> {
+    let base = stats(w, Mode::Baseline)?;
+    let m = stats(w, mode)?;
+    Some((m.ns_op / base.ns_op, m.ns_op - base.ns_op))
+}
+
+struct Target {
+    what: String,
+    measured: String,
+    /// None: could not be measured.
+    met: Option<bool>,
+    margin: String,
+}
+
+fn targets(ws: &[Workload], cost: &[CostRow]) -> Vec<Target> {
+    let mut t = Vec::new();
+    let by = |key: &str| ws.iter().find(|w| w.key == key);
+    let unmeasured = |what: &str| Target {
+        what: what.to_string(),
+        measured: "not measured".into(),
+        met: None,
+        margin: String::new(),
+    };
+
+    let what = "(1) worst case: stall within 5 percentage points of the floor";
+    match by("1").and_then(|w| Some((versus(w, Mode::Stall)?, versus(w, Mode::Floor)?))) {
+        Some(((rs, _), (rf, _))) => {
+            let pp = (rs - rf) * 100.0;
+            t.push(Target {
+                what: what.into(),
+                measured: format!(
+                    "stall {:+.1} %, floor {:+.1} % vs baseline: {pp:+.1} pp",
+                    pct(rs),
+                    pct(rf)
+                ),
+                met: Some(pp <= 5.0),
+                margin: margin(5.0 - pp, "pp"),
+            });
+        }
+        None => t.push(unmeasured(what)),
+    }
+
+    let what = "(1) worst case: ≥ 500× less added time per read than strace";
+    match by("1").and_then(|w| Some((versus(w, Mode::Stall)?, versus(w, Mode::Strace)?))) {
+        Some(((_, sa), (_, ta))) => {
+            let (measured, met, m) = if sa <= 0.0 {
+                (format!("strace +{ta:.0} ns/read, stall {sa:+.1} ns/read (within noise)"), true, "—".into())
+            } else {
+                let x = ta / sa;
+                (
+                    format!("strace +{ta:.0} ns/read, stall +{sa:.1} ns/read: {x:.0}×"),
+                    x >= 500.0,
+                    if x >= 500.0 {
+                        format!("met by {:.0}×", x / 500.0)
+                    } else {
+                        format!(
+                            "missed: {:.1}× short (stall would need ≤ {:.1} ns/read)",
+                            500.0 / x,
+                            ta / 500.0
+                        )
+                    },
+                )
+            };
+            t.push(Target { what: what.into(), measured, met: Some(met), margin: m });
+        }
+        None => t.push(unmeasured(what)),
+    }
+
+    for (key, limit, what) in
+        [("2", 1.0, "(2) DataLoader-like: < 1 % added"), ("5", 3.0, "(5) untraced neighbour: < 3 % added")]
+    {
+        match by(key).and_then(|w| versus(w, Mode::Stall)) {
+            Some((r, _)) => {
+                let p = pct(r);
+                t.push(Target {
+                    what: what.into(),
+                    measured: format!("{p:+.2} %"),
+                    met: Some(p < limit),
+                    margin: margin(limit - p, "pp"),
+                });
+            }
+            None => t.push(unmeasured(what)),
+        }
+    }
+
+    let what = "agent: < 2 % of one core at 100k events/s";
+    match cost.iter().find(|r| r.rate == Some(50_000)) {
+        Some(r) => t.push(Target {
+            what: what.into(),
+            measured: format!(
+                "{:.2} % at {:.0}k events/s ({:.0}k reads/s)",
+                r.core_pct(),
+                r.events_per_s() / 1e3,
+                r.achieved / 1e3
+            ),
+            met: Some(r.core_pct() < 2.0),
+            margin: margin(2.0 - r.core_pct(), "pp"),
+        }),
+        None => t.push(unmeasured(what)),
+    }
+
+    let what = "agent: peak RSS < 64 MiB";
+    match cost.iter().max_by_key(|r| r.rss_kb) {
+        Some(top) => {
+            let mib = top.rss_kb as f64 / 1024.0;
+            let reads = cost.iter().filter(|r| r.records_per_op == 0.0).map(|r| r.rss_kb).max().unwrap_or(0);
+            t.push(Target {
+                what: what.into(),
+                measured: format!(
+                    "{mib:.1} MiB at most ({}); {:.1} MiB at most while tracing reads",
+                    top.label,
+                    reads as f64 / 1024.0
+                ),
+                met: Some(mib < 64.0),
+                margin: margin(64.0 - mib, "MiB"),
+            });
+        }
+        None => t.push(unmeasured(what)),
+    }
+
+    let what = "agent: zero lost events at 1M reads/s from the traced job";
+    match cost.iter().find(|r| r.rate == Some(1_000_000)) {
+        Some(r) => {
+            let reached = r.achieved >= 0.97e6;
+            t.push(Target {
+                what: what.into(),
+                measured: format!("{} lost at {:.0}k reads/s achieved", r.lost, r.achieved / 1e3),
+                met: Some(r.lost == 0 && reached),
+                margin: if !reached {
+                    format!("rate not reached under stall ({:.0} % of 1M)", r.achieved / 1e4)
+                } else if r.lost == 0 {
+                    "—".into()
+                } else {
+                    format!("missed by {} events", r.lost)
+                },
+            });
+        }
+        None => t.push(unmeasured(what)),
+    }
+    t
+}
+
+fn pct(ratio: f64) -> f64 {
+    (ratio - 1.0) * 100.0
+}
+
+fn margin(headroom: f64, unit: &str) -> String {
+    if headroom >= 0.0 {
+        format!("met by {headroom:.2} {unit}")
+    } else {
+        format!("missed by {:.2} {unit}", -headroom)
+    }
+}
+
+fn verdict(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "met",
+        Some(false) => "**missed**",
+        None => "n/a",
+    }
+}
+
+/// The targets as plain text, for the terminal.
+pub fn targets_text(ws: &[Workload], cost: &[CostRow]) -> String {
+    let mut s = String::from("targets:\n");
+    for t in targets(ws, cost) {
+        let v = verdict(t.met).trim_matches('*');
+        let _ = writeln!(s, "  [{v:>6}] {}: {} ({})", t.what, t.measured, t.margin);
+    }
+    s
+}
+
+fn machine() -> Vec<(String, String)> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':').map(|(_, v)| v.trim().to_string()))
+        .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<f64>().ok())
+        .map_or("unknown".into(), |kb| format!("{:.1} GiB", kb / 1024.0 / 1024.0));
+    let virt = sh("systemd-detect-virt", &[]);
+    let commit = sh("git", &["rev-parse", "--short", "HEAD"]);
+    let dirty = !sh("git", &["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    let mut m = vec![
+        ("CPU".to_string(), model),
+        ("cores".to_string(), cores.to_string()),
+        ("memory".to_string(), mem),
+        ("kernel".to_string(), kernel),
+    ];
+    if !virt.is_empty() && virt != "none" {
+        m.push(("virtualization".into(), virt));
+    }
+    m.push(("stall".into(), format!("{commit}{}", if dirty { " (with uncommitted changes)" } else { "" })));
+    m
+}
+
+pub fn render(meta: &Meta, ws: &[Workload], profiles: &[Profile], cost: &[CostRow]) -> String {
+    let mut d = String::new();
+    let date = sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+    let _ = writeln!(d, "# stall: performance\n");
+    let _ = writeln!(
+        d,
+        "Generated by `cargo xtask bench{}` on {date} ({} runs per mode, {:.1} minutes). Do not edit by hand: \
+         rerun the bench (as root; `--quick` for a shorter pass, `--runs N` for more runs).\n",
+        if meta.quick { " --quick" } else { "" },
+        meta.runs,
+        meta.minutes
+    );
+    let _ = writeln!(d, "## Machine\n");
+    for (k, v) in machine() {
+        let _ = writeln!(d, "- {k}: {v}");
+    }
+    let q = meta.quiet;
+    let _ = writeln!(
+        d,
+        "- load average (1 min) at start / end: {:.2} / {:.2}; other tracing BPF programs loaded at the start \
+         of {} of {} samples (the bench waited {:.0} s in all for them to go)",
+        meta.load.0,
+        meta.load.1,
+        q.contaminated,
+        q.samples,
+        q.waited.as_secs_f64()
+    );
+    if q.contaminated > 0 {
+        let _ = writeln!(
+            d,
+            "\n**Another tracer was attached during {} samples: their baselines are slowed too, and the \
+             figures below understate stall's relative cost.**",
+            q.contaminated
+        );
+    }
+
+    let _ = writeln!(d, "\n## Targets (issue 6)\n");
+    let _ = writeln!(d, "| target | measured | result | margin |\n|---|---|---|---|");
+    for t in targets(ws, cost) {
+        let _ = writeln!(d, "| {} | {} | {} | {} |", t.what, t.measured, verdict(t.met), t.margin);
+    }
+
+    let _ = writeln!(d, "\n## Traced workloads\n");
+    let _ = writeln!(
+        d,
+        "Each workload times its own operation loop (process start, stall's start-up and report excluded) \
+         and runs under four modes, interleaved run by run in rotating order: no tracer; `stall run --gpu off \
+         -q -- CMD`; `strace -f -qq -o /dev/null -e {}` (fewer ops where it would take minutes: per-op \
+         figures compare); and the floor, `stall run --floor` (the same programs attached, every one \
+         returning at once: the cost of the tracepoints themselves). Medians over the runs; the range is \
+         the lowest and highest ns/op seen. Ratios and added ns are per op against the baseline median.",
+        super::STRACE_FILTER
+    );
+    if !meta.strace {
+        let _ = writeln!(d, "\nstrace was not installed: its rows are missing.");
+    }
+    for w in ws {
+        let _ = writeln!(d, "\n### ({}) {}\n\n{}.\n", w.key, w.title, w.what);
+        let _ = writeln!(
+            d,
+            "| mode | runs | ops/run | median loop time | ns per {u} (range) | ratio | added ns per {u} |",
+            u = w.unit
+        );
+        let _ = writeln!(d, "|---|---:|---:|---:|---:|---:|---:|");
+        for mode in Mode::ALL {
+            let Some(s) = stats(w, mode) else { continue };
+            let (ratio, added) = versus(w, mode).unwrap_or((f64::NAN, f64::NAN));
+            let added = if mode == Mode::Baseline { "—".to_string() } else { format!("{added:+.1}") };
+            let _ = writeln!(
+                d,
+                "| {} | {} | {} | {:.3} s | {} ({}–{}) | {ratio:.3}× | {added} |",
+                mode.label(),
+                s.runs,
+                s.ops,
+                s.secs,
+                ns(s.ns_op),
+                ns(s.min),
+                ns(s.max)
+            );
+        }
+        if let (Some((rs, sa)), Some((rf, fa))) = (versus(w, Mode::Stall), versus(w, Mode::Floor)) {
+            let _ = writeln!(
+                d,
+                "\nstall above the floor: {:+.1} pp, {:+.1} ns per {}; the floor itself: {:+.1} %.",
+                (rs - rf) * 100.0,
+                sa - fa,
+                w.unit,
+                pct(rf)
+            );
+        }
+    }
+
+    render_profiles(&mut d, profiles);
+
+    let _ = writeln!(d, "\n## Agent cost\n");
+    let _ = writeln!(
+        d,
+        "`stall attach --pid` to a job reading 4 KiB from a cached file at a set rate (or open + read + close \
+         in a loop), for {:.0} s each. stall's CPU time and peak RSS are its own (`wait4` on it; start-up, \
+         BPF loading and the final report included); lost events are its `--json` summary's `lost_events`. \
+         Events are what stall counts: one per program run for a tracked thread (a read is 2: enter and \
+         exit; open + read + close is 5, of which the open and the close are ring-buffer records). \
+         In-kernel program time is charged to the traced job and shows in the workload tables above, \
+         not here.\n",
+        cost.first().map_or(0.0, |r| r.traced_s.round())
+    );
+    let _ = writeln!(
+        d,
+        "| traced job | ops/s achieved | events/s | ring-buffer records/s | stall CPU | % of one core | CPU s per 1M events | peak RSS | lost events |"
+    );
+    let _ = writeln!(d, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in cost {
+        let _ = writeln!(
+            d,
+            "| {} | {:.0} | {:.0} | {:.0} | {:.3} s / {:.1} s | {:.2} % | {} | {:.1} MiB | {} |",
+            r.label,
+            r.achieved,
+            r.events_per_s(),
+            r.achieved * r.records_per_op,
+            r.cpu_s,
+            r.traced_s,
+            r.core_pct(),
+            if r.cpu_per_million().is_finite() && r.events_per_s() >= 1e3 {
+                format!("{:.4}", r.cpu_per_million())
+            } else {
+                "—".into()
+            },
+            r.rss_kb as f64 / 1024.0,
+            r.lost
+        );
+    }
+    let best =
+        cost.iter().filter(|r| r.lost == 0).max_by(|a, b| a.events_per_s().total_cmp(&b.events_per_s()));
+    if let Some(b) = best {
+        let _ = writeln!(
+            d,
+            "\nHighest sustained rate with zero lost events: {:.0} events/s ({}: {:.0} ops/s, {:.0} ring-buffer \
+             records/s). Reads are counted in maps and never use the ring buffer, so the read rate is \
+             bounded by the machine, not by stall; opens, closes, forks and exits are the records that can be \
+             lost.",
+            b.events_per_s(),
+            b.label,
+            b.achieved,
+            b.achieved * b.records_per_op
+        );
+    }
+    d
+}
+
+fn ns(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn render_profiles(d: &mut String, profiles: &[Profile]) {
+    let _ = writeln!(d, "\n## Where the time goes: stall's programs\n");
+    let _ = writeln!(
+        d,
+        "Kernel BPF run-time statistics (`BPF_ENABLE_STATS`, on only while measuring) for stall's programs \
+         while it is attached, over {:.1} s per workload. They count time inside the programs only, not \
+         the tracepoint machinery around them (that is the floor's cost in the tables above), and include \
+         the statistics' own clock reads: the floor's programs, which return at once, show that share. \
+         Runs per op include every task on the machine that hits the tracepoints (sched_switch of all \
+         CPUs, other processes' reads).",
+        profiles.first().map_or(0.0, |p| p.secs)
+    );
+    if let Some(f) = profiles.iter().find(|p| p.floor) {
+        let (runs, ns) = f.progs.iter().fold((0u64, 0u64), |(r, n), c| (r + c.runs, n + c.ns));
+        let _ = writeln!(
+            d,
+            "\nAn empty program (the floor's) measures {:.0} ns per run here: subtract that from the \
+             ns-per-run column for the programs' own work.",
+            ns as f64 / runs.max(1) as f64
+        );
+    }
+    for p in profiles {
+        let ops = p.ops().max(1.0);
+        let _ = writeln!(
+            d,
+            "\n**{}**: {:.0} {}/s; {:.0} ns of BPF programs per {}.\n",
+            p.label,
+            p.ops_per_s,
+            super::profile::plural(p.unit),
+            p.total_ns() as f64 / ops,
+            p.unit
+        );
+        let _ = writeln!(d, "| program | runs per {u} | ns per run | ns per {u} | share |", u = p.unit);
+        let _ = writeln!(d, "|---|---:|---:|---:|---:|");
+        let total = p.total_ns().max(1) as f64;
+        let mut progs: Vec<_> = p.progs.iter().filter(|c| c.runs > 0).collect();
+        progs.sort_by_key(|c| std::cmp::Reverse(c.ns));
+        for c in progs {
+            let _ = writeln!(
+                d,
+                "| {} | {:.3} | {:.0} | {:.1} | {:.0} % |",
+                c.name,
+                c.runs as f64 / ops,
+                c.ns as f64 / c.runs as f64,
+                c.ns as f64 / ops,
+                100.0 * c.ns as f64 / total
+            );
+        }
+    }
+}

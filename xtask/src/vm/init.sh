@@ -1,0 +1,78 @@
+#!/bin/sh
+# /init of stall's test VM (xtask/src/vm): mounts what stall and its tests
+# need, runs each integration test binary in /stall/tests with our arguments
+# (the kernel passes what follows `--` on its command line), prints ONE
+# `STALL-VM-RESULT: PASS|FAIL ...` line and powers off. qemu exits 0 whatever
+# happened, so that line is the only verdict xtask trusts.
+
+export PATH=/usr/bin:/usr/sbin:/bin:/sbin HOME=/root
+set -o pipefail
+
+finish() {
+    echo "STALL-VM-RESULT: $*"
+    # Let the serial port drain before the power goes.
+    sleep 1
+    poweroff -f
+    echo o >/proc/sysrq-trigger
+}
+
+mount -t proc proc /proc || finish "FAIL cannot mount /proc"
+mount -t sysfs sysfs /sys || finish "FAIL cannot mount /sys"
+mount -t devtmpfs devtmpfs /dev || finish "FAIL cannot mount /dev"
+echo "STALL-VM-INIT: $(uname -r), $(nproc) CPUs, harness arguments: $*"
+mkdir -p /dev/shm
+# stall reads formats from tracefs, pins nothing but aya may probe bpffs,
+# the cgroup tests look for a cgroup2 mount in /proc/self/mountinfo, and
+# Python's multiprocessing needs /dev/shm for its semaphores. /tmp stays on
+# the root file system (already a tmpfs): the workspace may live under it.
+for m in "tmpfs /dev/shm" "tracefs /sys/kernel/tracing" "bpf /sys/fs/bpf" "cgroup2 /sys/fs/cgroup"; do
+    fs=${m% *} dir=${m#* }
+    mount -t "$fs" "$fs" "$dir" || finish "FAIL cannot mount $fs on $dir"
+done
+# The daemon test talks HTTP over loopback (there is no other network).
+ip link set lo up || finish "FAIL cannot bring up lo"
+
+chmod 1777 /tmp
+. /stall/env.sh
+
+# The scenario tests throttle their reads with the io cgroup controller,
+# which needs a block device under /var/tmp: a RAM disk (brd), if xtask
+# found the module of this kernel build.
+module=$(ls /lib/modules/"$(uname -r)"/brd.ko* 2>/dev/null)
+case $STALL_TEST_DIR in /var/tmp/*) module="" ;; esac # would hide the workspace
+if [ -n "$module" ]; then
+    case $module in *.xz) xzcat "$module" >/tmp/brd.ko && module=/tmp/brd.ko ;; esac
+    insmod "$module" rd_nr=1 rd_size=$((768 * 1024)) && mke2fs /dev/ram0 >/dev/null && mkdir -p /var/tmp &&
+        mount -t ext4 /dev/ram0 /var/tmp || finish "FAIL cannot put a RAM disk on /var/tmp"
+else
+    echo "STALL-VM: no RAM disk on /var/tmp (no brd module for $(uname -r), or the workspace is there)"
+fi
+
+cd "$STALL_TEST_DIR" || finish "FAIL no $STALL_TEST_DIR"
+
+passed=0 failed=0 failing=""
+for t in /stall/tests/*; do
+    name=${t##*/}
+    # Tests that cannot pass under emulation, one name a line (see vm.rs).
+    skip=""
+    if [ -f "/stall/skip/$name" ]; then
+        while read -r s; do skip="$skip --skip $s"; done <"/stall/skip/$name"
+    fi
+    echo "STALL-VM: running $name$skip"
+    start=$(cut -d' ' -f1 /proc/uptime)
+    # $skip unquoted: split into --skip NAME pairs.
+    "$t" "$@" $skip 2>&1 | tee /tmp/test.out
+    rc=$?
+    counts=$(awk '/^test result:/ { p += $4; f += $6 } END { print p + 0, f + 0 }' /tmp/test.out)
+    passed=$((passed + ${counts% *})) failed=$((failed + ${counts#* }))
+    [ "$rc" -eq 0 ] || failing="$failing $name"
+    echo "STALL-VM: $name exited $rc after $(awk -v s="$start" '{ printf "%.1f", $1 - s }' /proc/uptime)s"
+done
+
+if [ -n "$failing" ]; then
+    finish "FAIL $passed passed, $failed failed; failing:$failing"
+elif [ "$passed" -eq 0 ]; then
+    finish "FAIL no test ran (does the filter match any?)"
+else
+    finish "PASS $passed passed"
+fi
