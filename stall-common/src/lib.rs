@@ -261,6 +261,11 @@ pub struct Config {
     pub _pad: [u8; 2],
     /// Offset of `orig_ax` in `struct pt_regs` (the syscall in progress).
     pub pt_regs_syscall_nr: u32,
+    /// Wake the agent only once this many bytes wait in the ring buffer
+    /// (it also drains on a short timer): a wakeup per record would cost
+    /// more than the record on fork and open storms.
+    pub ringbuf_wake_bytes: u32,
+    pub _pad1: u32,
 }
 
 #[cfg(feature = "user")]
@@ -295,7 +300,7 @@ mod tests {
         assert_eq!(size_of::<ExitEvent>(), 24 + size_of::<ThreadStats>() + 16);
         assert_eq!(size_of::<CloseEvent>(), 24 + 8 + 40);
         assert_eq!(size_of::<Offsets>(), 24);
-        assert_eq!(size_of::<Config>(), 32);
+        assert_eq!(size_of::<Config>(), 40);
         for s in [
             size_of::<ThreadStats>(),
             size_of::<OpenEvent>(),

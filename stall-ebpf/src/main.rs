@@ -54,6 +54,19 @@ pub(crate) unsafe fn atomic_add(p: *mut u64, v: u64) {
     }
 }
 
+/// Submit flags for a ring-buffer record: no wakeup until enough is waiting.
+#[inline(always)]
+pub(crate) fn submit_flags(cfg: &Config) -> u64 {
+    const BPF_RB_AVAIL_DATA: u64 = 0;
+    const BPF_RB_NO_WAKEUP: u64 = 1;
+    const BPF_RB_FORCE_WAKEUP: u64 = 2;
+    if maps::EVENTS.query(BPF_RB_AVAIL_DATA) >= u64::from(cfg.ringbuf_wake_bytes) {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
+
 pub(crate) struct Current {
     pub tid: u32,
     pub tgid: u32,

@@ -8,13 +8,13 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use stall_common::{
-    counter, event_kind, fd_kind, inflight, CloseEvent, FdKey, FileStats, OpenEvent, PATH_LEN,
+    counter, event_kind, fd_kind, inflight, CloseEvent, Config, FdKey, FileStats, OpenEvent, PATH_LEN,
 };
 
 use crate::{
     atomic_add, bump, config, current,
     maps::{EVENTS, FILES, FILE_SEQ},
-    now,
+    now, submit_flags,
     task::header,
 };
 
@@ -117,7 +117,7 @@ pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
     // close_range, exec; or seeded by the agent a moment ago) is retired
     // with its counts before the new open replaces it.
     if let Some(old) = unsafe { FILES.get(key) }.copied() {
-        emit_close(cur.tid, cur.tgid, t.job, fd, old);
+        emit_close(&cfg, cur.tid, cur.tgid, t.job, fd, old);
     }
     let file_id = next_file_id();
     let stats = FileStats { file_id, kind: fd_kind::UNKNOWN, ..Default::default() };
@@ -145,7 +145,7 @@ pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
             bump(counter::LOST_PATH);
         }
     }
-    e.submit(0);
+    e.submit(submit_flags(&cfg));
     0
 }
 
@@ -164,16 +164,16 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
         return 0;
     };
     let _ = FILES.remove(key);
-    emit_close(cur.tid, cur.tgid, cur.stats.job, fd as i32, stats);
+    emit_close(&cfg, cur.tid, cur.tgid, cur.stats.job, fd as i32, stats);
     0
 }
 
 #[inline(always)]
-fn emit_close(tid: u32, tgid: u32, job: u32, fd: i32, stats: FileStats) {
+fn emit_close(cfg: &Config, tid: u32, tgid: u32, job: u32, fd: i32, stats: FileStats) {
     match EVENTS.reserve::<CloseEvent>(0) {
         Some(mut e) => {
             e.write(CloseEvent { hdr: header(event_kind::CLOSE, tid, tgid, job, now()), fd, _pad: 0, stats });
-            e.submit(0);
+            e.submit(submit_flags(cfg));
         }
         None => bump(counter::LOST_RINGBUF),
     }

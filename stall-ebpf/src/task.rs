@@ -8,7 +8,7 @@ use stall_common::{
 use crate::{
     bump, config, current,
     maps::{EVENTS, THREADS},
-    now,
+    now, submit_flags,
 };
 
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -54,7 +54,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
                 clone_flags: flags,
                 comm: bpf_get_current_comm().unwrap_or_default(),
             });
-            e.submit(0);
+            e.submit(submit_flags(&cfg));
         }
         None => bump(counter::LOST_RINGBUF),
     }
@@ -76,7 +76,7 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
                 hdr: header(event_kind::EXEC, cur.tid, cur.tgid, cur.stats.job, now()),
                 comm: bpf_get_current_comm().unwrap_or_default(),
             });
-            e.submit(0);
+            e.submit(submit_flags(&cfg));
         }
         None => bump(counter::LOST_RINGBUF),
     }
@@ -108,7 +108,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
                 stats: *t,
                 comm: bpf_get_current_comm().unwrap_or_default(),
             });
-            e.submit(0);
+            e.submit(submit_flags(&cfg));
         }
         None => bump(counter::LOST_RINGBUF),
     }

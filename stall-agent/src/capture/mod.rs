@@ -46,6 +46,13 @@ const ATTACH: [(&str, &str, &str); 8] = [
 #[cfg(target_arch = "x86_64")]
 const PT_REGS_SYSCALL_NR: u32 = 15 * 8;
 
+/// The ring buffer's size as declared in stall-ebpf's maps.rs.
+const DEFAULT_RINGBUF_BYTES: u32 = 4 << 20;
+
+/// How often the agent drains the ring buffer when no wakeup came (the
+/// kernel side wakes it only once 1/8 of the ring is waiting).
+pub const DRAIN_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("STALL_BPF_OBJ"));
 
 /// Errors callers branch on (each has its own exit code).
@@ -94,6 +101,9 @@ pub struct Capture {
     ring: AsyncFd<RingBuf<MapData>>,
     seed_seq: u64,
     decode_errors: u64,
+    /// Absolute paths already seen to be regular files: an open storm on
+    /// the same shards needs no /proc lookup per open.
+    regular_paths: HashSet<String>,
     // Last: programs detach when this drops.
     _ebpf: Ebpf,
 }
@@ -163,6 +173,8 @@ impl Capture {
             floor: u8::from(opts.floor),
             _pad: [0; 2],
             pt_regs_syscall_nr: PT_REGS_SYSCALL_NR,
+            ringbuf_wake_bytes: opts.ringbuf_bytes.unwrap_or(DEFAULT_RINGBUF_BYTES) / 8,
+            _pad1: 0,
         };
         // Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
         let _ = nix::sys::resource::setrlimit(
@@ -205,6 +217,7 @@ impl Capture {
             ring,
             seed_seq: 0,
             decode_errors: 0,
+            regular_paths: HashSet::new(),
             _ebpf: ebpf,
         })
     }
@@ -340,6 +353,23 @@ impl Capture {
                 let _ = self.cgroups.remove(&id);
             }
         }
+    }
+
+    /// What an opened descriptor is: (where it points, is it a regular
+    /// file). Absolute paths known to be regular files are answered from a
+    /// cache (bounded); anything else is looked up in /proc.
+    pub fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<(String, bool)> {
+        if path.starts_with('/') && self.regular_paths.contains(path) {
+            return Some((path.to_string(), true));
+        }
+        let (target, regular) = procfs::fd_info(tgid, fd)?;
+        if regular && path.starts_with('/') {
+            if self.regular_paths.len() >= 65536 {
+                self.regular_paths.clear();
+            }
+            self.regular_paths.insert(path.to_string());
+        }
+        Some((target, regular))
     }
 
     /// Records that an opened descriptor is not a regular file (FIFO,

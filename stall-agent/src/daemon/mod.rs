@@ -138,10 +138,16 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut events: Vec<JobEvent> = Vec::new();
     let start_ns = monotonic_ns();
 
+    let mut drain = tokio::time::interval(crate::capture::DRAIN_EVERY);
+    drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             r = capture.next_events(&mut events) => {
                 r.context("reading the ring buffer")?;
+                route(&mut capture, &mut jobs, &mut events);
+            }
+            _ = drain.tick() => {
+                capture.drain_events(&mut events);
                 route(&mut capture, &mut jobs, &mut events);
             }
             _ = tick.tick() => {

@@ -166,10 +166,16 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
     let mut child_status = None;
     let mut events = Vec::new();
 
+    let mut drain = tokio::time::interval(crate::capture::DRAIN_EVERY);
+    drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             r = capture.next_events(&mut events) => {
                 r.context("reading the ring buffer")?;
+                state.process(&mut capture, &mut events);
+            }
+            _ = drain.tick() => {
+                capture.drain_events(&mut events);
                 state.process(&mut capture, &mut events);
             }
             _ = tick.tick() => {
@@ -268,7 +274,7 @@ pub(crate) fn observe(
     model.apply(ev);
     match ev {
         Event::Open { tgid, fd, file_id, path, .. } => {
-            if let Some((target, regular)) = procfs::fd_info(*tgid, *fd) {
+            if let Some((target, regular)) = capture.classify_open(*tgid, *fd, path) {
                 if regular {
                     // The kernel counts UNKNOWN as a file already; no map
                     // write, so no read-modify-write race with its counters.
@@ -282,9 +288,13 @@ pub(crate) fn observe(
                 }
             }
         }
-        Event::NewTask { child_tid, child_tgid, .. } if child_tid == child_tgid => {
+        Event::NewTask { parent_tgid, child_tid, child_tgid, .. } if child_tid == child_tgid => {
             note_process(model, *child_tgid);
-            extra.extend(capture.seed_fds(*child_tgid, job));
+            // Inherited descriptors only matter if the parent had files open
+            // (a fork storm of processes without any costs no /proc walk).
+            if model.files.values().any(|f| f.tgid == *parent_tgid && f.open) {
+                extra.extend(capture.seed_fds(*child_tgid, job));
+            }
         }
         Event::Exec { tgid, .. } => {
             if let Some(c) = procfs::cmdline(*tgid) {
@@ -453,5 +463,9 @@ impl Loop {
         self.model.apply_files(&last);
         self.retired.0.extend(tgids);
         self.retired.1.extend(tids);
+        // Forget what the model itself has folded away (bounded memory).
+        let (dead_tgids, dead_tids) = self.model.dead();
+        self.retired.0.retain(|t| dead_tgids.contains(t));
+        self.retired.1.retain(|t| dead_tids.contains(t));
     }
 }
