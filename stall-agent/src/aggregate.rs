@@ -245,6 +245,10 @@ pub struct Model {
     /// them: memory follows distinct paths, not opens (a job that opens the
     /// same shards a million times keeps one entry per shard).
     archived: HashMap<(u32, String), FileWindow>,
+    /// What files closed since the last window read in it, per (process,
+    /// path): a closed file leaves `files` at once, so an open storm costs
+    /// memory per path, not per open.
+    closing: HashMap<(u32, String), FileWindow>,
     /// Opens seen since the last window, per file id (a file opened and
     /// read between two snapshots is still counted once).
     opened: HashSet<u64>,
@@ -396,10 +400,11 @@ impl Model {
                 }
             }
             Event::Close { ts, file_id, counters, .. } => {
-                if let Some(f) = self.files.get_mut(file_id) {
+                if let Some(mut f) = self.files.remove(file_id) {
                     f.total = *counters;
                     f.open = false;
                     f.close_ts = Some(*ts);
+                    self.retire_file(f);
                 }
             }
         }
@@ -472,28 +477,46 @@ impl Model {
         self.files.retain(|_, f| f.open && procs.contains_key(&f.tgid));
         self.wakes.retain(|(wakee, _), _| threads.contains_key(wakee));
         self.archived.clear();
+        self.closing.clear();
         self.ended.clear();
         self.folded = Folded::default();
     }
 
-    /// Folds closed files into `archived` (their last interval is counted).
-    fn archive_closed(&mut self) {
-        let closed: Vec<u64> = self.files.values().filter(|f| !f.open).map(|f| f.file_id).collect();
-        for id in closed {
-            let f = self.files.remove(&id).expect("listed above");
-            if f.kind == fd_kind::OTHER {
-                continue;
-            }
-            let e = self.archived.entry((f.tgid, f.path.clone())).or_insert_with(|| FileWindow {
-                path: f.path.clone(),
-                resolved: f.resolved.clone(),
-                ..Default::default()
-            });
-            e.opens += 1;
-            e.read_calls += f.total.read_calls;
-            e.read_bytes += f.total.read_bytes;
-            e.read_ns += f.total.read_ns;
-            e.open_ns += f.close_ts.unwrap_or(f.open_ts).saturating_sub(f.open_ts);
+    /// Folds a closed file into this window's `closing` (what it read
+    /// since the last window) and into `archived` (the whole run).
+    fn retire_file(&mut self, f: File) {
+        let opened_now = self.opened.remove(&f.file_id);
+        if f.kind == fd_kind::OTHER {
+            return;
+        }
+        let close = f.close_ts.unwrap_or(f.open_ts);
+        let key = (f.tgid, f.path.clone());
+        let fresh =
+            || FileWindow { path: f.path.clone(), resolved: f.resolved.clone(), ..Default::default() };
+        let c = self.closing.entry(key.clone()).or_insert_with(fresh);
+        c.opens += u64::from(opened_now);
+        c.read_calls += f.total.read_calls.saturating_sub(f.mark.read_calls);
+        c.read_bytes += f.total.read_bytes.saturating_sub(f.mark.read_bytes);
+        c.read_ns += f.total.read_ns.saturating_sub(f.mark.read_ns);
+        c.open_ns += close.saturating_sub(f.open_ts.max(self.mark_ns));
+        let a = self.archived.entry(key).or_insert_with(fresh);
+        a.opens += 1;
+        a.read_calls += f.total.read_calls;
+        a.read_bytes += f.total.read_bytes;
+        a.read_ns += f.total.read_ns;
+        a.open_ns += close.saturating_sub(f.open_ts);
+    }
+
+    /// Descriptors of processes that ended (closed by exit, not `close`):
+    /// their last counts are in; fold them like closed files.
+    pub fn end_files_of(&mut self, tgids: &HashSet<u32>, ts: u64) {
+        let ids: Vec<u64> =
+            self.files.values().filter(|f| tgids.contains(&f.tgid)).map(|f| f.file_id).collect();
+        for id in ids {
+            let mut f = self.files.remove(&id).expect("listed above");
+            f.open = false;
+            f.close_ts = Some(ts.max(f.open_ts));
+            self.retire_file(f);
         }
     }
 
@@ -513,7 +536,7 @@ impl Model {
         self.opened.clear();
         self.lost_mark = self.lost;
         self.events_mark = self.events;
-        self.archive_closed();
+        self.closing.clear();
         self.fold_ended();
         w
     }
@@ -604,11 +627,10 @@ impl Model {
             });
         }
         let mut by_path: HashMap<(usize, &str), FileWindow> = HashMap::new();
-        if !since_mark {
-            for ((tgid, path), a) in &self.archived {
-                if let Some(&i) = index.get(tgid) {
-                    by_path.insert((i, path.as_str()), a.clone());
-                }
+        let folded = if since_mark { &self.closing } else { &self.archived };
+        for ((tgid, path), a) in folded {
+            if let Some(&i) = index.get(tgid) {
+                by_path.insert((i, path.as_str()), a.clone());
             }
         }
         for f in self.files.values() {

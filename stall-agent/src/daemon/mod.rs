@@ -354,6 +354,7 @@ fn step(job: &mut Job, capture: &mut Capture, snap: &Snapshot, gpus: &[GpuTrack]
     if !tgids.is_empty() || !tids.is_empty() {
         let last = capture.retire(&tgids, &tids);
         job.model.apply_files(&last);
+        job.model.end_files_of(&tgids, snap.ts);
     }
     let window = job.model.interval(snap.ts);
     push_recent(&mut job.recent, window.clone());

@@ -461,6 +461,7 @@ impl Loop {
         }
         let last = capture.retire(&tgids, &tids);
         self.model.apply_files(&last);
+        self.model.end_files_of(&tgids, self.model.last_ns);
         self.retired.0.extend(tgids);
         self.retired.1.extend(tids);
         // Forget what the model itself has folded away (bounded memory).
