@@ -15,6 +15,9 @@ pub struct Proc {
     pub comm: String,
     pub cmdline: Option<String>,
     pub alive: bool,
+    /// Its threads (an index: exits and folding touch one process, not
+    /// every thread of the job).
+    pub tids: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -329,6 +332,9 @@ impl Model {
     }
 
     fn thread_mut(&mut self, tid: u32, tgid: u32) -> &mut Thread {
+        if !self.threads.contains_key(&tid) {
+            self.proc_mut(tgid).tids.push(tid);
+        }
         let t = self.threads.entry(tid).or_insert_with(|| Thread {
             tid,
             tgid,
@@ -391,7 +397,8 @@ impl Model {
                 }
                 self.last_ns = self.last_ns.max(*ts);
                 let tg = *tgid;
-                if !self.threads.values().any(|t| t.tgid == tg && t.alive) {
+                let tids = self.procs.get(&tg).map(|p| p.tids.as_slice()).unwrap_or_default();
+                if !tids.iter().any(|t| self.threads.get(t).is_some_and(|t| t.alive)) {
                     let p = self.proc_mut(tg);
                     if p.alive {
                         p.alive = false;
@@ -472,7 +479,10 @@ impl Model {
     pub fn prune(&mut self) {
         self.threads.retain(|_, t| t.alive);
         let threads = &self.threads;
-        self.procs.retain(|tgid, p| p.alive || threads.values().any(|t| t.tgid == *tgid));
+        for p in self.procs.values_mut() {
+            p.tids.retain(|t| threads.contains_key(t));
+        }
+        self.procs.retain(|_, p| p.alive || !p.tids.is_empty());
         let procs = &self.procs;
         self.files.retain(|_, f| f.open && procs.contains_key(&f.tgid));
         self.wakes.retain(|(wakee, _), _| threads.contains_key(wakee));
@@ -544,34 +554,42 @@ impl Model {
     /// Sums the oldest ended processes beyond [`MAX_ENDED`] into one entry,
     /// so a job that forks without end keeps the agent's memory bounded.
     fn fold_ended(&mut self) {
+        if self.ended.len() <= MAX_ENDED {
+            return;
+        }
+        let mut gone_tgids = HashSet::new();
+        let mut gone_tids = HashSet::new();
         while self.ended.len() > MAX_ENDED {
             let tgid = self.ended.pop_front().expect("non-empty");
             if self.procs.get(&tgid).is_none_or(|p| p.alive) {
                 continue; // the pid came back as a new process
             }
-            self.procs.remove(&tgid);
-            let tids: Vec<u32> = self.threads.values().filter(|t| t.tgid == tgid).map(|t| t.tid).collect();
-            for tid in &tids {
-                if let Some(t) = self.threads.remove(tid) {
+            let p = self.procs.remove(&tgid).expect("checked above");
+            for tid in p.tids {
+                if let Some(t) = self.threads.remove(&tid) {
                     self.folded.counters.add(&t.total);
+                    gone_tids.insert(tid);
                 }
             }
-            self.wakes.retain(|(wakee, _), _| !tids.contains(wakee));
-            let keys: Vec<(u32, String)> = self.archived.keys().filter(|k| k.0 == tgid).cloned().collect();
-            for k in keys {
-                let a = self.archived.remove(&k).expect("listed above");
-                let e = self
-                    .folded
-                    .files
-                    .entry(k.1)
-                    .or_insert_with(|| FileWindow { path: a.path.clone(), ..Default::default() });
-                e.opens += a.opens;
-                e.read_calls += a.read_calls;
-                e.read_bytes += a.read_bytes;
-                e.read_ns += a.read_ns;
-                e.open_ns += a.open_ns;
-            }
+            gone_tgids.insert(tgid);
             self.folded.procs += 1;
+        }
+        // One pass over the wakers and the folded files for the whole batch.
+        self.wakes.retain(|(wakee, _), _| !gone_tids.contains(wakee));
+        let keys: Vec<(u32, String)> =
+            self.archived.keys().filter(|k| gone_tgids.contains(&k.0)).cloned().collect();
+        for k in keys {
+            let a = self.archived.remove(&k).expect("listed above");
+            let e = self
+                .folded
+                .files
+                .entry(k.1)
+                .or_insert_with(|| FileWindow { path: a.path.clone(), ..Default::default() });
+            e.opens += a.opens;
+            e.read_calls += a.read_calls;
+            e.read_bytes += a.read_bytes;
+            e.read_ns += a.read_ns;
+            e.open_ns += a.open_ns;
         }
     }
 
