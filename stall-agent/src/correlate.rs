@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::aggregate::Window;
+use crate::aggregate::{ProcWindow, Window};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -41,8 +41,16 @@ impl Roles {
 /// `gpu_pids`: processes NVML saw on a GPU; `root`: the process stall was
 /// pointed at (attach --pid, or run's child), if any.
 pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
-    let present: HashSet<u32> = w.procs.iter().map(|p| p.tgid).collect();
+    // Indexes first: a fork storm leaves thousands of processes here.
+    let by_tgid: HashMap<u32, &ProcWindow> = w.procs.iter().map(|p| (p.tgid, p)).collect();
+    let present: HashSet<u32> = by_tgid.keys().copied().collect();
     let parent: HashMap<u32, u32> = w.procs.iter().filter_map(|p| Some((p.tgid, p.ppid?))).collect();
+    let secs = w.secs().max(1e-3);
+    let busy_set: HashSet<u32> = w.procs.iter().filter(|p| busy(p, secs)).map(|p| p.tgid).collect();
+    let busy = |t: u32| busy_set.contains(&t);
+    let worker_like = |child: u32, parent: u32| {
+        busy(child) || forked_worker(by_tgid.get(&child).copied(), by_tgid.get(&parent).copied())
+    };
 
     // Who feeds whom: waking its threads, or being its child that does work.
     let mut feeders: HashMap<u32, HashSet<u32>> = HashMap::new();
@@ -55,7 +63,7 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
             }
         }
         if let Some(pp) = p.ppid.filter(|pp| present.contains(pp)) {
-            if busy(w, p.tgid) {
+            if busy(p.tgid) {
                 feeders.entry(pp).or_default().insert(p.tgid);
             }
         }
@@ -77,7 +85,15 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
         // Worker-like children first (a DataLoader's parent is the trainer
         // even when the trainer is the busy one and wakes its workers more
         // than they wake it), then who wakes it, then nearest the root.
-        let kids = |t: u32| w.procs.iter().filter(|c| c.ppid == Some(t) && worker_like(w, c.tgid, t)).count();
+        let mut kid_counts: HashMap<u32, usize> = HashMap::new();
+        for c in &w.procs {
+            if let Some(pp) = c.ppid.filter(|pp| present.contains(pp)) {
+                if worker_like(c.tgid, pp) {
+                    *kid_counts.entry(pp).or_default() += 1;
+                }
+            }
+        }
+        let kids = |t: u32| kid_counts.get(&t).copied().unwrap_or(0);
         let best = w
             .procs
             .iter()
@@ -114,8 +130,8 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
             Role::Trainer
         } else {
             let feeds = trainers.iter().any(|t| feeders.get(t).is_some_and(|f| f.contains(&p.tgid)));
-            let forked = p.ppid.is_some_and(|pp| trainer_set.contains(&pp) && worker_like(w, p.tgid, pp));
-            if (descends_from_trainer(p.tgid) && busy(w, p.tgid)) || forked || feeds {
+            let forked = p.ppid.is_some_and(|pp| trainer_set.contains(&pp) && worker_like(p.tgid, pp));
+            if (descends_from_trainer(p.tgid) && busy(p.tgid)) || forked || feeds {
                 workers.push(p.tgid);
                 Role::Worker
             } else {
@@ -127,17 +143,14 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
     Roles { by_tgid, trainers, workers }
 }
 
-/// A child that looks like a data worker of `parent`: it did work, or it
-/// is a fork that did not exec (same command line: multiprocessing's fork
-/// start method, as DataLoader uses on Linux), or a multiprocessing spawn
-/// child — even when it does nothing (a hung worker is still a worker).
-/// multiprocessing's resource tracker is not one.
-fn worker_like(w: &Window, child: u32, parent: u32) -> bool {
-    if busy(w, child) {
-        return true;
-    }
-    let cmd = |t: u32| w.proc(t).and_then(|p| p.cmdline.as_deref());
-    match (cmd(child), cmd(parent)) {
+/// A child that looks like a data worker of its parent even when idle (a
+/// hung worker is still a worker): a fork that did not exec (same command
+/// line: multiprocessing's fork start method, as DataLoader uses on Linux),
+/// or a multiprocessing spawn child. The resource tracker is not one.
+fn forked_worker(child: Option<&ProcWindow>, parent: Option<&ProcWindow>) -> bool {
+    let child = child.and_then(|p| p.cmdline.as_deref());
+    let parent = parent.and_then(|p| p.cmdline.as_deref());
+    match (child, parent) {
         (Some(c), _) if c.contains("resource_tracker") => false,
         (Some(c), Some(p)) if c == p => true,
         (Some(c), _) => c.contains("multiprocessing.spawn") || c.contains("multiprocessing.forkserver"),
@@ -146,10 +159,8 @@ fn worker_like(w: &Window, child: u32, parent: u32) -> bool {
 }
 
 /// Did this process do anything: read a file, or use the CPU (>1%)?
-fn busy(w: &Window, tgid: u32) -> bool {
-    let Some(p) = w.proc(tgid) else { return false };
+fn busy(p: &ProcWindow, secs: f64) -> bool {
     let c = p.sum();
-    let secs = w.secs().max(1e-3);
     p.file_read_bytes() > 0 || c.file_read_calls > 0 || (c.on_cpu_ns as f64 / 1e9) / secs > 0.01
 }
 

@@ -164,10 +164,18 @@ pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow]) -> Verdict {
     let Some(main) = trainer.main_thread() else {
         return done(Kind::Unknown, "the trainer has no traced thread".into(), evidence);
     };
-    let workers: Vec<&ProcWindow> = roles.workers.iter().filter_map(|t| w.proc(*t)).collect();
+    let worker_set: std::collections::HashSet<u32> = roles.workers.iter().copied().collect();
+    let workers: Vec<&ProcWindow> = w.procs.iter().filter(|p| worker_set.contains(&p.tgid)).collect();
     let tm = Shares::of(main, secs);
     evidence.push(thread_line("trainer main thread", trainer, main, &tm));
-    for wp in &workers {
+    // The busiest readers first; a handful is evidence, thousands is noise.
+    let mut shown: Vec<&&ProcWindow> = workers.iter().collect();
+    shown.sort_by_key(|p| (std::cmp::Reverse(p.file_read_bytes()), p.tgid));
+    if shown.len() > MAX_WORKER_LINES {
+        evidence.push(format!("{} workers; the {MAX_WORKER_LINES} that read most:", shown.len()));
+        shown.truncate(MAX_WORKER_LINES);
+    }
+    for wp in shown {
         if let Some(t) = wp.main_thread() {
             let s = Shares::of(t, secs);
             evidence.push(format!(
@@ -266,6 +274,9 @@ pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow]) -> Verdict {
     );
     done(Kind::Unknown, text, evidence)
 }
+
+/// Worker lines in the evidence, at most.
+const MAX_WORKER_LINES: usize = 8;
 
 fn gpu_prefix(gpus: &[GpuWindow], secs: f64) -> Option<String> {
     let parts: Vec<String> = gpus
