@@ -575,7 +575,7 @@ impl Model {
             self.folded.procs += 1;
         }
         // One pass over the wakers and the folded files for the whole batch.
-        self.wakes.retain(|(wakee, _), _| !gone_tids.contains(wakee));
+        self.wakes.retain(|(wakee, waker), _| !gone_tids.contains(wakee) && !gone_tids.contains(waker));
         let keys: Vec<(u32, String)> =
             self.archived.keys().filter(|k| gone_tgids.contains(&k.0)).cloned().collect();
         for k in keys {

@@ -495,8 +495,14 @@ impl Capture {
             }
         }
         if !tids.is_empty() {
-            let keys: Vec<WakeKey> =
-                self.wakes.keys().filter_map(Result::ok).filter(|k| tids.contains(&k.wakee)).collect();
+            // Dead wakers too: a parent woken by each of a million short-lived
+            // children would otherwise fill the map (the model keeps the counts).
+            let keys: Vec<WakeKey> = self
+                .wakes
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| tids.contains(&k.wakee) || tids.contains(&k.waker))
+                .collect();
             for k in keys {
                 let _ = self.wakes.remove(&k);
             }
