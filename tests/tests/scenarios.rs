@@ -53,9 +53,9 @@ fn workload_py() -> PathBuf {
 }
 
 /// `python3 demo/workload.py ARGS...`
-fn workload(args: &[&str]) -> Vec<String> {
+fn workload(args: &[impl AsRef<str>]) -> Vec<String> {
     let mut v = vec![python().to_string(), workload_py().to_str().unwrap().to_string()];
-    v.extend(args.iter().map(|s| s.to_string()));
+    v.extend(args.iter().map(|s| s.as_ref().to_string()));
     v
 }
 
@@ -69,17 +69,29 @@ fn disk_scratch(tag: &str) -> Scratch {
     Scratch(dir)
 }
 
-/// Generates the job's sample files (untraced), so that a traced run only reads them.
-fn prepare(cache: &Path, files: u32, mb: u32) {
+/// Generates the job's sample files (untraced), so that a traced run only
+/// reads them, and returns the workload arguments that read them at `mbps`:
+/// one place for the numbers, so the files and the run always agree.
+fn shards(cache: &Path, files: u32, mb: u32, mbps: u32) -> Vec<String> {
+    let shard = [
+        "--cache-dir".to_string(),
+        cache.to_str().unwrap().to_string(),
+        "--files".into(),
+        files.to_string(),
+        "--file-mb".into(),
+        mb.to_string(),
+    ];
     let mut cmd = Command::new(python());
-    cmd.arg(workload_py()).arg("--prepare-only").arg("--cache-dir").arg(cache);
-    cmd.args(["--files", &files.to_string(), "--file-mb", &mb.to_string()]);
+    cmd.arg(workload_py()).arg("--prepare-only").args(&shard);
     let out = run_with_timeout(cmd, T);
     assert!(out.status.success(), "preparing files: {}", String::from_utf8_lossy(&out.stderr));
+    let mut args = shard.to_vec();
+    args.extend(["--throttle-mbps".to_string(), mbps.to_string()]);
+    args
 }
 
 /// `stall run -q -- python3 demo/workload.py ARGS...`
-fn stall_run(args: &[&str]) -> Run {
+fn stall_run(args: &[impl AsRef<str>]) -> Run {
     let mut v: Vec<String> = vec!["run".into(), "-q".into(), "--".into()];
     v.extend(workload(args));
     let refs: Vec<&str> = v.iter().map(String::as_str).collect();
@@ -144,7 +156,7 @@ struct Job {
 
 impl Job {
     /// Starts it and reads its first stdout line, `PID <trainer pid>`.
-    fn start(args: &[&str]) -> Self {
+    fn start(args: &[impl AsRef<str>]) -> Self {
         let argv = workload(args);
         let mut child = Command::new(&argv[0])
             .args(&argv[1..])
@@ -443,24 +455,12 @@ fn io_bound_job_under_run() {
     let _t = Timed::start("io_bound_job_under_run");
     let s = disk_scratch("io");
     let cache = s.path("cache");
-    prepare(&cache, 8, 12);
     let truth_path = s.path("truth.json");
-    let run = stall_run(&[
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--files",
-        "8",
-        "--file-mb",
-        "12",
-        "--throttle-mbps",
-        "24",
-        "--workers",
-        "4",
-        "--start-delay",
-        "0",
-        "--truth",
-        truth_path.to_str().unwrap(),
-    ]);
+    let mut args = shards(&cache, 8, 12, 24);
+    args.extend(
+        ["--workers", "4", "--start-delay", "0", "--truth", truth_path.to_str().unwrap()].map(String::from),
+    );
+    let run = stall_run(&args);
     assert_eq!(run.status, 0, "{}", run.stderr);
     let t = finished_truth(&truth_path, "io");
     assert_throttled(&t);
@@ -631,27 +631,23 @@ fn respawned_workers_every_epoch() {
     let _t = Timed::start("respawned_workers_every_epoch");
     let s = disk_scratch("respawn");
     let cache = s.path("cache");
-    prepare(&cache, 4, 4);
     let truth_path = s.path("truth.json");
-    let run = stall_run(&[
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--files",
-        "4",
-        "--file-mb",
-        "4",
-        "--throttle-mbps",
-        "16",
-        "--workers",
-        "2",
-        "--respawn",
-        "--epochs",
-        "3",
-        "--start-delay",
-        "0",
-        "--truth",
-        truth_path.to_str().unwrap(),
-    ]);
+    let mut args = shards(&cache, 4, 4, 16);
+    args.extend(
+        [
+            "--workers",
+            "2",
+            "--respawn",
+            "--epochs",
+            "3",
+            "--start-delay",
+            "0",
+            "--truth",
+            truth_path.to_str().unwrap(),
+        ]
+        .map(String::from),
+    );
+    let run = stall_run(&args);
     assert_eq!(run.status, 0, "{}", run.stderr);
     let t = finished_truth(&truth_path, "io");
     assert_throttled(&t);
@@ -682,26 +678,22 @@ fn attach_to_pid_mid_run() {
     let _t = Timed::start("attach_to_pid_mid_run");
     let s = disk_scratch("midrun");
     let cache = s.path("cache");
-    prepare(&cache, 16, 6);
     let truth_path = s.path("truth.json");
-    let mut job = Job::start(&[
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--files",
-        "16",
-        "--file-mb",
-        "6",
-        "--throttle-mbps",
-        "24",
-        "--workers",
-        "4",
-        "--start-delay",
-        "0",
-        "--max-seconds",
-        "60",
-        "--truth",
-        truth_path.to_str().unwrap(),
-    ]);
+    let mut args = shards(&cache, 16, 6, 24);
+    args.extend(
+        [
+            "--workers",
+            "4",
+            "--start-delay",
+            "0",
+            "--max-seconds",
+            "60",
+            "--truth",
+            truth_path.to_str().unwrap(),
+        ]
+        .map(String::from),
+    );
+    let mut job = Job::start(&args);
     wait_until("the workers to start", Duration::from_secs(20), || truth_path.exists());
     sleep(Duration::from_secs(1)); // reading is under way
     let spawned = monotonic_s();
@@ -766,30 +758,26 @@ fn attach_to_cgroup() {
     let _t = Timed::start("attach_to_cgroup");
     let s = disk_scratch("cgroup");
     let cache = s.path("cache");
-    prepare(&cache, 8, 8);
     let truth_path = s.path("truth.json");
     let go = s.path("go");
     let cg = Cgroup::new("cg");
-    let mut job = Job::start(&[
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--files",
-        "8",
-        "--file-mb",
-        "8",
-        "--throttle-mbps",
-        "16",
-        "--workers",
-        "4",
-        "--start-delay",
-        "0",
-        "--start-after",
-        go.to_str().unwrap(),
-        "--max-seconds",
-        "60",
-        "--truth",
-        truth_path.to_str().unwrap(),
-    ]);
+    let mut args = shards(&cache, 8, 8, 16);
+    args.extend(
+        [
+            "--workers",
+            "4",
+            "--start-delay",
+            "0",
+            "--start-after",
+            go.to_str().unwrap(),
+            "--max-seconds",
+            "60",
+            "--truth",
+            truth_path.to_str().unwrap(),
+        ]
+        .map(String::from),
+    );
+    let mut job = Job::start(&args);
     // The trainer waits for `go`; its workers will be forked into the cgroup.
     cg.add(job.pid);
     let mut stall = Attached::start(&["--cgroup", &cg.name, "--duration", "40", "--interval", "0.25"]);
