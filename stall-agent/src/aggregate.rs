@@ -18,6 +18,8 @@ pub struct Proc {
     /// Its threads (an index: exits and folding touch one process, not
     /// every thread of the job).
     pub tids: Vec<u32>,
+    /// Ended and its kernel entries freed (see [`Model::dead`]).
+    retired: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -30,6 +32,7 @@ pub struct Thread {
     pub now: ThreadNow,
     pub other_nr: i32,
     pub alive: bool,
+    retired: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -465,11 +468,26 @@ impl Model {
     }
 
     /// Processes whose every thread has exited, and exited threads, that
-    /// the kernel maps still hold. Call `forget` once they are retired.
+    /// the kernel maps may still hold; `mark_retired` once they are freed.
     pub fn dead(&self) -> (HashSet<u32>, HashSet<u32>) {
-        let tids: HashSet<u32> = self.threads.values().filter(|t| !t.alive).map(|t| t.tid).collect();
-        let tgids = self.procs.values().filter(|p| !p.alive).map(|p| p.tgid).collect();
+        let tids: HashSet<u32> =
+            self.threads.values().filter(|t| !t.alive && !t.retired).map(|t| t.tid).collect();
+        let tgids = self.procs.values().filter(|p| !p.alive && !p.retired).map(|p| p.tgid).collect();
         (tgids, tids)
+    }
+
+    /// What [`Model::dead`] returned has been retired from the kernel maps.
+    pub fn mark_retired(&mut self, tgids: &HashSet<u32>, tids: &HashSet<u32>) {
+        for t in tids {
+            if let Some(t) = self.threads.get_mut(t) {
+                t.retired = true;
+            }
+        }
+        for p in tgids {
+            if let Some(p) = self.procs.get_mut(p) {
+                p.retired = true;
+            }
+        }
     }
 
     /// Forgets what has ended (exited threads and processes, closed files,
@@ -836,6 +854,9 @@ mod tests {
         assert!(m.procs[&10].alive);
         let (tgids, tids) = m.dead();
         assert!(tgids.contains(&20) && tids.contains(&20) && !tids.contains(&11));
+        m.mark_retired(&tgids, &tids);
+        let (tgids, tids) = m.dead();
+        assert!(tgids.is_empty() && tids.is_empty(), "retired once, not every interval");
         // An exited thread's last counters stay in the totals.
         assert_eq!(m.summary(5).thread(20).unwrap().1.delta.file_read_bytes, 9);
     }

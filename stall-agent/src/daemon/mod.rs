@@ -26,7 +26,11 @@ use crate::{
     correlate,
     decode::{JobEvent, Snapshot},
     gpu::{self as nvml, GpuSelect},
-    session::{gpu::GpuTrack, note_process, observe, SessionError},
+    session::{
+        absorb,
+        gpu::{poll_into, GpuTrack},
+        observe, SessionError,
+    },
     verdict::{self, GpuWindow, Verdict},
 };
 
@@ -156,16 +160,7 @@ pub async fn run(opts: Options) -> Result<()> {
                 route(&mut capture, &mut jobs, &mut events);
                 let snap = capture.snapshot();
                 if let Some(src) = gpu.as_mut() {
-                    for s in src.poll() {
-                        let i = match gpus.iter().position(|g| g.index == s.index) {
-                            Some(i) => i,
-                            None => {
-                                gpus.push(GpuTrack::new(s.index, &s.name));
-                                gpus.len() - 1
-                            }
-                        };
-                        gpus[i].add(&s, start_ns);
-                    }
+                    poll_into(&mut gpus, src.as_mut(), start_ns);
                 }
                 for job in jobs.values_mut() {
                     step(job, &mut capture, &snap, &gpus, &shared.metrics);
@@ -342,20 +337,7 @@ fn slice(snap: &Snapshot, job: u32) -> Snapshot {
 }
 
 fn step(job: &mut Job, capture: &mut Capture, snap: &Snapshot, gpus: &[GpuTrack], metrics: &Metrics) {
-    let part = slice(snap, job.id);
-    job.model.apply_snapshot(&part);
-    for t in &part.threads {
-        note_process(&mut job.model, t.tgid);
-    }
-    job.model.refresh_names(procfs::thread_comm);
-    // Free the kernel entries of what exited, taking the descriptors' last
-    // counts into this window (pruned below, so never retired twice).
-    let (tgids, tids) = job.model.dead();
-    if !tgids.is_empty() || !tids.is_empty() {
-        let last = capture.retire(&tgids, &tids);
-        job.model.apply_files(&last);
-        job.model.end_files_of(&tgids, snap.ts);
-    }
+    absorb(capture, &mut job.model, &slice(snap, job.id));
     let window = job.model.interval(snap.ts);
     push_recent(&mut job.recent, window.clone());
     let pids: HashSet<u32> = job.model.procs.keys().copied().collect();

@@ -4,12 +4,30 @@
 use std::collections::{HashSet, VecDeque};
 
 use crate::{
-    gpu::GpuSnapshot,
+    gpu::{GpuSnapshot, GpuSource},
     verdict::{self, rules::IDLE_UTIL_PCT, GpuWindow},
 };
 
 /// Recent samples kept per device (NVML gives about 6 per second).
 const RECENT: usize = 600;
+
+/// Polls `src` once into `tracks` (one per device, added as seen) and
+/// prints the driver's notices.
+pub fn poll_into(tracks: &mut Vec<GpuTrack>, src: &mut dyn GpuSource, start_ns: u64) {
+    for s in src.poll() {
+        let i = match tracks.iter().position(|g| g.index == s.index) {
+            Some(i) => i,
+            None => {
+                tracks.push(GpuTrack::new(s.index, &s.name));
+                tracks.len() - 1
+            }
+        };
+        tracks[i].add(&s, start_ns);
+    }
+    for w in src.take_warnings() {
+        eprintln!("stall: {w}");
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct GpuTrack {

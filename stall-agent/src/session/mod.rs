@@ -19,7 +19,7 @@ use crate::{
     aggregate::{push_recent, Model, Window},
     capture::{cgroup, monotonic_ns, procfs, Capture, CaptureOptions},
     correlate,
-    decode::{Event, JobEvent},
+    decode::{Event, JobEvent, Snapshot},
     gpu::{self as nvml, GpuSelect},
     output::{self, View},
     verdict::{self, GpuWindow, Verdict},
@@ -144,7 +144,6 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         model,
         gpus: Vec::new(),
         recent: VecDeque::new(),
-        retired: (HashSet::new(), HashSet::new()),
         root,
         label,
         gpu_note: gpu_note.as_ref().map(|e| e.to_string()),
@@ -261,6 +260,25 @@ fn open_gpu(opts: &Options) -> Result<Result<Option<Box<dyn nvml::GpuSource>>, n
     }
 }
 
+/// Takes one map snapshot into a job's model: counters, current names, and
+/// the kernel entries of what ended freed (keeps the maps bounded), with the
+/// last counts of the descriptors exit closed.
+pub(crate) fn absorb(capture: &mut Capture, model: &mut Model, snap: &Snapshot) {
+    model.apply_snapshot(snap);
+    for t in &snap.threads {
+        note_process(model, t.tgid);
+    }
+    model.refresh_names(procfs::thread_comm);
+    let (tgids, tids) = model.dead();
+    if tgids.is_empty() && tids.is_empty() {
+        return;
+    }
+    let last = capture.retire(&tgids, &tids);
+    model.apply_files(&last);
+    model.end_files_of(&tgids, snap.ts);
+    model.mark_retired(&tgids, &tids);
+}
+
 /// Applies one event to `model`, adding what only /proc can tell: what an
 /// opened descriptor is, the new process's name and the files it inherited
 /// (those go to `extra`, to be applied after the batch).
@@ -375,7 +393,6 @@ struct Loop {
     model: Model,
     gpus: Vec<GpuTrack>,
     recent: VecDeque<Window>,
-    retired: (HashSet<u32>, HashSet<u32>),
     root: Option<u32>,
     label: String,
     gpu_note: Option<String>,
@@ -415,31 +432,14 @@ impl Loop {
         capture.drain_events(&mut events);
         self.process(capture, &mut events);
         let snap = capture.snapshot();
-        self.model.apply_snapshot(&snap);
-        for t in &snap.threads {
-            note_process(&mut self.model, t.tgid);
-        }
-        self.model.refresh_names(procfs::thread_comm);
+        absorb(capture, &mut self.model, &snap);
         if let Some(src) = gpu {
-            for s in src.poll() {
-                let track = match self.gpus.iter_mut().position(|g| g.index == s.index) {
-                    Some(i) => &mut self.gpus[i],
-                    None => {
-                        self.gpus.push(GpuTrack::new(s.index, &s.name));
-                        self.gpus.last_mut().unwrap()
-                    }
-                };
-                track.add(&s, self.model.start_ns);
-            }
-            for w in src.take_warnings() {
-                eprintln!("stall: {w}");
-            }
+            gpu::poll_into(&mut self.gpus, src.as_mut(), self.model.start_ns);
         }
         let window = self.model.interval(snap.ts);
         let events_per_s = window.events as f64 / window.secs().max(1e-3);
         self.last_events = snap.events;
         push_recent(&mut self.recent, window.clone());
-        self.retire(capture);
 
         let summary = self.model.summary(snap.ts);
         let roles = self.roles(&summary);
@@ -449,24 +449,5 @@ impl Loop {
         let verdict = verdict::judge(&recent, &roles, &gpus);
         let elapsed_s = snap.ts.saturating_sub(self.model.start_ns) as f64 / 1e9;
         IntervalView { window: recent, roles, gpus, verdict, elapsed_s, events_per_s }
-    }
-
-    /// Frees kernel map entries of what has exited (keeps the maps bounded).
-    fn retire(&mut self, capture: &mut Capture) {
-        let (tgids, tids) = self.model.dead();
-        let tgids: HashSet<u32> = tgids.difference(&self.retired.0).copied().collect();
-        let tids: HashSet<u32> = tids.difference(&self.retired.1).copied().collect();
-        if tgids.is_empty() && tids.is_empty() {
-            return;
-        }
-        let last = capture.retire(&tgids, &tids);
-        self.model.apply_files(&last);
-        self.model.end_files_of(&tgids, self.model.last_ns);
-        self.retired.0.extend(tgids);
-        self.retired.1.extend(tids);
-        // Forget what the model itself has folded away (bounded memory).
-        let (dead_tgids, dead_tids) = self.model.dead();
-        self.retired.0.retain(|t| dead_tgids.contains(t));
-        self.retired.1.retain(|t| dead_tids.contains(t));
     }
 }
