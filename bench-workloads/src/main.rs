@@ -182,7 +182,10 @@ fn pread(o: &Opts) -> Res<String> {
     let start = Instant::now();
     let workers: Vec<_> = (0..threads)
         .map(|i| {
-            let f = file.try_clone().expect("dup");
+            // Each thread opens the file itself, as DataLoader workers do, so
+            // the bench times the file path (stall does not follow dup'd
+            // descriptors: their reads count as non-file reads).
+            let f = File::open(&path).expect("reopen");
             let stop = stop.clone_for_thread();
             thread::spawn(move || {
                 let pacer = Pacer { rate };

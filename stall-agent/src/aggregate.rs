@@ -154,6 +154,7 @@ impl Window {
                             o.read_calls += f.read_calls;
                             o.read_bytes += f.read_bytes;
                             o.read_ns += f.read_ns;
+                            o.timed_calls += f.timed_calls;
                             o.open_ns += f.open_ns;
                         }
                         None => op.files.push(f.clone()),
@@ -220,13 +221,25 @@ pub struct FileWindow {
     pub opens: u64,
     pub read_calls: u64,
     pub read_bytes: u64,
+    /// Time in the timed reads (one in `--latency-sample`), and how many.
     pub read_ns: u64,
+    pub timed_calls: u64,
     /// Time the file was open within the window, summed over its opens:
     /// the per-file rate is over this, not over the whole window.
     pub open_ns: u64,
 }
 
 impl FileWindow {
+    /// Mean duration of a read, from the timed ones.
+    pub fn mean_read_ns(&self) -> Option<f64> {
+        (self.timed_calls > 0).then(|| self.read_ns as f64 / self.timed_calls as f64)
+    }
+
+    /// Time spent in all its reads, estimated from the timed ones.
+    pub fn read_time_ns(&self) -> f64 {
+        self.mean_read_ns().map_or(0.0, |m| m * self.read_calls as f64)
+    }
+
     /// Seconds to divide its bytes by: the time it was open in a window of
     /// `window_s` (the whole window for files open throughout or unknown).
     pub fn rate_secs(&self, window_s: f64) -> f64 {
@@ -526,12 +539,14 @@ impl Model {
         c.read_calls += f.total.read_calls.saturating_sub(f.mark.read_calls);
         c.read_bytes += f.total.read_bytes.saturating_sub(f.mark.read_bytes);
         c.read_ns += f.total.read_ns.saturating_sub(f.mark.read_ns);
+        c.timed_calls += f.total.timed_calls.saturating_sub(f.mark.timed_calls);
         c.open_ns += close.saturating_sub(f.open_ts.max(self.mark_ns));
         let a = self.archived.entry(key).or_insert_with(fresh);
         a.opens += 1;
         a.read_calls += f.total.read_calls;
         a.read_bytes += f.total.read_bytes;
         a.read_ns += f.total.read_ns;
+        a.timed_calls += f.total.timed_calls;
         a.open_ns += close.saturating_sub(f.open_ts);
     }
 
@@ -607,6 +622,7 @@ impl Model {
             e.read_calls += a.read_calls;
             e.read_bytes += a.read_bytes;
             e.read_ns += a.read_ns;
+            e.timed_calls += a.timed_calls;
             e.open_ns += a.open_ns;
         }
     }
@@ -679,6 +695,7 @@ impl Model {
                     read_bytes: f.total.read_bytes.saturating_sub(f.mark.read_bytes),
                     read_calls: f.total.read_calls.saturating_sub(f.mark.read_calls),
                     read_ns: f.total.read_ns.saturating_sub(f.mark.read_ns),
+                    timed_calls: f.total.timed_calls.saturating_sub(f.mark.timed_calls),
                 }
             } else {
                 f.total
@@ -699,6 +716,7 @@ impl Model {
             e.read_calls += d.read_calls;
             e.read_bytes += d.read_bytes;
             e.read_ns += d.read_ns;
+            e.timed_calls += d.timed_calls;
         }
         for ((i, _), fw) in by_path {
             procs[i].files.push(fw);
@@ -755,7 +773,12 @@ mod tests {
             fd,
             file_id: id,
             kind: fd_kind::REGULAR,
-            counters: FileCounters { read_bytes: bytes, read_calls: calls, read_ns: calls * 10 },
+            counters: FileCounters {
+                read_bytes: bytes,
+                read_calls: calls,
+                read_ns: calls * 10,
+                timed_calls: calls,
+            },
         }
     }
 
@@ -768,7 +791,7 @@ mod tests {
             tgid: 10,
             fd: 3,
             file_id: 1,
-            counters: FileCounters { read_bytes: 100, read_calls: 2, read_ns: 0 },
+            counters: FileCounters { read_bytes: 100, read_calls: 2, read_ns: 0, timed_calls: 0 },
         });
         m.apply(&open(10, 3, 2, "/b"));
         m.apply_snapshot(&Snapshot { ts: 5, files: vec![file_snap(10, 3, 2, 7, 1)], ..Default::default() });
@@ -901,7 +924,7 @@ mod tests {
                 path: "/shard".into(),
                 dfd: -100,
             });
-            let counters = FileCounters { read_bytes: 10, read_calls: 2, read_ns: 5 };
+            let counters = FileCounters { read_bytes: 10, read_calls: 2, read_ns: 5, timed_calls: 1 };
             m.apply(&Event::Close { ts: k + 1, tgid: 10, fd: 3, file_id: k, counters });
             if k % 100 == 99 {
                 let _ = m.interval(k + 1);
@@ -927,7 +950,7 @@ mod tests {
                 comm: "w".into(),
             });
             m.apply(&open(pid, 3, u64::from(pid), "/shard"));
-            let fc = FileCounters { read_bytes: 7, read_calls: 1, read_ns: 1 };
+            let fc = FileCounters { read_bytes: 7, read_calls: 1, read_ns: 1, timed_calls: 1 };
             m.apply(&Event::Close { ts: 2, tgid: pid, fd: 3, file_id: u64::from(pid), counters: fc });
             let counters = ThreadCounters { file_read_bytes: 7, on_cpu_ns: 3, ..Default::default() };
             m.apply(&Event::Exit { ts: 3, tid: pid, tgid: pid, comm: "w".into(), counters, other_nr: -1 });

@@ -124,6 +124,17 @@ pub struct Common {
     /// Programs return at once (benchmark floor).
     #[arg(long, hide = true)]
     pub floor: bool,
+    /// Time one read in N, picked at random (1: every read). Bytes and calls
+    /// are always exact; timing costs more than the rest of a read's count.
+    #[arg(long, value_name = "N", default_value = "8", value_parser = parse_sample)]
+    pub latency_sample: u32,
+}
+
+fn parse_sample(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n.is_power_of_two() && n <= 128 => Ok(n),
+        _ => Err(format!("{s:?} is not a power of two from 1 to 128")),
+    }
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {

@@ -189,6 +189,7 @@ mod tests {
                     read_calls: 1,
                     read_bytes: read,
                     read_ns: 1,
+                    timed_calls: 1,
                     open_ns: 1,
                 }]
             } else {

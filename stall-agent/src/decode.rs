@@ -74,12 +74,19 @@ pub struct ThreadNow {
 pub struct FileCounters {
     pub read_bytes: u64,
     pub read_calls: u64,
+    /// Time in the timed reads, and how many were timed.
     pub read_ns: u64,
+    pub timed_calls: u64,
 }
 
 impl From<&FileStats> for FileCounters {
     fn from(s: &FileStats) -> Self {
-        Self { read_bytes: s.read_bytes, read_calls: s.read_calls, read_ns: s.read_ns }
+        Self {
+            read_bytes: s.read_bytes,
+            read_calls: s.read_calls,
+            read_ns: s.read_ns,
+            timed_calls: s.timed_calls,
+        }
     }
 }
 

@@ -60,6 +60,7 @@ fn options(c: Common) -> Options {
         gpu: c.gpu,
         ringbuf_bytes: c.ringbuf_bytes,
         floor: c.floor,
+        latency_sample: c.latency_sample,
     }
 }
 
@@ -84,6 +85,7 @@ fn code_for(e: &anyhow::Error) -> i32 {
             | CaptureError::Load(_)
             | CaptureError::Stub => exit::KERNEL,
             CaptureError::Map(_) => exit::INTERNAL,
+            CaptureError::Config(_) => exit::USAGE,
         },
         Some(SessionError::Gpu(_)) => exit::GPU,
         Some(SessionError::Spawn(_)) => exit::INTERNAL,

@@ -94,6 +94,7 @@ pub struct ThreadStats {
     pub off_ns: [u64; reason::COUNT],
     pub file_read_bytes: u64,
     pub file_read_calls: u64,
+    /// Time in the timed reads only (see `FileStats::read_ns`).
     pub file_read_ns: u64,
     pub other_read_bytes: u64,
     pub other_read_calls: u64,
@@ -136,7 +137,11 @@ pub struct FileStats {
     pub file_id: u64,
     pub read_bytes: u64,
     pub read_calls: u64,
+    /// Time in the timed reads: one read in `Config::latency_mask + 1`,
+    /// picked at random, is timed (the clock costs more than the rest of
+    /// a read's accounting); `timed_calls` counts them.
     pub read_ns: u64,
+    pub timed_calls: u64,
     pub kind: u32,
     pub _pad: u32,
 }
@@ -238,15 +243,101 @@ pub struct Offsets {
     pub waking_pid: u16,
     pub newtask_pid: u16,
     pub newtask_clone_flags: u16,
-    /// First syscall argument in `syscalls:sys_enter_*` (fd, dfd).
-    pub sys_arg0: u16,
-    pub sys_arg1: u16,
-    pub sys_arg2: u16,
-    /// `ret` in `syscalls:sys_exit_*`.
-    pub sys_ret: u16,
     /// Size in bytes of `prev_state` (4 or 8).
     pub switch_prev_state_size: u16,
     pub _pad: u16,
+}
+
+/// Where the syscall number, arguments and code segment sit in the
+/// architecture's `struct pt_regs` (byte offsets); the raw syscall
+/// tracepoints hand the programs a pointer to it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Regs {
+    /// The syscall number (`orig_ax` on x86-64).
+    pub nr: u16,
+    pub arg0: u16,
+    pub arg1: u16,
+    pub arg2: u16,
+    /// Code segment: a task whose syscalls come with `user_cs` there is a
+    /// native 64-bit one; others (ia32 compat) number syscalls differently
+    /// and are not counted.
+    pub cs: u16,
+    pub user_cs: u16,
+    pub _pad: [u16; 2],
+}
+
+/// What the raw syscall programs do for a syscall number; the values of the
+/// `HOOKS` array map, filled by the agent for its architecture.
+pub mod hook {
+    pub const NONE: u8 = 0;
+    /// read, pread64, readv, preadv, preadv2 (fd is argument 0 of each).
+    pub const READ: u8 = 1;
+    pub const OPENAT: u8 = 2;
+    pub const CLOSE: u8 = 3;
+}
+
+/// `Running::tracked`.
+pub mod slot_state {
+    /// Not looked up yet (cgroup mode: the task may still be adopted).
+    pub const UNCHECKED: u8 = 0;
+    pub const TRACKED: u8 = 1;
+    pub const UNTRACKED: u8 = 2;
+}
+
+/// The per-CPU `RUNNING` slot: the task this CPU runs, and — if it is
+/// tracked — its in-flight syscall and the read counts not yet added to
+/// `THREADS`/`FILES`. Syscall programs touch only this (an inlined array
+/// access) instead of two or three hash lookups per read; `sched_switch`
+/// moves the state between the slot and `THREADS` at every switch. The
+/// agent adds the pending counts of every CPU's slot to its snapshots.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Running {
+    pub tid: u32,
+    pub tgid: u32,
+    pub job: u32,
+    /// `TRACK_GEN` when filled: the agent bumps it after changing what is
+    /// tracked, which makes every slot look its task up again.
+    pub gen: u32,
+    pub tracked: u8,
+    /// Non-zero: the task makes native syscalls (checked once per span).
+    pub native: u8,
+    pub _pad: [u8; 2],
+    /// The descriptor whose identity is cached below (-1: none).
+    pub file_fd: i32,
+    /// `FileStats::kind` of `file_fd`, or `fd_kind::OTHER` when it is not
+    /// in `FILES` (pipes, sockets: counted as other reads).
+    pub file_kind: u32,
+    pub inflight: u32,
+    pub inflight_fd: i32,
+    pub inflight_kind: u32,
+    /// xorshift32 state: which reads are timed.
+    pub rng: u32,
+    pub _pad1: u32,
+    /// Start of the read in flight if it is timed, else 0.
+    pub inflight_ts: u64,
+    pub inflight_ptr: u64,
+    pub file_id: u64,
+    /// Address of the task's saved user registers, as the raw syscall
+    /// tracepoints pass it (0 until its first syscall on this CPU since it
+    /// was switched in): unique to the task while it runs, so a match
+    /// proves the slot is the current task's without asking for its tid.
+    pub regs: u64,
+    /// Pending: program runs for this thread (`counter::EVENTS`).
+    pub events: u64,
+    /// Pending: added to the thread's `ThreadStats` counters of the same names.
+    pub file_read_bytes: u64,
+    pub file_read_calls: u64,
+    pub file_read_ns: u64,
+    pub other_read_bytes: u64,
+    pub other_read_calls: u64,
+    pub other_read_ns: u64,
+    /// Pending: added to `FILES[(tgid, file_fd)]` if it is still `file_id`.
+    pub file_bytes: u64,
+    pub file_calls: u64,
+    pub file_ns: u64,
+    pub file_timed: u64,
 }
 
 /// Load-time configuration, written into the object's `CONFIG` global.
@@ -254,18 +345,19 @@ pub struct Offsets {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
     pub offsets: Offsets,
+    pub regs: Regs,
     /// Non-zero: also track any task whose cgroup is in `CGROUPS`.
     pub cgroup_filter: u8,
     /// Non-zero: every program returns at once (the benchmark's floor).
     pub floor: u8,
-    pub _pad: [u8; 2],
-    /// Offset of `orig_ax` in `struct pt_regs` (the syscall in progress).
-    pub pt_regs_syscall_nr: u32,
+    pub _pad: u8,
+    /// A read is timed when the random draw has none of these bits set
+    /// (0: every read; 7: one in 8).
+    pub latency_mask: u8,
     /// Wake the agent only once this many bytes wait in the ring buffer
     /// (it also drains on a short timer): a wakeup per record would cost
     /// more than the record on fork and open storms.
     pub ringbuf_wake_bytes: u32,
-    pub _pad1: u32,
 }
 
 #[cfg(feature = "user")]
@@ -278,6 +370,7 @@ mod pod {
     unsafe impl aya::Pod for WakeKey {}
     unsafe impl aya::Pod for WakeStats {}
     unsafe impl aya::Pod for Config {}
+    unsafe impl aya::Pod for Running {}
 }
 
 #[cfg(test)]
@@ -291,16 +384,18 @@ mod tests {
     fn layouts_have_no_hidden_padding() {
         assert_eq!(size_of::<ThreadStats>(), 4 * 2 + 8 + 8 * 6 + 8 * 9 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8);
         assert_eq!(size_of::<FdKey>(), 8);
-        assert_eq!(size_of::<FileStats>(), 40);
+        assert_eq!(size_of::<FileStats>(), 48);
         assert_eq!(size_of::<WakeKey>(), 8);
         assert_eq!(size_of::<WakeStats>(), 32);
         assert_eq!(size_of::<EventHeader>(), 24);
         assert_eq!(size_of::<OpenEvent>(), 24 + 8 + 16 + PATH_LEN);
         assert_eq!(size_of::<NewTaskEvent>(), 24 + 8 + 8 + 16);
         assert_eq!(size_of::<ExitEvent>(), 24 + size_of::<ThreadStats>() + 16);
-        assert_eq!(size_of::<CloseEvent>(), 24 + 8 + 40);
-        assert_eq!(size_of::<Offsets>(), 24);
+        assert_eq!(size_of::<CloseEvent>(), 24 + 8 + 48);
+        assert_eq!(size_of::<Offsets>(), 16);
+        assert_eq!(size_of::<Regs>(), 16);
         assert_eq!(size_of::<Config>(), 40);
+        assert_eq!(size_of::<Running>(), 168);
         for s in [
             size_of::<ThreadStats>(),
             size_of::<OpenEvent>(),

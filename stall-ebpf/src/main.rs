@@ -1,18 +1,22 @@
 //! stall's kernel side.
 //!
-//! Every program starts with the target filter: one hash lookup of the
-//! current tid in `THREADS` (plus, in cgroup mode, one of the current cgroup
-//! id in `CGROUPS`). Tracked threads are aggregated in place (per-thread
-//! counters in `THREADS`, per-descriptor counters in `FILES`, waker counts in
-//! `WAKES`); only what must be seen one by one (opens, task creation, exec,
-//! exit, close) goes through the `EVENTS` ring buffer. Anything dropped is
-//! counted by cause in `COUNTERS`.
+//! Every program starts with the target filter. The scheduler and task
+//! programs look the current tid up in `THREADS` (plus, in cgroup mode, the
+//! current cgroup id in `CGROUPS`). The syscall programs, which run for
+//! every syscall of the machine, check the per-CPU `RUNNING` slot that
+//! `sched_switch` filled for the task it switched in (see running.rs): no
+//! hash lookup per syscall. Tracked threads are aggregated in place
+//! (per-thread counters in `THREADS`, per-descriptor counters in `FILES`,
+//! waker counts in `WAKES`); only what must be seen one by one (opens, task
+//! creation, exec, exit, close) goes through the `EVENTS` ring buffer.
+//! Anything dropped is counted by cause in `COUNTERS`.
 #![no_std]
 #![no_main]
 // BPF inline asm (atomic add) is behind this gate; the build sets RUSTC_BOOTSTRAP.
 #![feature(asm_experimental_arch)]
 
 mod maps;
+mod running;
 mod sched;
 mod syscalls;
 mod task;
@@ -40,8 +44,13 @@ pub(crate) fn now() -> u64 {
 
 #[inline(always)]
 pub(crate) fn bump(idx: u32) {
+    bump_by(idx, 1);
+}
+
+#[inline(always)]
+pub(crate) fn bump_by(idx: u32, n: u64) {
     if let Some(p) = COUNTERS.get_ptr_mut(idx) {
-        unsafe { *p += 1 };
+        unsafe { *p += n };
     }
 }
 

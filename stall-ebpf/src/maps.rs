@@ -4,7 +4,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use stall_common::{counter, syscall_class, FdKey, FileStats, ThreadStats, WakeKey, WakeStats};
+use stall_common::{counter, syscall_class, FdKey, FileStats, Running, ThreadStats, WakeKey, WakeStats};
 
 /// Tracked threads by tid. Being here is what "tracked" means.
 #[map]
@@ -26,6 +26,19 @@ pub static WAKES: HashMap<WakeKey, WakeStats> = HashMap::with_max_entries(32768,
 /// Syscall number → wait class, filled by the agent for its architecture.
 #[map]
 pub static SYSCALL_CLASS: Array<u8> = Array::with_max_entries(syscall_class::TABLE_LEN, 0);
+
+/// Syscall number → what the raw syscall programs do with it (`hook`).
+#[map]
+pub static HOOKS: Array<u8> = Array::with_max_entries(syscall_class::TABLE_LEN, 0);
+
+/// What each CPU runs now, with the hot per-thread state (see `Running`).
+#[map]
+pub static RUNNING: PerCpuArray<Running> = PerCpuArray::with_max_entries(1, 0);
+
+/// Bumped by the agent whenever it changes `THREADS`, `FILES` or `CGROUPS`
+/// itself: a slot filled under an older value is looked up again.
+#[map]
+pub static TRACK_GEN: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Events that must be seen one by one.
 #[map]

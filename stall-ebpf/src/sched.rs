@@ -9,14 +9,14 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use stall_common::{
-    counter, fd_kind, inflight, reason, run_state, syscall_class, Config, FdKey, ThreadStats, WakeKey,
-    WakeStats,
+    counter, fd_kind, inflight, reason, run_state, slot_state, syscall_class, Config, FdKey, ThreadStats,
+    WakeKey, WakeStats,
 };
 
 use crate::{
     adopt, atomic_add, bump, config, ids,
     maps::{FILES, SYSCALL_CLASS, THREADS, WAKES},
-    now, tracked,
+    now, running, tracked,
 };
 
 /// `prev_state` as the tracepoint reports it: the low byte is the
@@ -36,16 +36,33 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     let ts = now();
     // prev is the current task: the filter needs no field read.
     let (tid, tgid) = ids();
+    let mut slot = running::slot();
     if let Some(cur) = tracked(tid, tgid) {
+        if let Some(s) = slot.as_mut() {
+            if s.tracked == slot_state::TRACKED {
+                if s.tid == tid {
+                    running::flush_into(s, cur.stats);
+                } else {
+                    running::flush(s);
+                }
+            }
+        }
         let state = read_prev_state(&ctx, &cfg);
         switch_out(cur.stats, cur.tgid, state, ts, &cfg);
-    } else if cfg.cgroup_filter != 0 {
-        // A task's last switch comes after its exit event (which removed it):
-        // it must not be adopted again, or it would linger as a zombie.
-        let state = read_prev_state(&ctx, &cfg);
-        if state & STATE_EXITING == 0 {
-            if let Some(cur) = adopt(&cfg, tid, tgid) {
-                switch_out(cur.stats, cur.tgid, state, ts, &cfg);
+    } else {
+        if let Some(s) = slot.as_mut() {
+            if s.tracked == slot_state::TRACKED {
+                running::flush(s);
+            }
+        }
+        if cfg.cgroup_filter != 0 {
+            // A task's last switch comes after its exit event (which removed it):
+            // it must not be adopted again, or it would linger as a zombie.
+            let state = read_prev_state(&ctx, &cfg);
+            if state & STATE_EXITING == 0 {
+                if let Some(cur) = adopt(&cfg, tid, tgid) {
+                    switch_out(cur.stats, cur.tgid, state, ts, &cfg);
+                }
             }
         }
     }
@@ -53,10 +70,22 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         Ok(pid) => pid,
         Err(_) => return 0,
     };
-    if next > 0 {
-        if let Some(p) = THREADS.get_ptr_mut(next as u32) {
-            switch_in(unsafe { &mut *p }, ts);
+    let gen = running::generation();
+    let next_stats = if next > 0 { THREADS.get_ptr_mut(next as u32) } else { None };
+    match (next_stats, slot) {
+        (Some(p), slot) => {
+            let t = unsafe { &mut *p };
+            switch_in(t, ts);
+            if let Some(s) = slot {
+                running::load(s, next as u32, 0, t, gen);
+            }
         }
+        (None, Some(s)) => {
+            // In cgroup mode the task may still be adopted on its first syscall.
+            let state = if cfg.cgroup_filter != 0 { slot_state::UNCHECKED } else { slot_state::UNTRACKED };
+            running::set_untracked(s, next.max(0) as u32, gen, state);
+        }
+        (None, None) => {}
     }
     0
 }
@@ -129,7 +158,7 @@ fn syscall_nr(cfg: &Config) -> i32 {
         if regs == 0 {
             return -1;
         }
-        let p = (regs + cfg.pt_regs_syscall_nr as usize) as *const i64;
+        let p = (regs + usize::from(cfg.regs.nr)) as *const i64;
         bpf_probe_read_kernel(p).map(|v| v as i32).unwrap_or(-1)
     }
 }

@@ -1,123 +1,115 @@
-//! File reads: `openat` names a descriptor, the read family counts bytes,
-//! calls and latency on it, `close` retires it. One enter and one exit
-//! program serve read, pread64, readv, preadv and preadv2 (fd is argument 0
-//! of each).
+//! File reads, on the raw syscall tracepoints: `openat` names a descriptor,
+//! the read family (read, pread64, readv, preadv, preadv2) counts bytes,
+//! calls and latency on it, `close` retires it.
+//!
+//! `raw_syscalls:sys_enter`/`sys_exit` rather than one `syscalls:*` event
+//! per syscall: the per-syscall events cost a perf record per call (about
+//! twice the floor here), while a raw tracepoint hands the program the
+//! registers. Both run for every syscall of the machine, so the first
+//! checks are a table lookup by number (enter) and the per-CPU slot
+//! (exit): an untracked task never reaches a hash map.
 use aya_ebpf::{
-    helpers::{bpf_get_smp_processor_id, generated::bpf_probe_read_user_str},
-    macros::tracepoint,
-    programs::TracePointContext,
+    helpers::{bpf_get_smp_processor_id, bpf_probe_read_kernel, generated::bpf_probe_read_user_str},
+    macros::raw_tracepoint,
+    programs::RawTracePointContext,
 };
 use stall_common::{
-    counter, event_kind, fd_kind, inflight, CloseEvent, Config, FdKey, FileStats, OpenEvent, PATH_LEN,
+    counter, event_kind, fd_kind, hook, inflight, syscall_class, CloseEvent, Config, FdKey, FileStats,
+    OpenEvent, Running, PATH_LEN,
 };
 
 use crate::{
-    atomic_add, bump, config, current,
-    maps::{EVENTS, FILES, FILE_SEQ},
-    now, submit_flags,
+    bump, config,
+    maps::{EVENTS, FILES, FILE_SEQ, HOOKS},
+    now,
+    running::{count_read, time_this_read, tracked_slot, uncache_fd},
+    submit_flags,
     task::header,
 };
 
-#[tracepoint]
-pub fn sys_enter_read_family(ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     let cfg = config();
     if cfg.floor != 0 {
         return 0;
     }
-    let Some(cur) = current(&cfg) else {
-        return 0;
-    };
-    let fd: u64 = unsafe { ctx.read_at(usize::from(cfg.offsets.sys_arg0)) }.unwrap_or(u64::MAX);
-    let t = cur.stats;
-    t.inflight = inflight::READ;
-    t.inflight_fd = fd as i32;
-    t.inflight_ts = now();
-    0
-}
-
-#[tracepoint]
-pub fn sys_exit_read_family(ctx: TracePointContext) -> u32 {
-    let cfg = config();
-    if cfg.floor != 0 {
+    let nr: i64 = ctx.arg(1);
+    if !(0..i64::from(syscall_class::TABLE_LEN)).contains(&nr) {
         return 0;
     }
-    let Some(cur) = current(&cfg) else {
-        return 0;
-    };
-    let t = cur.stats;
-    if t.inflight != inflight::READ {
+    let what = HOOKS.get(nr as u32).copied().unwrap_or(hook::NONE);
+    if what == hook::NONE {
         return 0;
     }
-    t.inflight = inflight::NONE;
-    let ret: i64 = unsafe { ctx.read_at(usize::from(cfg.offsets.sys_ret)) }.unwrap_or(-1);
-    let bytes = if ret > 0 { ret as u64 } else { 0 };
-    let lat = now().saturating_sub(t.inflight_ts);
-    let key = FdKey { tgid: cur.tgid, fd: t.inflight_fd };
-    match FILES.get_ptr_mut(key) {
-        Some(f) if unsafe { (*f).kind } != fd_kind::OTHER => {
-            // Threads of one process share descriptors: add atomically.
-            unsafe {
-                atomic_add(&mut (*f).read_bytes, bytes);
-                atomic_add(&mut (*f).read_calls, 1);
-                atomic_add(&mut (*f).read_ns, lat);
-            }
-            t.file_read_bytes += bytes;
-            t.file_read_calls += 1;
-            t.file_read_ns += lat;
+    let regs: u64 = ctx.arg(0);
+    let Some(s) = tracked_slot(&cfg, regs) else {
+        return 0;
+    };
+    let r = &cfg.regs;
+    let Some(arg0) = reg(regs, r.arg0) else {
+        return 0;
+    };
+    s.events += 1;
+    match what {
+        hook::READ => {
+            s.inflight = inflight::READ;
+            s.inflight_fd = arg0 as i32;
+            s.inflight_ts = if time_this_read(s, &cfg) { now() } else { 0 };
         }
-        _ => {
-            t.other_read_bytes += bytes;
-            t.other_read_calls += 1;
-            t.other_read_ns += lat;
+        hook::OPENAT => {
+            s.inflight = inflight::OPEN;
+            s.inflight_fd = arg0 as i32;
+            s.inflight_ptr = reg(regs, r.arg1).unwrap_or(0);
+            s.inflight_kind = reg(regs, r.arg2).unwrap_or(0) as u32;
+        }
+        hook::CLOSE => close(&cfg, s, arg0 as i32),
+        _ => {}
+    }
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
+    let cfg = config();
+    if cfg.floor != 0 {
+        return 0;
+    }
+    let Some(s) = tracked_slot(&cfg, ctx.arg(0)) else {
+        return 0;
+    };
+    let what = s.inflight;
+    if what == inflight::NONE {
+        return 0;
+    }
+    s.events += 1;
+    let ret: i64 = ctx.arg(1);
+    if what == inflight::READ {
+        let lat = if s.inflight_ts != 0 { Some(now().saturating_sub(s.inflight_ts)) } else { None };
+        count_read(s, if ret > 0 { ret as u64 } else { 0 }, lat);
+    } else if what == inflight::OPEN {
+        s.inflight = inflight::NONE;
+        if ret >= 0 {
+            opened(&cfg, s, ret as i32);
         }
     }
     0
 }
 
-#[tracepoint]
-pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
-    let cfg = config();
-    if cfg.floor != 0 {
-        return 0;
-    }
-    let Some(cur) = current(&cfg) else {
-        return 0;
-    };
-    let o = &cfg.offsets;
-    let t = cur.stats;
-    t.inflight = inflight::OPEN;
-    t.inflight_fd = unsafe { ctx.read_at::<u64>(usize::from(o.sys_arg0)) }.unwrap_or(0) as i32;
-    t.inflight_ptr = unsafe { ctx.read_at::<u64>(usize::from(o.sys_arg1)) }.unwrap_or(0);
-    t.inflight_kind = unsafe { ctx.read_at::<u64>(usize::from(o.sys_arg2)) }.unwrap_or(0) as u32;
-    t.inflight_ts = now();
-    0
+/// A syscall argument (or any word) at `off` in the saved registers.
+#[inline(always)]
+fn reg(regs: u64, off: u16) -> Option<u64> {
+    unsafe { bpf_probe_read_kernel((regs + u64::from(off)) as *const u64) }.ok()
 }
 
-#[tracepoint]
-pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
-    let cfg = config();
-    if cfg.floor != 0 {
-        return 0;
-    }
-    let Some(cur) = current(&cfg) else {
-        return 0;
-    };
-    let t = cur.stats;
-    if t.inflight != inflight::OPEN {
-        return 0;
-    }
-    t.inflight = inflight::NONE;
-    let ret: i64 = unsafe { ctx.read_at(usize::from(cfg.offsets.sys_ret)) }.unwrap_or(-1);
-    if ret < 0 {
-        return 0;
-    }
-    let fd = ret as i32;
-    let key = FdKey { tgid: cur.tgid, fd };
+#[inline(always)]
+fn opened(cfg: &Config, s: &mut Running, fd: i32) {
+    let key = FdKey { tgid: s.tgid, fd };
+    uncache_fd(s, fd);
     // An entry still there for this number (closed without `close`: dup2,
     // close_range, exec; or seeded by the agent a moment ago) is retired
     // with its counts before the new open replaces it.
     if let Some(old) = unsafe { FILES.get(key) }.copied() {
-        emit_close(&cfg, cur.tid, cur.tgid, t.job, fd, old);
+        emit_close(cfg, s, fd, old);
     }
     let file_id = next_file_id();
     let stats = FileStats { file_id, kind: fd_kind::UNKNOWN, ..Default::default() };
@@ -126,53 +118,49 @@ pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
     }
     let Some(mut e) = EVENTS.reserve::<OpenEvent>(0) else {
         bump(counter::LOST_RINGBUF);
-        return 0;
+        return;
     };
     let ev = e.as_mut_ptr();
     unsafe {
-        (*ev).hdr = header(event_kind::OPEN, cur.tid, cur.tgid, t.job, now());
+        (*ev).hdr = header(event_kind::OPEN, s.tid, s.tgid, s.job, now());
         (*ev).file_id = file_id;
         (*ev).fd = fd;
-        (*ev).dfd = t.inflight_fd;
-        (*ev).flags = t.inflight_kind;
+        (*ev).dfd = s.inflight_fd;
+        (*ev).flags = s.inflight_kind;
         let n = bpf_probe_read_user_str(
             (*ev).path.as_mut_ptr().cast(),
             PATH_LEN as u32,
-            t.inflight_ptr as *const _,
+            s.inflight_ptr as *const _,
         );
         (*ev).path_len = n as i32;
         if n < 0 {
             bump(counter::LOST_PATH);
         }
     }
-    e.submit(submit_flags(&cfg));
-    0
-}
-
-#[tracepoint]
-pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
-    let cfg = config();
-    if cfg.floor != 0 {
-        return 0;
-    }
-    let Some(cur) = current(&cfg) else {
-        return 0;
-    };
-    let fd: u64 = unsafe { ctx.read_at(usize::from(cfg.offsets.sys_arg0)) }.unwrap_or(u64::MAX);
-    let key = FdKey { tgid: cur.tgid, fd: fd as i32 };
-    let Some(stats) = (unsafe { FILES.get(key) }).copied() else {
-        return 0;
-    };
-    let _ = FILES.remove(key);
-    emit_close(&cfg, cur.tid, cur.tgid, cur.stats.job, fd as i32, stats);
-    0
+    e.submit(submit_flags(cfg));
 }
 
 #[inline(always)]
-fn emit_close(cfg: &Config, tid: u32, tgid: u32, job: u32, fd: i32, stats: FileStats) {
+fn close(cfg: &Config, s: &mut Running, fd: i32) {
+    uncache_fd(s, fd);
+    let key = FdKey { tgid: s.tgid, fd };
+    let Some(stats) = (unsafe { FILES.get(key) }).copied() else {
+        return;
+    };
+    let _ = FILES.remove(key);
+    emit_close(cfg, s, fd, stats);
+}
+
+#[inline(always)]
+fn emit_close(cfg: &Config, s: &Running, fd: i32, stats: FileStats) {
     match EVENTS.reserve::<CloseEvent>(0) {
         Some(mut e) => {
-            e.write(CloseEvent { hdr: header(event_kind::CLOSE, tid, tgid, job, now()), fd, _pad: 0, stats });
+            e.write(CloseEvent {
+                hdr: header(event_kind::CLOSE, s.tid, s.tgid, s.job, now()),
+                fd,
+                _pad: 0,
+                stats,
+            });
             e.submit(submit_flags(cfg));
         }
         None => bump(counter::LOST_RINGBUF),

@@ -2,13 +2,14 @@
 //! context, before the child can run, so no fork escapes), exec and exit.
 use aya_ebpf::{helpers::bpf_get_current_comm, macros::tracepoint, programs::TracePointContext};
 use stall_common::{
-    counter, event_kind, reason, run_state, EventHeader, ExecEvent, ExitEvent, NewTaskEvent, ThreadStats,
+    counter, event_kind, reason, run_state, slot_state, EventHeader, ExecEvent, ExitEvent, NewTaskEvent,
+    ThreadStats,
 };
 
 use crate::{
     bump, config, current,
     maps::{EVENTS, THREADS},
-    now, submit_flags,
+    now, running, submit_flags,
 };
 
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -94,6 +95,13 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     };
     let ts = now();
     let t = cur.stats;
+    // Its slot holds reads not yet in the entry; after this it is untracked.
+    if let Some(s) = running::slot() {
+        if s.tracked == slot_state::TRACKED && s.tid == cur.tid {
+            running::flush_into(s, t);
+            s.tracked = slot_state::UNTRACKED;
+        }
+    }
     if t.state == run_state::RUNNING {
         t.on_cpu_ns += ts.saturating_sub(t.last_ts);
         t.last_ts = ts;

@@ -245,3 +245,36 @@ fn files_opened_before_attach_are_counted() {
     let f = run.file(u64::from(pid), &data);
     assert_eq!(f["read_bytes"], size as u64, "{f}");
 }
+
+/// Bytes and calls are exact whatever the sampling; `--latency-sample 1`
+/// times every read, the default one in 8 at random.
+#[test]
+fn read_latency_is_timed_on_the_sampled_reads() {
+    let s = Scratch::new("latency");
+    let size = 4_000_037usize;
+    let data = s.file("data.bin", size);
+    let truth_path = s.path("truth.json");
+    let chunk = 2_000; // 2001 reads, the last one short, plus the one at EOF
+    let path = data.to_str().unwrap();
+    for (sample, expect) in [("1", 1.0), ("8", 1.0 / 8.0)] {
+        let run =
+            run_job(&["--latency-sample", sample], &["exact", path, &chunk.to_string(), "0"], &truth_path);
+        assert_eq!(run.status, 0, "{}", run.stderr);
+        let pid = truth(&truth_path)["pid"].as_u64().unwrap();
+        let f = run.file(pid, &data);
+        assert_eq!(f["read_bytes"], size as u64, "{f}");
+        let calls = f["read_calls"].as_u64().unwrap();
+        assert_eq!(calls, (size / chunk + 2) as u64, "{f}");
+        let timed = f["read_timed_calls"].as_u64().unwrap() as f64;
+        // One in 8 at random: 2002 draws give 250 ± 15 (sd); allow ± 40 %.
+        let want = calls as f64 * expect;
+        assert!(
+            (timed - want).abs() <= want * 0.4,
+            "--latency-sample {sample}: {timed} timed of {calls}: {f}"
+        );
+        let lat = f["read_latency_s"].as_f64().unwrap();
+        assert!(lat > 0.0 && lat < 2.0, "--latency-sample {sample}: {f}");
+    }
+    let bad = stall(&["run", "--latency-sample", "3", "--", "true"], &[], T);
+    assert_eq!(bad.status, 2, "not a power of two is a usage error: {}", bad.stderr);
+}

@@ -19,17 +19,17 @@ fn nothing_is_left_behind() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // Wait until its programs are in (8 programs, 2 of them attached
-        // several times, all held through the process's descriptors).
+        // Wait until its programs are in (all held through the process's
+        // descriptors).
         let mut ours = Vec::new();
         for _ in 0..100 {
             ours = bpf_programs_of(child.id());
-            if ours.len() >= 10 {
+            if ours.len() >= STALL_PROGRAMS {
                 break;
             }
             sleep(Duration::from_millis(50));
         }
-        assert!(ours.len() >= 10, "stall never loaded its programs ({ours:?})");
+        assert!(ours.len() >= STALL_PROGRAMS, "stall never loaded its programs ({ours:?})");
         Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status().unwrap();
         let out = child.wait_with_output().unwrap();
         if signal != "KILL" {

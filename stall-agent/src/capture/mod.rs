@@ -16,35 +16,34 @@ use std::{
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::TracePoint,
+    programs::{RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
 use stall_common::{
-    counter, fd_kind, reason, run_state, syscall_class, Config, FdKey, FileStats, ThreadStats, WakeKey,
-    WakeStats,
+    counter, fd_kind, reason, run_state, slot_state, syscall_class, Config, FdKey, FileStats, Regs, Running,
+    ThreadStats, WakeKey, WakeStats,
 };
 use tokio::io::unix::AsyncFd;
 
 use crate::decode::{self, Event, FileSnap, JobEvent, Snapshot, ThreadSnap, WakeSnap};
 
-/// One program serves all of these (fd is argument 0 of each).
-pub const READ_FAMILY: [&str; 5] = ["read", "pread64", "readv", "preadv", "preadv2"];
-
-/// (program, category, tracepoint) for every single attachment.
-const ATTACH: [(&str, &str, &str); 8] = [
+/// (program, category, tracepoint) for every tracepoint attachment.
+const ATTACH: [(&str, &str, &str); 5] = [
     ("sched_switch", "sched", "sched_switch"),
     ("sched_waking", "sched", "sched_waking"),
     ("task_newtask", "task", "task_newtask"),
     ("sched_process_exec", "sched", "sched_process_exec"),
     ("sched_process_exit", "sched", "sched_process_exit"),
-    ("sys_enter_openat", "syscalls", "sys_enter_openat"),
-    ("sys_exit_openat", "syscalls", "sys_exit_openat"),
-    ("sys_enter_close", "syscalls", "sys_enter_close"),
 ];
 
-/// `orig_ax` in x86-64's `struct pt_regs`: the syscall a task is in.
+/// (program, tracepoint) for the raw tracepoints: every syscall's entry and
+/// exit (the programs pick the ones in the `HOOKS` table).
+const ATTACH_RAW: [(&str, &str); 2] = [("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
+
+/// x86-64's `struct pt_regs`: `orig_ax` (the syscall a task is in), `di`,
+/// `si`, `dx` (arguments 0-2), `cs`. Native syscalls come from `__USER_CS`.
 #[cfg(target_arch = "x86_64")]
-const PT_REGS_SYSCALL_NR: u32 = 15 * 8;
+const REGS: Regs = Regs { nr: 120, arg0: 112, arg1: 104, arg2: 96, cs: 136, user_cs: 0x33, _pad: [0; 2] };
 
 /// The ring buffer's size as declared in stall-ebpf's maps.rs.
 const DEFAULT_RINGBUF_BYTES: u32 = 4 << 20;
@@ -80,6 +79,8 @@ pub enum CaptureError {
     Load(String),
     #[error("{0}")]
     Map(String),
+    #[error("{0}")]
+    Config(String),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -90,6 +91,25 @@ pub struct CaptureOptions {
     pub floor: bool,
     /// Also track tasks by cgroup (see [`Capture::watch_cgroup`]).
     pub cgroup_mode: bool,
+    /// Time one read in this many (a power of two up to 128; 0: the
+    /// default, [`DEFAULT_LATENCY_SAMPLE`]).
+    pub latency_sample: u32,
+}
+
+/// One read in 8 is timed unless asked otherwise: the two clock reads are
+/// most of what a traced read costs, and 1 in 8 (picked at random) gives
+/// the per-file average latency to a few percent once a file has had a few
+/// hundred reads. Bytes and calls are always exact.
+pub const DEFAULT_LATENCY_SAMPLE: u32 = 8;
+
+fn latency_mask(sample: u32) -> Result<u8, CaptureError> {
+    let n = if sample == 0 { DEFAULT_LATENCY_SAMPLE } else { sample };
+    if !n.is_power_of_two() || n > 128 {
+        return Err(CaptureError::Config(format!(
+            "--latency-sample {n}: must be a power of two from 1 to 128"
+        )));
+    }
+    Ok((n - 1) as u8)
 }
 
 pub struct Capture {
@@ -98,6 +118,9 @@ pub struct Capture {
     wakes: HashMap<MapData, WakeKey, WakeStats>,
     cgroups: HashMap<MapData, u64, u32>,
     counters: PerCpuArray<MapData, u64>,
+    running: PerCpuArray<MapData, Running>,
+    track_gen: Array<MapData, u32>,
+    gen: u32,
     ring: AsyncFd<RingBuf<MapData>>,
     seed_seq: u64,
     decode_errors: u64,
@@ -159,22 +182,22 @@ impl Capture {
             return Err(CaptureError::NotPrivileged);
         }
         let tracefs = tracefs::Tracefs::open()?;
-        let singles = ATTACH.iter().map(|(_, c, n)| (*c, n.to_string()));
-        let family = READ_FAMILY
+        let needed: Vec<(&str, &str)> = ATTACH
             .iter()
-            .flat_map(|f| [("syscalls", format!("sys_enter_{f}")), ("syscalls", format!("sys_exit_{f}"))]);
-        let needed: Vec<(&str, String)> = singles.chain(family).collect();
+            .map(|(_, c, n)| (*c, *n))
+            .chain(ATTACH_RAW.iter().map(|(_, n)| ("raw_syscalls", *n)))
+            .collect();
         if let Some((c, n)) = needed.iter().find(|(c, n)| !tracefs.has(c, n)) {
             return Err(CaptureError::MissingTracepoint { name: format!("{c}:{n}") });
         }
         let config = Config {
             offsets: tracefs.offsets()?,
+            regs: REGS,
             cgroup_filter: u8::from(opts.cgroup_mode),
             floor: u8::from(opts.floor),
-            _pad: [0; 2],
-            pt_regs_syscall_nr: PT_REGS_SYSCALL_NR,
+            _pad: 0,
+            latency_mask: latency_mask(opts.latency_sample)?,
             ringbuf_wake_bytes: opts.ringbuf_bytes.unwrap_or(DEFAULT_RINGBUF_BYTES) / 8,
-            _pad1: 0,
         };
         // Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
         let _ = nix::sys::resource::setrlimit(
@@ -193,17 +216,19 @@ impl Capture {
             let tp = tracepoint(&mut ebpf, prog)?;
             tp.attach(category, name).map_err(load_err)?;
         }
-        for (prog, prefix) in [("sys_enter_read_family", "sys_enter_"), ("sys_exit_read_family", "sys_exit_")]
-        {
-            let tp = tracepoint(&mut ebpf, prog)?;
-            for f in READ_FAMILY {
-                tp.attach("syscalls", &format!("{prefix}{f}")).map_err(load_err)?;
-            }
-        }
-
+        // The tables first: a program attached before them would see every
+        // syscall as unhooked, which is only harmless because nothing is
+        // tracked yet.
         let mut classes: Array<_, u8> = take(&mut ebpf, "SYSCALL_CLASS")?;
         for (nr, class) in syscalls::class_table() {
             classes.set(nr, class, 0).map_err(map_err)?;
+        }
+        let mut hooks: Array<_, u8> = take(&mut ebpf, "HOOKS")?;
+        for (nr, what) in syscalls::hook_table() {
+            hooks.set(nr, what, 0).map_err(map_err)?;
+        }
+        for (prog, name) in ATTACH_RAW {
+            raw_tracepoint(&mut ebpf, prog)?.attach(name).map_err(load_err)?;
         }
         let ring: RingBuf<MapData> = take(&mut ebpf, "EVENTS")?;
         // SAFETY: the RingBuf owns its map fd for as long as the AsyncFd lives.
@@ -214,6 +239,9 @@ impl Capture {
             wakes: take(&mut ebpf, "WAKES")?,
             cgroups: take(&mut ebpf, "CGROUPS")?,
             counters: take(&mut ebpf, "COUNTERS")?,
+            running: take(&mut ebpf, "RUNNING")?,
+            track_gen: take(&mut ebpf, "TRACK_GEN")?,
+            gen: 0,
             ring,
             seed_seq: 0,
             decode_errors: 0,
@@ -255,7 +283,15 @@ impl Capture {
                 break;
             }
         }
+        self.changed();
         Ok(opened)
+    }
+
+    /// Tells the kernel side that what is tracked changed: every CPU's
+    /// `RUNNING` slot is looked up again at its next syscall.
+    fn changed(&mut self) {
+        self.gen = self.gen.wrapping_add(1);
+        let _ = self.track_gen.set(0, self.gen, 0);
     }
 
     /// Adds every thread of `pid`, with its state as /proc shows it now.
@@ -270,6 +306,7 @@ impl Capture {
                 seen.insert(tid);
                 self.seed_thread(pid, tid, job)?;
             }
+            self.changed();
         }
     }
 
@@ -321,6 +358,7 @@ impl Capture {
                 out.push((job, open));
             }
         }
+        self.changed();
         out
     }
 
@@ -343,6 +381,7 @@ impl Capture {
                 opened.extend(self.seed_fds(pid, job));
             }
         }
+        self.changed();
         Ok(opened)
     }
 
@@ -353,6 +392,7 @@ impl Capture {
                 let _ = self.cgroups.remove(&id);
             }
         }
+        self.changed();
     }
 
     /// What an opened descriptor is: (where it points, is it a regular
@@ -383,6 +423,7 @@ impl Capture {
             if s.file_id == file_id && s.kind != kind {
                 s.kind = kind;
                 let _ = self.files.insert(key, s, 2); // BPF_EXIST
+                self.changed();
             }
         }
     }
@@ -419,16 +460,8 @@ impl Capture {
     /// Reads every counter map once.
     pub fn snapshot(&self) -> Snapshot {
         let ts = monotonic_ns();
-        let threads = self
-            .threads
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(tid, s)| {
-                let (counters, now) = decode::fold(&s, ts);
-                ThreadSnap { tid, tgid: s.tgid, job: s.job, counters, now, other_nr: s.other_nr }
-            })
-            .collect();
-        let files = self
+        let mut threads: Vec<(u32, ThreadStats)> = self.threads.iter().filter_map(Result::ok).collect();
+        let mut files: Vec<FileSnap> = self
             .files
             .iter()
             .filter_map(Result::ok)
@@ -438,6 +471,32 @@ impl Capture {
                 file_id: s.file_id,
                 kind: s.kind,
                 counters: (&s).into(),
+            })
+            .collect();
+        // After the maps: a slot flushed meanwhile is then counted in
+        // neither (until the next snapshot), never in both.
+        let slots = self.running_slots();
+        let mut events = self.counter_sum(counter::EVENTS);
+        for r in &slots {
+            events += r.events;
+            if let Some((_, t)) = threads.iter_mut().find(|(tid, _)| *tid == r.tid) {
+                add_pending(t, r);
+            }
+            if r.file_calls > 0 {
+                if let Some(f) =
+                    files.iter_mut().find(|f| f.tgid == r.tgid && f.fd == r.file_fd && f.file_id == r.file_id)
+                {
+                    f.counters.read_bytes += r.file_bytes;
+                    f.counters.read_calls += r.file_calls;
+                    f.counters.read_ns += r.file_ns;
+                }
+            }
+        }
+        let threads = threads
+            .into_iter()
+            .map(|(tid, s)| {
+                let (counters, now) = decode::fold(&s, ts);
+                ThreadSnap { tid, tgid: s.tgid, job: s.job, counters, now, other_nr: s.other_nr }
             })
             .collect();
         let wakes = self
@@ -463,8 +522,16 @@ impl Capture {
             files,
             wakes,
             lost,
-            events: self.counter_sum(counter::EVENTS),
+            events,
             sched_gaps: self.counter_sum(counter::SCHED_GAPS),
+        }
+    }
+
+    /// Every CPU's `RUNNING` slot that holds a tracked thread.
+    fn running_slots(&self) -> Vec<Running> {
+        match self.running.get(&0, 0) {
+            Ok(v) => v.iter().filter(|r| r.tracked == slot_state::TRACKED).copied().collect(),
+            Err(_) => Vec::new(),
         }
     }
 
@@ -521,12 +588,32 @@ fn tracepoint<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut TracePoint, 
     Ok(prog)
 }
 
+fn raw_tracepoint<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut RawTracePoint, CaptureError> {
+    let prog: &mut RawTracePoint = ebpf
+        .program_mut(name)
+        .ok_or_else(|| CaptureError::Load(format!("program {name} missing from the object")))?
+        .try_into()
+        .map_err(load_err)?;
+    prog.load().map_err(load_err)?;
+    Ok(prog)
+}
+
 fn take<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &str) -> Result<T, CaptureError>
 where
     T::Error: std::fmt::Display,
 {
     let map = ebpf.take_map(name).ok_or_else(|| CaptureError::Map(format!("map {name} missing")))?;
     T::try_from(map).map_err(map_err)
+}
+
+/// Adds a slot's pending read counts to its thread's entry.
+fn add_pending(t: &mut ThreadStats, r: &Running) {
+    t.file_read_bytes += r.file_read_bytes;
+    t.file_read_calls += r.file_read_calls;
+    t.file_read_ns += r.file_read_ns;
+    t.other_read_bytes += r.other_read_bytes;
+    t.other_read_calls += r.other_read_calls;
+    t.other_read_ns += r.other_read_ns;
 }
 
 /// The wait reason of a thread found blocked at attach, from what /proc

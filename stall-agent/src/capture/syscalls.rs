@@ -1,6 +1,6 @@
 //! The architecture's syscall numbers: which ones are which kind of wait (the
 //! kernel side's `SYSCALL_CLASS` table), and names for the report.
-use stall_common::syscall_class as class;
+use stall_common::{hook, syscall_class as class};
 
 /// (number, name, class) for x86-64. Only waits need a class; the names
 /// cover what commonly blocks, so "other" can say what it was.
@@ -73,6 +73,20 @@ const TABLE: &[(u32, &str, u8)] = &[
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("stall's syscall table covers x86-64 only so far");
 
+/// What the raw syscall programs do per syscall number: the `HOOKS` table.
+/// The read family is the `READ` wait class; openat and close are named.
+pub fn hook_table() -> Vec<(u32, u8)> {
+    TABLE
+        .iter()
+        .filter_map(|&(nr, name, c)| match (name, c) {
+            (_, class::READ) => Some((nr, hook::READ)),
+            ("openat", _) => Some((nr, hook::OPENAT)),
+            ("close", _) => Some((nr, hook::CLOSE)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The class table indexed by syscall number.
 pub fn class_table() -> Vec<(u32, u8)> {
     TABLE.iter().filter(|(_, _, c)| *c != class::OTHER).map(|&(nr, _, c)| (nr, c)).collect()
@@ -107,5 +121,17 @@ mod tests {
         assert_eq!(name(202), "futex");
         assert_eq!(name(9999), "syscall 9999");
         assert_eq!(class(7), class::POLL);
+    }
+
+    #[test]
+    fn hooks_cover_the_read_family_openat_and_close() {
+        let hooks = hook_table();
+        let named = |n: &str| TABLE.iter().find(|t| t.1 == n).map(|t| t.0).unwrap();
+        for f in ["read", "pread64", "readv", "preadv", "preadv2"] {
+            assert!(hooks.contains(&(named(f), hook::READ)), "{f}");
+        }
+        assert!(hooks.contains(&(named("openat"), hook::OPENAT)));
+        assert!(hooks.contains(&(named("close"), hook::CLOSE)));
+        assert_eq!(hooks.len(), 7);
     }
 }

@@ -92,33 +92,6 @@ impl Tracefs {
     /// serves the whole read family, so its `fd` must sit at one offset.
     pub fn offsets(&self) -> Result<Offsets, CaptureError> {
         let switch_state = self.field("sched", "sched_switch", "prev_state")?;
-        let sys_arg0 = self.field("syscalls", "sys_enter_read", "fd")?.offset;
-        for ev in super::READ_FAMILY {
-            let f = self.field("syscalls", &format!("sys_enter_{ev}"), "fd")?;
-            if f.offset != sys_arg0 {
-                return Err(CaptureError::MissingField {
-                    tracepoint: format!("syscalls:sys_enter_{ev}"),
-                    field: format!("fd at offset {sys_arg0} (found {})", f.offset),
-                });
-            }
-        }
-        let ret = self.field("syscalls", "sys_exit_read", "ret")?.offset;
-        for ev in super::READ_FAMILY.iter().chain(&["openat"]) {
-            let f = self.field("syscalls", &format!("sys_exit_{ev}"), "ret")?;
-            if f.offset != ret {
-                return Err(CaptureError::MissingField {
-                    tracepoint: format!("syscalls:sys_exit_{ev}"),
-                    field: format!("ret at offset {ret} (found {})", f.offset),
-                });
-            }
-        }
-        let dfd = self.field("syscalls", "sys_enter_openat", "dfd")?.offset;
-        if dfd != sys_arg0 || self.field("syscalls", "sys_enter_close", "fd")?.offset != sys_arg0 {
-            return Err(CaptureError::MissingField {
-                tracepoint: "syscalls:sys_enter_openat/close".into(),
-                field: format!("first argument at offset {sys_arg0}"),
-            });
-        }
         Ok(Offsets {
             switch_prev_pid: self.field("sched", "sched_switch", "prev_pid")?.offset,
             switch_prev_state: switch_state.offset,
@@ -127,10 +100,6 @@ impl Tracefs {
             waking_pid: self.field("sched", "sched_waking", "pid")?.offset,
             newtask_pid: self.field("task", "task_newtask", "pid")?.offset,
             newtask_clone_flags: self.field("task", "task_newtask", "clone_flags")?.offset,
-            sys_arg0,
-            sys_arg1: self.field("syscalls", "sys_enter_openat", "filename")?.offset,
-            sys_arg2: self.field("syscalls", "sys_enter_openat", "flags")?.offset,
-            sys_ret: ret,
             _pad: 0,
         })
     }

@@ -108,7 +108,9 @@ pub struct File {
     pub read_calls: u64,
     pub read_bytes: u64,
     /// Summed time spent in read calls on it.
+    /// Time in reads, estimated from the timed ones (`read_timed_calls`).
     pub read_latency_s: f64,
+    pub read_timed_calls: u64,
     /// Time it was open during the window (the per-file rate's divisor).
     pub open_s: f64,
 }
@@ -164,7 +166,8 @@ fn process(p: &ProcWindow, role: &'static str) -> Process {
                 opens: f.opens,
                 read_calls: f.read_calls,
                 read_bytes: f.read_bytes,
-                read_latency_s: f.read_ns as f64 / 1e9,
+                read_latency_s: f.read_time_ns() / 1e9,
+                read_timed_calls: f.timed_calls,
                 open_s: f.open_ns as f64 / 1e9,
             })
             .collect(),

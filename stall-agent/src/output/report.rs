@@ -148,15 +148,19 @@ pub fn render(v: &View) -> String {
         let _ = writeln!(out, "Top files by bytes read:");
     }
     for (pid, f) in files.iter().take(10) {
-        let lat = if f.read_calls > 0 { f.read_ns as f64 / f.read_calls as f64 / 1e3 } else { 0.0 };
+        // Few reads may include no timed one (one in --latency-sample is).
+        let lat = match f.mean_read_ns() {
+            Some(ns) if ns >= 10_000.0 => format!("{:.0} µs/read", ns / 1e3),
+            Some(ns) => format!("{:.1} µs/read", ns / 1e3),
+            None => "untimed".to_string(),
+        };
         let resolved = f.resolved.as_deref().map(|r| format!(" (= {r})")).unwrap_or_default();
         let _ = writeln!(
             out,
-            "  {}{resolved}: {} in {} reads, {:.0} µs/read, {} while open [{} pid {pid}]",
+            "  {}{resolved}: {} in {} reads, {lat}, {} while open [{} pid {pid}]",
             f.path,
             units::bytes(f.read_bytes),
             f.read_calls,
-            lat,
             units::rate(f.read_bytes, f.rate_secs(secs)),
             v.roles.of(*pid).as_str()
         );

@@ -43,6 +43,7 @@ pub struct Options {
     pub gpu: Option<GpuSelect>,
     pub ringbuf_bytes: Option<u32>,
     pub floor: bool,
+    pub latency_sample: u32,
 }
 
 /// How the session ended.
@@ -98,6 +99,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         ringbuf_bytes: opts.ringbuf_bytes,
         floor: opts.floor,
         cgroup_mode: matches!(target, Target::Cgroup(_)),
+        latency_sample: opts.latency_sample,
     })
     .map_err(SessionError::from)?;
 

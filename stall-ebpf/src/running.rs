@@ -1,0 +1,228 @@
+//! The per-CPU `RUNNING` slot: which task this CPU runs and, for a tracked
+//! one, its hot state (in-flight syscall, read counts, the last descriptor
+//! read). Syscall programs work on the slot alone; `sched_switch` loads it
+//! from `THREADS` when a tracked task comes in and adds it back when the
+//! task goes out. A slot that does not match the running task (a missed
+//! switch, or the agent changed what is tracked: `TRACK_GEN`) is looked up
+//! again, so a stale slot costs a lookup, never a wrong count.
+use aya_ebpf::helpers::bpf_probe_read_kernel;
+use stall_common::{counter, fd_kind, inflight, slot_state, Config, FdKey, Running, ThreadStats};
+
+use crate::{
+    atomic_add, bump_by, current, ids,
+    maps::{FILES, RUNNING, THREADS, TRACK_GEN},
+};
+
+#[inline(always)]
+pub(crate) fn slot() -> Option<&'static mut Running> {
+    RUNNING.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
+
+#[inline(always)]
+pub(crate) fn generation() -> u32 {
+    TRACK_GEN.get(0).copied().unwrap_or(0)
+}
+
+/// The slot of the current task if it is tracked, looked up again if it
+/// was filled for another task or an older generation. `regs` is the
+/// raw syscall tracepoint's register pointer (see `Running::regs`).
+#[inline(always)]
+pub(crate) fn tracked_slot(cfg: &Config, regs: u64) -> Option<&'static mut Running> {
+    let s = slot()?;
+    let gen = generation();
+    if s.regs != regs || s.gen != gen || s.tracked == slot_state::UNCHECKED {
+        let (tid, tgid) = ids();
+        if s.tid != tid || s.gen != gen || s.tracked == slot_state::UNCHECKED {
+            refill(s, tid, tgid, gen, cfg);
+        }
+        s.regs = regs;
+        if s.tracked == slot_state::TRACKED {
+            // Once per span, not per syscall: a compat (ia32) task numbers
+            // its syscalls differently.
+            let cs: u16 =
+                unsafe { bpf_probe_read_kernel((regs + u64::from(cfg.regs.cs)) as *const u16) }.unwrap_or(0);
+            s.native = u8::from(cs == cfg.regs.user_cs);
+        }
+    }
+    if s.tracked == slot_state::TRACKED && s.native != 0 {
+        Some(s)
+    } else {
+        None
+    }
+}
+
+#[inline(always)]
+fn refill(s: &mut Running, tid: u32, tgid: u32, gen: u32, cfg: &Config) {
+    if s.tracked == slot_state::TRACKED {
+        flush(s);
+    }
+    match current(cfg) {
+        Some(c) => load(s, tid, c.tgid, c.stats, gen),
+        None => set_untracked(s, tid, gen, slot_state::UNTRACKED),
+    }
+}
+
+/// Fills the slot for a tracked task coming on-CPU.
+#[inline(always)]
+pub(crate) fn load(s: &mut Running, tid: u32, tgid: u32, t: &ThreadStats, gen: u32) {
+    let rng = s.rng;
+    *s = Running {
+        rng,
+        tid,
+        tgid: if t.tgid != 0 { t.tgid } else { tgid },
+        job: t.job,
+        gen,
+        tracked: slot_state::TRACKED,
+        file_fd: -1,
+        inflight: t.inflight,
+        inflight_fd: t.inflight_fd,
+        inflight_kind: t.inflight_kind,
+        inflight_ts: t.inflight_ts,
+        inflight_ptr: t.inflight_ptr,
+        ..Default::default()
+    };
+}
+
+#[inline(always)]
+pub(crate) fn set_untracked(s: &mut Running, tid: u32, gen: u32, state: u8) {
+    s.tid = tid;
+    s.regs = 0;
+    s.gen = gen;
+    s.tracked = state;
+    s.file_fd = -1;
+}
+
+/// Adds the slot's pending state to its thread (looked up) and file.
+#[inline(always)]
+pub(crate) fn flush(s: &mut Running) {
+    match THREADS.get_ptr_mut(s.tid) {
+        Some(t) => flush_into(s, unsafe { &mut *t }),
+        None => {
+            // The thread is gone (exit removed it): only its file counts remain.
+            flush_file(s);
+            s.tracked = slot_state::UNTRACKED;
+        }
+    }
+}
+
+/// Adds the slot's pending state to `t`, the slot task's `THREADS` entry.
+#[inline(always)]
+pub(crate) fn flush_into(s: &mut Running, t: &mut ThreadStats) {
+    t.inflight = s.inflight;
+    t.inflight_fd = s.inflight_fd;
+    t.inflight_kind = s.inflight_kind;
+    t.inflight_ts = s.inflight_ts;
+    t.inflight_ptr = s.inflight_ptr;
+    t.file_read_bytes += s.file_read_bytes;
+    t.file_read_calls += s.file_read_calls;
+    t.file_read_ns += s.file_read_ns;
+    t.other_read_bytes += s.other_read_bytes;
+    t.other_read_calls += s.other_read_calls;
+    t.other_read_ns += s.other_read_ns;
+    s.file_read_bytes = 0;
+    s.file_read_calls = 0;
+    s.file_read_ns = 0;
+    s.other_read_bytes = 0;
+    s.other_read_calls = 0;
+    s.other_read_ns = 0;
+    flush_file(s);
+}
+
+/// Adds the pending per-file counts to `FILES`, if the descriptor still
+/// names the same open (another thread may have closed and reused the
+/// number meanwhile: those few reads then lose their file, not their bytes).
+#[inline(always)]
+pub(crate) fn flush_file(s: &mut Running) {
+    if s.events != 0 {
+        bump_by(counter::EVENTS, s.events);
+        s.events = 0;
+    }
+    if s.file_calls == 0 {
+        return;
+    }
+    let key = FdKey { tgid: s.tgid, fd: s.file_fd };
+    if let Some(f) = FILES.get_ptr_mut(key) {
+        if unsafe { (*f).file_id } == s.file_id {
+            // Threads of one process share descriptors: add atomically.
+            unsafe {
+                atomic_add(&mut (*f).read_bytes, s.file_bytes);
+                atomic_add(&mut (*f).read_calls, s.file_calls);
+                atomic_add(&mut (*f).read_ns, s.file_ns);
+                atomic_add(&mut (*f).timed_calls, s.file_timed);
+            }
+        }
+    }
+    s.file_bytes = 0;
+    s.file_calls = 0;
+    s.file_ns = 0;
+    s.file_timed = 0;
+}
+
+/// Makes `fd` the slot's cached descriptor: what it is, from `FILES`.
+#[inline(always)]
+pub(crate) fn cache_fd(s: &mut Running, fd: i32) {
+    flush_file(s);
+    s.file_fd = fd;
+    match unsafe { FILES.get(FdKey { tgid: s.tgid, fd }) } {
+        Some(f) => {
+            s.file_id = f.file_id;
+            s.file_kind = f.kind;
+        }
+        None => {
+            s.file_id = 0;
+            s.file_kind = fd_kind::OTHER;
+        }
+    }
+}
+
+/// Forgets the cached descriptor (it is being closed or replaced).
+#[inline(always)]
+pub(crate) fn uncache_fd(s: &mut Running, fd: i32) {
+    if s.file_fd == fd {
+        flush_file(s);
+        s.file_fd = -1;
+    }
+}
+
+/// Whether the read starting now is timed: a random one in
+/// `latency_mask + 1` (xorshift32 in the slot: no helper call).
+#[inline(always)]
+pub(crate) fn time_this_read(s: &mut Running, cfg: &Config) -> bool {
+    let mut x = s.rng;
+    if x == 0 {
+        x = 0x9e37_79b9 ^ s.tid;
+    }
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    s.rng = x;
+    x & u32::from(cfg.latency_mask) == 0
+}
+
+/// Counts one finished read on the slot; `lat` is its duration if it was
+/// timed.
+#[inline(always)]
+pub(crate) fn count_read(s: &mut Running, bytes: u64, lat: Option<u64>) {
+    let fd = s.inflight_fd;
+    s.inflight = inflight::NONE;
+    if s.file_fd != fd {
+        cache_fd(s, fd);
+    }
+    let (ns, timed) = match lat {
+        Some(ns) => (ns, 1),
+        None => (0, 0),
+    };
+    if s.file_kind != fd_kind::OTHER {
+        s.file_bytes += bytes;
+        s.file_calls += 1;
+        s.file_ns += ns;
+        s.file_timed += timed;
+        s.file_read_bytes += bytes;
+        s.file_read_calls += 1;
+        s.file_read_ns += ns;
+    } else {
+        s.other_read_bytes += bytes;
+        s.other_read_calls += 1;
+        s.other_read_ns += ns;
+    }
+}
