@@ -108,6 +108,13 @@ impl Window {
             end_ns: windows.last().map_or(0, |w| w.end_ns),
             ..Default::default()
         };
+        // Indexes, not scans: a fork storm puts thousands of processes (and
+        // an open storm thousands of files) in each window.
+        let mut proc_at: HashMap<u32, usize> = HashMap::new();
+        let mut thread_at: Vec<HashMap<u32, usize>> = Vec::new();
+        let mut file_at: Vec<HashMap<String, usize>> = Vec::new();
+        // (process, thread, waker) → place in that thread's `woken_by`.
+        let mut waker_at: HashMap<(usize, usize, u32), usize> = HashMap::new();
         for w in windows {
             for (i, l) in w.lost.iter().enumerate() {
                 out.lost[i] += l;
@@ -115,41 +122,54 @@ impl Window {
             out.events += w.events;
             out.sched_gaps = out.sched_gaps.max(w.sched_gaps);
             for p in &w.procs {
-                let op = match out.procs.iter_mut().position(|o| o.tgid == p.tgid) {
-                    Some(i) => &mut out.procs[i],
-                    None => {
-                        out.procs.push(ProcWindow {
-                            threads: vec![],
-                            files: vec![],
-                            other_read_bytes: 0,
-                            ..p.clone()
-                        });
-                        out.procs.last_mut().unwrap()
-                    }
-                };
+                let pi = *proc_at.entry(p.tgid).or_insert_with(|| {
+                    out.procs.push(ProcWindow {
+                        tgid: p.tgid,
+                        ppid: p.ppid,
+                        comm: p.comm.clone(),
+                        cmdline: p.cmdline.clone(),
+                        alive: p.alive,
+                        ..Default::default()
+                    });
+                    thread_at.push(HashMap::new());
+                    file_at.push(HashMap::new());
+                    out.procs.len() - 1
+                });
+                let op = &mut out.procs[pi];
                 op.alive = p.alive;
                 op.comm.clone_from(&p.comm);
                 op.other_read_bytes += p.other_read_bytes;
                 for t in &p.threads {
-                    match op.threads.iter_mut().find(|o| o.tid == t.tid) {
-                        Some(o) => {
+                    let ti = match thread_at[pi].get(&t.tid) {
+                        Some(&ti) => {
+                            let o = &mut op.threads[ti];
                             o.delta.add(&t.delta);
                             o.now = t.now;
                             o.alive = t.alive;
                             o.other_nr = t.other_nr;
-                            for b in &t.woken_by {
-                                match o.woken_by.iter_mut().find(|x| x.0 == b.0) {
-                                    Some(x) => x.3 += b.3,
-                                    None => o.woken_by.push(b.clone()),
-                                }
+                            ti
+                        }
+                        None => {
+                            thread_at[pi].insert(t.tid, op.threads.len());
+                            op.threads.push(ThreadWindow { woken_by: Vec::new(), ..t.clone() });
+                            op.threads.len() - 1
+                        }
+                    };
+                    let o = &mut op.threads[ti];
+                    for b in &t.woken_by {
+                        match waker_at.get(&(pi, ti, b.0)) {
+                            Some(&k) => o.woken_by[k].3 += b.3,
+                            None => {
+                                waker_at.insert((pi, ti, b.0), o.woken_by.len());
+                                o.woken_by.push(b.clone());
                             }
                         }
-                        None => op.threads.push(t.clone()),
                     }
                 }
                 for f in &p.files {
-                    match op.files.iter_mut().find(|o| o.path == f.path) {
-                        Some(o) => {
+                    match file_at[pi].get(&f.path) {
+                        Some(&fi) => {
+                            let o = &mut op.files[fi];
                             o.opens += f.opens;
                             o.read_calls += f.read_calls;
                             o.read_bytes += f.read_bytes;
@@ -157,7 +177,10 @@ impl Window {
                             o.timed_calls += f.timed_calls;
                             o.open_ns += f.open_ns;
                         }
-                        None => op.files.push(f.clone()),
+                        None => {
+                            file_at[pi].insert(f.path.clone(), op.files.len());
+                            op.files.push(f.clone());
+                        }
                     }
                 }
             }
@@ -166,6 +189,7 @@ impl Window {
             p.files.sort_by(|a, b| b.read_bytes.cmp(&a.read_bytes).then(a.path.cmp(&b.path)));
             for t in &mut p.threads {
                 t.woken_by.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(&b.0)));
+                t.woken_by.truncate(MAX_WAKERS);
             }
         }
         out
@@ -297,6 +321,73 @@ pub fn push_recent(recent: &mut VecDeque<Window>, w: Window) {
         }
         recent.pop_front();
     }
+}
+
+/// Wakers listed per thread and window, most frequent first: a parent
+/// woken by each of thousands of short-lived children needs its top ones,
+/// not all.
+pub const MAX_WAKERS: usize = 64;
+
+/// Ended processes an interval window lists one by one; the least busy
+/// beyond this are summed into one entry (a fork storm ends thousands of
+/// processes a second, and the last few seconds of windows are kept).
+pub const MAX_ENDED_PER_WINDOW: usize = 1024;
+
+/// Sums the least busy ended processes beyond [`MAX_ENDED_PER_WINDOW`]
+/// into one entry (tgid 0, as the summary's folded processes).
+fn fold_small_ended(procs: &mut Vec<ProcWindow>) {
+    let ended = procs.iter().filter(|p| !p.alive).count();
+    if ended <= MAX_ENDED_PER_WINDOW {
+        return;
+    }
+    let busy = |p: &ProcWindow| {
+        let c = p.sum();
+        c.on_cpu_ns + c.off_cpu_ns() + c.file_read_bytes + c.other_read_bytes
+    };
+    let mut order: Vec<(u64, usize)> =
+        procs.iter().enumerate().filter(|(_, p)| !p.alive).map(|(i, p)| (busy(p), i)).collect();
+    order.sort_unstable_by(|a, b| b.cmp(a));
+    let fold: HashSet<usize> = order[MAX_ENDED_PER_WINDOW..].iter().map(|&(_, i)| i).collect();
+    let mut sum = ThreadCounters::default();
+    let mut files: HashMap<String, FileWindow> = HashMap::new();
+    let mut other = 0;
+    let mut kept = Vec::with_capacity(procs.len() - fold.len() + 1);
+    for (i, p) in procs.drain(..).enumerate() {
+        if !fold.contains(&i) {
+            kept.push(p);
+            continue;
+        }
+        sum.add(&p.sum());
+        other += p.other_read_bytes;
+        for f in p.files {
+            let e = files
+                .entry(f.path.clone())
+                .or_insert_with(|| FileWindow { path: f.path.clone(), ..Default::default() });
+            e.opens += f.opens;
+            e.read_calls += f.read_calls;
+            e.read_bytes += f.read_bytes;
+            e.read_ns += f.read_ns;
+            e.timed_calls += f.timed_calls;
+            e.open_ns += f.open_ns;
+        }
+    }
+    let mut files: Vec<FileWindow> = files.into_values().collect();
+    files.sort_by(|a, b| b.read_bytes.cmp(&a.read_bytes).then(a.path.cmp(&b.path)));
+    kept.push(ProcWindow {
+        tgid: 0,
+        comm: format!("({} ended processes, summed)", fold.len()),
+        other_read_bytes: other,
+        threads: vec![ThreadWindow {
+            tid: 0,
+            comm: "(summed)".into(),
+            delta: sum,
+            other_nr: -1,
+            ..Default::default()
+        }],
+        files,
+        ..Default::default()
+    });
+    *procs = kept;
 }
 
 /// Ended processes kept one by one; older ones are folded into one entry.
@@ -666,6 +757,7 @@ impl Model {
             }
             let mut by = woken.remove(&t.tid).unwrap_or_default();
             by.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(&b.0)));
+            by.truncate(MAX_WAKERS);
             let comm = if t.comm.is_empty() { procs[i].comm.clone() } else { t.comm.clone() };
             procs[i].other_read_bytes += delta.other_read_bytes;
             procs[i].threads.push(ThreadWindow {
@@ -745,6 +837,9 @@ impl Model {
         }
         // Processes with nothing in this window (gone before it) are left out.
         procs.retain(|p| !p.threads.is_empty() || !p.files.is_empty() || p.alive);
+        if since_mark {
+            fold_small_ended(&mut procs);
+        }
         let (lost, events) = if since_mark {
             let mut l = [0; 5];
             for (i, v) in l.iter_mut().enumerate() {
@@ -761,6 +856,31 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_lists_at_most_so_many_ended_processes_and_sums_the_rest() {
+        let proc_with = |tgid: u32, alive: bool, on_cpu_ns: u64| ProcWindow {
+            tgid,
+            alive,
+            threads: vec![ThreadWindow {
+                tid: tgid,
+                delta: ThreadCounters { on_cpu_ns, ..Default::default() },
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let n = MAX_ENDED_PER_WINDOW + 500;
+        let mut procs: Vec<ProcWindow> = (1..=n as u32).map(|i| proc_with(i, false, u64::from(i))).collect();
+        procs.push(proc_with(99_999, true, 1));
+        let total: u64 = procs.iter().map(|p| p.sum().on_cpu_ns).sum();
+        fold_small_ended(&mut procs);
+        assert_eq!(procs.len(), MAX_ENDED_PER_WINDOW + 2, "kept ended + the alive one + the sum");
+        assert_eq!(procs.iter().map(|p| p.sum().on_cpu_ns).sum::<u64>(), total, "nothing lost");
+        assert!(procs.iter().any(|p| p.tgid == 99_999), "alive processes are never folded");
+        assert!(procs.iter().any(|p| p.tgid == n as u32), "the busiest ended ones stay");
+        assert!(!procs.iter().any(|p| p.tgid == 1), "the least busy are summed");
+        assert!(procs.iter().any(|p| p.tgid == 0 && p.comm == "(500 ended processes, summed)"));
+    }
     use crate::decode::{FileSnap, ThreadSnap, WakeSnap};
 
     fn open(tgid: u32, fd: i32, id: u64, path: &str) -> Event {
