@@ -169,13 +169,7 @@ impl Window {
                 for f in &p.files {
                     match file_at[pi].get(&f.path) {
                         Some(&fi) => {
-                            let o = &mut op.files[fi];
-                            o.opens += f.opens;
-                            o.read_calls += f.read_calls;
-                            o.read_bytes += f.read_bytes;
-                            o.read_ns += f.read_ns;
-                            o.timed_calls += f.timed_calls;
-                            o.open_ns += f.open_ns;
+                            op.files[fi].add(f);
                         }
                         None => {
                             file_at[pi].insert(f.path.clone(), op.files.len());
@@ -254,6 +248,16 @@ pub struct FileWindow {
 }
 
 impl FileWindow {
+    /// Adds another window's counts for the same path.
+    pub fn add(&mut self, o: &FileWindow) {
+        self.opens += o.opens;
+        self.read_calls += o.read_calls;
+        self.read_bytes += o.read_bytes;
+        self.read_ns += o.read_ns;
+        self.timed_calls += o.timed_calls;
+        self.open_ns += o.open_ns;
+    }
+
     /// Mean duration of a read, from the timed ones.
     pub fn mean_read_ns(&self) -> Option<f64> {
         (self.timed_calls > 0).then(|| self.read_ns as f64 / self.timed_calls as f64)
@@ -360,15 +364,10 @@ fn fold_small_ended(procs: &mut Vec<ProcWindow>) {
         sum.add(&p.sum());
         other += p.other_read_bytes;
         for f in p.files {
-            let e = files
+            files
                 .entry(f.path.clone())
-                .or_insert_with(|| FileWindow { path: f.path.clone(), ..Default::default() });
-            e.opens += f.opens;
-            e.read_calls += f.read_calls;
-            e.read_bytes += f.read_bytes;
-            e.read_ns += f.read_ns;
-            e.timed_calls += f.timed_calls;
-            e.open_ns += f.open_ns;
+                .or_insert_with(|| FileWindow { path: f.path.clone(), ..Default::default() })
+                .add(&f);
         }
     }
     let mut files: Vec<FileWindow> = files.into_values().collect();
@@ -704,17 +703,11 @@ impl Model {
             self.archived.keys().filter(|k| gone_tgids.contains(&k.0)).cloned().collect();
         for k in keys {
             let a = self.archived.remove(&k).expect("listed above");
-            let e = self
-                .folded
+            self.folded
                 .files
                 .entry(k.1)
-                .or_insert_with(|| FileWindow { path: a.path.clone(), ..Default::default() });
-            e.opens += a.opens;
-            e.read_calls += a.read_calls;
-            e.read_bytes += a.read_bytes;
-            e.read_ns += a.read_ns;
-            e.timed_calls += a.timed_calls;
-            e.open_ns += a.open_ns;
+                .or_insert_with(|| FileWindow { path: a.path.clone(), ..Default::default() })
+                .add(&a);
         }
     }
 

@@ -360,6 +360,20 @@ pub struct Config {
     pub ringbuf_wake_bytes: u32,
 }
 
+impl ThreadStats {
+    /// Adds the read counts a `RUNNING` slot holds for this thread: the
+    /// kernel side when it flushes the slot, the agent when it reads one.
+    #[inline(always)]
+    pub fn add_slot_reads(&mut self, r: &Running) {
+        self.file_read_bytes += r.file_read_bytes;
+        self.file_read_calls += r.file_read_calls;
+        self.file_read_ns += r.file_read_ns;
+        self.other_read_bytes += r.other_read_bytes;
+        self.other_read_calls += r.other_read_calls;
+        self.other_read_ns += r.other_read_ns;
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;

@@ -99,6 +99,7 @@ pub(crate) fn flush(s: &mut Running) {
         Some(t) => flush_into(s, unsafe { &mut *t }),
         None => {
             // The thread is gone (exit removed it): only its file counts remain.
+            flush_events(s);
             flush_file(s);
             s.tracked = slot_state::UNTRACKED;
         }
@@ -113,12 +114,8 @@ pub(crate) fn flush_into(s: &mut Running, t: &mut ThreadStats) {
     t.inflight_kind = s.inflight_kind;
     t.inflight_ts = s.inflight_ts;
     t.inflight_ptr = s.inflight_ptr;
-    t.file_read_bytes += s.file_read_bytes;
-    t.file_read_calls += s.file_read_calls;
-    t.file_read_ns += s.file_read_ns;
-    t.other_read_bytes += s.other_read_bytes;
-    t.other_read_calls += s.other_read_calls;
-    t.other_read_ns += s.other_read_ns;
+    t.add_slot_reads(s);
+    flush_events(s);
     s.file_read_bytes = 0;
     s.file_read_calls = 0;
     s.file_read_ns = 0;
@@ -128,15 +125,20 @@ pub(crate) fn flush_into(s: &mut Running, t: &mut ThreadStats) {
     flush_file(s);
 }
 
+/// Adds the pending program runs to the per-CPU `counter::EVENTS`.
+#[inline(always)]
+fn flush_events(s: &mut Running) {
+    if s.events != 0 {
+        bump_by(counter::EVENTS, s.events);
+        s.events = 0;
+    }
+}
+
 /// Adds the pending per-file counts to `FILES`, if the descriptor still
 /// names the same open (another thread may have closed and reused the
 /// number meanwhile: those few reads then lose their file, not their bytes).
 #[inline(always)]
 pub(crate) fn flush_file(s: &mut Running) {
-    if s.events != 0 {
-        bump_by(counter::EVENTS, s.events);
-        s.events = 0;
-    }
     if s.file_calls == 0 {
         return;
     }

@@ -16,7 +16,7 @@ use std::{
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{RawTracePoint, TracePoint},
+    programs::{Program, ProgramError, RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
 use stall_common::{
@@ -213,7 +213,7 @@ impl Capture {
         let mut ebpf = loader.load(BPF_OBJECT).map_err(load_err)?;
 
         for (prog, category, name) in ATTACH {
-            let tp = tracepoint(&mut ebpf, prog)?;
+            let tp = program(&mut ebpf, prog, TracePoint::load)?;
             tp.attach(category, name).map_err(load_err)?;
         }
         // The tables first: a program attached before them would see every
@@ -228,7 +228,7 @@ impl Capture {
             hooks.set(nr, what, 0).map_err(map_err)?;
         }
         for (prog, name) in ATTACH_RAW {
-            raw_tracepoint(&mut ebpf, prog)?.attach(name).map_err(load_err)?;
+            program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
         }
         let ring: RingBuf<MapData> = take(&mut ebpf, "EVENTS")?;
         // SAFETY: the RingBuf owns its map fd for as long as the AsyncFd lives.
@@ -480,7 +480,7 @@ impl Capture {
         for r in &slots {
             events += r.events;
             if let Some((_, t)) = threads.iter_mut().find(|(tid, _)| *tid == r.tid) {
-                add_pending(t, r);
+                t.add_slot_reads(r);
             }
             if r.file_calls > 0 {
                 if let Some(f) =
@@ -578,23 +578,21 @@ impl Capture {
     }
 }
 
-fn tracepoint<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut TracePoint, CaptureError> {
-    let prog: &mut TracePoint = ebpf
+/// A program of the object, loaded (`load` is the type's own).
+fn program<'a, T>(
+    ebpf: &'a mut Ebpf,
+    name: &str,
+    load: fn(&mut T) -> Result<(), ProgramError>,
+) -> Result<&'a mut T, CaptureError>
+where
+    &'a mut T: TryFrom<&'a mut Program, Error = ProgramError>,
+{
+    let prog: &mut T = ebpf
         .program_mut(name)
         .ok_or_else(|| CaptureError::Load(format!("program {name} missing from the object")))?
         .try_into()
         .map_err(load_err)?;
-    prog.load().map_err(load_err)?;
-    Ok(prog)
-}
-
-fn raw_tracepoint<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut RawTracePoint, CaptureError> {
-    let prog: &mut RawTracePoint = ebpf
-        .program_mut(name)
-        .ok_or_else(|| CaptureError::Load(format!("program {name} missing from the object")))?
-        .try_into()
-        .map_err(load_err)?;
-    prog.load().map_err(load_err)?;
+    load(prog).map_err(load_err)?;
     Ok(prog)
 }
 
@@ -604,16 +602,6 @@ where
 {
     let map = ebpf.take_map(name).ok_or_else(|| CaptureError::Map(format!("map {name} missing")))?;
     T::try_from(map).map_err(map_err)
-}
-
-/// Adds a slot's pending read counts to its thread's entry.
-fn add_pending(t: &mut ThreadStats, r: &Running) {
-    t.file_read_bytes += r.file_read_bytes;
-    t.file_read_calls += r.file_read_calls;
-    t.file_read_ns += r.file_read_ns;
-    t.other_read_bytes += r.other_read_bytes;
-    t.other_read_calls += r.other_read_calls;
-    t.other_read_ns += r.other_read_ns;
 }
 
 /// The wait reason of a thread found blocked at attach, from what /proc
