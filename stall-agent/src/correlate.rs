@@ -56,7 +56,7 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
     let mut feeders: HashMap<u32, HashSet<u32>> = HashMap::new();
     for p in &w.procs {
         for t in &p.threads {
-            for &(_, waker_tgid, _, _) in &t.woken_by {
+            for waker_tgid in t.woken_by.iter().map(|b| b.tgid) {
                 if waker_tgid != p.tgid && present.contains(&waker_tgid) {
                     feeders.entry(p.tgid).or_default().insert(waker_tgid);
                 }
@@ -167,7 +167,7 @@ fn busy(p: &ProcWindow, secs: f64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregate::{FileWindow, ProcWindow, ThreadWindow};
+    use crate::aggregate::{FileWindow, ProcWindow, ThreadWindow, Waker};
     use crate::decode::ThreadCounters;
 
     fn proc(tgid: u32, ppid: u32, on_ms: u64, read: u64) -> ProcWindow {
@@ -231,7 +231,7 @@ mod tests {
         let mut w2 = proc(4, 2, 5, 0);
         for w in [&mut w1, &mut w2] {
             w.cmdline = Some("python train.py".into());
-            w.threads[0].woken_by = vec![(2, 2, "python".into(), 50)];
+            w.threads[0].woken_by = vec![Waker { tid: 2, tgid: 2, comm: "python".into(), count: 50 }];
         }
         let mut tracker = proc(5, 2, 0, 0);
         tracker.cmdline = Some("python -c from multiprocessing.resource_tracker import main;main(8)".into());

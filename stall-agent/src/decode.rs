@@ -79,6 +79,18 @@ pub struct FileCounters {
     pub timed_calls: u64,
 }
 
+impl FileCounters {
+    /// What was counted since `mark` (an earlier value of the same counters).
+    pub fn saturating_sub(&self, mark: &Self) -> Self {
+        Self {
+            read_bytes: self.read_bytes.saturating_sub(mark.read_bytes),
+            read_calls: self.read_calls.saturating_sub(mark.read_calls),
+            read_ns: self.read_ns.saturating_sub(mark.read_ns),
+            timed_calls: self.timed_calls.saturating_sub(mark.timed_calls),
+        }
+    }
+}
+
 impl From<&FileStats> for FileCounters {
     fn from(s: &FileStats) -> Self {
         Self {

@@ -5,7 +5,7 @@ use serde::Serialize;
 use stall_common::reason;
 
 use crate::{
-    aggregate::{ProcWindow, ThreadWindow, Window},
+    aggregate::{ProcWindow, ThreadWindow, Waker, Window},
     capture::syscalls,
     correlate::Roles,
     units,
@@ -346,18 +346,18 @@ fn worker_shares(workers: &[&ProcWindow], secs: f64) -> (f64, f64) {
 
 /// ", woken 1,240 times by 4 workers (most by 84810)".
 fn wakers_of(main: &ThreadWindow, workers: &[&ProcWindow]) -> String {
-    let from_workers: Vec<&(u32, u32, String, u64)> =
-        main.woken_by.iter().filter(|b| workers.iter().any(|w| w.tgid == b.1)).collect();
-    let n: u64 = from_workers.iter().map(|b| b.3).sum();
+    let from_workers: Vec<&Waker> =
+        main.woken_by.iter().filter(|b| workers.iter().any(|w| w.tgid == b.tgid)).collect();
+    let n: u64 = from_workers.iter().map(|b| b.count).sum();
     if n == 0 {
         return String::new();
     }
-    let procs: std::collections::HashSet<u32> = from_workers.iter().map(|b| b.1).collect();
+    let procs: std::collections::HashSet<u32> = from_workers.iter().map(|b| b.tgid).collect();
     // Count per worker process (its queue feeder threads do the waking).
     let mut per_proc: Vec<(u32, u64)> = procs.iter().map(|p| (*p, 0)).collect();
     for b in &from_workers {
-        if let Some(e) = per_proc.iter_mut().find(|e| e.0 == b.1) {
-            e.1 += b.3;
+        if let Some(e) = per_proc.iter_mut().find(|e| e.0 == b.tgid) {
+            e.1 += b.count;
         }
     }
     per_proc.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -402,7 +402,7 @@ fn hang(
         return None;
     }
     let worker_tgids: Vec<u32> = workers.iter().map(|p| p.tgid).collect();
-    if main.woken_by.iter().any(|b| worker_tgids.contains(&b.1) && b.3 > 0) {
+    if main.woken_by.iter().any(|b| worker_tgids.contains(&b.tgid) && b.count > 0) {
         return None;
     }
     for p in workers {

@@ -135,7 +135,7 @@ fn thread(t: &ThreadWindow) -> Thread {
         woken_by: t
             .woken_by
             .iter()
-            .map(|(tid, pid, comm, count)| Waker { tid: *tid, pid: *pid, comm: comm.clone(), count: *count })
+            .map(|b| Waker { tid: b.tid, pid: b.tgid, comm: b.comm.clone(), count: b.count })
             .collect(),
     }
 }

@@ -1,11 +1,16 @@
 //! The job as seen so far: processes, threads, files and wakeups, built from
-//! decoded events and map snapshots, and cut into windows (an interval, or
-//! the whole run). Pure: no kernel, no /proc; unit-tested on synthetic
-//! streams.
+//! decoded events and map snapshots, and cut into [`Window`]s.
+//!
+//! Counters are kept as the kernel reports them: `total` is the latest
+//! cumulative value, `mark` the value at the end of the previous interval
+//! window. An interval is `total - mark`; the whole run is `total`. Nothing
+//! here subtracts from the kernel's counters, so a snapshot can never be
+//! counted twice. Pure: no kernel, no /proc; unit-tested on synthetic streams.
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use stall_common::fd_kind;
 
+use super::window::{fold_small_ended, FileWindow, ProcWindow, ThreadWindow, Waker, Window};
 use crate::decode::{Event, FileCounters, FileSnap, Snapshot, ThreadCounters, ThreadNow};
 
 #[derive(Debug, Clone, Default)]
@@ -59,226 +64,6 @@ struct Wake {
     mark: u64,
 }
 
-/// Everything the correlation and the verdict look at, for one span of time.
-#[derive(Debug, Clone, Default)]
-pub struct Window {
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub procs: Vec<ProcWindow>,
-    /// Losses during the window, by cause.
-    pub lost: [u64; 5],
-    pub events: u64,
-    /// Missed switches seen so far (cumulative; should be 0).
-    pub sched_gaps: u64,
-}
-
-impl Window {
-    pub fn secs(&self) -> f64 {
-        self.end_ns.saturating_sub(self.start_ns) as f64 / 1e9
-    }
-    pub fn lost_total(&self) -> u64 {
-        self.lost.iter().sum()
-    }
-    pub fn proc(&self, tgid: u32) -> Option<&ProcWindow> {
-        self.procs.iter().find(|p| p.tgid == tgid)
-    }
-    /// The files that were read, most bytes first, with their reader's pid.
-    pub fn files_by_bytes(&self) -> Vec<(u32, &FileWindow)> {
-        let mut files: Vec<(u32, &FileWindow)> = self
-            .procs
-            .iter()
-            .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f)))
-            .filter(|(_, f)| f.read_bytes > 0)
-            .collect();
-        files.sort_by_key(|(_, f)| std::cmp::Reverse(f.read_bytes));
-        files
-    }
-
-    pub fn thread(&self, tid: u32) -> Option<(&ProcWindow, &ThreadWindow)> {
-        self.procs.iter().find_map(|p| p.threads.iter().find(|t| t.tid == tid).map(|t| (p, t)))
-    }
-}
-
-impl Window {
-    /// Consecutive windows as one (the verdict looks at the last few
-    /// seconds, not at one noisy interval). Thread states are the latest.
-    pub fn merge(windows: &[Window]) -> Window {
-        let mut out = Window {
-            start_ns: windows.first().map_or(0, |w| w.start_ns),
-            end_ns: windows.last().map_or(0, |w| w.end_ns),
-            ..Default::default()
-        };
-        // Indexes, not scans: a fork storm puts thousands of processes (and
-        // an open storm thousands of files) in each window.
-        let mut proc_at: HashMap<u32, usize> = HashMap::new();
-        let mut thread_at: Vec<HashMap<u32, usize>> = Vec::new();
-        let mut file_at: Vec<HashMap<String, usize>> = Vec::new();
-        // (process, thread, waker) → place in that thread's `woken_by`.
-        let mut waker_at: HashMap<(usize, usize, u32), usize> = HashMap::new();
-        for w in windows {
-            for (i, l) in w.lost.iter().enumerate() {
-                out.lost[i] += l;
-            }
-            out.events += w.events;
-            out.sched_gaps = out.sched_gaps.max(w.sched_gaps);
-            for p in &w.procs {
-                let pi = *proc_at.entry(p.tgid).or_insert_with(|| {
-                    out.procs.push(ProcWindow {
-                        tgid: p.tgid,
-                        ppid: p.ppid,
-                        comm: p.comm.clone(),
-                        cmdline: p.cmdline.clone(),
-                        alive: p.alive,
-                        ..Default::default()
-                    });
-                    thread_at.push(HashMap::new());
-                    file_at.push(HashMap::new());
-                    out.procs.len() - 1
-                });
-                let op = &mut out.procs[pi];
-                op.alive = p.alive;
-                op.comm.clone_from(&p.comm);
-                op.other_read_bytes += p.other_read_bytes;
-                for t in &p.threads {
-                    let ti = match thread_at[pi].get(&t.tid) {
-                        Some(&ti) => {
-                            let o = &mut op.threads[ti];
-                            o.delta.add(&t.delta);
-                            o.now = t.now;
-                            o.alive = t.alive;
-                            o.other_nr = t.other_nr;
-                            ti
-                        }
-                        None => {
-                            thread_at[pi].insert(t.tid, op.threads.len());
-                            op.threads.push(ThreadWindow { woken_by: Vec::new(), ..t.clone() });
-                            op.threads.len() - 1
-                        }
-                    };
-                    let o = &mut op.threads[ti];
-                    for b in &t.woken_by {
-                        match waker_at.get(&(pi, ti, b.0)) {
-                            Some(&k) => o.woken_by[k].3 += b.3,
-                            None => {
-                                waker_at.insert((pi, ti, b.0), o.woken_by.len());
-                                o.woken_by.push(b.clone());
-                            }
-                        }
-                    }
-                }
-                for f in &p.files {
-                    match file_at[pi].get(&f.path) {
-                        Some(&fi) => {
-                            op.files[fi].add(f);
-                        }
-                        None => {
-                            file_at[pi].insert(f.path.clone(), op.files.len());
-                            op.files.push(f.clone());
-                        }
-                    }
-                }
-            }
-        }
-        for p in &mut out.procs {
-            p.files.sort_by(|a, b| b.read_bytes.cmp(&a.read_bytes).then(a.path.cmp(&b.path)));
-            for t in &mut p.threads {
-                t.woken_by.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(&b.0)));
-                t.woken_by.truncate(MAX_WAKERS);
-            }
-        }
-        out
-    }
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct ProcWindow {
-    pub tgid: u32,
-    pub ppid: Option<u32>,
-    pub comm: String,
-    pub cmdline: Option<String>,
-    pub alive: bool,
-    pub threads: Vec<ThreadWindow>,
-    pub files: Vec<FileWindow>,
-    /// Reads of pipes, sockets and other non-files.
-    pub other_read_bytes: u64,
-}
-
-impl ProcWindow {
-    pub fn sum(&self) -> ThreadCounters {
-        let mut c = ThreadCounters::default();
-        for t in &self.threads {
-            c.add(&t.delta);
-        }
-        c
-    }
-    pub fn file_read_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.read_bytes).sum()
-    }
-    pub fn main_thread(&self) -> Option<&ThreadWindow> {
-        self.threads.iter().find(|t| t.tid == self.tgid).or(self.threads.first())
-    }
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct ThreadWindow {
-    pub tid: u32,
-    pub comm: String,
-    pub delta: ThreadCounters,
-    pub now: ThreadNow,
-    pub other_nr: i32,
-    pub alive: bool,
-    /// (waker tid, waker tgid, waker comm, count), most frequent first.
-    pub woken_by: Vec<(u32, u32, String, u64)>,
-}
-
-/// Regular files only, merged by path.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FileWindow {
-    pub path: String,
-    pub resolved: Option<String>,
-    pub opens: u64,
-    pub read_calls: u64,
-    pub read_bytes: u64,
-    /// Time in the timed reads (one in `--latency-sample`), and how many.
-    pub read_ns: u64,
-    pub timed_calls: u64,
-    /// Time the file was open within the window, summed over its opens:
-    /// the per-file rate is over this, not over the whole window.
-    pub open_ns: u64,
-}
-
-impl FileWindow {
-    /// Adds another window's counts for the same path.
-    pub fn add(&mut self, o: &FileWindow) {
-        self.opens += o.opens;
-        self.read_calls += o.read_calls;
-        self.read_bytes += o.read_bytes;
-        self.read_ns += o.read_ns;
-        self.timed_calls += o.timed_calls;
-        self.open_ns += o.open_ns;
-    }
-
-    /// Mean duration of a read, from the timed ones.
-    pub fn mean_read_ns(&self) -> Option<f64> {
-        (self.timed_calls > 0).then(|| self.read_ns as f64 / self.timed_calls as f64)
-    }
-
-    /// Time spent in all its reads, estimated from the timed ones.
-    pub fn read_time_ns(&self) -> f64 {
-        self.mean_read_ns().map_or(0.0, |m| m * self.read_calls as f64)
-    }
-
-    /// Seconds to divide its bytes by: the time it was open in a window of
-    /// `window_s` (the whole window for files open throughout or unknown).
-    pub fn rate_secs(&self, window_s: f64) -> f64 {
-        if self.open_ns > 0 {
-            (self.open_ns as f64 / 1e9).min(window_s)
-        } else {
-            window_s
-        }
-    }
-}
-
 #[derive(Debug, Default)]
 pub struct Model {
     pub start_ns: u64,
@@ -308,85 +93,6 @@ pub struct Model {
     ended: VecDeque<u32>,
     /// Ended processes beyond [`MAX_ENDED`], summed (fork storms).
     folded: Folded,
-}
-
-/// How much recent history the live verdict looks at.
-pub const RECENT_NS: u64 = 5_000_000_000;
-
-/// Keeps the newest windows that span at least [`RECENT_NS`] (never less,
-/// so a threshold like the hang's 4 s is not missed by a jitter of the tick).
-pub fn push_recent(recent: &mut VecDeque<Window>, w: Window) {
-    recent.push_back(w);
-    while recent.len() > 1 {
-        let end = recent.back().map_or(0, |w| w.end_ns);
-        let second_start = recent[1].start_ns;
-        if end.saturating_sub(second_start) < RECENT_NS {
-            break;
-        }
-        recent.pop_front();
-    }
-}
-
-/// Wakers listed per thread and window, most frequent first: a parent
-/// woken by each of thousands of short-lived children needs its top ones,
-/// not all.
-pub const MAX_WAKERS: usize = 64;
-
-/// Ended processes an interval window lists one by one; the least busy
-/// beyond this are summed into one entry (a fork storm ends thousands of
-/// processes a second, and the last few seconds of windows are kept).
-pub const MAX_ENDED_PER_WINDOW: usize = 1024;
-
-/// Sums the least busy ended processes beyond [`MAX_ENDED_PER_WINDOW`]
-/// into one entry (tgid 0, as the summary's folded processes).
-fn fold_small_ended(procs: &mut Vec<ProcWindow>) {
-    let ended = procs.iter().filter(|p| !p.alive).count();
-    if ended <= MAX_ENDED_PER_WINDOW {
-        return;
-    }
-    let busy = |p: &ProcWindow| {
-        let c = p.sum();
-        c.on_cpu_ns + c.off_cpu_ns() + c.file_read_bytes + c.other_read_bytes
-    };
-    let mut order: Vec<(u64, usize)> =
-        procs.iter().enumerate().filter(|(_, p)| !p.alive).map(|(i, p)| (busy(p), i)).collect();
-    order.sort_unstable_by(|a, b| b.cmp(a));
-    let fold: HashSet<usize> = order[MAX_ENDED_PER_WINDOW..].iter().map(|&(_, i)| i).collect();
-    let mut sum = ThreadCounters::default();
-    let mut files: HashMap<String, FileWindow> = HashMap::new();
-    let mut other = 0;
-    let mut kept = Vec::with_capacity(procs.len() - fold.len() + 1);
-    for (i, p) in procs.drain(..).enumerate() {
-        if !fold.contains(&i) {
-            kept.push(p);
-            continue;
-        }
-        sum.add(&p.sum());
-        other += p.other_read_bytes;
-        for f in p.files {
-            files
-                .entry(f.path.clone())
-                .or_insert_with(|| FileWindow { path: f.path.clone(), ..Default::default() })
-                .add(&f);
-        }
-    }
-    let mut files: Vec<FileWindow> = files.into_values().collect();
-    files.sort_by(|a, b| b.read_bytes.cmp(&a.read_bytes).then(a.path.cmp(&b.path)));
-    kept.push(ProcWindow {
-        tgid: 0,
-        comm: format!("({} ended processes, summed)", fold.len()),
-        other_read_bytes: other,
-        threads: vec![ThreadWindow {
-            tid: 0,
-            comm: "(summed)".into(),
-            delta: sum,
-            other_nr: -1,
-            ..Default::default()
-        }],
-        files,
-        ..Default::default()
-    });
-    *procs = kept;
 }
 
 /// Ended processes kept one by one; older ones are folded into one entry.
@@ -626,17 +332,11 @@ impl Model {
             || FileWindow { path: f.path.clone(), resolved: f.resolved.clone(), ..Default::default() };
         let c = self.closing.entry(key.clone()).or_insert_with(fresh);
         c.opens += u64::from(opened_now);
-        c.read_calls += f.total.read_calls.saturating_sub(f.mark.read_calls);
-        c.read_bytes += f.total.read_bytes.saturating_sub(f.mark.read_bytes);
-        c.read_ns += f.total.read_ns.saturating_sub(f.mark.read_ns);
-        c.timed_calls += f.total.timed_calls.saturating_sub(f.mark.timed_calls);
+        c.add_counters(&f.total.saturating_sub(&f.mark));
         c.open_ns += close.saturating_sub(f.open_ts.max(self.mark_ns));
         let a = self.archived.entry(key).or_insert_with(fresh);
         a.opens += 1;
-        a.read_calls += f.total.read_calls;
-        a.read_bytes += f.total.read_bytes;
-        a.read_ns += f.total.read_ns;
-        a.timed_calls += f.total.timed_calls;
+        a.add_counters(&f.total);
         a.open_ns += close.saturating_sub(f.open_ts);
     }
 
@@ -731,14 +431,19 @@ impl Model {
             .collect();
         let index: HashMap<u32, usize> = procs.iter().enumerate().map(|(i, p)| (p.tgid, i)).collect();
 
-        let mut woken: HashMap<u32, Vec<(u32, u32, String, u64)>> = HashMap::new();
+        let mut woken: HashMap<u32, Vec<Waker>> = HashMap::new();
         for (&(wakee, waker), w) in &self.wakes {
             let n = if since_mark { w.total - w.mark.min(w.total) } else { w.total };
             if n > 0 {
                 // A traced waker's current name (the kernel's is from its
                 // first wakeup, maybe before it renamed itself).
                 let comm = self.threads.get(&waker).map_or(&w.waker_comm, |t| &t.comm).clone();
-                woken.entry(wakee).or_default().push((waker, w.waker_tgid, comm, n));
+                woken.entry(wakee).or_default().push(Waker {
+                    tid: waker,
+                    tgid: w.waker_tgid,
+                    comm,
+                    count: n,
+                });
             }
         }
         for t in self.threads.values() {
@@ -749,8 +454,7 @@ impl Model {
                 continue;
             }
             let mut by = woken.remove(&t.tid).unwrap_or_default();
-            by.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(&b.0)));
-            by.truncate(MAX_WAKERS);
+            Waker::rank(&mut by);
             let comm = if t.comm.is_empty() { procs[i].comm.clone() } else { t.comm.clone() };
             procs[i].other_read_bytes += delta.other_read_bytes;
             procs[i].threads.push(ThreadWindow {
@@ -775,16 +479,7 @@ impl Model {
             if f.kind == fd_kind::OTHER {
                 continue;
             }
-            let d = if since_mark {
-                FileCounters {
-                    read_bytes: f.total.read_bytes.saturating_sub(f.mark.read_bytes),
-                    read_calls: f.total.read_calls.saturating_sub(f.mark.read_calls),
-                    read_ns: f.total.read_ns.saturating_sub(f.mark.read_ns),
-                    timed_calls: f.total.timed_calls.saturating_sub(f.mark.timed_calls),
-                }
-            } else {
-                f.total
-            };
+            let d = if since_mark { f.total.saturating_sub(&f.mark) } else { f.total };
             let opened_now = !since_mark || self.opened.contains(&f.file_id);
             if since_mark && d.read_calls == 0 && !opened_now {
                 continue;
@@ -798,10 +493,7 @@ impl Model {
             let from = f.open_ts.max(start_ns);
             let to = f.close_ts.unwrap_or(end_ns).min(end_ns);
             e.open_ns += to.saturating_sub(from);
-            e.read_calls += d.read_calls;
-            e.read_bytes += d.read_bytes;
-            e.read_ns += d.read_ns;
-            e.timed_calls += d.timed_calls;
+            e.add_counters(&d);
         }
         for ((i, _), fw) in by_path {
             procs[i].files.push(fw);
@@ -849,32 +541,7 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_window_lists_at_most_so_many_ended_processes_and_sums_the_rest() {
-        let proc_with = |tgid: u32, alive: bool, on_cpu_ns: u64| ProcWindow {
-            tgid,
-            alive,
-            threads: vec![ThreadWindow {
-                tid: tgid,
-                delta: ThreadCounters { on_cpu_ns, ..Default::default() },
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        let n = MAX_ENDED_PER_WINDOW + 500;
-        let mut procs: Vec<ProcWindow> = (1..=n as u32).map(|i| proc_with(i, false, u64::from(i))).collect();
-        procs.push(proc_with(99_999, true, 1));
-        let total: u64 = procs.iter().map(|p| p.sum().on_cpu_ns).sum();
-        fold_small_ended(&mut procs);
-        assert_eq!(procs.len(), MAX_ENDED_PER_WINDOW + 2, "kept ended + the alive one + the sum");
-        assert_eq!(procs.iter().map(|p| p.sum().on_cpu_ns).sum::<u64>(), total, "nothing lost");
-        assert!(procs.iter().any(|p| p.tgid == 99_999), "alive processes are never folded");
-        assert!(procs.iter().any(|p| p.tgid == n as u32), "the busiest ended ones stay");
-        assert!(!procs.iter().any(|p| p.tgid == 1), "the least busy are summed");
-        assert!(procs.iter().any(|p| p.tgid == 0 && p.comm == "(500 ended processes, summed)"));
-    }
-    use crate::decode::{FileSnap, ThreadSnap, WakeSnap};
+    use crate::decode::{ThreadSnap, WakeSnap};
 
     fn open(tgid: u32, fd: i32, id: u64, path: &str) -> Event {
         Event::Open { ts: 0, tid: tgid, tgid, fd, file_id: id, path: path.into(), dfd: -100 }
@@ -1108,21 +775,6 @@ mod tests {
     }
 
     #[test]
-    fn recent_windows_span_at_least_five_seconds() {
-        let mut recent = VecDeque::new();
-        for i in 0..20u64 {
-            let start = i * 999_000_000;
-            push_recent(
-                &mut recent,
-                Window { start_ns: start, end_ns: start + 999_000_000, ..Default::default() },
-            );
-            let span = Window::merge(recent.make_contiguous()).secs();
-            assert!(span >= 4.99 || i < 5, "{span}");
-            assert!(span < 6.0, "{span}");
-        }
-    }
-
-    #[test]
     fn wakers_are_listed_most_frequent_first() {
         let mut m = Model::new(0);
         m.apply_snapshot(&Snapshot {
@@ -1136,6 +788,6 @@ mod tests {
         });
         let w = m.summary(10);
         let by = &w.thread(10).unwrap().1.woken_by;
-        assert_eq!(by.iter().map(|b| (b.0, b.3)).collect::<Vec<_>>(), vec![(22, 30), (21, 3)]);
+        assert_eq!(by.iter().map(|b| (b.tid, b.count)).collect::<Vec<_>>(), vec![(22, 30), (21, 3)]);
     }
 }
