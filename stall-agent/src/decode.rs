@@ -337,3 +337,21 @@ pub struct WakeSnap {
     pub waker_comm: String,
     pub count: u64,
 }
+
+impl Snapshot {
+    /// The part that belongs to one job (cgroup mode): its threads, their
+    /// processes' descriptors and the wakeups of its threads. Node-wide
+    /// totals (losses, events) stay with the whole snapshot.
+    pub fn of_job(&self, job: u32) -> Snapshot {
+        let threads: Vec<ThreadSnap> = self.threads.iter().filter(|t| t.job == job).copied().collect();
+        let tgids: std::collections::HashSet<u32> = threads.iter().map(|t| t.tgid).collect();
+        let tids: std::collections::HashSet<u32> = threads.iter().map(|t| t.tid).collect();
+        Snapshot {
+            ts: self.ts,
+            files: self.files.iter().filter(|f| tgids.contains(&f.tgid)).copied().collect(),
+            wakes: self.wakes.iter().filter(|w| tids.contains(&w.wakee)).cloned().collect(),
+            threads,
+            ..Default::default()
+        }
+    }
+}

@@ -1,13 +1,17 @@
 //! stall's agent. The data path, one module per step:
 //! kernel events → [`capture`] → [`decode`] → [`aggregate`] → [`correlate`]
-//! → [`verdict`] → [`output`].
+//! → [`verdict`] → [`output`]. A [`job`] holds one traced job along that
+//! path; [`session`] (`run`, `attach`) drives one, [`daemon`] one per cgroup.
 pub mod aggregate;
 pub mod capture;
 pub mod cli;
+pub mod clock;
 pub mod correlate;
 pub mod daemon;
 pub mod decode;
+pub mod error;
 pub mod gpu;
+pub mod job;
 pub mod output;
 pub mod session;
 pub mod units;

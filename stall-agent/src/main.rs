@@ -3,10 +3,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use stall_agent::{
-    capture::CaptureError,
     cli::{exit, Cli, Command, Common},
-    daemon::{self, DaemonError},
-    session::{self, gate, Options, SessionError, Target},
+    daemon,
+    error::Error,
+    session::{self, gate, Options, Target},
 };
 
 fn main() -> ExitCode {
@@ -27,7 +27,7 @@ fn main() -> ExitCode {
     let (target, common) = match cli.command {
         Command::ExecGate { cmd } => gate::exec_gate(&cmd),
         Command::Daemon { roots, all_jobs, listen, interval, gpu } => {
-            let opts = daemon::Options { roots, all_jobs, listen, interval, gpu };
+            let opts = daemon::Options { roots, all_jobs, listen, interval, gpu, nvml_lib: None };
             return match runtime.block_on(daemon::run(opts)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&e),
@@ -58,6 +58,7 @@ fn options(c: Common) -> Options {
         json: c.json,
         quiet: c.quiet,
         gpu: c.gpu,
+        nvml_lib: None,
         ringbuf_bytes: c.ringbuf_bytes,
         floor: c.floor,
         latency_sample: c.latency_sample,
@@ -70,25 +71,5 @@ fn one_line(e: &anyhow::Error) -> String {
 }
 
 fn code_for(e: &anyhow::Error) -> i32 {
-    if e.downcast_ref::<DaemonError>().is_some() {
-        return exit::LISTEN;
-    }
-    match e.downcast_ref::<SessionError>() {
-        Some(SessionError::Capture(c)) => match c {
-            CaptureError::NotPrivileged => exit::NOT_PRIVILEGED,
-            CaptureError::NoSuchProcess(_) | CaptureError::BadCgroup { .. } | CaptureError::NoCgroup2 => {
-                exit::NO_TARGET
-            }
-            CaptureError::NoTracefs
-            | CaptureError::MissingTracepoint { .. }
-            | CaptureError::MissingField { .. }
-            | CaptureError::Load(_)
-            | CaptureError::Stub => exit::KERNEL,
-            CaptureError::Map(_) => exit::INTERNAL,
-            CaptureError::Config(_) => exit::USAGE,
-        },
-        Some(SessionError::Gpu(_)) => exit::GPU,
-        Some(SessionError::Spawn(_)) => exit::INTERNAL,
-        None => exit::INTERNAL,
-    }
+    e.downcast_ref::<Error>().map_or(exit::INTERNAL, Error::exit_code)
 }

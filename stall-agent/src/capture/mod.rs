@@ -25,7 +25,10 @@ use stall_common::{
 };
 use tokio::io::unix::AsyncFd;
 
-use crate::decode::{self, Event, FileSnap, JobEvent, Snapshot, ThreadSnap, WakeSnap};
+use crate::{
+    clock::monotonic_ns,
+    decode::{self, Event, FileSnap, JobEvent, Snapshot, ThreadSnap, WakeSnap},
+};
 
 /// (program, category, tracepoint) for every tracepoint attachment.
 const ATTACH: [(&str, &str, &str); 5] = [
@@ -129,11 +132,6 @@ pub struct Capture {
     regular_paths: HashSet<String>,
     // Last: programs detach when this drops.
     _ebpf: Ebpf,
-}
-
-pub fn monotonic_ns() -> u64 {
-    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
-    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
 fn privileged() -> bool {

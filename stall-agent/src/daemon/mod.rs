@@ -8,30 +8,26 @@ mod kube;
 pub mod metrics;
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, HashMap, HashSet},
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
-use tokio::signal::unix::{signal, SignalKind};
 
 use self::metrics::{JobLabels, Metrics};
 use crate::{
-    aggregate::{push_recent, Model, Window},
-    capture::{cgroup, monotonic_ns, procfs, Capture, CaptureOptions},
-    correlate,
-    decode::{JobEvent, Snapshot},
-    gpu::{self as nvml, GpuSelect},
-    session::{
-        absorb,
-        gpu::{poll_into, GpuTrack},
-        observe, SessionError,
-    },
-    verdict::{self, GpuWindow, Verdict},
+    aggregate::Window,
+    capture::{cgroup, procfs, Capture, CaptureError, CaptureOptions},
+    clock::monotonic_ns,
+    decode::{Event, JobEvent, Snapshot},
+    error::Error,
+    gpu::GpuSelect,
+    job::{Feed, GpuFleet, GpuScope, Job, Tick, Wake},
+    verdict::Verdict,
 };
 
 #[derive(Debug, Clone)]
@@ -41,22 +37,17 @@ pub struct Options {
     pub listen: SocketAddr,
     pub interval: Duration,
     pub gpu: Option<GpuSelect>,
+    /// NVML library to load instead of the driver's on the loader path.
+    pub nvml_lib: Option<PathBuf>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum DaemonError {
-    #[error("cannot listen on {addr}: {reason}")]
-    Listen { addr: SocketAddr, reason: String },
-}
-
-struct Job {
-    id: u32,
+/// A job of the node: a cgroup directly under a root.
+struct Watched {
+    job: Job,
     dir: PathBuf,
     labels: JobLabels,
-    model: Model,
-    recent: VecDeque<Window>,
-    gpus: HashSet<u32>,
-    verdict: Option<Verdict>,
+    /// The last interval's outcome, for `/jobs`.
+    last: Option<Tick>,
 }
 
 /// What `/jobs` serves: per job, what labels cannot carry.
@@ -86,33 +77,38 @@ struct Shared {
     jobs_json: Mutex<String>,
 }
 
+/// The node: its jobs, by cgroup directory, and how they are found.
+struct Node {
+    jobs: BTreeMap<PathBuf, Watched>,
+    next_id: u32,
+    roots: Vec<PathBuf>,
+    mount: PathBuf,
+    all_jobs: bool,
+}
+
+/// The agent's own cost and the node-wide counters, as last exported.
+#[derive(Default)]
+struct Seen {
+    cpu_s: f64,
+    events: u64,
+    lost: [u64; 5],
+}
+
 pub async fn run(opts: Options) -> Result<()> {
-    // First: a signal during start-up must still end in a clean exit.
-    let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mount =
-        cgroup::mount_point().ok_or(SessionError::Capture(crate::capture::CaptureError::NoCgroup2))?;
-    let roots: Vec<PathBuf> = opts
-        .roots
-        .iter()
-        .map(|r| cgroup::resolve(r).map_err(SessionError::from))
-        .collect::<Result<_, _>>()?;
-    let mut capture = Capture::load(&CaptureOptions { cgroup_mode: true, ..Default::default() })
-        .map_err(SessionError::from)?;
+    let mut feed = Feed::new(opts.interval)?;
+    let mount = cgroup::mount_point().ok_or(Error::Capture(CaptureError::NoCgroup2))?;
+    let roots: Vec<PathBuf> =
+        opts.roots.iter().map(|r| cgroup::resolve(r).map_err(Error::from)).collect::<Result<_, _>>()?;
+    let mut capture =
+        Capture::load(&CaptureOptions { cgroup_mode: true, ..Default::default() }).map_err(Error::from)?;
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
-        .map_err(|e| DaemonError::Listen { addr: opts.listen, reason: e.to_string() })?;
-    let mut gpu = match &opts.gpu {
-        Some(GpuSelect::Off) => None,
-        Some(sel @ GpuSelect::Indices(_)) => nvml::open(sel).map_err(SessionError::from)?,
-        other => match nvml::open(other.as_ref().unwrap_or(&GpuSelect::All)) {
-            Ok(g) => g,
-            Err(e) => {
-                eprintln!("stall: {e}");
-                None
-            }
-        },
-    };
+        .map_err(|e| Error::Listen { addr: opts.listen, reason: e.to_string() })?;
+    let mut gpus =
+        GpuFleet::open(opts.gpu.as_ref(), opts.nvml_lib.as_deref(), monotonic_ns()).map_err(Error::from)?;
+    if let Some(note) = &gpus.note {
+        eprintln!("stall: {note}");
+    }
 
     let shared = Arc::new(Shared { metrics: Metrics::new(), jobs_json: Mutex::new("[]".into()) });
     let app = axum::Router::new()
@@ -131,63 +127,57 @@ pub async fn run(opts: Options) -> Result<()> {
         opts.listen
     );
 
-    let mut jobs: BTreeMap<PathBuf, Job> = BTreeMap::new();
-    let mut next_id = 1u32;
-    let mut gpus: Vec<GpuTrack> = Vec::new();
-    let mut self_cpu = 0.0f64;
-    let mut events_seen = 0u64;
-    let mut lost_seen = [0u64; 5];
-    let mut tick = tokio::time::interval(opts.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut events: Vec<JobEvent> = Vec::new();
-    let start_ns = monotonic_ns();
-
-    let mut drain = tokio::time::interval(crate::capture::DRAIN_EVERY);
-    drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut node = Node { jobs: BTreeMap::new(), next_id: 1, roots, mount, all_jobs: opts.all_jobs };
+    let mut seen = Seen::default();
+    node.discover(&mut capture, &gpus, &shared.metrics);
     loop {
-        tokio::select! {
-            r = capture.next_events(&mut events) => {
-                r.context("reading the ring buffer")?;
-                route(&mut capture, &mut jobs, &mut events);
-            }
-            _ = drain.tick() => {
-                capture.drain_events(&mut events);
-                route(&mut capture, &mut jobs, &mut events);
-            }
-            _ = tick.tick() => {
-                discover(&mut capture, &mut jobs, &mut next_id, &roots, &mount, opts.all_jobs, &gpus, &shared.metrics);
-                capture.drain_events(&mut events);
-                route(&mut capture, &mut jobs, &mut events);
+        match feed.next(&mut capture).await? {
+            Wake::Events => node.route(&mut capture, &mut feed.events),
+            Wake::Tick => {
+                node.discover(&mut capture, &gpus, &shared.metrics);
+                capture.drain_events(&mut feed.events);
+                node.route(&mut capture, &mut feed.events);
                 let snap = capture.snapshot();
-                if let Some(src) = gpu.as_mut() {
-                    poll_into(&mut gpus, src.as_mut(), start_ns);
+                for w in gpus.poll() {
+                    eprintln!("stall: {w}");
                 }
-                for job in jobs.values_mut() {
-                    step(job, &mut capture, &snap, &gpus, &shared.metrics);
+                for w in node.jobs.values_mut() {
+                    step(w, &mut capture, &snap, &gpus, &shared.metrics);
                 }
-                for g in &gpus {
-                    let w = g.window(snap.ts.saturating_sub(opts.interval.as_nanos() as u64), snap.ts);
-                    shared.metrics.set_gpu(g.index, &g.name, w.util_mean_pct, w.idle_fraction * opts.interval.as_secs_f64());
-                }
-                let lost: [u64; 5] = std::array::from_fn(|i| snap.lost[i].saturating_sub(lost_seen[i]));
-                lost_seen = snap.lost;
-                shared.metrics.add_lost(&lost);
-                shared.metrics.agent_events.inc_by(snap.events.saturating_sub(events_seen));
-                events_seen = snap.events;
-                let cpu = self_cpu_seconds();
-                shared.metrics.agent_cpu.inc_by((cpu - self_cpu).max(0.0));
-                self_cpu = cpu;
-                shared.metrics.agent_rss.set(self_rss_bytes() as i64);
-                shared.metrics.agent_jobs.set(jobs.len() as i64);
-                *shared.jobs_json.lock().unwrap() = jobs_json(&jobs, opts.interval);
+                export_node(&shared.metrics, &snap, &gpus, &mut seen, opts.interval, node.jobs.len());
+                *shared.jobs_json.lock().unwrap() = jobs_json(&node.jobs, opts.interval);
             }
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
+            Wake::Interrupt | Wake::Terminate | Wake::Hangup => break,
         }
     }
     eprintln!("stall daemon: detaching");
     drop(capture);
     Ok(())
+}
+
+/// Node-wide series: each GPU, losses, and the agent's own cost.
+fn export_node(
+    m: &Metrics,
+    snap: &Snapshot,
+    gpus: &GpuFleet,
+    seen: &mut Seen,
+    interval: Duration,
+    jobs: usize,
+) {
+    for g in &gpus.tracks {
+        let w = g.window(snap.ts.saturating_sub(interval.as_nanos() as u64), snap.ts);
+        m.set_gpu(g.index, &g.name, w.util_mean_pct, w.idle_fraction * interval.as_secs_f64());
+    }
+    let lost: [u64; 5] = std::array::from_fn(|i| snap.lost[i].saturating_sub(seen.lost[i]));
+    seen.lost = snap.lost;
+    m.add_lost(&lost);
+    m.agent_events.inc_by(snap.events.saturating_sub(seen.events));
+    seen.events = snap.events;
+    let cpu = self_cpu_seconds();
+    m.agent_cpu.inc_by((cpu - seen.cpu_s).max(0.0));
+    seen.cpu_s = cpu;
+    m.agent_rss.set(self_rss_bytes() as i64);
+    m.agent_jobs.set(jobs as i64);
 }
 
 /// OpenMetrics to whoever asks for it (Prometheus does), the classic text
@@ -223,148 +213,104 @@ async fn serve_jobs(
     ([(axum::http::header::CONTENT_TYPE, "application/json")], s.jobs_json.lock().unwrap().clone())
 }
 
-/// Attaches jobs that appeared (and qualify), detaches those that are gone,
-/// and follows cgroups created inside a job since the last look.
-#[allow(clippy::too_many_arguments)]
-fn discover(
-    capture: &mut Capture,
-    jobs: &mut BTreeMap<PathBuf, Job>,
-    next_id: &mut u32,
-    roots: &[PathBuf],
-    mount: &Path,
-    all_jobs: bool,
-    gpus: &[GpuTrack],
-    metrics: &Metrics,
-) {
-    let gpu_pids: HashSet<u32> = gpus.iter().flat_map(|g| g.pids.iter().copied()).collect();
-    let mut present = HashSet::new();
-    for root in roots {
-        let Ok(rd) = std::fs::read_dir(root) else { continue };
-        for dir in
-            rd.filter_map(|e| e.ok()).filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path())
-        {
-            // A root below another root (kubepods.slice and its QoS slices)
-            // is a level of the hierarchy, not a job.
-            if roots.contains(&dir) {
-                continue;
-            }
-            present.insert(dir.clone());
-            if let Some(job) = jobs.get_mut(&dir) {
-                // New sub-cgroups of a watched job, and their tasks.
-                if let Ok(seeded) = capture.watch_cgroup(&dir, job.id) {
-                    let mut extra = Vec::new();
-                    for (j, ev) in &seeded {
-                        observe(capture, &mut job.model, *j, ev, &mut extra);
-                    }
+impl Node {
+    /// Attaches jobs that appeared (and qualify), detaches those that are
+    /// gone, and follows cgroups created inside a job since the last look.
+    fn discover(&mut self, capture: &mut Capture, gpus: &GpuFleet, metrics: &Metrics) {
+        let on_gpu = gpus.holders();
+        let mut present = HashSet::new();
+        for root in &self.roots {
+            let Ok(rd) = std::fs::read_dir(root) else { continue };
+            for dir in rd
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+            {
+                // A root below another root (kubepods.slice and its QoS
+                // slices) is a level of the hierarchy, not a job.
+                if self.roots.contains(&dir) {
+                    continue;
                 }
-                continue;
-            }
-            if !all_jobs && !uses_gpu(&dir, &gpu_pids) {
-                continue;
-            }
-            let id = *next_id;
-            *next_id += 1;
-            let rel = dir.strip_prefix(mount).unwrap_or(&dir).to_string_lossy().into_owned();
-            let ids = kube::parse(&rel);
-            let mut job = Job {
-                id,
-                dir: dir.clone(),
-                labels: JobLabels { cgroup: rel, pod: ids.pod, container: ids.container },
-                model: Model::new(monotonic_ns()),
-                recent: VecDeque::new(),
-                gpus: HashSet::new(),
-                verdict: None,
-            };
-            match capture.watch_cgroup(&dir, id) {
-                Ok(seeded) => {
-                    let mut extra = Vec::new();
-                    for (j, ev) in &seeded {
-                        observe(capture, &mut job.model, *j, ev, &mut extra);
+                present.insert(dir.clone());
+                if let Some(w) = self.jobs.get_mut(&dir) {
+                    // New sub-cgroups of a watched job, and their tasks.
+                    if let Ok(seeded) = capture.watch_cgroup(&dir, w.job.id) {
+                        w.job.observe(capture, seeded.into_iter().map(|(_, ev)| ev));
                     }
-                    jobs.insert(dir, job);
+                    continue;
                 }
-                Err(e) => eprintln!("stall: cannot watch {}: {e}", dir.display()),
+                if !self.all_jobs && !uses_gpu(&dir, &on_gpu) {
+                    continue;
+                }
+                let id = self.next_id;
+                self.next_id += 1;
+                let rel = dir.strip_prefix(&self.mount).unwrap_or(&dir).to_string_lossy().into_owned();
+                let ids = kube::parse(&rel);
+                let mut job = Job::new(id, monotonic_ns(), None, GpuScope::Held);
+                match capture.watch_cgroup(&dir, id) {
+                    Ok(seeded) => {
+                        job.observe(capture, seeded.into_iter().map(|(_, ev)| ev));
+                        let labels = JobLabels { cgroup: rel, pod: ids.pod, container: ids.container };
+                        self.jobs.insert(dir.clone(), Watched { job, dir, labels, last: None });
+                    }
+                    Err(e) => eprintln!("stall: cannot watch {}: {e}", dir.display()),
+                }
+            }
+        }
+        let gone: Vec<PathBuf> =
+            self.jobs.keys().filter(|d| !present.contains(*d) || !d.exists()).cloned().collect();
+        for dir in gone {
+            if let Some(w) = self.jobs.remove(&dir) {
+                capture.unwatch_cgroup(&w.dir);
+                let devices: Vec<u32> = w.job.devices.iter().copied().collect();
+                metrics.remove_job(&w.labels, &devices);
             }
         }
     }
-    let gone: Vec<PathBuf> = jobs.keys().filter(|d| !present.contains(*d) || !d.exists()).cloned().collect();
-    for dir in gone {
-        if let Some(job) = jobs.remove(&dir) {
-            capture.unwatch_cgroup(&job.dir);
-            let gpus: Vec<u32> = job.gpus.iter().copied().collect();
-            metrics.remove_job(&job.labels, &gpus);
+
+    /// Hands each job its events, one batch per job.
+    fn route(&mut self, capture: &mut Capture, events: &mut Vec<JobEvent>) {
+        let mut by_id: HashMap<u32, Vec<Event>> = HashMap::new();
+        for (id, ev) in events.drain(..) {
+            by_id.entry(id).or_default().push(ev);
+        }
+        for w in self.jobs.values_mut() {
+            if let Some(batch) = by_id.remove(&w.job.id) {
+                w.job.observe(capture, batch);
+            }
         }
     }
 }
 
 /// Does any task of the cgroup (or below) hold an NVIDIA device open, or
 /// does NVML list it?
-fn uses_gpu(dir: &Path, gpu_pids: &HashSet<u32>) -> bool {
+fn uses_gpu(dir: &Path, on_gpu: &HashSet<u32>) -> bool {
     cgroup::subtree(dir).iter().flat_map(|d| cgroup::threads(d)).any(|(pid, tid)| {
         pid == tid
-            && (gpu_pids.contains(&pid)
+            && (on_gpu.contains(&pid)
                 || procfs::open_fds(pid).iter().any(|f| f.target.starts_with("/dev/nvidia")))
     })
 }
 
-fn route(capture: &mut Capture, jobs: &mut BTreeMap<PathBuf, Job>, events: &mut Vec<JobEvent>) {
-    let mut by_id: HashMap<u32, &mut Job> = jobs.values_mut().map(|j| (j.id, j)).collect();
-    let mut extra = Vec::new();
-    for (id, ev) in events.drain(..) {
-        if let Some(job) = by_id.get_mut(&id) {
-            observe(capture, &mut job.model, id, &ev, &mut extra);
-            for (_, e) in extra.drain(..) {
-                job.model.apply(&e);
-            }
-        }
+/// One interval of one job: its tick, exported, then what ended forgotten.
+fn step(w: &mut Watched, capture: &mut Capture, snap: &Snapshot, gpus: &GpuFleet, metrics: &Metrics) {
+    let tick = w.job.tick(capture, &snap.of_job(w.job.id), gpus);
+    metrics.add_window(&w.labels, &tick.interval, &tick.roles);
+    let secs = tick.interval.secs();
+    for g in &tick.interval_gpus {
+        metrics.add_job_gpu_idle(&w.labels, g.index, g.idle_fraction * secs);
     }
+    metrics.set_verdict(&w.labels, tick.verdict.kind);
+    w.last = Some(tick);
+    w.job.prune();
 }
 
-/// The part of a snapshot that belongs to one job.
-fn slice(snap: &Snapshot, job: u32) -> Snapshot {
-    let threads: Vec<_> = snap.threads.iter().filter(|t| t.job == job).copied().collect();
-    let tgids: HashSet<u32> = threads.iter().map(|t| t.tgid).collect();
-    let tids: HashSet<u32> = threads.iter().map(|t| t.tid).collect();
-    Snapshot {
-        ts: snap.ts,
-        files: snap.files.iter().filter(|f| tgids.contains(&f.tgid)).copied().collect(),
-        wakes: snap.wakes.iter().filter(|w| tids.contains(&w.wakee)).cloned().collect(),
-        threads,
-        lost: [0; 5],
-        events: 0,
-        sched_gaps: 0,
-    }
-}
-
-fn step(job: &mut Job, capture: &mut Capture, snap: &Snapshot, gpus: &[GpuTrack], metrics: &Metrics) {
-    absorb(capture, &mut job.model, &slice(snap, job.id));
-    let window = job.model.interval(snap.ts);
-    push_recent(&mut job.recent, window.clone());
-    let pids: HashSet<u32> = job.model.procs.keys().copied().collect();
-    let job_gpus: Vec<&GpuTrack> = gpus.iter().filter(|g| g.pids.iter().any(|p| pids.contains(p))).collect();
-    job.gpus.extend(job_gpus.iter().map(|g| g.index));
-    let gpu_pids: HashSet<u32> = job_gpus.iter().flat_map(|g| g.pids.iter().copied()).collect();
-
-    let recent = Window::merge(job.recent.make_contiguous());
-    let roles = correlate::assign(&recent, &gpu_pids, None);
-    metrics.add_window(&job.labels, &window, &roles);
-    let gw: Vec<GpuWindow> = job_gpus.iter().map(|g| g.window(recent.start_ns, recent.end_ns)).collect();
-    for g in &job_gpus {
-        let w = g.window(window.start_ns, window.end_ns);
-        metrics.add_job_gpu_idle(&job.labels, g.index, w.idle_fraction * window.secs());
-    }
-    let v = verdict::judge(&recent, &roles, &gw);
-    metrics.set_verdict(&job.labels, v.kind);
-    job.verdict = Some(v);
-
-    job.model.prune();
-}
-
-fn jobs_json(jobs: &BTreeMap<PathBuf, Job>, interval: Duration) -> String {
+fn jobs_json(jobs: &BTreeMap<PathBuf, Watched>, interval: Duration) -> String {
     let docs: Vec<JobDoc> = jobs
         .values()
         .map(|j| {
-            let w = Window::merge(&j.recent.iter().cloned().collect::<Vec<_>>());
+            let empty = Window::default();
+            let w = j.last.as_ref().map_or(&empty, |t| &t.recent);
             let secs = w.secs().max(interval.as_secs_f64());
             let files: Vec<FileDoc> = w
                 .files_by_bytes()
@@ -383,10 +329,10 @@ fn jobs_json(jobs: &BTreeMap<PathBuf, Job>, interval: Duration) -> String {
                 cgroup: j.dir.display().to_string(),
                 pod: &j.labels.pod,
                 container: &j.labels.container,
-                verdict: j.verdict.as_ref(),
-                processes: j.model.procs.values().filter(|p| p.alive).count(),
+                verdict: j.last.as_ref().map(|t| &t.verdict),
+                processes: j.job.model.procs.values().filter(|p| p.alive).count(),
                 top_files: files,
-                gpus: j.gpus.iter().copied().collect(),
+                gpus: j.job.devices.iter().copied().collect(),
             }
         })
         .collect();

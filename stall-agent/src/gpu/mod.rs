@@ -9,7 +9,6 @@
 //! [`NvmlGpu`]); [`FakeGpu`] replays scripted snapshots for tests of code that
 //! consumes GPU data on machines (and CI) without a GPU.
 
-mod clock;
 mod fake;
 mod nvml;
 mod select;
@@ -18,7 +17,7 @@ use std::ffi::OsStr;
 
 use serde::{Deserialize, Serialize};
 
-pub use clock::{monotonic_ns, ClockSnapshot};
+pub use crate::clock::{monotonic_ns, ClockSnapshot};
 pub use fake::FakeGpu;
 pub use nvml::{NvmlGpu, DEFAULT_NVML_LIB};
 pub use select::GpuSelect;

@@ -1,31 +1,73 @@
-//! GPU samples kept for the session: running totals for the whole run and
-//! the recent samples for the live windows, so memory stays flat however
+//! The GPUs as a job sees them: one [`GpuFleet`] per stall process (the
+//! NVML source and a track per device), running totals for the whole run
+//! and the recent samples for the live windows, so memory stays flat however
 //! long it runs.
-use std::collections::{HashSet, VecDeque};
+use std::{
+    collections::{HashSet, VecDeque},
+    ffi::OsStr,
+    path::Path,
+};
 
 use crate::{
-    gpu::{GpuSnapshot, GpuSource},
+    gpu::{self, GpuError, GpuSelect, GpuSnapshot, GpuSource, DEFAULT_NVML_LIB},
     verdict::{self, rules::IDLE_UTIL_PCT, GpuWindow},
 };
 
 /// Recent samples kept per device (NVML gives about 6 per second).
 const RECENT: usize = 600;
 
-/// Polls `src` once into `tracks` (one per device, added as seen) and
-/// prints the driver's notices.
-pub fn poll_into(tracks: &mut Vec<GpuTrack>, src: &mut dyn GpuSource, start_ns: u64) {
-    for s in src.poll() {
-        let i = match tracks.iter().position(|g| g.index == s.index) {
-            Some(i) => i,
-            None => {
-                tracks.push(GpuTrack::new(s.index, &s.name));
-                tracks.len() - 1
-            }
+/// Every sampled device, and where the samples come from.
+pub struct GpuFleet {
+    source: Option<Box<dyn GpuSource>>,
+    pub tracks: Vec<GpuTrack>,
+    /// Why there is no GPU data (one line), when there is none.
+    pub note: Option<String>,
+    start_ns: u64,
+}
+
+impl GpuFleet {
+    /// The one GPU policy of `run`, `attach` and the daemon: `--gpu off`
+    /// samples nothing; devices named by index must be there (an error);
+    /// otherwise NVML is used when it loads and its absence is a note.
+    pub fn open(select: Option<&GpuSelect>, lib: Option<&Path>, start_ns: u64) -> Result<Self, GpuError> {
+        let lib = lib.map_or(OsStr::new(DEFAULT_NVML_LIB), Path::as_os_str);
+        let opened = match select {
+            Some(GpuSelect::Off) => Ok(None),
+            Some(sel @ GpuSelect::Indices(_)) => Ok(gpu::open_with_library(sel, lib)?),
+            Some(sel) => gpu::open_with_library(sel, lib),
+            None => gpu::open_with_library(&GpuSelect::All, lib),
         };
-        tracks[i].add(&s, start_ns);
+        Ok(match opened {
+            Ok(source) => Self::with_source(source, start_ns),
+            Err(e) => Self { note: Some(e.to_string()), ..Self::with_source(None, start_ns) },
+        })
     }
-    for w in src.take_warnings() {
-        eprintln!("stall: {w}");
+
+    /// Samples from `source` (none: no GPU side), counted from `start_ns`.
+    pub fn with_source(source: Option<Box<dyn GpuSource>>, start_ns: u64) -> Self {
+        Self { source, tracks: Vec::new(), note: None, start_ns }
+    }
+
+    /// Polls the source once (one track per device, added as seen) and
+    /// returns the driver's new notices.
+    pub fn poll(&mut self) -> Vec<String> {
+        let Some(src) = self.source.as_mut() else { return Vec::new() };
+        for s in src.poll() {
+            let i = match self.tracks.iter().position(|g| g.index == s.index) {
+                Some(i) => i,
+                None => {
+                    self.tracks.push(GpuTrack::new(s.index, &s.name));
+                    self.tracks.len() - 1
+                }
+            };
+            self.tracks[i].add(&s, self.start_ns);
+        }
+        src.take_warnings()
+    }
+
+    /// Processes that have held a context on any device.
+    pub fn holders(&self) -> HashSet<u32> {
+        self.tracks.iter().flat_map(|g| g.pids.iter().copied()).collect()
     }
 }
 

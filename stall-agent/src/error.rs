@@ -1,0 +1,42 @@
+//! Errors that end stall with their own exit code (see `cli::exit`); every
+//! other failure is an internal error. One type for `run`, `attach` and the
+//! daemon, so `main` maps each cause to its code in one place.
+use std::net::SocketAddr;
+
+use crate::{capture::CaptureError, cli::exit, gpu::GpuError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    #[error("{0}")]
+    Gpu(#[from] GpuError),
+    /// `stall run` could not start its exec gate.
+    #[error("{0}")]
+    Spawn(String),
+    #[error("cannot listen on {addr}: {reason}")]
+    Listen { addr: SocketAddr, reason: String },
+}
+
+impl Error {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Capture(c) => match c {
+                CaptureError::NotPrivileged => exit::NOT_PRIVILEGED,
+                CaptureError::NoSuchProcess(_) | CaptureError::BadCgroup { .. } | CaptureError::NoCgroup2 => {
+                    exit::NO_TARGET
+                }
+                CaptureError::NoTracefs
+                | CaptureError::MissingTracepoint { .. }
+                | CaptureError::MissingField { .. }
+                | CaptureError::Load(_)
+                | CaptureError::Stub => exit::KERNEL,
+                CaptureError::Map(_) => exit::INTERNAL,
+                CaptureError::Config(_) => exit::USAGE,
+            },
+            Error::Gpu(_) => exit::GPU,
+            Error::Spawn(_) => exit::INTERNAL,
+            Error::Listen { .. } => exit::LISTEN,
+        }
+    }
+}

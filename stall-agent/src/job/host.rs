@@ -1,0 +1,65 @@
+//! What a job asks of the machine beyond the decoded stream: what a
+//! descriptor is, what a new process inherited, the kernel entries of what
+//! ended, and names from /proc. [`Capture`] answers for real; tests answer
+//! from a script, so a [`super::Job`] runs without root.
+use std::collections::HashSet;
+
+use crate::{
+    capture::{procfs, Capture},
+    decode::{FileSnap, JobEvent},
+};
+
+/// A process as /proc shows it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub ppid: u32,
+    pub comm: String,
+    /// /proc state letter ('R', 'S', 'D', 'Z', ...).
+    pub state: char,
+}
+
+pub trait Host {
+    /// Where an opened descriptor points, and whether it is a regular file.
+    fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<(String, bool)>;
+    /// Tells the kernel side that a descriptor is not a file (its reads are
+    /// not file throughput).
+    fn mark_not_file(&mut self, tgid: u32, fd: i32, file_id: u64);
+    /// The descriptors a new process inherited, as open events of `job`.
+    fn inherited_files(&mut self, pid: u32, job: u32) -> Vec<JobEvent>;
+    /// Frees the kernel entries of ended processes and threads; returns the
+    /// last counts of the descriptors their exit closed.
+    fn retire(&mut self, tgids: &HashSet<u32>, tids: &HashSet<u32>) -> Vec<FileSnap>;
+    fn process(&self, tgid: u32) -> Option<ProcInfo>;
+    fn cmdline(&self, tgid: u32) -> Option<String>;
+    fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String>;
+}
+
+impl Host for Capture {
+    fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<(String, bool)> {
+        Capture::classify_open(self, tgid, fd, path)
+    }
+
+    fn mark_not_file(&mut self, tgid: u32, fd: i32, file_id: u64) {
+        self.set_fd_kind(tgid, fd, file_id, stall_common::fd_kind::OTHER);
+    }
+
+    fn inherited_files(&mut self, pid: u32, job: u32) -> Vec<JobEvent> {
+        self.seed_fds(pid, job)
+    }
+
+    fn retire(&mut self, tgids: &HashSet<u32>, tids: &HashSet<u32>) -> Vec<FileSnap> {
+        Capture::retire(self, tgids, tids)
+    }
+
+    fn process(&self, tgid: u32) -> Option<ProcInfo> {
+        procfs::stat(tgid).map(|s| ProcInfo { ppid: s.ppid, comm: s.comm, state: s.state })
+    }
+
+    fn cmdline(&self, tgid: u32) -> Option<String> {
+        procfs::cmdline(tgid)
+    }
+
+    fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String> {
+        procfs::thread_comm(tgid, tid)
+    }
+}

@@ -1,0 +1,246 @@
+//! One traced job: its model, its recent windows and what its GPUs did,
+//! with one way in for kernel events ([`Job::observe`]) and map snapshots
+//! ([`Job::tick`]), and one way out per interval ([`Tick`]) and at the end
+//! ([`Report`]). `stall run`/`attach` drive one job; `stall daemon` drives
+//! one per cgroup. Both feed it through [`Feed`] and answer its questions
+//! about the machine through [`Host`].
+mod feed;
+pub mod gpu;
+mod host;
+
+use std::collections::{BTreeSet, HashSet, VecDeque};
+
+use stall_common::fd_kind;
+
+pub use self::{
+    feed::{Feed, Wake},
+    gpu::{GpuFleet, GpuTrack},
+    host::{Host, ProcInfo},
+};
+use crate::{
+    aggregate::{push_recent, Model, Window},
+    correlate::{self, Roles},
+    decode::{Event, Snapshot},
+    verdict::{self, GpuWindow, Kind, Verdict},
+};
+
+/// Which devices count as the job's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuScope {
+    /// Every sampled device: a job stall was pointed at (its processes may
+    /// be invisible to NVML from inside a container's pid namespace).
+    All,
+    /// Only devices on which one of the job's processes holds a context:
+    /// the daemon's jobs share a node.
+    Held,
+}
+
+pub struct Job {
+    /// The kernel side's job id (cgroup mode); 1 for `run`/`attach`.
+    pub id: u32,
+    pub model: Model,
+    recent: VecDeque<Window>,
+    /// The process stall was pointed at (`attach --pid`, `run`'s command).
+    root: Option<u32>,
+    scope: GpuScope,
+    /// Devices this job has used, so their series can be dropped with it.
+    pub devices: BTreeSet<u32>,
+}
+
+/// What the outputs need after one interval.
+#[derive(Debug, Clone)]
+pub struct Tick {
+    /// Since the previous tick (counters exported as increments).
+    pub interval: Window,
+    pub interval_gpus: Vec<GpuWindow>,
+    /// The last few seconds, which the live verdict judges.
+    pub recent: Window,
+    pub gpus: Vec<GpuWindow>,
+    pub roles: Roles,
+    pub verdict: Verdict,
+    /// Seconds since tracing started.
+    pub elapsed_s: f64,
+}
+
+/// The whole run, when tracing ends.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub summary: Window,
+    pub gpus: Vec<GpuWindow>,
+    pub roles: Roles,
+    pub verdict: Verdict,
+}
+
+impl Job {
+    pub fn new(id: u32, start_ns: u64, root: Option<u32>, scope: GpuScope) -> Self {
+        Self {
+            id,
+            model: Model::new(start_ns),
+            recent: VecDeque::new(),
+            root,
+            scope,
+            devices: BTreeSet::new(),
+        }
+    }
+
+    /// Applies a batch of decoded events, adding what only the host can
+    /// tell: what an opened descriptor is, the new process's name, and the
+    /// files it inherited (applied after the batch, as they come from /proc
+    /// now, not from the stream).
+    pub fn observe(&mut self, host: &mut dyn Host, events: impl IntoIterator<Item = Event>) {
+        let mut inherited = Vec::new();
+        for ev in events {
+            self.model.apply(&ev);
+            match &ev {
+                Event::Open { tgid, fd, file_id, path, .. } => {
+                    let Some((target, regular)) = host.classify_open(*tgid, *fd, path) else { continue };
+                    if regular {
+                        // The kernel counts UNKNOWN as a file already; no map
+                        // write, so no read-modify-write race with its counters.
+                        self.model.set_file_kind(*file_id, fd_kind::REGULAR);
+                        if !path.starts_with('/') {
+                            self.model.set_file_resolved(*file_id, &target);
+                        }
+                    } else {
+                        host.mark_not_file(*tgid, *fd, *file_id);
+                        self.model.set_file_kind(*file_id, fd_kind::OTHER);
+                    }
+                }
+                Event::NewTask { parent_tgid, child_tid, child_tgid, .. } if child_tid == child_tgid => {
+                    self.note_process(host, *child_tgid);
+                    // Inherited descriptors only matter if the parent had
+                    // files open (a fork storm of processes without any
+                    // costs no /proc walk).
+                    if self.model.files.values().any(|f| f.tgid == *parent_tgid && f.open) {
+                        inherited.extend(host.inherited_files(*child_tgid, self.id));
+                    }
+                }
+                Event::Exec { tgid, .. } => {
+                    if let Some(c) = host.cmdline(*tgid) {
+                        self.model.note_process(*tgid, None, "", Some(c));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (_, ev) in &inherited {
+            self.model.apply(ev);
+        }
+    }
+
+    /// Takes one map snapshot (this job's part of it) into the model:
+    /// counters, current names, and the kernel entries of what ended freed
+    /// (keeps the maps bounded), with the last counts of the descriptors
+    /// exit closed.
+    pub fn absorb(&mut self, host: &mut dyn Host, snap: &Snapshot) {
+        self.model.apply_snapshot(snap);
+        for t in &snap.threads {
+            self.note_process(host, t.tgid);
+        }
+        self.model.refresh_names(|tgid, tid| host.thread_comm(tgid, tid));
+        let (tgids, tids) = self.model.dead();
+        if tgids.is_empty() && tids.is_empty() {
+            return;
+        }
+        let last = host.retire(&tgids, &tids);
+        self.model.apply_files(&last);
+        self.model.end_files_of(&tgids, snap.ts);
+        self.model.mark_retired(&tgids, &tids);
+    }
+
+    /// Names a process once, from the host.
+    fn note_process(&mut self, host: &dyn Host, tgid: u32) {
+        if self.model.procs.get(&tgid).is_some_and(|p| p.cmdline.is_some()) {
+            return;
+        }
+        let info = host.process(tgid);
+        self.model.note_process(
+            tgid,
+            info.as_ref().map(|i| i.ppid),
+            info.as_ref().map_or("", |i| i.comm.as_str()),
+            host.cmdline(tgid),
+        );
+    }
+
+    /// Ends an interval at the snapshot's time: absorbs it, cuts the
+    /// interval window and judges the last few seconds.
+    pub fn tick(&mut self, host: &mut dyn Host, snap: &Snapshot, gpus: &GpuFleet) -> Tick {
+        self.absorb(host, snap);
+        let interval = self.model.interval(snap.ts);
+        push_recent(&mut self.recent, interval.clone());
+        let recent = Window::merge(self.recent.make_contiguous());
+        let tracks = self.tracks(gpus);
+        let roles = self.roles(&tracks, snap.ts);
+        let window_of = |w: &Window| -> Vec<GpuWindow> {
+            tracks.iter().map(|g| g.window(w.start_ns, w.end_ns)).collect()
+        };
+        let gpu_windows = window_of(&recent);
+        let interval_gpus = window_of(&interval);
+        let verdict = verdict::judge(&recent, &roles, &gpu_windows);
+        Tick {
+            elapsed_s: snap.ts.saturating_sub(self.model.start_ns) as f64 / 1e9,
+            interval,
+            interval_gpus,
+            recent,
+            gpus: gpu_windows,
+            roles,
+            verdict,
+        }
+    }
+
+    /// The whole run up to `end_ns`. A job that ends hung is hung, whatever
+    /// it did before: then the verdict is the last few seconds'.
+    pub fn finish(&mut self, end_ns: u64, gpus: &GpuFleet) -> Report {
+        let end_ns = end_ns.max(self.model.last_ns);
+        let summary = self.model.summary(end_ns);
+        let tracks = self.tracks(gpus);
+        let roles = self.roles(&tracks, end_ns);
+        let recent = Window::merge(self.recent.make_contiguous());
+        let recent_gpus: Vec<GpuWindow> =
+            tracks.iter().map(|g| g.window(recent.start_ns, recent.end_ns)).collect();
+        let recent_verdict = verdict::judge(&recent, &roles, &recent_gpus);
+        let summary_gpus: Vec<GpuWindow> = tracks.iter().map(|g| g.summary(end_ns)).collect();
+        let verdict = if recent_verdict.kind == Kind::Hang {
+            recent_verdict
+        } else {
+            verdict::judge(&summary, &roles, &summary_gpus)
+        };
+        Report { summary, gpus: summary_gpus, roles, verdict }
+    }
+
+    /// Forgets what has ended once it was counted (the daemon's memory
+    /// follows the live job, not its history).
+    pub fn prune(&mut self) {
+        self.model.prune();
+    }
+
+    /// The process stall was pointed at has ended (or is a zombie).
+    pub fn root_gone(&self, host: &dyn Host) -> bool {
+        let Some(root) = self.root else { return false };
+        let zombie_or_gone = host.process(root).is_none_or(|p| p.state == 'Z' || p.state == 'X');
+        zombie_or_gone || self.model.procs.get(&root).is_some_and(|p| !p.alive)
+    }
+
+    /// This job's devices (and remembers them).
+    fn tracks<'a>(&mut self, gpus: &'a GpuFleet) -> Vec<&'a GpuTrack> {
+        let tracks: Vec<&GpuTrack> = match self.scope {
+            GpuScope::All => gpus.tracks.iter().collect(),
+            GpuScope::Held => gpus
+                .tracks
+                .iter()
+                .filter(|g| g.pids.iter().any(|p| self.model.procs.contains_key(p)))
+                .collect(),
+        };
+        self.devices.extend(tracks.iter().map(|g| g.index));
+        tracks
+    }
+
+    /// Roles over the whole run so far (stable from one tick to the next).
+    fn roles(&self, tracks: &[&GpuTrack], end_ns: u64) -> Roles {
+        let on_gpu: HashSet<u32> = tracks.iter().flat_map(|g| g.pids.iter().copied()).collect();
+        correlate::assign(&self.model.summary(end_ns), &on_gpu, self.root)
+    }
+}
+
+#[cfg(test)]
+mod tests;

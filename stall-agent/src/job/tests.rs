@@ -1,0 +1,270 @@
+//! A job driven the way session and daemon drive it — events, snapshots,
+//! GPU polls, ticks — on a scripted host and a scripted GPU, without root.
+use std::collections::{HashMap, HashSet};
+
+use stall_common::reason;
+
+use super::*;
+use crate::{
+    decode::{FileCounters, FileSnap, JobEvent, ThreadCounters, ThreadNow, ThreadSnap},
+    gpu::{FakeGpu, GpuProcUse, GpuSample, GpuSnapshot},
+};
+
+const S: u64 = 1_000_000_000;
+const TRAINER: u32 = 100;
+const WORKERS: [u32; 2] = [201, 202];
+
+/// /proc as a script: which processes exist, what each descriptor is.
+#[derive(Default)]
+struct ScriptedHost {
+    procs: HashMap<u32, ProcInfo>,
+    regular: HashSet<String>,
+    marked_not_file: Vec<(u32, i32)>,
+    retired: HashSet<u32>,
+}
+
+impl Host for ScriptedHost {
+    fn classify_open(&mut self, _tgid: u32, _fd: i32, path: &str) -> Option<(String, bool)> {
+        Some((path.to_string(), self.regular.contains(path)))
+    }
+    fn mark_not_file(&mut self, tgid: u32, fd: i32, _file_id: u64) {
+        self.marked_not_file.push((tgid, fd));
+    }
+    fn inherited_files(&mut self, _pid: u32, _job: u32) -> Vec<JobEvent> {
+        Vec::new()
+    }
+    fn retire(&mut self, tgids: &HashSet<u32>, _tids: &HashSet<u32>) -> Vec<FileSnap> {
+        self.retired.extend(tgids);
+        Vec::new()
+    }
+    fn process(&self, tgid: u32) -> Option<ProcInfo> {
+        self.procs.get(&tgid).cloned()
+    }
+    fn cmdline(&self, tgid: u32) -> Option<String> {
+        self.procs.get(&tgid).map(|p| p.comm.clone())
+    }
+    fn thread_comm(&self, tgid: u32, _tid: u32) -> Option<String> {
+        self.procs.get(&tgid).map(|p| p.comm.clone())
+    }
+}
+
+/// A trainer on GPU 0 with two DataLoader workers, one second per tick.
+struct Sim {
+    host: ScriptedHost,
+    job: Job,
+    gpus: GpuFleet,
+    now: u64,
+    threads: HashMap<u32, ThreadCounters>,
+    files: HashMap<u32, FileCounters>,
+    alive: HashSet<u32>,
+}
+
+impl Sim {
+    fn new(gpu: FakeGpu) -> Self {
+        let mut host = ScriptedHost::default();
+        host.procs.insert(TRAINER, ProcInfo { ppid: 1, comm: "python".into(), state: 'S' });
+        for w in WORKERS {
+            host.procs.insert(w, ProcInfo { ppid: TRAINER, comm: "pt_data_worker".into(), state: 'D' });
+            host.regular.insert(shard(w));
+        }
+        let mut job = Job::new(1, 0, Some(TRAINER), GpuScope::All);
+        let events = WORKERS.iter().map(|&w| Event::Open {
+            ts: 0,
+            tid: w,
+            tgid: w,
+            fd: 5,
+            file_id: u64::from(w),
+            path: shard(w),
+            dfd: -100,
+        });
+        job.observe(&mut host, events);
+        let alive = std::iter::once(TRAINER).chain(WORKERS).collect();
+        Self {
+            host,
+            job,
+            gpus: GpuFleet::with_source(Some(Box::new(gpu)), 0),
+            now: 0,
+            threads: HashMap::new(),
+            files: HashMap::new(),
+            alive,
+        }
+    }
+
+    /// One second: the trainer waits in futex `trainer_wait` of it, each
+    /// worker sits in file reads `worker_io` of it and reads `bytes`.
+    fn second(&mut self, trainer_wait: f64, worker_io: f64, bytes: u64) -> Tick {
+        let ns = |share: f64| (share * S as f64) as u64;
+        let t = self.threads.entry(TRAINER).or_default();
+        t.on_cpu_ns += ns(1.0 - trainer_wait);
+        t.off_ns[usize::from(reason::FUTEX)] += ns(trainer_wait);
+        for w in WORKERS {
+            let c = self.threads.entry(w).or_default();
+            c.on_cpu_ns += ns(1.0 - worker_io);
+            c.off_ns[usize::from(reason::IO)] += ns(worker_io);
+            c.file_read_bytes += bytes;
+            c.file_read_calls += bytes / 65536;
+            let f = self.files.entry(w).or_default();
+            f.read_bytes += bytes;
+            f.read_calls += bytes / 65536;
+        }
+        self.now += S;
+        self.tick()
+    }
+
+    fn tick(&mut self) -> Tick {
+        let now = ThreadNow { running: false, reason: reason::FUTEX, syscall: 202, for_ns: 1 };
+        let snap = Snapshot {
+            ts: self.now,
+            threads: self
+                .threads
+                .iter()
+                .filter(|(tid, _)| self.alive.contains(tid))
+                .map(|(&tid, &counters)| ThreadSnap { tid, tgid: tid, job: 1, counters, now, other_nr: -1 })
+                .collect(),
+            files: self
+                .files
+                .iter()
+                .filter(|(pid, _)| self.alive.contains(pid))
+                .map(|(&pid, &counters)| FileSnap {
+                    tgid: pid,
+                    fd: 5,
+                    file_id: u64::from(pid),
+                    kind: stall_common::fd_kind::REGULAR,
+                    counters,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let warnings = self.gpus.poll();
+        assert!(warnings.is_empty() || warnings.iter().all(|w| w.contains("lost")), "{warnings:?}");
+        self.job.tick(&mut self.host, &snap, &self.gpus)
+    }
+
+    fn exit(&mut self, pid: u32) {
+        self.alive.remove(&pid);
+        self.host.procs.remove(&pid);
+        let counters = self.threads.get(&pid).copied().unwrap_or_default();
+        let exit =
+            Event::Exit { ts: self.now, tid: pid, tgid: pid, comm: "x".into(), counters, other_nr: -1 };
+        self.job.observe(&mut self.host, [exit]);
+    }
+}
+
+fn shard(pid: u32) -> String {
+    format!("/data/shard_{pid}.arrow")
+}
+
+/// One poll per second of the simulation: six samples at `util`, from
+/// `from_s`, with the trainer holding a context.
+fn gpu_second(from_s: u64, util: f64) -> GpuSnapshot {
+    GpuSnapshot {
+        index: 0,
+        name: "Scripted H200".into(),
+        samples: (0..6).map(|i| GpuSample { ts_ns: from_s * S + i * S / 6 + 1, util_pct: util }).collect(),
+        mem_used_bytes: 1 << 30,
+        mem_total_bytes: 141 << 30,
+        processes: vec![GpuProcUse { pid: TRAINER, used_mem_bytes: Some(1 << 30), sm_util_pct: Some(util) }],
+    }
+}
+
+fn gpu_at(utils: &[f64]) -> FakeGpu {
+    FakeGpu::one_per_poll(utils.iter().enumerate().map(|(s, &u)| gpu_second(s as u64, u)).collect())
+}
+
+#[test]
+fn an_idle_gpu_while_workers_wait_on_storage_is_input_io_bound() {
+    let mut sim = Sim::new(gpu_at(&[0.0; 8]));
+    let mut last = None;
+    for _ in 0..8 {
+        last = Some(sim.second(0.9, 0.85, 8 << 20));
+    }
+    let tick = last.unwrap();
+    assert_eq!(tick.verdict.kind, Kind::InputIoBound, "{:?}", tick.verdict);
+    assert_eq!(tick.roles.trainers, vec![TRAINER]);
+    let mut workers = tick.roles.workers.clone();
+    workers.sort_unstable();
+    assert_eq!(workers, WORKERS);
+    assert_eq!(tick.gpus.len(), 1);
+    assert!(tick.gpus[0].idle_fraction > 0.99, "{:?}", tick.gpus[0]);
+    // The interval is one second's worth, the recent window at least five.
+    assert_eq!(tick.interval.proc(WORKERS[0]).unwrap().file_read_bytes(), 8 << 20);
+    assert!(tick.recent.secs() >= 5.0);
+    assert!(tick.interval_gpus[0].samples >= 5, "{:?}", tick.interval_gpus);
+    assert!(
+        tick.verdict.summary.contains(&shard(WORKERS[0]))
+            || tick.verdict.evidence.iter().any(|e| e.contains("shard"))
+    );
+}
+
+#[test]
+fn a_busy_gpu_with_a_fed_trainer_is_gpu_busy() {
+    let mut sim = Sim::new(gpu_at(&[97.0; 8]));
+    let mut last = None;
+    for _ in 0..8 {
+        last = Some(sim.second(0.7, 0.1, 1 << 20));
+    }
+    let tick = last.unwrap();
+    assert_eq!(tick.verdict.kind, Kind::GpuBusy, "{:?}", tick.verdict);
+    assert!(!tick.verdict.host_only);
+    assert!(tick.gpus[0].util_mean_pct > 90.0);
+    assert!(sim.job.devices.contains(&0));
+}
+
+#[test]
+fn a_job_that_ends_keeps_its_counts_and_frees_its_entries() {
+    let mut sim = Sim::new(gpu_at(&[0.0; 6]));
+    for _ in 0..3 {
+        sim.second(0.9, 0.85, 4 << 20);
+    }
+    assert!(!sim.job.root_gone(&sim.host));
+    for w in WORKERS {
+        sim.exit(w);
+    }
+    let tick = sim.second(0.0, 0.0, 0);
+    assert_eq!(sim.host.retired, WORKERS.into_iter().collect(), "ended workers' kernel entries freed");
+    assert!(tick.interval.proc(WORKERS[0]).is_none_or(|p| !p.alive));
+    sim.exit(TRAINER);
+    assert!(sim.job.root_gone(&sim.host), "the trainer is gone");
+    let report = sim.job.finish(sim.now, &sim.gpus);
+    for w in WORKERS {
+        assert_eq!(report.summary.proc(w).unwrap().file_read_bytes(), 12 << 20, "ended workers' bytes stay");
+    }
+    assert_eq!(report.gpus.len(), 1);
+    sim.job.prune();
+    assert!(sim.job.model.procs.is_empty() && sim.job.model.files.is_empty(), "nothing ended is kept");
+}
+
+#[test]
+fn a_gpu_that_stops_answering_leaves_a_warning_and_no_busy_verdict() {
+    // Busy for three seconds, then the device is lost: polls return nothing.
+    let gpu = gpu_at(&[100.0; 3]).with_warnings(vec!["GPU 0 lost: GPU is lost".into()]);
+    let mut sim = Sim::new(gpu);
+    let first = sim.second(0.9, 0.85, 4 << 20);
+    assert!(first.gpus[0].samples > 0);
+    let mut last = None;
+    for _ in 0..9 {
+        last = Some(sim.second(0.9, 0.85, 4 << 20));
+    }
+    let tick = last.unwrap();
+    assert_eq!(tick.gpus.len(), 1, "the device stays listed");
+    assert!(tick.gpus[0].samples < 10, "{:?}", tick.gpus[0]);
+    assert!(tick.gpus[0].max_gap_s >= 4.0, "{:?}", tick.gpus[0]);
+    assert_ne!(tick.verdict.kind, Kind::GpuBusy, "{:?}", tick.verdict);
+}
+
+#[test]
+fn non_files_are_told_to_the_kernel_side() {
+    let mut sim = Sim::new(gpu_at(&[]));
+    let pipe = Event::Open {
+        ts: 1,
+        tid: TRAINER,
+        tgid: TRAINER,
+        fd: 9,
+        file_id: 77,
+        path: "/tmp/fifo".into(),
+        dfd: -100,
+    };
+    sim.job.observe(&mut sim.host, [pipe]);
+    assert_eq!(sim.host.marked_not_file, vec![(TRAINER, 9)]);
+    assert_eq!(sim.job.model.files[&77].kind, stall_common::fd_kind::OTHER);
+}
