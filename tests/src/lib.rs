@@ -284,3 +284,61 @@ pub fn spawn_announcing(cmd: &mut Command) -> (std::process::Child, u32) {
         line.trim().trim_start_matches("PID ").parse().unwrap_or_else(|_| panic!("no PID line: {line:?}"));
     (child, pid)
 }
+
+/// Polls `ready` every 20 ms until it holds; fails the test after `timeout`.
+pub fn wait_until(what: &str, timeout: std::time::Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !ready() {
+        assert!(std::time::Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A cgroup v2 directory for one test, removed when dropped (once its
+/// tasks are gone; children first, as they drop first).
+pub struct Cgroup {
+    pub dir: PathBuf,
+    /// Relative to the cgroup2 mount, as users type it.
+    pub name: String,
+}
+
+impl Cgroup {
+    /// `stall-it-TAG-PID` at the top of the cgroup2 mount.
+    pub fn new(tag: &str) -> Self {
+        Self::create(cgroup2_mount(), format!("stall-it-{tag}-{}", std::process::id()))
+    }
+
+    /// A cgroup inside this one.
+    pub fn child(&self, name: &str) -> Self {
+        Self::create(cgroup2_mount(), format!("{}/{name}", self.name))
+    }
+
+    fn create(mount: PathBuf, name: String) -> Self {
+        let dir = mount.join(&name);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating cgroup {}: {e}", dir.display()));
+        Self { dir, name }
+    }
+
+    pub fn add(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .unwrap_or_else(|e| panic!("moving {pid} into {}: {e}", self.dir.display()));
+    }
+
+    /// Removes it, retrying while its last tasks are being torn down.
+    pub fn remove(&self) -> bool {
+        for _ in 0..100 {
+            if !self.dir.exists() || std::fs::remove_dir(&self.dir).is_ok() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}

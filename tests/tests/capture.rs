@@ -1,4 +1,4 @@
-//! Kernel capture against ground truth (issue 3): bytes per worker and file,
+//! Kernel capture against ground truth: bytes per worker and file,
 //! off-CPU time by reason, wakers, forks and execs, scoping, and losses.
 use std::{path::Path, process::Command, time::Duration};
 
@@ -181,24 +181,20 @@ fn attach_to_pid_follows_later_forks_and_ends_with_the_target() {
 #[test]
 fn attach_to_cgroup_traces_members_only() {
     require_root();
-    let mount = cgroup2_mount();
     let s = Scratch::new("cgroup");
     let size = 1_111_111;
     let data = s.file("c.bin", size);
     let theirs = s.file("theirs.bin", 50_000);
     let truth_path = s.path("truth.json");
-    let name = format!("stall-it-{}", std::process::id());
-    let dir = mount.join(&name);
-    std::fs::create_dir(&dir).unwrap();
+    let cg = Cgroup::new("capture");
     let (mut child, pid) = idle_then_read(&data, &truth_path, "1.5");
-    std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    cg.add(pid);
     let (mut other, other_pid) = outsider(&theirs);
     // Relative to the cgroup2 mount, as users type it.
-    let run = stall(&["attach", "--cgroup", &name, "--duration", "4", "-q"], &[], T);
+    let run = stall(&["attach", "--cgroup", &cg.name, "--duration", "4", "-q"], &[], T);
     let _ = child.wait();
     let _ = other.kill();
     let _ = other.wait();
-    let _ = std::fs::remove_dir(&dir);
     assert_eq!(run.status, 0, "{}", run.stderr);
     let reader = truth(&truth_path)["reader"].as_u64().unwrap();
     assert_eq!(run.file(reader, &data)["read_bytes"], size as u64);

@@ -6,7 +6,7 @@
 use std::{
     io::{Read, Write},
     net::{TcpListener, TcpStream},
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
@@ -62,7 +62,8 @@ fn query(port: u16, q: &str) -> Option<f64> {
     r["value"][1].as_str()?.parse().ok()
 }
 
-struct Killer(Vec<Child>, Vec<PathBuf>);
+/// Ends the processes a test started (before its cgroups are removed).
+struct Killer(Vec<Child>);
 
 impl Drop for Killer {
     fn drop(&mut self) {
@@ -70,17 +71,6 @@ impl Drop for Killer {
             let _ = c.kill();
             let _ = c.wait();
         }
-        for d in self.1.iter().rev() {
-            let _ = std::fs::remove_dir(d);
-        }
-    }
-}
-
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        sleep(Duration::from_millis(200));
     }
 }
 
@@ -93,12 +83,10 @@ fn prometheus_scrapes_the_daemon() {
     let size = 8_000_033usize;
     let data = s.file("d.bin", size);
     let truth_path = s.path("truth.json");
-    let mount = cgroup2_mount();
-    let root_name = format!("stall-it-daemon-{}", std::process::id());
-    let root = mount.join(&root_name);
-    let job_dir = root.join("job1");
-    std::fs::create_dir_all(&job_dir).unwrap();
-    let mut guard = Killer(vec![], vec![root.clone(), job_dir.clone()]);
+    let root = Cgroup::new("daemon");
+    let job_cg = root.child("job1");
+    let root_name = root.name.clone();
+    let mut guard = Killer(vec![]);
 
     let daemon_port = free_port();
     let daemon = Command::new(stall_bin())
@@ -109,7 +97,7 @@ fn prometheus_scrapes_the_daemon() {
         .unwrap();
     let daemon_pid = daemon.id();
     guard.0.push(daemon);
-    wait_for("the daemon's /metrics", Duration::from_secs(20), || {
+    wait_until("the daemon's /metrics", Duration::from_secs(20), || {
         http_get(daemon_port, "/metrics").is_some()
     });
 
@@ -141,7 +129,7 @@ fn prometheus_scrapes_the_daemon() {
         .spawn()
         .unwrap();
     guard.0.push(prom);
-    wait_for("prometheus", Duration::from_secs(30), || http_get(prom_port, "/-/ready").is_some());
+    wait_until("prometheus", Duration::from_secs(30), || http_get(prom_port, "/-/ready").is_some());
 
     // The job: announces itself, is moved into the job's cgroup, then forks
     // a reader of the data file.
@@ -151,7 +139,7 @@ fn prometheus_scrapes_the_daemon() {
             .args(["idle-then-read", data.to_str().unwrap(), "2.0"])
             .env("TRUTH", &truth_path),
     );
-    std::fs::write(job_dir.join("cgroup.procs"), job_pid.to_string()).unwrap();
+    job_cg.add(job_pid);
     assert!(job.wait().unwrap().success());
     assert_eq!(truth(&truth_path)["bytes"], size as u64);
 
@@ -192,5 +180,5 @@ fn prometheus_scrapes_the_daemon() {
         .unwrap();
     let status = guard.0[0].wait().unwrap();
     assert!(status.success(), "daemon exit: {status}");
-    wait_for("the daemon's programs to go", Duration::from_secs(5), || still_loaded(&ours).is_empty());
+    wait_until("the daemon's programs to go", Duration::from_secs(5), || still_loaded(&ours).is_empty());
 }

@@ -1,4 +1,4 @@
-//! `stall run`: the first vertical slice (issue 2), on the real kernel.
+//! `stall run`: trace a command from its first instruction, on the real kernel.
 use std::time::Duration;
 
 use stall_tests::*;

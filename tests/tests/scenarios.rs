@@ -1,4 +1,4 @@
-//! Scenario suite (issue 5): the demo job (demo/workload.py) in each of its
+//! Scenario suite: the demo job (demo/workload.py) in each of its
 //! modes on the real kernel, no GPU; each scenario checks the verdict kind and
 //! its key numbers against the ground truth the job writes (--truth):
 //!
@@ -102,14 +102,6 @@ fn stall_run(args: &[impl AsRef<str>]) -> Run {
 fn monotonic_s() -> f64 {
     let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).unwrap();
     ts.tv_sec() as f64 + ts.tv_nsec() as f64 / 1e9
-}
-
-fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !ready() {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        sleep(Duration::from_millis(20));
-    }
 }
 
 fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
@@ -259,44 +251,6 @@ impl Drop for Attached {
     fn drop(&mut self) {
         stop(&mut self.child, Signal::SIGKILL);
         let _ = std::fs::remove_file(&self.json);
-    }
-}
-
-/// A cgroup v2 directory for one test, removed when dropped (once empty).
-struct Cgroup {
-    dir: PathBuf,
-    name: String,
-}
-
-impl Cgroup {
-    fn new(tag: &str) -> Self {
-        let mount = cgroup2_mount();
-        let name = format!("stall-it-scn-{tag}-{}", std::process::id());
-        let dir = mount.join(&name);
-        let _ = std::fs::remove_dir(&dir);
-        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating cgroup {}: {e}", dir.display()));
-        Self { dir, name }
-    }
-
-    fn add(&self, pid: u32) {
-        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
-    }
-
-    /// Removes it, retrying while its last tasks are being torn down.
-    fn remove(&self) -> bool {
-        for _ in 0..100 {
-            if !self.dir.exists() || std::fs::remove_dir(&self.dir).is_ok() {
-                return true;
-            }
-            sleep(Duration::from_millis(20));
-        }
-        false
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        self.remove();
     }
 }
 

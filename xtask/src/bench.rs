@@ -35,7 +35,7 @@ pub struct Options {
 
 /// The syscalls strace is told to trace: what stall's read-side programs see.
 const STRACE_FILTER: &str = "trace=openat,read,pread64,readv,preadv";
-/// The traced job beside the untraced neighbour (5) reads at this rate.
+/// The traced job beside the untraced neighbour reads at this rate.
 const NEIGHBOUR_JOB_RATE: u64 = 50_000;
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -83,7 +83,7 @@ pub struct Workload {
     args: Vec<String>,
     /// The same with fewer ops, for strace.
     strace_args: Vec<String>,
-    /// (5): `args` run untraced while the traced job runs under the mode.
+    /// The neighbour workload: `args` run untraced while the traced job runs under the mode.
     neighbour: bool,
     pub samples: Vec<(Mode, Sample)>,
 }
@@ -209,7 +209,7 @@ pub fn run(opts: &Options) -> Result<()> {
         Mode::ALL.into_iter().filter(|m| *m != Mode::Strace || env.strace.is_some()).collect();
 
     for w in &mut workloads {
-        println!("xtask bench: ({}) {} — {runs} runs × {} modes", w.key, w.title, modes.len());
+        println!("xtask bench: {}: {} — {runs} runs × {} modes", w.key, w.title, modes.len());
         warm(&files)?;
         for run in 0..runs {
             // Rotate the order so that no mode always runs first (or last).
@@ -323,7 +323,7 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
     };
     vec![
         w(
-            "1",
+            "pread-4k",
             "4 KiB page-cache reads (worst case)",
             format!(
                 "{reads} `pread`s of 4 KiB walking a cached 64 MiB file, one thread (strace: {} reads)",
@@ -335,7 +335,7 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
             false,
         ),
         w(
-            "2",
+            "loader",
             "DataLoader-like: 4 worker processes, 1 MiB reads",
             format!(
                 "4 forked workers, each reading its own cached {} MiB file in 1 MiB `read`s, {passes} passes \
@@ -348,7 +348,7 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
             false,
         ),
         w(
-            "3",
+            "futex-pingpong",
             "futex ping-pong (context switches)",
             format!(
                 "two threads pinned to CPU 1 hand a futex word back and forth {iters} times; ops = the \
@@ -361,7 +361,7 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
             false,
         ),
         w(
-            "4",
+            "fork-storm",
             "fork/exit storm",
             format!("`fork`, child `_exit(0)`, `waitpid`, {forks} times (strace: {} times)", forks / 10),
             "fork",
@@ -370,10 +370,10 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
             false,
         ),
         w(
-            "5",
+            "neighbour",
             "untraced neighbour",
             format!(
-                "an untraced process does {reads} 4 KiB `pread`s (as in 1) while the mode traces another job \
+                "an untraced process does {reads} 4 KiB `pread`s (as in pread-4k) while the mode traces another job \
                  reading 4 KiB at {NEIGHBOUR_JOB_RATE} reads/s; the neighbour's time is measured"
             ),
             "read",
@@ -427,7 +427,7 @@ fn sample(env: &Env, mode: Mode, w: &Workload) -> Result<Sample> {
     parse_sample(&out)
 }
 
-/// (5): the traced job runs under `mode` while `args` run untraced beside it.
+/// The neighbour workload: the traced job runs under `mode` while `args` run untraced beside it.
 fn neighbour(env: &Env, mode: Mode, args: &[String], out: &Path) -> Result<Sample> {
     let (ready, stop) = (env.dir.join("ready"), env.dir.join("stop"));
     let _ = fs::remove_file(&ready);

@@ -53,28 +53,28 @@ pub fn run(env: &Env, files: &Files, secs: f64) -> Result<Vec<Profile>> {
     let pread = strs(&["pread", "--file", &small]);
     let plan = vec![
         Plan {
-            label: "(1) 4 KiB reads, traced",
+            label: "pread-4k: 4 KiB reads, traced",
             unit: "read",
             floor: false,
             traced: pread.clone(),
             beside: None,
         },
         Plan {
-            label: "(1) 4 KiB reads, traced, floor",
+            label: "pread-4k: 4 KiB reads, traced, floor",
             unit: "read",
             floor: true,
             traced: pread.clone(),
             beside: None,
         },
         Plan {
-            label: "(3) futex ping-pong, traced",
+            label: "futex-pingpong: futex ping-pong, traced",
             unit: "switch",
             floor: false,
             traced: strs(&["futex", "--cpu", "1"]),
             beside: None,
         },
         Plan {
-            label: "(4) fork storm, traced",
+            label: "fork-storm: fork storm, traced",
             unit: "fork",
             floor: false,
             traced: strs(&["fork"]),
@@ -88,7 +88,7 @@ pub fn run(env: &Env, files: &Files, secs: f64) -> Result<Vec<Profile>> {
             beside: None,
         },
         Plan {
-            label: "(5) 4 KiB reads by an untraced process (stall traces a job reading 100/s)",
+            label: "neighbour: 4 KiB reads by an untraced process (stall traces a job reading 100/s)",
             unit: "read",
             floor: false,
             traced: [pread.clone(), strs(&["--rate", "100"])].concat(),

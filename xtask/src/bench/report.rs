@@ -67,7 +67,7 @@ const WHERE_THE_COST_IS: &str = "\
 - **The floor is the kernel's.** Attaching any syscall tracepoint puts every task of the machine on \
 the kernel's slow syscall path (`SYSCALL_WORK_SYSCALL_TRACEPOINT` is set on all tasks, traced or \
 not), and each syscall then calls the attached programs. That cost is the floor row, and it lands \
-on untraced neighbours (5) as much as on the traced job: no program stall could write avoids it. \
+on untraced neighbours as much as on the traced job: no program stall could write avoids it. \
 Hooks that would not tax every syscall (fentry/fexit on `vfs_read`, BTF tracepoints, kprobes) are \
 unavailable on these machines (EPERM, or CONFIG_KPROBES off), and the non-syscall tracepoints \
 (`filemap:*`) cannot give exact bytes per descriptor or see pipes.
@@ -104,8 +104,8 @@ fn targets(ws: &[Workload], cost: &[CostRow]) -> Vec<Target> {
         margin: String::new(),
     };
 
-    let what = "(1) worst case: stall within 5 percentage points of the floor";
-    match by("1").and_then(|w| Some((versus(w, Mode::Stall)?, versus(w, Mode::Floor)?))) {
+    let what = "pread-4k (worst case): stall within 5 percentage points of the floor";
+    match by("pread-4k").and_then(|w| Some((versus(w, Mode::Stall)?, versus(w, Mode::Floor)?))) {
         Some(((rs, _), (rf, _))) => {
             let pp = (rs - rf) * 100.0;
             t.push(Target {
@@ -122,8 +122,8 @@ fn targets(ws: &[Workload], cost: &[CostRow]) -> Vec<Target> {
         None => t.push(unmeasured(what)),
     }
 
-    let what = "(1) worst case: ≥ 500× less added time per read than strace";
-    match by("1").and_then(|w| Some((versus(w, Mode::Stall)?, versus(w, Mode::Strace)?))) {
+    let what = "pread-4k (worst case): ≥ 500× less added time per read than strace";
+    match by("pread-4k").and_then(|w| Some((versus(w, Mode::Stall)?, versus(w, Mode::Strace)?))) {
         Some(((_, sa), (_, ta))) => {
             let (measured, met, m) = if sa <= 0.0 {
                 (format!("strace +{ta:.0} ns/read, stall {sa:+.1} ns/read (within noise)"), true, "—".into())
@@ -148,9 +148,10 @@ fn targets(ws: &[Workload], cost: &[CostRow]) -> Vec<Target> {
         None => t.push(unmeasured(what)),
     }
 
-    for (key, limit, what) in
-        [("2", 1.0, "(2) DataLoader-like: < 1 % added"), ("5", 3.0, "(5) untraced neighbour: < 3 % added")]
-    {
+    for (key, limit, what) in [
+        ("loader", 1.0, "loader (DataLoader-like): < 1 % added"),
+        ("neighbour", 3.0, "neighbour (untraced): < 3 % added"),
+    ] {
         match by(key).and_then(|w| versus(w, Mode::Stall)) {
             Some((r, _)) => {
                 let p = pct(r);
@@ -317,7 +318,7 @@ pub fn render(meta: &Meta, ws: &[Workload], profiles: &[Profile], cost: &[CostRo
         );
     }
 
-    let _ = writeln!(d, "\n## Targets (issue 6)\n");
+    let _ = writeln!(d, "\n## Targets\n");
     let _ = writeln!(d, "| target | measured | result | margin |\n|---|---|---|---|");
     for t in targets(ws, cost) {
         let _ = writeln!(d, "| {} | {} | {} | {} |", t.what, t.measured, verdict(t.met), t.margin);
@@ -340,7 +341,7 @@ pub fn render(meta: &Meta, ws: &[Workload], profiles: &[Profile], cost: &[CostRo
         let _ = writeln!(d, "\nstrace was not installed: its rows are missing.");
     }
     for w in ws {
-        let _ = writeln!(d, "\n### ({}) {}\n\n{}.\n", w.key, w.title, w.what);
+        let _ = writeln!(d, "\n### {}: {}\n\n{}.\n", w.key, w.title, w.what);
         let _ = writeln!(
             d,
             "| mode | runs | ops/run | median loop time | ns per {u} (range) | ratio | added ns per {u} |",
