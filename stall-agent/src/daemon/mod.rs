@@ -41,6 +41,8 @@ pub struct Options {
     pub listen: SocketAddr,
     pub interval: Duration,
     pub gpu: Option<GpuSelect>,
+    /// NVML library to load instead of the default.
+    pub nvml_lib: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -102,10 +104,11 @@ pub async fn run(opts: Options) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .map_err(|e| DaemonError::Listen { addr: opts.listen, reason: e.to_string() })?;
+    let lib = nvml::library(opts.nvml_lib.as_deref());
     let mut gpu = match &opts.gpu {
         Some(GpuSelect::Off) => None,
-        Some(sel @ GpuSelect::Indices(_)) => nvml::open(sel).map_err(SessionError::from)?,
-        other => match nvml::open(other.as_ref().unwrap_or(&GpuSelect::All)) {
+        Some(sel @ GpuSelect::Indices(_)) => nvml::open_with_library(sel, lib).map_err(SessionError::from)?,
+        other => match nvml::open_with_library(other.as_ref().unwrap_or(&GpuSelect::All), lib) {
             Ok(g) => g,
             Err(e) => {
                 eprintln!("stall: {e}");

@@ -15,6 +15,7 @@ mod nvml;
 mod select;
 
 use std::ffi::OsStr;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -123,6 +124,12 @@ pub fn open_with_library(select: &GpuSelect, lib: &OsStr) -> Result<Option<Box<d
     }
     let gpu = NvmlGpu::open_with_library(select, lib)?;
     Ok(Some(Box::new(gpu)))
+}
+
+/// The library to load: `path` if given, else [`DEFAULT_NVML_LIB`] (for
+/// `--nvml-lib`).
+pub fn library(path: Option<&Path>) -> &OsStr {
+    path.map_or(OsStr::new(DEFAULT_NVML_LIB), Path::as_os_str)
 }
 
 /// Collapses a message to one line: driver/loader strings are not ours and

@@ -41,6 +41,8 @@ pub struct Options {
     pub json: Option<PathBuf>,
     pub quiet: bool,
     pub gpu: Option<GpuSelect>,
+    /// NVML library to load instead of the default.
+    pub nvml_lib: Option<PathBuf>,
     pub ringbuf_bytes: Option<u32>,
     pub floor: bool,
     pub latency_sample: u32,
@@ -253,12 +255,15 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
 }
 
 fn open_gpu(opts: &Options) -> Result<Result<Option<Box<dyn nvml::GpuSource>>, nvml::GpuError>> {
+    let lib = nvml::library(opts.nvml_lib.as_deref());
     match &opts.gpu {
         Some(GpuSelect::Off) => Ok(Ok(None)),
         // Asked for explicitly: missing NVML is an error.
-        Some(sel @ GpuSelect::Indices(_)) => Ok(Ok(nvml::open(sel).map_err(SessionError::from)?)),
-        Some(sel) => Ok(nvml::open(sel)),
-        None => Ok(nvml::open(&GpuSelect::All)),
+        Some(sel @ GpuSelect::Indices(_)) => {
+            Ok(Ok(nvml::open_with_library(sel, lib).map_err(SessionError::from)?))
+        }
+        Some(sel) => Ok(nvml::open_with_library(sel, lib)),
+        None => Ok(nvml::open_with_library(&GpuSelect::All, lib)),
     }
 }
 
