@@ -62,6 +62,13 @@ pub struct GpuSnapshot {
     pub mem_total_bytes: u64,
     /// Compute (and graphics) processes running on the device, by pid.
     pub processes: Vec<GpuProcUse>,
+    /// Board power draw at poll time, milliwatts (`nvmlDeviceGetPowerUsage`);
+    /// `None` when the device does not say. Utilization counts time with a
+    /// kernel running, so a spinning collective reads ~100 %; power against
+    /// the limit tells busy from stuck.
+    pub power_mw: Option<u32>,
+    /// Enforced power limit, milliwatts; `None` when the device does not say.
+    pub power_limit_mw: Option<u32>,
 }
 
 /// Something that can be polled for GPU snapshots.
