@@ -80,6 +80,9 @@ pub enum Command {
         /// GPUs to sample: `off`, `all`, or indices like `0,2`.
         #[arg(long, value_name = "off|all|0,2")]
         gpu: Option<GpuSelect>,
+        /// NVML library to load (default libnvidia-ml.so.1 on the loader path), e.g. /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1
+        #[arg(long, value_name = "PATH")]
+        nvml_lib: Option<PathBuf>,
     },
     /// Internal: the exec gate `stall run` starts (see session::gate).
     #[command(name = "__exec-gate", hide = true)]
@@ -118,6 +121,9 @@ pub struct Common {
     /// GPUs to sample: `off`, `all`, or indices like `0,2`. Default: all, if NVML is there.
     #[arg(long, value_name = "off|all|0,2")]
     pub gpu: Option<GpuSelect>,
+    /// NVML library to load (default libnvidia-ml.so.1 on the loader path), e.g. /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
     /// Ring-buffer size in bytes (power of two, at least a page).
     #[arg(long, hide = true)]
     pub ringbuf_bytes: Option<u32>,
@@ -177,6 +183,20 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn nvml_lib_on_every_tracing_command() {
+        let lib = "/run/nvidia/driver/usr/lib64/libnvidia-ml.so.1";
+        let common = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Command::Run { common, .. } | Command::Attach { common, .. } => common.nvml_lib,
+            Command::Daemon { nvml_lib, .. } => nvml_lib,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(common(&["stall", "run", "--nvml-lib", lib, "--", "true"]), Some(lib.into()));
+        assert_eq!(common(&["stall", "attach", "--pid", "1", "--nvml-lib", lib]), Some(lib.into()));
+        assert_eq!(common(&["stall", "daemon", "--cgroup-root", "x", "--nvml-lib", lib]), Some(lib.into()));
+        assert_eq!(common(&["stall", "run", "--", "true"]), None);
     }
 
     #[test]

@@ -26,8 +26,8 @@ fn main() -> ExitCode {
     };
     let (target, common) = match cli.command {
         Command::ExecGate { cmd } => gate::exec_gate(&cmd),
-        Command::Daemon { roots, all_jobs, listen, interval, gpu } => {
-            let opts = daemon::Options { roots, all_jobs, listen, interval, gpu, nvml_lib: None };
+        Command::Daemon { roots, all_jobs, listen, interval, gpu, nvml_lib } => {
+            let opts = daemon::Options { roots, all_jobs, listen, interval, gpu, nvml_lib };
             return match runtime.block_on(daemon::run(opts)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&e),
@@ -58,7 +58,7 @@ fn options(c: Common) -> Options {
         json: c.json,
         quiet: c.quiet,
         gpu: c.gpu,
-        nvml_lib: None,
+        nvml_lib: c.nvml_lib,
         ringbuf_bytes: c.ringbuf_bytes,
         floor: c.floor,
         latency_sample: c.latency_sample,

@@ -57,6 +57,14 @@ pub struct GpuWindow {
     pub samples: usize,
     /// The longest stretch without a sample, seconds (driver gaps).
     pub max_gap_s: f64,
+    /// Mean board power draw, and the enforced limit, watts (when the
+    /// device says): utilization counts time with a kernel resident, power
+    /// tells computing from spinning.
+    pub power_w: Option<f64>,
+    pub power_limit_w: Option<f64>,
+    /// Mean SM utilization of the processes on the device, summed over
+    /// them (when per-process accounting works).
+    pub sm_util_pct: Option<f64>,
 }
 
 /// Thresholds, in one place so docs and tests can name them.
@@ -459,6 +467,9 @@ pub fn gpu_window(index: u32, name: &str, samples: &[(u64, f64)], start_ns: u64,
         idle_fraction: idle,
         samples: n,
         max_gap_s: max_gap,
+        power_w: None,
+        power_limit_w: None,
+        sm_util_pct: None,
     }
 }
 

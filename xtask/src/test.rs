@@ -24,8 +24,14 @@ pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
         lint()?;
     }
     let stall = build::agent(true)?;
+    // The GPU tests load it in place of libnvidia-ml (tests/nvml-script).
+    let nvml = build::nvml_script(true)?;
     let mut test = cmd::cargo();
-    test.arg("test").args(EXCLUDE_EBPF).arg("--release").env("STALL_BIN", &stall);
+    test.arg("test")
+        .args(EXCLUDE_EBPF)
+        .arg("--release")
+        .env("STALL_BIN", &stall)
+        .env("STALL_NVML_SCRIPT_LIB", &nvml);
     if !extra.is_empty() {
         test.arg("--").args(extra);
     }

@@ -88,6 +88,7 @@ pub fn run_cli(target: Target) -> Result<()> {
     setup::ensure()?;
     setup::ensure_test_packages()?;
     let stall = build::agent(true)?;
+    build::nvml_script(true)?;
     let tests = test_binaries()?;
     let host = if opts.no_host { None } else { Some(native::run(&stall, &tests, &opts.args)?) };
     run_vms(&stall, &tests, &opts, host)
@@ -120,7 +121,8 @@ fn run_vms(stall: &Path, tests: &[TestBin], opts: &VmArgs, host: Option<Row>) ->
         opts.kernels.clone()
     };
     let kernels = kernel::resolve_all(&specs, &dir.join("kernels"))?;
-    let initramfs = initramfs::build(&dir, stall, tests, &VM_SKIP, &kernels)?;
+    let nvml = build::nvml_script_next_to(stall)?;
+    let initramfs = initramfs::build(&dir, stall, &nvml, tests, &VM_SKIP, &kernels)?;
     let harness = qemu::harness_args(&opts.args);
     let mut rows: Vec<Row> = host.into_iter().collect();
     for k in &kernels {

@@ -97,6 +97,8 @@ mod tests {
                 used_mem_bytes: Some(1 << 30),
                 sm_util_pct: Some(util_pct),
             }],
+            power_mw: Some(650_000),
+            power_limit_mw: Some(700_000),
         }
     }
 
@@ -109,6 +111,10 @@ mod tests {
         for expected in &polls {
             assert_eq!(&g.poll(), expected);
         }
+        // Power readings come back as scripted.
+        let mut g2 = FakeGpu::one_per_poll(vec![snap(0, 1, 100.0)]);
+        let got = g2.poll();
+        assert_eq!((got[0].power_mw, got[0].power_limit_mw), (Some(650_000), Some(700_000)));
         assert_eq!(g.remaining(), 0);
         assert!(g.poll().is_empty());
         assert!(g.poll().is_empty());

@@ -14,6 +14,7 @@ mod nvml;
 mod select;
 
 use std::ffi::OsStr;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +61,13 @@ pub struct GpuSnapshot {
     pub mem_total_bytes: u64,
     /// Compute (and graphics) processes running on the device, by pid.
     pub processes: Vec<GpuProcUse>,
+    /// Board power draw at poll time, milliwatts (`nvmlDeviceGetPowerUsage`);
+    /// `None` when the device does not say. Utilization counts time with a
+    /// kernel running, so a spinning collective reads ~100 %; power against
+    /// the limit tells busy from stuck.
+    pub power_mw: Option<u32>,
+    /// Enforced power limit, milliwatts; `None` when the device does not say.
+    pub power_limit_mw: Option<u32>,
 }
 
 /// Something that can be polled for GPU snapshots.
@@ -122,6 +130,12 @@ pub fn open_with_library(select: &GpuSelect, lib: &OsStr) -> Result<Option<Box<d
     }
     let gpu = NvmlGpu::open_with_library(select, lib)?;
     Ok(Some(Box::new(gpu)))
+}
+
+/// The library to load: `path` if given, else [`DEFAULT_NVML_LIB`] (for
+/// `--nvml-lib`).
+pub fn library(path: Option<&Path>) -> &OsStr {
+    path.map_or(OsStr::new(DEFAULT_NVML_LIB), Path::as_os_str)
 }
 
 /// Collapses a message to one line: driver/loader strings are not ours and

@@ -193,6 +193,10 @@ struct DevState {
     /// Per-pid SM utilization of the newest per-process window, carried
     /// over polls that fall between two driver samples.
     proc_util_last: HashMap<u32, f64>,
+    /// `nvmlDeviceGetPowerUsage` usable (cleared on a permanent error).
+    power: bool,
+    /// `nvmlDeviceGetEnforcedPowerLimit` usable (cleared on a permanent error).
+    power_limit: bool,
 }
 
 impl DevState {
@@ -209,6 +213,8 @@ impl DevState {
             last_proc_raw_us: 0,
             last_proc_mono_ns: None,
             proc_util_last: HashMap::new(),
+            power: true,
+            power_limit: true,
         }
     }
 
@@ -240,6 +246,15 @@ impl DevState {
             }
         };
         let processes = self.poll_processes(dev, warnings);
+        let power_mw =
+            read_optional(self.index, &mut self.power, "power draw", || dev.power_usage(), warnings);
+        let power_limit_mw = read_optional(
+            self.index,
+            &mut self.power_limit,
+            "power limit",
+            || dev.enforced_power_limit(),
+            warnings,
+        );
         GpuSnapshot {
             index: self.index,
             name: self.name.clone(),
@@ -247,6 +262,8 @@ impl DevState {
             mem_used_bytes,
             mem_total_bytes,
             processes,
+            power_mw,
+            power_limit_mw,
         }
     }
 
@@ -442,6 +459,30 @@ impl DevState {
             None
         };
         merge_processes(rows, util.as_ref())
+    }
+}
+
+/// One optional reading: `None` (and a warning, once) when it fails, and not
+/// asked again once the device said it never will.
+fn read_optional(
+    index: u32,
+    usable: &mut bool,
+    what: &str,
+    read: impl FnOnce() -> Result<u32, NvmlError>,
+    warnings: &mut Warnings,
+) -> Option<u32> {
+    if !*usable {
+        return None;
+    }
+    match read() {
+        Ok(v) => Some(v),
+        Err(e) => {
+            if is_permanent(&e) {
+                *usable = false;
+            }
+            warnings.warn(format!("GPU {index}: {what} unavailable: {}", reason(&e)));
+            None
+        }
     }
 }
 
@@ -751,6 +792,35 @@ mod tests {
     fn open_refuses_off_and_empty() {
         assert!(matches!(NvmlGpu::open(&GpuSelect::Off), Err(GpuError::BadSelect { .. })));
         assert!(matches!(NvmlGpu::open(&GpuSelect::Indices(vec![])), Err(GpuError::BadSelect { .. })));
+    }
+
+    #[test]
+    fn optional_readings_warn_once_and_stop_when_unsupported() {
+        let mut w = Warnings::default();
+        let mut usable = true;
+        assert_eq!(read_optional(0, &mut usable, "power draw", || Ok(650_000), &mut w), Some(650_000));
+        assert!(w.pending.is_empty());
+        // Transient: None, one warning, asked again next time.
+        for _ in 0..2 {
+            assert_eq!(read_optional(0, &mut usable, "power draw", || Err(NvmlError::Unknown), &mut w), None);
+        }
+        assert!(usable);
+        assert_eq!(w.pending.len(), 1);
+        // Unsupported: never asked again.
+        assert_eq!(
+            read_optional(0, &mut usable, "power draw", || Err(NvmlError::NotSupported), &mut w),
+            None
+        );
+        assert!(!usable);
+        let asked = std::cell::Cell::new(false);
+        let read = || {
+            asked.set(true);
+            Ok(1)
+        };
+        assert_eq!(read_optional(0, &mut usable, "power draw", read, &mut w), None);
+        assert!(!asked.get());
+        assert_eq!(w.pending.len(), 2);
+        assert!(w.pending[1].starts_with("GPU 0: power draw unavailable"), "{:?}", w.pending);
     }
 
     #[test]

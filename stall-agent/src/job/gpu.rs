@@ -84,7 +84,27 @@ pub struct GpuTrack {
     pub pids: HashSet<u32>,
     pub mem_used: u64,
     pub mem_total: u64,
+    /// What each poll said beyond utilization, newest last.
+    readings: VecDeque<Reading>,
+    /// Whole-run sums of the readings that had a value.
+    power_sum_mw: f64,
+    power_n: usize,
+    sm_sum: f64,
+    sm_n: usize,
+    pub power_limit_mw: Option<u32>,
 }
+
+/// One poll's power draw and per-process SM utilization (summed over the
+/// processes on the device), at the newest sample's time.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    ts: u64,
+    power_mw: Option<u32>,
+    sm_pct: Option<f64>,
+}
+
+/// Readings kept per device (one per poll).
+const RECENT_READINGS: usize = 120;
 
 impl GpuTrack {
     pub fn new(index: u32, name: &str) -> Self {
@@ -107,11 +127,38 @@ impl GpuTrack {
         self.pids.extend(s.processes.iter().map(|p| p.pid));
         self.mem_used = s.mem_used_bytes;
         self.mem_total = s.mem_total_bytes;
+        self.power_limit_mw = s.power_limit_mw.or(self.power_limit_mw);
+        let sm = s
+            .processes
+            .iter()
+            .filter_map(|p| p.sm_util_pct)
+            .fold(None, |a: Option<f64>, v| Some(a.unwrap_or(0.0) + v));
+        let Some(ts) = s.samples.iter().map(|x| x.ts_ns).max().or(self.last_ts) else { return };
+        let r = Reading { ts, power_mw: s.power_mw, sm_pct: sm.map(|v| v.min(100.0)) };
+        if let Some(mw) = r.power_mw {
+            self.power_sum_mw += f64::from(mw);
+            self.power_n += 1;
+        }
+        if let Some(v) = r.sm_pct {
+            self.sm_sum += v;
+            self.sm_n += 1;
+        }
+        if self.readings.len() == RECENT_READINGS {
+            self.readings.pop_front();
+        }
+        self.readings.push_back(r);
     }
 
     pub fn window(&self, start_ns: u64, end_ns: u64) -> GpuWindow {
         let samples: Vec<(u64, f64)> = self.recent.iter().copied().collect();
-        verdict::gpu_window(self.index, &self.name, &samples, start_ns, end_ns)
+        let mut w = verdict::gpu_window(self.index, &self.name, &samples, start_ns, end_ns);
+        let inside: Vec<&Reading> =
+            self.readings.iter().filter(|r| r.ts >= start_ns && r.ts <= end_ns).collect();
+        let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        w.power_w = mean(inside.iter().filter_map(|r| r.power_mw).map(|mw| f64::from(mw) / 1e3).collect());
+        w.sm_util_pct = mean(inside.iter().filter_map(|r| r.sm_pct).collect());
+        w.power_limit_w = self.power_limit_mw.map(|mw| f64::from(mw) / 1e3);
+        w
     }
 
     pub fn summary(&self, end_ns: u64) -> GpuWindow {
@@ -124,6 +171,9 @@ impl GpuTrack {
             idle_fraction: if self.n == 0 { 0.0 } else { self.idle as f64 / n },
             samples: self.n,
             max_gap_s: self.max_gap_ns.max(tail) as f64 / 1e9,
+            power_w: (self.power_n > 0).then(|| self.power_sum_mw / self.power_n as f64 / 1e3),
+            power_limit_w: self.power_limit_mw.map(|mw| f64::from(mw) / 1e3),
+            sm_util_pct: (self.sm_n > 0).then(|| self.sm_sum / self.sm_n as f64),
         }
     }
 }

@@ -164,6 +164,8 @@ fn gpu_second(from_s: u64, util: f64) -> GpuSnapshot {
         mem_used_bytes: 1 << 30,
         mem_total_bytes: 141 << 30,
         processes: vec![GpuProcUse { pid: TRAINER, used_mem_bytes: Some(1 << 30), sm_util_pct: Some(util) }],
+        power_mw: Some(80_000 + (util * 6_000.0) as u32),
+        power_limit_mw: Some(700_000),
     }
 }
 
@@ -207,6 +209,10 @@ fn a_busy_gpu_with_a_fed_trainer_is_gpu_busy() {
     assert_eq!(tick.verdict.kind, Kind::GpuBusy, "{:?}", tick.verdict);
     assert!(!tick.verdict.host_only);
     assert!(tick.gpus[0].util_mean_pct > 90.0);
+    let g = &tick.gpus[0];
+    assert!((g.power_w.unwrap() - 662.0).abs() < 1.0, "{g:?}");
+    assert_eq!(g.power_limit_w, Some(700.0));
+    assert!((g.sm_util_pct.unwrap() - 97.0).abs() < 1e-6, "{g:?}");
     assert!(sim.job.devices.contains(&0));
 }
 

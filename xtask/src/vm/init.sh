@@ -34,6 +34,8 @@ ip link set lo up || finish "FAIL cannot bring up lo"
 
 chmod 1777 /tmp
 . /stall/env.sh
+# The GPU tests load a scripted NVML library in place of the driver's.
+[ -f "$STALL_NVML_SCRIPT_LIB" ] || finish "FAIL no scripted NVML library at $STALL_NVML_SCRIPT_LIB"
 
 # The scenario tests throttle their reads with the io cgroup controller,
 # which needs a block device under /var/tmp: a RAM disk (brd), if xtask

@@ -5,7 +5,8 @@
 //! It holds a userland copied from the host rather than built: busybox
 //! (static) for /init's shell and tools, the host's Python with a pruned
 //! standard library for the workloads, setpriv, stall and the test binaries
-//! (debug info stripped), every shared library those need at its host path,
+//! (debug info stripped), the scripted NVML library next to stall, every
+//! shared library those need at its host path,
 //! the tests' workload files at their host paths, since the test binaries
 //! find them through `env!("CARGO_MANIFEST_DIR")`, and each kernel's RAM
 //! disk module: one initramfs serves every kernel.
@@ -39,6 +40,8 @@ const HOST_TOOLS: [(&str, &str); 3] = [
 const WORKSPACE_DATA: [&str; 2] = ["tests", "demo"];
 /// Where stall, the test binaries and /init's settings go in the guest.
 const GUEST_STALL: &str = "stall/bin/stall";
+/// The scripted NVML library the GPU tests load (`STALL_NVML_SCRIPT_LIB`).
+const GUEST_NVML_SCRIPT: &str = "stall/bin/libstall_nvml_script.so";
 const GUEST_TESTS: &str = "stall/tests";
 const GUEST_ENV: &str = "stall/env.sh";
 const GUEST_SKIP: &str = "stall/skip";
@@ -79,6 +82,7 @@ const PY_SKIP_MODULES: [&str; 12] = [
 pub fn build(
     vm_dir: &Path,
     stall: &Path,
+    nvml_script: &Path,
     tests: &[TestBin],
     skip: &[(&str, &str)],
     kernels: &[Kernel],
@@ -87,6 +91,7 @@ pub fn build(
     let stage = Stage::fresh(vm_dir.join("root"))?;
     stage.busybox()?;
     let mut elves = stage.stall_and_tests(stall, tests, skip)?;
+    elves.push(stage.program(nvml_script, GUEST_NVML_SCRIPT, true)?);
     for (tool, package) in HOST_TOOLS {
         require_file(Path::new(tool), package)?;
         elves.push(stage.program(Path::new(tool), tool, false)?);
@@ -113,12 +118,14 @@ pub fn build(
     Ok(cpio)
 }
 
-/// Settings for /init: stall's guest path and the folder cargo would run the
+/// Settings for /init: stall's and the scripted NVML library's guest paths
+/// and the folder cargo would run the
 /// tests in (the tests crate's).
 fn env_script(host_stall: &Path) -> String {
     let tests_dir = cmd::workspace_root().join("tests");
     format!(
-        "# written by xtask/src/vm/initramfs.rs for {}\nexport STALL_BIN=/{GUEST_STALL}\nSTALL_TEST_DIR={}\n",
+        "# written by xtask/src/vm/initramfs.rs for {}\nexport STALL_BIN=/{GUEST_STALL}\n\
+         export STALL_NVML_SCRIPT_LIB=/{GUEST_NVML_SCRIPT}\nSTALL_TEST_DIR={}\n",
         host_stall.display(),
         shell_quote(&tests_dir.to_string_lossy())
     )

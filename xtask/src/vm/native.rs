@@ -18,7 +18,10 @@ pub fn run(stall: &Path, tests: &[TestBin], args: &[String]) -> Result<Row> {
     let (mut passed, mut failed, mut failing) = (0, 0, Vec::new());
     for t in tests {
         let mut test = cmd::command(&t.path);
-        test.args(args).env("STALL_BIN", stall).current_dir(cmd::workspace_root().join("tests"));
+        test.args(args)
+            .env("STALL_BIN", stall)
+            .env("STALL_NVML_SCRIPT_LIB", crate::build::nvml_script_next_to(stall)?)
+            .current_dir(cmd::workspace_root().join("tests"));
         println!("xtask: $ {}", cmd::describe(&test));
         let mut child =
             test.stdout(Stdio::piped()).spawn().with_context(|| format!("starting {}", t.name))?;
