@@ -1,8 +1,8 @@
 //! Kernel records → plain values: ring-buffer events and map snapshots in
 //! the form the (pure) aggregation consumes. Nothing here touches the kernel.
 use stall_common::{
-    event_kind, reason, run_state, CloseEvent, EventHeader, ExecEvent, ExitEvent, FileStats, NewTaskEvent,
-    OpenEvent, ThreadStats, COMM_LEN,
+    counter, event_kind, reason, run_state, CloseEvent, EventHeader, ExecEvent, ExitEvent, FileStats,
+    NewTaskEvent, OpenEvent, ThreadStats, COMM_LEN,
 };
 
 /// Per-thread counters, cumulative since the thread became tracked, with the
@@ -290,7 +290,7 @@ pub struct Snapshot {
     pub files: Vec<FileSnap>,
     pub wakes: Vec<WakeSnap>,
     /// Losses by cause (`stall_common::counter::LOST_NAMES`), cumulative.
-    pub lost: [u64; 5],
+    pub lost: [u64; counter::LOST_CAUSES],
     /// Events handled in the kernel for tracked threads, cumulative.
     pub events: u64,
     /// Switches that did not match the state before (see

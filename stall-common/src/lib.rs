@@ -71,6 +71,8 @@ pub mod counter {
     pub const LOST_FD_MAP: u32 = 2;
     pub const LOST_WAKE_MAP: u32 = 3;
     pub const LOST_PATH: u32 = 4;
+    /// How many loss causes there are: `LOST_*` run from 0 to this.
+    pub const LOST_CAUSES: usize = 5;
     /// Events handled for tracked threads (all hooks): the agent's event rate.
     pub const EVENTS: u32 = 8;
     /// A switch that did not match the state seen before (switched in while
@@ -78,7 +80,7 @@ pub mod counter {
     /// that span's time is unaccounted. Should stay 0.
     pub const SCHED_GAPS: u32 = 9;
     pub const COUNT: u32 = 16;
-    pub const LOST_NAMES: [&str; 5] =
+    pub const LOST_NAMES: [&str; LOST_CAUSES] =
         ["ringbuf_full", "thread_map_full", "fd_map_full", "wake_map_full", "path_unreadable"];
 }
 
@@ -277,7 +279,7 @@ pub mod hook {
     pub const CLOSE: u8 = 3;
 }
 
-/// `Running::tracked`.
+/// `CpuSlot::tracked`.
 pub mod slot_state {
     /// Not looked up yet (cgroup mode: the task may still be adopted).
     pub const UNCHECKED: u8 = 0;
@@ -285,7 +287,7 @@ pub mod slot_state {
     pub const UNTRACKED: u8 = 2;
 }
 
-/// The per-CPU `RUNNING` slot: the task this CPU runs, and — if it is
+/// The per-CPU slot (`CPU_SLOT`): the task this CPU runs, and — if it is
 /// tracked — its in-flight syscall and the read counts not yet added to
 /// `THREADS`/`FILES`. Syscall programs touch only this (an inlined array
 /// access) instead of two or three hash lookups per read; `sched_switch`
@@ -293,7 +295,7 @@ pub mod slot_state {
 /// agent adds the pending counts of every CPU's slot to its snapshots.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Running {
+pub struct CpuSlot {
     pub tid: u32,
     pub tgid: u32,
     pub job: u32,
@@ -361,16 +363,37 @@ pub struct Config {
 }
 
 impl ThreadStats {
-    /// Adds the read counts a `RUNNING` slot holds for this thread: the
+    /// Adds the read counts a CPU slot (`CPU_SLOT`) holds for this thread: the
     /// kernel side when it flushes the slot, the agent when it reads one.
     #[inline(always)]
-    pub fn add_slot_reads(&mut self, r: &Running) {
+    pub fn add_slot_reads(&mut self, r: &CpuSlot) {
         self.file_read_bytes += r.file_read_bytes;
         self.file_read_calls += r.file_read_calls;
         self.file_read_ns += r.file_read_ns;
         self.other_read_bytes += r.other_read_bytes;
         self.other_read_calls += r.other_read_calls;
         self.other_read_ns += r.other_read_ns;
+    }
+}
+
+impl FileStats {
+    /// Adds the per-file counts a CPU slot (`CPU_SLOT`) holds for its cached
+    /// descriptor (`CpuSlot::file_fd`, if it is still `file_id`), each
+    /// through `add`: the kernel side adds atomically when it flushes the
+    /// slot (threads of one process share descriptors), the agent plainly
+    /// when it reads one.
+    #[inline(always)]
+    pub fn add_slot_file_with(&mut self, s: &CpuSlot, mut add: impl FnMut(&mut u64, u64)) {
+        add(&mut self.read_bytes, s.file_bytes);
+        add(&mut self.read_calls, s.file_calls);
+        add(&mut self.read_ns, s.file_ns);
+        add(&mut self.timed_calls, s.file_timed);
+    }
+
+    /// [`FileStats::add_slot_file_with`] with plain additions.
+    #[inline(always)]
+    pub fn add_slot_file(&mut self, s: &CpuSlot) {
+        self.add_slot_file_with(s, |a, v| *a += v);
     }
 }
 
@@ -384,13 +407,22 @@ mod pod {
     unsafe impl aya::Pod for WakeKey {}
     unsafe impl aya::Pod for WakeStats {}
     unsafe impl aya::Pod for Config {}
-    unsafe impl aya::Pod for Running {}
+    unsafe impl aya::Pod for CpuSlot {}
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use core::mem::size_of;
+
+    #[test]
+    fn slot_file_counts_add_every_field() {
+        let s = CpuSlot { file_bytes: 100, file_calls: 3, file_ns: 50, file_timed: 1, ..Default::default() };
+        let mut f =
+            FileStats { read_bytes: 1, read_calls: 1, read_ns: 1, timed_calls: 1, ..Default::default() };
+        f.add_slot_file(&s);
+        assert_eq!((f.read_bytes, f.read_calls, f.read_ns, f.timed_calls), (101, 4, 51, 2));
+    }
 
     // Sizes are fixed so a change on one side cannot silently desync the other,
     // and every struct is a multiple of 8 (ring-buffer reservations need it).
@@ -409,7 +441,7 @@ mod tests {
         assert_eq!(size_of::<Offsets>(), 16);
         assert_eq!(size_of::<Regs>(), 16);
         assert_eq!(size_of::<Config>(), 40);
-        assert_eq!(size_of::<Running>(), 168);
+        assert_eq!(size_of::<CpuSlot>(), 168);
         for s in [
             size_of::<ThreadStats>(),
             size_of::<OpenEvent>(),

@@ -14,8 +14,8 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use stall_common::{
-    counter, event_kind, fd_kind, hook, inflight, syscall_class, CloseEvent, Config, FdKey, FileStats,
-    OpenEvent, Running, PATH_LEN,
+    counter, event_kind, fd_kind, hook, inflight, syscall_class, CloseEvent, Config, CpuSlot, FdKey,
+    FileStats, OpenEvent, PATH_LEN,
 };
 
 use crate::{
@@ -102,7 +102,7 @@ fn reg(regs: u64, off: u16) -> Option<u64> {
 }
 
 #[inline(always)]
-fn opened(cfg: &Config, s: &mut Running, fd: i32) {
+fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32) {
     let key = FdKey { tgid: s.tgid, fd };
     uncache_fd(s, fd);
     // An entry still there for this number (closed without `close`: dup2,
@@ -141,7 +141,7 @@ fn opened(cfg: &Config, s: &mut Running, fd: i32) {
 }
 
 #[inline(always)]
-fn close(cfg: &Config, s: &mut Running, fd: i32) {
+fn close(cfg: &Config, s: &mut CpuSlot, fd: i32) {
     uncache_fd(s, fd);
     let key = FdKey { tgid: s.tgid, fd };
     let Some(stats) = (unsafe { FILES.get(key) }).copied() else {
@@ -152,7 +152,7 @@ fn close(cfg: &Config, s: &mut Running, fd: i32) {
 }
 
 #[inline(always)]
-fn emit_close(cfg: &Config, s: &Running, fd: i32, stats: FileStats) {
+fn emit_close(cfg: &Config, s: &CpuSlot, fd: i32, stats: FileStats) {
     match EVENTS.reserve::<CloseEvent>(0) {
         Some(mut e) => {
             e.write(CloseEvent {
