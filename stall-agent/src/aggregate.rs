@@ -242,6 +242,9 @@ pub struct FileWindow {
     /// Time in the timed reads (one in `--latency-sample`), and how many.
     pub read_ns: u64,
     pub timed_calls: u64,
+    /// Successful writes to it (a log, a checkpoint).
+    pub write_bytes: u64,
+    pub write_calls: u64,
     /// Time the file was open within the window, summed over its opens:
     /// the per-file rate is over this, not over the whole window.
     pub open_ns: u64,
@@ -255,6 +258,8 @@ impl FileWindow {
         self.read_bytes += o.read_bytes;
         self.read_ns += o.read_ns;
         self.timed_calls += o.timed_calls;
+        self.write_bytes += o.write_bytes;
+        self.write_calls += o.write_calls;
         self.open_ns += o.open_ns;
     }
 
@@ -630,6 +635,8 @@ impl Model {
         c.read_bytes += f.total.read_bytes.saturating_sub(f.mark.read_bytes);
         c.read_ns += f.total.read_ns.saturating_sub(f.mark.read_ns);
         c.timed_calls += f.total.timed_calls.saturating_sub(f.mark.timed_calls);
+        c.write_bytes += f.total.write_bytes.saturating_sub(f.mark.write_bytes);
+        c.write_calls += f.total.write_calls.saturating_sub(f.mark.write_calls);
         c.open_ns += close.saturating_sub(f.open_ts.max(self.mark_ns));
         let a = self.archived.entry(key).or_insert_with(fresh);
         a.opens += 1;
@@ -637,6 +644,8 @@ impl Model {
         a.read_bytes += f.total.read_bytes;
         a.read_ns += f.total.read_ns;
         a.timed_calls += f.total.timed_calls;
+        a.write_bytes += f.total.write_bytes;
+        a.write_calls += f.total.write_calls;
         a.open_ns += close.saturating_sub(f.open_ts);
     }
 
@@ -775,18 +784,9 @@ impl Model {
             if f.kind == fd_kind::OTHER {
                 continue;
             }
-            let d = if since_mark {
-                FileCounters {
-                    read_bytes: f.total.read_bytes.saturating_sub(f.mark.read_bytes),
-                    read_calls: f.total.read_calls.saturating_sub(f.mark.read_calls),
-                    read_ns: f.total.read_ns.saturating_sub(f.mark.read_ns),
-                    timed_calls: f.total.timed_calls.saturating_sub(f.mark.timed_calls),
-                }
-            } else {
-                f.total
-            };
+            let d = if since_mark { f.total.saturating_sub(&f.mark) } else { f.total };
             let opened_now = !since_mark || self.opened.contains(&f.file_id);
-            if since_mark && d.read_calls == 0 && !opened_now {
+            if since_mark && d.read_calls == 0 && d.write_calls == 0 && !opened_now {
                 continue;
             }
             let e = by_path.entry((i, f.path.as_str())).or_insert_with(|| FileWindow {
@@ -802,6 +802,8 @@ impl Model {
             e.read_bytes += d.read_bytes;
             e.read_ns += d.read_ns;
             e.timed_calls += d.timed_calls;
+            e.write_bytes += d.write_bytes;
+            e.write_calls += d.write_calls;
         }
         for ((i, _), fw) in by_path {
             procs[i].files.push(fw);
@@ -891,6 +893,7 @@ mod tests {
                 read_calls: calls,
                 read_ns: calls * 10,
                 timed_calls: calls,
+                ..Default::default()
             },
         }
     }
@@ -904,7 +907,7 @@ mod tests {
             tgid: 10,
             fd: 3,
             file_id: 1,
-            counters: FileCounters { read_bytes: 100, read_calls: 2, read_ns: 0, timed_calls: 0 },
+            counters: FileCounters { read_bytes: 100, read_calls: 2, ..Default::default() },
         });
         m.apply(&open(10, 3, 2, "/b"));
         m.apply_snapshot(&Snapshot { ts: 5, files: vec![file_snap(10, 3, 2, 7, 1)], ..Default::default() });
@@ -1037,7 +1040,13 @@ mod tests {
                 path: "/shard".into(),
                 dfd: -100,
             });
-            let counters = FileCounters { read_bytes: 10, read_calls: 2, read_ns: 5, timed_calls: 1 };
+            let counters = FileCounters {
+                read_bytes: 10,
+                read_calls: 2,
+                read_ns: 5,
+                timed_calls: 1,
+                ..Default::default()
+            };
             m.apply(&Event::Close { ts: k + 1, tgid: 10, fd: 3, file_id: k, counters });
             if k % 100 == 99 {
                 let _ = m.interval(k + 1);
@@ -1063,7 +1072,13 @@ mod tests {
                 comm: "w".into(),
             });
             m.apply(&open(pid, 3, u64::from(pid), "/shard"));
-            let fc = FileCounters { read_bytes: 7, read_calls: 1, read_ns: 1, timed_calls: 1 };
+            let fc = FileCounters {
+                read_bytes: 7,
+                read_calls: 1,
+                read_ns: 1,
+                timed_calls: 1,
+                ..Default::default()
+            };
             m.apply(&Event::Close { ts: 2, tgid: pid, fd: 3, file_id: u64::from(pid), counters: fc });
             let counters = ThreadCounters { file_read_bytes: 7, on_cpu_ns: 3, ..Default::default() };
             m.apply(&Event::Exit { ts: 3, tid: pid, tgid: pid, comm: "w".into(), counters, other_nr: -1 });

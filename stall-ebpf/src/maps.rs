@@ -15,7 +15,7 @@ pub static THREADS: HashMap<u32, ThreadStats> = HashMap::with_max_entries(16384,
 pub static CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1024, 0);
 
 /// Open descriptors of tracked processes that were opened with openat (or
-/// were open at attach), with their read counters.
+/// were open at attach), with their read and write counters.
 #[map]
 pub static FILES: HashMap<FdKey, FileStats> = HashMap::with_max_entries(32768, 0);
 

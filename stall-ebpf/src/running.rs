@@ -114,14 +114,9 @@ pub(crate) fn flush_into(s: &mut CpuSlot, t: &mut ThreadStats) {
     t.inflight_kind = s.inflight_kind;
     t.inflight_ts = s.inflight_ts;
     t.inflight_ptr = s.inflight_ptr;
-    t.add_slot_reads(s);
+    t.add_slot_counts(s);
+    s.clear_thread_counts();
     flush_events(s);
-    s.file_read_bytes = 0;
-    s.file_read_calls = 0;
-    s.file_read_ns = 0;
-    s.other_read_bytes = 0;
-    s.other_read_calls = 0;
-    s.other_read_ns = 0;
     flush_file(s);
 }
 
@@ -222,5 +217,40 @@ pub(crate) fn count_read(s: &mut CpuSlot, bytes: u64, lat: Option<u64>) {
         s.other_read_bytes += bytes;
         s.other_read_calls += 1;
         s.other_read_ns += ns;
+    }
+}
+
+/// Counts one finished write-family call on the slot's thread, and on its
+/// descriptor's `FILES` entry if it has one; failed ones (`bytes` 0) not at
+/// all. Writes are rarer than reads: they take the hash lookup instead of
+/// the read path's cached descriptor, and never disturb that cache.
+#[inline(always)]
+pub(crate) fn count_write(s: &mut CpuSlot, bytes: u64) {
+    let fd = s.inflight_fd;
+    s.inflight = inflight::NONE;
+    if bytes == 0 {
+        return;
+    }
+    if fd == 1 || fd == 2 {
+        s.stdio_write_bytes += bytes;
+    }
+    let mut file = false;
+    if let Some(f) = FILES.get_ptr_mut(FdKey { tgid: s.tgid, fd }) {
+        let f = unsafe { &mut *f };
+        if f.kind != fd_kind::OTHER {
+            file = true;
+            // Threads of one process share descriptors: add atomically.
+            unsafe {
+                atomic_add(&mut f.write_bytes, bytes);
+                atomic_add(&mut f.write_calls, 1);
+            }
+        }
+    }
+    if file {
+        s.file_write_bytes += bytes;
+        s.file_write_calls += 1;
+    } else {
+        s.other_write_bytes += bytes;
+        s.other_write_calls += 1;
     }
 }

@@ -469,7 +469,7 @@ impl Capture {
         for r in &slots {
             events += r.events;
             if let Some((_, t)) = threads.iter_mut().find(|(tid, _)| *tid == r.tid) {
-                t.add_slot_reads(r);
+                t.add_slot_counts(r);
             }
             if r.file_calls > 0 {
                 if let Some((_, f)) = files

@@ -333,7 +333,13 @@ mod tests {
                 fd: 3,
                 file_id: 1,
                 kind: 1,
-                counters: FileCounters { read_bytes: 4096, read_calls: 1, read_ns: 10, timed_calls: 1 },
+                counters: FileCounters {
+                    read_bytes: 4096,
+                    read_calls: 1,
+                    read_ns: 10,
+                    timed_calls: 1,
+                    ..Default::default()
+                },
             }],
             ..Default::default()
         });
