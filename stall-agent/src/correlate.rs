@@ -191,6 +191,7 @@ mod tests {
                     read_ns: 1,
                     timed_calls: 1,
                     open_ns: 1,
+                    ..Default::default()
                 }]
             } else {
                 vec![]

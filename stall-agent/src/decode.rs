@@ -1,8 +1,8 @@
 //! Kernel records → plain values: ring-buffer events and map snapshots in
 //! the form the (pure) aggregation consumes. Nothing here touches the kernel.
 use stall_common::{
-    event_kind, reason, run_state, CloseEvent, EventHeader, ExecEvent, ExitEvent, FileStats, NewTaskEvent,
-    OpenEvent, ThreadStats, COMM_LEN,
+    counter, event_kind, reason, run_state, CloseEvent, EventHeader, ExecEvent, ExitEvent, FileStats,
+    NewTaskEvent, OpenEvent, ThreadStats, COMM_LEN,
 };
 
 /// Per-thread counters, cumulative since the thread became tracked, with the
@@ -17,6 +17,14 @@ pub struct ThreadCounters {
     pub other_read_bytes: u64,
     pub other_read_calls: u64,
     pub other_read_ns: u64,
+    /// Successful writes to files (logs, checkpoints), to anything else
+    /// (pipes, sockets, ttys), and to fd 1 or 2 whatever they are (these
+    /// are also in one of the two before): progress signals.
+    pub file_write_bytes: u64,
+    pub file_write_calls: u64,
+    pub other_write_bytes: u64,
+    pub other_write_calls: u64,
+    pub stdio_write_bytes: u64,
     pub wakeups: u64,
 }
 
@@ -35,6 +43,11 @@ impl ThreadCounters {
             other_read_bytes: self.other_read_bytes.saturating_sub(o.other_read_bytes),
             other_read_calls: self.other_read_calls.saturating_sub(o.other_read_calls),
             other_read_ns: self.other_read_ns.saturating_sub(o.other_read_ns),
+            file_write_bytes: self.file_write_bytes.saturating_sub(o.file_write_bytes),
+            file_write_calls: self.file_write_calls.saturating_sub(o.file_write_calls),
+            other_write_bytes: self.other_write_bytes.saturating_sub(o.other_write_bytes),
+            other_write_calls: self.other_write_calls.saturating_sub(o.other_write_calls),
+            stdio_write_bytes: self.stdio_write_bytes.saturating_sub(o.stdio_write_bytes),
             wakeups: self.wakeups.saturating_sub(o.wakeups),
         }
     }
@@ -50,6 +63,11 @@ impl ThreadCounters {
         self.other_read_bytes += o.other_read_bytes;
         self.other_read_calls += o.other_read_calls;
         self.other_read_ns += o.other_read_ns;
+        self.file_write_bytes += o.file_write_bytes;
+        self.file_write_calls += o.file_write_calls;
+        self.other_write_bytes += o.other_write_bytes;
+        self.other_write_calls += o.other_write_calls;
+        self.stdio_write_bytes += o.stdio_write_bytes;
         self.wakeups += o.wakeups;
     }
 
@@ -77,16 +95,21 @@ pub struct FileCounters {
     /// Time in the timed reads, and how many were timed.
     pub read_ns: u64,
     pub timed_calls: u64,
+    /// Successful writes on this descriptor (a log, a checkpoint).
+    pub write_bytes: u64,
+    pub write_calls: u64,
 }
 
 impl FileCounters {
-    /// What was counted since `mark` (an earlier value of the same counters).
-    pub fn saturating_sub(&self, mark: &Self) -> Self {
+    /// What was counted since `o` (an earlier value of the same counters).
+    pub fn saturating_sub(&self, o: &Self) -> Self {
         Self {
-            read_bytes: self.read_bytes.saturating_sub(mark.read_bytes),
-            read_calls: self.read_calls.saturating_sub(mark.read_calls),
-            read_ns: self.read_ns.saturating_sub(mark.read_ns),
-            timed_calls: self.timed_calls.saturating_sub(mark.timed_calls),
+            read_bytes: self.read_bytes.saturating_sub(o.read_bytes),
+            read_calls: self.read_calls.saturating_sub(o.read_calls),
+            read_ns: self.read_ns.saturating_sub(o.read_ns),
+            timed_calls: self.timed_calls.saturating_sub(o.timed_calls),
+            write_bytes: self.write_bytes.saturating_sub(o.write_bytes),
+            write_calls: self.write_calls.saturating_sub(o.write_calls),
         }
     }
 }
@@ -98,6 +121,8 @@ impl From<&FileStats> for FileCounters {
             read_calls: s.read_calls,
             read_ns: s.read_ns,
             timed_calls: s.timed_calls,
+            write_bytes: s.write_bytes,
+            write_calls: s.write_calls,
         }
     }
 }
@@ -205,6 +230,11 @@ pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
         other_read_bytes: s.other_read_bytes,
         other_read_calls: s.other_read_calls,
         other_read_ns: s.other_read_ns,
+        file_write_bytes: s.file_write_bytes,
+        file_write_calls: s.file_write_calls,
+        other_write_bytes: s.other_write_bytes,
+        other_write_calls: s.other_write_calls,
+        stdio_write_bytes: s.stdio_write_bytes,
         wakeups: s.wakeups,
     };
     let since = now.saturating_sub(s.last_ts);
@@ -259,6 +289,53 @@ mod tests {
     }
 
     #[test]
+    fn close_and_exit_carry_write_counts() {
+        let stats =
+            FileStats { file_id: 9, read_bytes: 5, write_bytes: 4097, write_calls: 3, ..Default::default() };
+        let e = CloseEvent {
+            hdr: EventHeader { kind: event_kind::CLOSE, tid: 11, tgid: 10, job: 1, ts: 5 },
+            fd: 4,
+            _pad: 0,
+            stats,
+        };
+        match decode(&bytes(&e)).unwrap().1 {
+            Event::Close { counters, file_id, .. } => {
+                assert_eq!(file_id, 9);
+                assert_eq!((counters.read_bytes, counters.write_bytes, counters.write_calls), (5, 4097, 3));
+            }
+            other => panic!("{other:?}"),
+        }
+        let t = ThreadStats {
+            file_write_bytes: 10,
+            file_write_calls: 2,
+            other_write_bytes: 7,
+            other_write_calls: 1,
+            stdio_write_bytes: 7,
+            ..Default::default()
+        };
+        let (c, _) = fold(&t, 0);
+        assert_eq!(
+            (
+                c.file_write_bytes,
+                c.file_write_calls,
+                c.other_write_bytes,
+                c.other_write_calls,
+                c.stdio_write_bytes
+            ),
+            (10, 2, 7, 1, 7)
+        );
+        let later = ThreadCounters { file_write_bytes: 25, stdio_write_bytes: 9, ..c };
+        let d = later.saturating_sub(&c);
+        assert_eq!((d.file_write_bytes, d.stdio_write_bytes, d.other_write_bytes), (15, 2, 0));
+        let f1 = FileCounters::from(&stats);
+        let f2 = FileCounters { write_bytes: 5000, write_calls: 4, ..f1 };
+        assert_eq!(
+            f2.saturating_sub(&f1),
+            FileCounters { write_bytes: 903, write_calls: 1, ..Default::default() }
+        );
+    }
+
+    #[test]
     fn rejects_short_and_unknown() {
         assert_eq!(decode(&[0; 4]), Err(DecodeError::Short(4)));
         let h = EventHeader { kind: 99, ..Default::default() };
@@ -302,7 +379,7 @@ pub struct Snapshot {
     pub files: Vec<FileSnap>,
     pub wakes: Vec<WakeSnap>,
     /// Losses by cause (`stall_common::counter::LOST_NAMES`), cumulative.
-    pub lost: [u64; 5],
+    pub lost: [u64; counter::LOST_CAUSES],
     /// Events handled in the kernel for tracked threads, cumulative.
     pub events: u64,
     /// Switches that did not match the state before (see

@@ -62,6 +62,8 @@ pub mod inflight {
     pub const NONE: u32 = 0;
     pub const READ: u32 = 1;
     pub const OPEN: u32 = 2;
+    /// write-family: counted at exit on the descriptor's `FILES` entry.
+    pub const WRITE: u32 = 3;
 }
 
 /// Indices into the per-CPU `COUNTERS` array: losses by cause, and totals.
@@ -71,6 +73,8 @@ pub mod counter {
     pub const LOST_FD_MAP: u32 = 2;
     pub const LOST_WAKE_MAP: u32 = 3;
     pub const LOST_PATH: u32 = 4;
+    /// How many loss causes there are: `LOST_*` run from 0 to this.
+    pub const LOST_CAUSES: usize = 5;
     /// Events handled for tracked threads (all hooks): the agent's event rate.
     pub const EVENTS: u32 = 8;
     /// A switch that did not match the state seen before (switched in while
@@ -78,7 +82,7 @@ pub mod counter {
     /// that span's time is unaccounted. Should stay 0.
     pub const SCHED_GAPS: u32 = 9;
     pub const COUNT: u32 = 16;
-    pub const LOST_NAMES: [&str; 5] =
+    pub const LOST_NAMES: [&str; LOST_CAUSES] =
         ["ringbuf_full", "thread_map_full", "fd_map_full", "wake_map_full", "path_unreadable"];
 }
 
@@ -99,6 +103,17 @@ pub struct ThreadStats {
     pub other_read_bytes: u64,
     pub other_read_calls: u64,
     pub other_read_ns: u64,
+    /// Successful write-family calls (bytes as returned) on descriptors
+    /// counted as files (`fd_kind::UNKNOWN`/`REGULAR` in `FILES`): logs,
+    /// checkpoints. Progress signals, never I/O waits.
+    pub file_write_bytes: u64,
+    pub file_write_calls: u64,
+    /// Writes to anything else: pipes, sockets, ttys, untracked descriptors.
+    pub other_write_bytes: u64,
+    pub other_write_calls: u64,
+    /// Writes to fd 1 or 2, whatever they point to (also counted above as
+    /// file or other): a log printed to stdout is progress.
+    pub stdio_write_bytes: u64,
     pub wakeups: u64,
     /// Switch-in time while running, switch-out time while off-CPU
     /// (CLOCK_MONOTONIC ns, as `bpf_ktime_get_ns`).
@@ -142,6 +157,9 @@ pub struct FileStats {
     /// a read's accounting); `timed_calls` counts them.
     pub read_ns: u64,
     pub timed_calls: u64,
+    /// Successful write-family calls on this descriptor, and their bytes.
+    pub write_bytes: u64,
+    pub write_calls: u64,
     pub kind: u32,
     pub _pad: u32,
 }
@@ -275,9 +293,11 @@ pub mod hook {
     pub const READ: u8 = 1;
     pub const OPENAT: u8 = 2;
     pub const CLOSE: u8 = 3;
+    /// write, pwrite64, writev, pwritev, pwritev2 (fd is argument 0 of each).
+    pub const WRITE: u8 = 4;
 }
 
-/// `Running::tracked`.
+/// `CpuSlot::tracked`.
 pub mod slot_state {
     /// Not looked up yet (cgroup mode: the task may still be adopted).
     pub const UNCHECKED: u8 = 0;
@@ -285,7 +305,7 @@ pub mod slot_state {
     pub const UNTRACKED: u8 = 2;
 }
 
-/// The per-CPU `RUNNING` slot: the task this CPU runs, and — if it is
+/// The per-CPU slot (`CPU_SLOT`): the task this CPU runs, and — if it is
 /// tracked — its in-flight syscall and the read counts not yet added to
 /// `THREADS`/`FILES`. Syscall programs touch only this (an inlined array
 /// access) instead of two or three hash lookups per read; `sched_switch`
@@ -293,7 +313,7 @@ pub mod slot_state {
 /// agent adds the pending counts of every CPU's slot to its snapshots.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Running {
+pub struct CpuSlot {
     pub tid: u32,
     pub tgid: u32,
     pub job: u32,
@@ -333,7 +353,13 @@ pub struct Running {
     pub other_read_bytes: u64,
     pub other_read_calls: u64,
     pub other_read_ns: u64,
-    /// Pending: added to `FILES[(tgid, file_fd)]` if it is still `file_id`.
+    pub file_write_bytes: u64,
+    pub file_write_calls: u64,
+    pub other_write_bytes: u64,
+    pub other_write_calls: u64,
+    pub stdio_write_bytes: u64,
+    /// Pending: added to `FILES[(tgid, file_fd)]` if it is still `file_id`
+    /// (reads only: writes go to `FILES` at once, see `inflight::WRITE`).
     pub file_bytes: u64,
     pub file_calls: u64,
     pub file_ns: u64,
@@ -361,16 +387,61 @@ pub struct Config {
 }
 
 impl ThreadStats {
-    /// Adds the read counts a `RUNNING` slot holds for this thread: the
-    /// kernel side when it flushes the slot, the agent when it reads one.
+    /// Adds the read and write counts a CPU slot (`CPU_SLOT`) holds for
+    /// this thread: the kernel side when it flushes the slot (then
+    /// [`CpuSlot::clear_thread_counts`]), the agent when it reads one.
     #[inline(always)]
-    pub fn add_slot_reads(&mut self, r: &Running) {
+    pub fn add_slot_counts(&mut self, r: &CpuSlot) {
         self.file_read_bytes += r.file_read_bytes;
         self.file_read_calls += r.file_read_calls;
         self.file_read_ns += r.file_read_ns;
         self.other_read_bytes += r.other_read_bytes;
         self.other_read_calls += r.other_read_calls;
         self.other_read_ns += r.other_read_ns;
+        self.file_write_bytes += r.file_write_bytes;
+        self.file_write_calls += r.file_write_calls;
+        self.other_write_bytes += r.other_write_bytes;
+        self.other_write_calls += r.other_write_calls;
+        self.stdio_write_bytes += r.stdio_write_bytes;
+    }
+}
+
+impl CpuSlot {
+    /// Zeroes what [`ThreadStats::add_slot_counts`] adds.
+    #[inline(always)]
+    pub fn clear_thread_counts(&mut self) {
+        self.file_read_bytes = 0;
+        self.file_read_calls = 0;
+        self.file_read_ns = 0;
+        self.other_read_bytes = 0;
+        self.other_read_calls = 0;
+        self.other_read_ns = 0;
+        self.file_write_bytes = 0;
+        self.file_write_calls = 0;
+        self.other_write_bytes = 0;
+        self.other_write_calls = 0;
+        self.stdio_write_bytes = 0;
+    }
+}
+
+impl FileStats {
+    /// Adds the per-file counts a CPU slot (`CPU_SLOT`) holds for its cached
+    /// descriptor (`CpuSlot::file_fd`, if it is still `file_id`), each
+    /// through `add`: the kernel side adds atomically when it flushes the
+    /// slot (threads of one process share descriptors), the agent plainly
+    /// when it reads one.
+    #[inline(always)]
+    pub fn add_slot_file_with(&mut self, s: &CpuSlot, mut add: impl FnMut(&mut u64, u64)) {
+        add(&mut self.read_bytes, s.file_bytes);
+        add(&mut self.read_calls, s.file_calls);
+        add(&mut self.read_ns, s.file_ns);
+        add(&mut self.timed_calls, s.file_timed);
+    }
+
+    /// [`FileStats::add_slot_file_with`] with plain additions.
+    #[inline(always)]
+    pub fn add_slot_file(&mut self, s: &CpuSlot) {
+        self.add_slot_file_with(s, |a, v| *a += v);
     }
 }
 
@@ -384,7 +455,7 @@ mod pod {
     unsafe impl aya::Pod for WakeKey {}
     unsafe impl aya::Pod for WakeStats {}
     unsafe impl aya::Pod for Config {}
-    unsafe impl aya::Pod for Running {}
+    unsafe impl aya::Pod for CpuSlot {}
 }
 
 #[cfg(test)]
@@ -392,24 +463,67 @@ mod tests {
     use super::*;
     use core::mem::size_of;
 
+    #[test]
+    fn slot_file_counts_add_every_field() {
+        let s = CpuSlot { file_bytes: 100, file_calls: 3, file_ns: 50, file_timed: 1, ..Default::default() };
+        let mut f =
+            FileStats { read_bytes: 1, read_calls: 1, read_ns: 1, timed_calls: 1, ..Default::default() };
+        f.add_slot_file(&s);
+        assert_eq!((f.read_bytes, f.read_calls, f.read_ns, f.timed_calls), (101, 4, 51, 2));
+    }
+
+    #[test]
+    fn slot_thread_counts_add_and_clear() {
+        let mut s = CpuSlot {
+            file_read_bytes: 5,
+            other_read_calls: 1,
+            file_write_bytes: 100,
+            file_write_calls: 2,
+            other_write_bytes: 30,
+            other_write_calls: 1,
+            stdio_write_bytes: 30,
+            ..Default::default()
+        };
+        let mut t = ThreadStats { file_write_bytes: 1, ..Default::default() };
+        t.add_slot_counts(&s);
+        assert_eq!((t.file_read_bytes, t.other_read_calls), (5, 1));
+        assert_eq!(
+            (
+                t.file_write_bytes,
+                t.file_write_calls,
+                t.other_write_bytes,
+                t.other_write_calls,
+                t.stdio_write_bytes
+            ),
+            (101, 2, 30, 1, 30)
+        );
+        s.clear_thread_counts();
+        let mut z = ThreadStats::default();
+        z.add_slot_counts(&s);
+        assert_eq!(
+            (z.file_read_bytes, z.file_write_bytes, z.stdio_write_bytes, z.other_write_calls),
+            (0, 0, 0, 0)
+        );
+    }
+
     // Sizes are fixed so a change on one side cannot silently desync the other,
     // and every struct is a multiple of 8 (ring-buffer reservations need it).
     #[test]
     fn layouts_have_no_hidden_padding() {
-        assert_eq!(size_of::<ThreadStats>(), 4 * 2 + 8 + 8 * 6 + 8 * 9 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8);
+        assert_eq!(size_of::<ThreadStats>(), 4 * 2 + 8 + 8 * 6 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8);
         assert_eq!(size_of::<FdKey>(), 8);
-        assert_eq!(size_of::<FileStats>(), 48);
+        assert_eq!(size_of::<FileStats>(), 64);
         assert_eq!(size_of::<WakeKey>(), 8);
         assert_eq!(size_of::<WakeStats>(), 32);
         assert_eq!(size_of::<EventHeader>(), 24);
         assert_eq!(size_of::<OpenEvent>(), 24 + 8 + 16 + PATH_LEN);
         assert_eq!(size_of::<NewTaskEvent>(), 24 + 8 + 8 + 16);
         assert_eq!(size_of::<ExitEvent>(), 24 + size_of::<ThreadStats>() + 16);
-        assert_eq!(size_of::<CloseEvent>(), 24 + 8 + 48);
+        assert_eq!(size_of::<CloseEvent>(), 24 + 8 + 64);
         assert_eq!(size_of::<Offsets>(), 16);
         assert_eq!(size_of::<Regs>(), 16);
         assert_eq!(size_of::<Config>(), 40);
-        assert_eq!(size_of::<Running>(), 168);
+        assert_eq!(size_of::<CpuSlot>(), 208);
         for s in [
             size_of::<ThreadStats>(),
             size_of::<OpenEvent>(),

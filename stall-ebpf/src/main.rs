@@ -3,7 +3,7 @@
 //! Every program starts with the target filter. The scheduler and task
 //! programs look the current tid up in `THREADS` (plus, in cgroup mode, the
 //! current cgroup id in `CGROUPS`). The syscall programs, which run for
-//! every syscall of the machine, check the per-CPU `RUNNING` slot that
+//! every syscall of the machine, check the per-CPU slot (`CPU_SLOT`) that
 //! `sched_switch` filled for the task it switched in (see running.rs): no
 //! hash lookup per syscall. Tracked threads are aggregated in place
 //! (per-thread counters in `THREADS`, per-descriptor counters in `FILES`,

@@ -4,7 +4,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use stall_common::{counter, syscall_class, FdKey, FileStats, Running, ThreadStats, WakeKey, WakeStats};
+use stall_common::{counter, syscall_class, CpuSlot, FdKey, FileStats, ThreadStats, WakeKey, WakeStats};
 
 /// Tracked threads by tid. Being here is what "tracked" means.
 #[map]
@@ -15,7 +15,7 @@ pub static THREADS: HashMap<u32, ThreadStats> = HashMap::with_max_entries(16384,
 pub static CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1024, 0);
 
 /// Open descriptors of tracked processes that were opened with openat (or
-/// were open at attach), with their read counters.
+/// were open at attach), with their read and write counters.
 #[map]
 pub static FILES: HashMap<FdKey, FileStats> = HashMap::with_max_entries(32768, 0);
 
@@ -31,9 +31,9 @@ pub static SYSCALL_CLASS: Array<u8> = Array::with_max_entries(syscall_class::TAB
 #[map]
 pub static HOOKS: Array<u8> = Array::with_max_entries(syscall_class::TABLE_LEN, 0);
 
-/// What each CPU runs now, with the hot per-thread state (see `Running`).
+/// What each CPU runs now, with the hot per-thread state (see `CpuSlot`).
 #[map]
-pub static RUNNING: PerCpuArray<Running> = PerCpuArray::with_max_entries(1, 0);
+pub static CPU_SLOT: PerCpuArray<CpuSlot> = PerCpuArray::with_max_entries(1, 0);
 
 /// Bumped by the agent whenever it changes `THREADS`, `FILES` or `CGROUPS`
 /// itself: a slot filled under an older value is looked up again.

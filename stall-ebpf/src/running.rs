@@ -1,4 +1,4 @@
-//! The per-CPU `RUNNING` slot: which task this CPU runs and, for a tracked
+//! The per-CPU slot (`CPU_SLOT`): which task this CPU runs and, for a tracked
 //! one, its hot state (in-flight syscall, read counts, the last descriptor
 //! read). Syscall programs work on the slot alone; `sched_switch` loads it
 //! from `THREADS` when a tracked task comes in and adds it back when the
@@ -6,16 +6,16 @@
 //! switch, or the agent changed what is tracked: `TRACK_GEN`) is looked up
 //! again, so a stale slot costs a lookup, never a wrong count.
 use aya_ebpf::helpers::bpf_probe_read_kernel;
-use stall_common::{counter, fd_kind, inflight, slot_state, Config, FdKey, Running, ThreadStats};
+use stall_common::{counter, fd_kind, inflight, slot_state, Config, CpuSlot, FdKey, ThreadStats};
 
 use crate::{
     atomic_add, bump_by, current, ids,
-    maps::{FILES, RUNNING, THREADS, TRACK_GEN},
+    maps::{CPU_SLOT, FILES, THREADS, TRACK_GEN},
 };
 
 #[inline(always)]
-pub(crate) fn slot() -> Option<&'static mut Running> {
-    RUNNING.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+pub(crate) fn slot() -> Option<&'static mut CpuSlot> {
+    CPU_SLOT.get_ptr_mut(0).map(|p| unsafe { &mut *p })
 }
 
 #[inline(always)]
@@ -25,9 +25,9 @@ pub(crate) fn generation() -> u32 {
 
 /// The slot of the current task if it is tracked, looked up again if it
 /// was filled for another task or an older generation. `regs` is the
-/// raw syscall tracepoint's register pointer (see `Running::regs`).
+/// raw syscall tracepoint's register pointer (see `CpuSlot::regs`).
 #[inline(always)]
-pub(crate) fn tracked_slot(cfg: &Config, regs: u64) -> Option<&'static mut Running> {
+pub(crate) fn tracked_slot(cfg: &Config, regs: u64) -> Option<&'static mut CpuSlot> {
     let s = slot()?;
     let gen = generation();
     if s.regs != regs || s.gen != gen || s.tracked == slot_state::UNCHECKED {
@@ -52,7 +52,7 @@ pub(crate) fn tracked_slot(cfg: &Config, regs: u64) -> Option<&'static mut Runni
 }
 
 #[inline(always)]
-fn refill(s: &mut Running, tid: u32, tgid: u32, gen: u32, cfg: &Config) {
+fn refill(s: &mut CpuSlot, tid: u32, tgid: u32, gen: u32, cfg: &Config) {
     if s.tracked == slot_state::TRACKED {
         flush(s);
     }
@@ -64,9 +64,9 @@ fn refill(s: &mut Running, tid: u32, tgid: u32, gen: u32, cfg: &Config) {
 
 /// Fills the slot for a tracked task coming on-CPU.
 #[inline(always)]
-pub(crate) fn load(s: &mut Running, tid: u32, tgid: u32, t: &ThreadStats, gen: u32) {
+pub(crate) fn load(s: &mut CpuSlot, tid: u32, tgid: u32, t: &ThreadStats, gen: u32) {
     let rng = s.rng;
-    *s = Running {
+    *s = CpuSlot {
         rng,
         tid,
         tgid: if t.tgid != 0 { t.tgid } else { tgid },
@@ -84,7 +84,7 @@ pub(crate) fn load(s: &mut Running, tid: u32, tgid: u32, t: &ThreadStats, gen: u
 }
 
 #[inline(always)]
-pub(crate) fn set_untracked(s: &mut Running, tid: u32, gen: u32, state: u8) {
+pub(crate) fn set_untracked(s: &mut CpuSlot, tid: u32, gen: u32, state: u8) {
     s.tid = tid;
     s.regs = 0;
     s.gen = gen;
@@ -94,7 +94,7 @@ pub(crate) fn set_untracked(s: &mut Running, tid: u32, gen: u32, state: u8) {
 
 /// Adds the slot's pending state to its thread (looked up) and file.
 #[inline(always)]
-pub(crate) fn flush(s: &mut Running) {
+pub(crate) fn flush(s: &mut CpuSlot) {
     match THREADS.get_ptr_mut(s.tid) {
         Some(t) => flush_into(s, unsafe { &mut *t }),
         None => {
@@ -108,26 +108,21 @@ pub(crate) fn flush(s: &mut Running) {
 
 /// Adds the slot's pending state to `t`, the slot task's `THREADS` entry.
 #[inline(always)]
-pub(crate) fn flush_into(s: &mut Running, t: &mut ThreadStats) {
+pub(crate) fn flush_into(s: &mut CpuSlot, t: &mut ThreadStats) {
     t.inflight = s.inflight;
     t.inflight_fd = s.inflight_fd;
     t.inflight_kind = s.inflight_kind;
     t.inflight_ts = s.inflight_ts;
     t.inflight_ptr = s.inflight_ptr;
-    t.add_slot_reads(s);
+    t.add_slot_counts(s);
+    s.clear_thread_counts();
     flush_events(s);
-    s.file_read_bytes = 0;
-    s.file_read_calls = 0;
-    s.file_read_ns = 0;
-    s.other_read_bytes = 0;
-    s.other_read_calls = 0;
-    s.other_read_ns = 0;
     flush_file(s);
 }
 
 /// Adds the pending program runs to the per-CPU `counter::EVENTS`.
 #[inline(always)]
-fn flush_events(s: &mut Running) {
+fn flush_events(s: &mut CpuSlot) {
     if s.events != 0 {
         bump_by(counter::EVENTS, s.events);
         s.events = 0;
@@ -138,20 +133,16 @@ fn flush_events(s: &mut Running) {
 /// names the same open (another thread may have closed and reused the
 /// number meanwhile: those few reads then lose their file, not their bytes).
 #[inline(always)]
-pub(crate) fn flush_file(s: &mut Running) {
+pub(crate) fn flush_file(s: &mut CpuSlot) {
     if s.file_calls == 0 {
         return;
     }
     let key = FdKey { tgid: s.tgid, fd: s.file_fd };
     if let Some(f) = FILES.get_ptr_mut(key) {
-        if unsafe { (*f).file_id } == s.file_id {
+        let f = unsafe { &mut *f };
+        if f.file_id == s.file_id {
             // Threads of one process share descriptors: add atomically.
-            unsafe {
-                atomic_add(&mut (*f).read_bytes, s.file_bytes);
-                atomic_add(&mut (*f).read_calls, s.file_calls);
-                atomic_add(&mut (*f).read_ns, s.file_ns);
-                atomic_add(&mut (*f).timed_calls, s.file_timed);
-            }
+            f.add_slot_file_with(s, |p, v| unsafe { atomic_add(p, v) });
         }
     }
     s.file_bytes = 0;
@@ -162,7 +153,7 @@ pub(crate) fn flush_file(s: &mut Running) {
 
 /// Makes `fd` the slot's cached descriptor: what it is, from `FILES`.
 #[inline(always)]
-pub(crate) fn cache_fd(s: &mut Running, fd: i32) {
+pub(crate) fn cache_fd(s: &mut CpuSlot, fd: i32) {
     flush_file(s);
     s.file_fd = fd;
     match unsafe { FILES.get(FdKey { tgid: s.tgid, fd }) } {
@@ -179,7 +170,7 @@ pub(crate) fn cache_fd(s: &mut Running, fd: i32) {
 
 /// Forgets the cached descriptor (it is being closed or replaced).
 #[inline(always)]
-pub(crate) fn uncache_fd(s: &mut Running, fd: i32) {
+pub(crate) fn uncache_fd(s: &mut CpuSlot, fd: i32) {
     if s.file_fd == fd {
         flush_file(s);
         s.file_fd = -1;
@@ -189,7 +180,7 @@ pub(crate) fn uncache_fd(s: &mut Running, fd: i32) {
 /// Whether the read starting now is timed: a random one in
 /// `latency_mask + 1` (xorshift32 in the slot: no helper call).
 #[inline(always)]
-pub(crate) fn time_this_read(s: &mut Running, cfg: &Config) -> bool {
+pub(crate) fn time_this_read(s: &mut CpuSlot, cfg: &Config) -> bool {
     let mut x = s.rng;
     if x == 0 {
         x = 0x9e37_79b9 ^ s.tid;
@@ -204,7 +195,7 @@ pub(crate) fn time_this_read(s: &mut Running, cfg: &Config) -> bool {
 /// Counts one finished read on the slot; `lat` is its duration if it was
 /// timed.
 #[inline(always)]
-pub(crate) fn count_read(s: &mut Running, bytes: u64, lat: Option<u64>) {
+pub(crate) fn count_read(s: &mut CpuSlot, bytes: u64, lat: Option<u64>) {
     let fd = s.inflight_fd;
     s.inflight = inflight::NONE;
     if s.file_fd != fd {
@@ -226,5 +217,40 @@ pub(crate) fn count_read(s: &mut Running, bytes: u64, lat: Option<u64>) {
         s.other_read_bytes += bytes;
         s.other_read_calls += 1;
         s.other_read_ns += ns;
+    }
+}
+
+/// Counts one finished write-family call on the slot's thread, and on its
+/// descriptor's `FILES` entry if it has one; failed ones (`bytes` 0) not at
+/// all. Writes are rarer than reads: they take the hash lookup instead of
+/// the read path's cached descriptor, and never disturb that cache.
+#[inline(always)]
+pub(crate) fn count_write(s: &mut CpuSlot, bytes: u64) {
+    let fd = s.inflight_fd;
+    s.inflight = inflight::NONE;
+    if bytes == 0 {
+        return;
+    }
+    if fd == 1 || fd == 2 {
+        s.stdio_write_bytes += bytes;
+    }
+    let mut file = false;
+    if let Some(f) = FILES.get_ptr_mut(FdKey { tgid: s.tgid, fd }) {
+        let f = unsafe { &mut *f };
+        if f.kind != fd_kind::OTHER {
+            file = true;
+            // Threads of one process share descriptors: add atomically.
+            unsafe {
+                atomic_add(&mut f.write_bytes, bytes);
+                atomic_add(&mut f.write_calls, 1);
+            }
+        }
+    }
+    if file {
+        s.file_write_bytes += bytes;
+        s.file_write_calls += 1;
+    } else {
+        s.other_write_bytes += bytes;
+        s.other_write_calls += 1;
     }
 }

@@ -1,6 +1,8 @@
-//! File reads, on the raw syscall tracepoints: `openat` names a descriptor,
-//! the read family (read, pread64, readv, preadv, preadv2) counts bytes,
-//! calls and latency on it, `close` retires it.
+//! File reads and writes, on the raw syscall tracepoints: `openat` names a
+//! descriptor, the read family (read, pread64, readv, preadv, preadv2)
+//! counts bytes, calls and latency on it, the write family (write,
+//! pwrite64, writev, pwritev, pwritev2) bytes and calls (progress signals:
+//! a log or a checkpoint growing), `close` retires it.
 //!
 //! `raw_syscalls:sys_enter`/`sys_exit` rather than one `syscalls:*` event
 //! per syscall: the per-syscall events cost a perf record per call (about
@@ -14,15 +16,15 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use stall_common::{
-    counter, event_kind, fd_kind, hook, inflight, syscall_class, CloseEvent, Config, FdKey, FileStats,
-    OpenEvent, Running, PATH_LEN,
+    counter, event_kind, fd_kind, hook, inflight, syscall_class, CloseEvent, Config, CpuSlot, FdKey,
+    FileStats, OpenEvent, PATH_LEN,
 };
 
 use crate::{
     bump, config,
     maps::{EVENTS, FILES, FILE_SEQ, HOOKS},
     now,
-    running::{count_read, time_this_read, tracked_slot, uncache_fd},
+    running::{count_read, count_write, time_this_read, tracked_slot, uncache_fd},
     submit_flags,
     task::header,
 };
@@ -62,6 +64,10 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
             s.inflight_ptr = reg(regs, r.arg1).unwrap_or(0);
             s.inflight_kind = reg(regs, r.arg2).unwrap_or(0) as u32;
         }
+        hook::WRITE => {
+            s.inflight = inflight::WRITE;
+            s.inflight_fd = arg0 as i32;
+        }
         hook::CLOSE => close(&cfg, s, arg0 as i32),
         _ => {}
     }
@@ -86,6 +92,8 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     if what == inflight::READ {
         let lat = if s.inflight_ts != 0 { Some(now().saturating_sub(s.inflight_ts)) } else { None };
         count_read(s, if ret > 0 { ret as u64 } else { 0 }, lat);
+    } else if what == inflight::WRITE {
+        count_write(s, if ret > 0 { ret as u64 } else { 0 });
     } else if what == inflight::OPEN {
         s.inflight = inflight::NONE;
         if ret >= 0 {
@@ -102,7 +110,7 @@ fn reg(regs: u64, off: u16) -> Option<u64> {
 }
 
 #[inline(always)]
-fn opened(cfg: &Config, s: &mut Running, fd: i32) {
+fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32) {
     let key = FdKey { tgid: s.tgid, fd };
     uncache_fd(s, fd);
     // An entry still there for this number (closed without `close`: dup2,
@@ -141,7 +149,7 @@ fn opened(cfg: &Config, s: &mut Running, fd: i32) {
 }
 
 #[inline(always)]
-fn close(cfg: &Config, s: &mut Running, fd: i32) {
+fn close(cfg: &Config, s: &mut CpuSlot, fd: i32) {
     uncache_fd(s, fd);
     let key = FdKey { tgid: s.tgid, fd };
     let Some(stats) = (unsafe { FILES.get(key) }).copied() else {
@@ -152,7 +160,7 @@ fn close(cfg: &Config, s: &mut Running, fd: i32) {
 }
 
 #[inline(always)]
-fn emit_close(cfg: &Config, s: &Running, fd: i32, stats: FileStats) {
+fn emit_close(cfg: &Config, s: &CpuSlot, fd: i32, stats: FileStats) {
     match EVENTS.reserve::<CloseEvent>(0) {
         Some(mut e) => {
             e.write(CloseEvent {

@@ -160,6 +160,17 @@ impl Run {
 
 /// Runs stall with `args`, JSON Lines into a file, and a hard timeout.
 pub fn stall(args: &[&str], env: &[(&str, &Path)], timeout: Duration) -> Run {
+    stall_with_stdout(args, env, timeout, None)
+}
+
+/// [`stall`], with stall's stdout (which `stall run` hands to the command)
+/// going to the file `stdout` instead of a pipe; `Run::stdout` is then empty.
+pub fn stall_with_stdout(
+    args: &[&str],
+    env: &[(&str, &Path)],
+    timeout: Duration,
+    stdout: Option<&Path>,
+) -> Run {
     require_root();
     let json = tempfile_path("json");
     let mut cmd = Command::new(stall_bin());
@@ -168,7 +179,13 @@ pub fn stall(args: &[&str], env: &[(&str, &Path)], timeout: Duration) -> Run {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = run_with_timeout(cmd, timeout);
+    let out = match stdout {
+        None => run_with_timeout(cmd, timeout),
+        Some(path) => {
+            cmd.stdout(std::fs::File::create(path).expect("stdout file"));
+            run_with_timeout_as_is(cmd, timeout)
+        }
+    };
     let text = std::fs::read_to_string(&json).unwrap_or_default();
     let _ = std::fs::remove_file(&json);
     let records = text.lines().map(|l| serde_json::from_str(l).expect("each JSON line parses")).collect();
@@ -192,8 +209,13 @@ pub fn tempfile_path(tag: &str) -> PathBuf {
 
 /// Runs a command; kills it (by its own PID) if it outlives `timeout`.
 pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Output {
-    let child =
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    cmd.stdout(Stdio::piped());
+    run_with_timeout_as_is(cmd, timeout)
+}
+
+/// [`run_with_timeout`] with stdout as the caller set it.
+fn run_with_timeout_as_is(mut cmd: Command, timeout: Duration) -> Output {
+    let child = cmd.stdin(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn");
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

@@ -242,6 +242,64 @@ fn files_opened_before_attach_are_counted() {
     assert_eq!(f["read_bytes"], size as u64, "{f}");
 }
 
+/// The write family (write, pwrite64, writev, pwritev, pwritev2) as
+/// progress signals: exact bytes and calls per file opened for writing
+/// (O_WRONLY, O_RDWR, O_CREAT), per thread as file writes, and stdout/stderr
+/// lines as stdio writes — to a pipe (other writes) or, with stdout
+/// redirected to a file that stall finds open at start, to that file.
+#[test]
+fn written_bytes_exact_per_file_thread_and_stdio() {
+    let s = Scratch::new("writes");
+    let (a, b) = (s.path("log.txt"), s.path("ckpt.bin"));
+    let truth_path = s.path("truth.json");
+    let stdout_file = s.path("stdout.txt");
+    let job_args = ["writes", a.to_str().unwrap(), b.to_str().unwrap()];
+    for to_file in [false, true] {
+        let mut args: Vec<String> = vec!["run".into(), "-q".into(), "--".into()];
+        args.extend(job(&job_args));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = to_file.then_some(stdout_file.as_path());
+        let run = stall_with_stdout(&refs, &[("TRUTH", &truth_path)], T, out);
+        assert_eq!(run.status, 0, "{}", run.stderr);
+        let t = truth(&truth_path);
+        let pid = t["pid"].as_u64().unwrap();
+        let what = if to_file { "stdout to a file" } else { "stdout to a pipe" };
+        for path in [&a, &b] {
+            let key = path.to_str().unwrap();
+            let f = run.file(pid, path);
+            assert_eq!(f["write_bytes"], t["files"][key], "{what}: {f}");
+            assert_eq!(f["write_calls"], t["calls"][key], "{what}: {f}");
+            assert_eq!(f["read_bytes"], 0, "{what}: {f}");
+        }
+        let file_bytes = t["files"][a.to_str().unwrap()].as_u64().unwrap()
+            + t["files"][b.to_str().unwrap()].as_u64().unwrap();
+        let writer = run.thread(t["writer_tid"].as_u64().unwrap());
+        assert_eq!(writer["file_write_bytes"], file_bytes, "{what}: {writer}");
+        assert_eq!(writer["other_write_bytes"], 0, "{what}: {writer}");
+        assert_eq!(writer["stdio_write_bytes"], 0, "{what}: {writer}");
+
+        let (out_bytes, err_bytes) =
+            (t["stdout_bytes"].as_u64().unwrap(), t["stderr_bytes"].as_u64().unwrap());
+        assert!(out_bytes > 0 && err_bytes > 0);
+        let printer = run.thread(t["printer_tid"].as_u64().unwrap());
+        assert_eq!(printer["stdio_write_bytes"], out_bytes + err_bytes, "{what}: {printer}");
+        if to_file {
+            // stderr stays a pipe.
+            assert_eq!(printer["file_write_bytes"], out_bytes, "{what}: {printer}");
+            assert_eq!(printer["other_write_bytes"], err_bytes, "{what}: {printer}");
+            let f = run.file(pid, &stdout_file);
+            assert_eq!(f["write_bytes"], out_bytes, "{what}: {f}");
+            assert_eq!(f["write_calls"], 40, "{what}: {f}");
+            let text = std::fs::read_to_string(&stdout_file).unwrap();
+            assert!(text.starts_with("step 0 loss 1.000000\n"), "{text}");
+        } else {
+            assert_eq!(printer["file_write_bytes"], 0, "{what}: {printer}");
+            assert_eq!(printer["other_write_bytes"], out_bytes + err_bytes, "{what}: {printer}");
+            assert!(run.stdout.contains("step 39 loss"), "{}", run.stdout);
+        }
+    }
+}
+
 /// Bytes and calls are exact whatever the sampling; `--latency-sample 1`
 /// times every read, the default one in 8 at random.
 #[test]

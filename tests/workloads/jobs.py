@@ -261,7 +261,88 @@ def job_reuse(args):
     write_truth({"pid": os.getpid(), "fds": fds, "bytes": totals})
 
 
+class Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_char_p), ("len", ctypes.c_size_t)]
+
+
+def pwritev(fd, bufs, offset):
+    """pwritev(2) itself, through libc (os.pwritev calls pwritev2)."""
+    iov = (Iovec * len(bufs))(*[Iovec(b, len(b)) for b in bufs])
+    n = libc.pwritev(fd, iov, len(bufs), ctypes.c_long(offset))
+    if n < 0:
+        raise OSError(ctypes.get_errno(), "pwritev")
+    return n
+
+
+def job_writes(args):
+    """A writer thread writes known byte counts to two files with write,
+    pwrite, writev, pwritev and pwritev2 (odd sizes; one failed write on a
+    read-only descriptor, which must not count); a printer thread writes
+    lines to stdout and stderr, whatever they are (pipe or file)."""
+    path_a, path_b = args[0], args[1]
+    truth = {"pid": os.getpid(), "files": {path_a: 0, path_b: 0}, "calls": {path_a: 0, path_b: 0}}
+    start = threading.Barrier(3)
+
+    def writer():
+        name_thread("writer")
+        truth["writer_tid"] = threading.get_native_id()
+        start.wait()
+        fa = os.open(path_a, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fb = os.open(path_b, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        ro = os.open(path_a, os.O_RDONLY)
+
+        def done(path, n):
+            truth["files"][path] += n
+            truth["calls"][path] += 1
+
+        for i in range(7):
+            done(path_a, os.write(fa, b"a" * (1001 + i)))
+        off = 0
+        for i in range(5):
+            n = os.pwrite(fb, b"b" * 2003, off)
+            off += n
+            done(path_b, n)
+        for i in range(3):
+            done(path_a, os.writev(fa, [b"c" * 333, b"d" * 4444]))
+        for i in range(4):
+            n = pwritev(fb, [b"e" * 55, b"f" * 6666, b"g" * 7], off)
+            off += n
+            done(path_b, n)
+        # Python's os.pwritev is pwritev2.
+        n = os.pwritev(fb, [b"h" * 12345], off, os.RWF_DSYNC)
+        off += n
+        done(path_b, n)
+        try:
+            os.write(ro, b"refused")
+            raise SystemExit("a write on a read-only descriptor succeeded")
+        except OSError:
+            pass
+        for fd in (fa, fb, ro):
+            os.close(fd)
+
+    def printer():
+        name_thread("printer")
+        truth["printer_tid"] = threading.get_native_id()
+        start.wait()
+        out = err = 0
+        for i in range(40):
+            out += os.write(1, f"step {i} loss {1.0 / (i + 1):.6f}\n".encode())
+            if i % 10 == 0:
+                err += os.write(2, f"warning at step {i}\n".encode())
+        truth["stdout_bytes"] = out
+        truth["stderr_bytes"] = err
+
+    threads = [threading.Thread(target=f) for f in (writer, printer)]
+    for t in threads:
+        t.start()
+    start.wait()
+    for t in threads:
+        t.join()
+    write_truth(truth)
+
+
 JOBS = {
+    "writes": job_writes,
     "open-before": job_open_before,
     "reuse": job_reuse,
     "exact": job_exact,

@@ -8,7 +8,7 @@
 //! counted twice. Pure: no kernel, no /proc; unit-tested on synthetic streams.
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
-use stall_common::fd_kind;
+use stall_common::{counter::LOST_CAUSES, fd_kind};
 
 use super::window::{fold_small_ended, FileWindow, ProcWindow, ThreadWindow, Waker, Window};
 use crate::decode::{Event, FileCounters, FileSnap, Snapshot, ThreadCounters, ThreadNow};
@@ -84,8 +84,8 @@ pub struct Model {
     /// Opens seen since the last window, per file id (a file opened and
     /// read between two snapshots is still counted once).
     opened: HashSet<u64>,
-    lost: [u64; 5],
-    lost_mark: [u64; 5],
+    lost: [u64; LOST_CAUSES],
+    lost_mark: [u64; LOST_CAUSES],
     events: u64,
     events_mark: u64,
     sched_gaps: u64,
@@ -481,7 +481,7 @@ impl Model {
             }
             let d = if since_mark { f.total.saturating_sub(&f.mark) } else { f.total };
             let opened_now = !since_mark || self.opened.contains(&f.file_id);
-            if since_mark && d.read_calls == 0 && !opened_now {
+            if since_mark && d.read_calls == 0 && d.write_calls == 0 && !opened_now {
                 continue;
             }
             let e = by_path.entry((i, f.path.as_str())).or_insert_with(|| FileWindow {
@@ -526,7 +526,7 @@ impl Model {
             fold_small_ended(&mut procs);
         }
         let (lost, events) = if since_mark {
-            let mut l = [0; 5];
+            let mut l = [0; LOST_CAUSES];
             for (i, v) in l.iter_mut().enumerate() {
                 *v = self.lost[i].saturating_sub(self.lost_mark[i]);
             }
@@ -558,6 +558,7 @@ mod tests {
                 read_calls: calls,
                 read_ns: calls * 10,
                 timed_calls: calls,
+                ..Default::default()
             },
         }
     }
@@ -571,7 +572,7 @@ mod tests {
             tgid: 10,
             fd: 3,
             file_id: 1,
-            counters: FileCounters { read_bytes: 100, read_calls: 2, read_ns: 0, timed_calls: 0 },
+            counters: FileCounters { read_bytes: 100, read_calls: 2, ..Default::default() },
         });
         m.apply(&open(10, 3, 2, "/b"));
         m.apply_snapshot(&Snapshot { ts: 5, files: vec![file_snap(10, 3, 2, 7, 1)], ..Default::default() });
@@ -704,7 +705,13 @@ mod tests {
                 path: "/shard".into(),
                 dfd: -100,
             });
-            let counters = FileCounters { read_bytes: 10, read_calls: 2, read_ns: 5, timed_calls: 1 };
+            let counters = FileCounters {
+                read_bytes: 10,
+                read_calls: 2,
+                read_ns: 5,
+                timed_calls: 1,
+                ..Default::default()
+            };
             m.apply(&Event::Close { ts: k + 1, tgid: 10, fd: 3, file_id: k, counters });
             if k % 100 == 99 {
                 let _ = m.interval(k + 1);
@@ -730,7 +737,13 @@ mod tests {
                 comm: "w".into(),
             });
             m.apply(&open(pid, 3, u64::from(pid), "/shard"));
-            let fc = FileCounters { read_bytes: 7, read_calls: 1, read_ns: 1, timed_calls: 1 };
+            let fc = FileCounters {
+                read_bytes: 7,
+                read_calls: 1,
+                read_ns: 1,
+                timed_calls: 1,
+                ..Default::default()
+            };
             m.apply(&Event::Close { ts: 2, tgid: pid, fd: 3, file_id: u64::from(pid), counters: fc });
             let counters = ThreadCounters { file_read_bytes: 7, on_cpu_ns: 3, ..Default::default() };
             m.apply(&Event::Exit { ts: 3, tid: pid, tgid: pid, comm: "w".into(), counters, other_nr: -1 });

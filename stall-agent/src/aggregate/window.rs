@@ -4,6 +4,8 @@
 //! longer one.
 use std::collections::{HashMap, HashSet, VecDeque};
 
+use stall_common::counter::LOST_CAUSES;
+
 use crate::decode::{FileCounters, ThreadCounters, ThreadNow};
 
 /// Everything the correlation and the verdict look at, for one span of time.
@@ -13,7 +15,7 @@ pub struct Window {
     pub end_ns: u64,
     pub procs: Vec<ProcWindow>,
     /// Losses during the window, by cause.
-    pub lost: [u64; 5],
+    pub lost: [u64; LOST_CAUSES],
     pub events: u64,
     /// Missed switches seen so far (cumulative; should be 0).
     pub sched_gaps: u64,
@@ -206,6 +208,9 @@ pub struct FileWindow {
     /// Time in the timed reads (one in `--latency-sample`), and how many.
     pub read_ns: u64,
     pub timed_calls: u64,
+    /// Successful writes to it (a log, a checkpoint).
+    pub write_bytes: u64,
+    pub write_calls: u64,
     /// Time the file was open within the window, summed over its opens:
     /// the per-file rate is over this, not over the whole window.
     pub open_ns: u64,
@@ -219,6 +224,8 @@ impl FileWindow {
         self.read_bytes += o.read_bytes;
         self.read_ns += o.read_ns;
         self.timed_calls += o.timed_calls;
+        self.write_bytes += o.write_bytes;
+        self.write_calls += o.write_calls;
         self.open_ns += o.open_ns;
     }
 
@@ -228,6 +235,8 @@ impl FileWindow {
         self.read_bytes += c.read_bytes;
         self.read_ns += c.read_ns;
         self.timed_calls += c.timed_calls;
+        self.write_bytes += c.write_bytes;
+        self.write_calls += c.write_calls;
     }
 
     /// Mean duration of a read, from the timed ones.

@@ -20,7 +20,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use stall_common::{
-    counter, fd_kind, reason, run_state, slot_state, syscall_class, Config, FdKey, FileStats, Regs, Running,
+    counter, fd_kind, reason, run_state, slot_state, syscall_class, Config, CpuSlot, FdKey, FileStats, Regs,
     ThreadStats, WakeKey, WakeStats,
 };
 use tokio::io::unix::AsyncFd;
@@ -121,7 +121,7 @@ pub struct Capture {
     wakes: HashMap<MapData, WakeKey, WakeStats>,
     cgroups: HashMap<MapData, u64, u32>,
     counters: PerCpuArray<MapData, u64>,
-    running: PerCpuArray<MapData, Running>,
+    cpu_slot: PerCpuArray<MapData, CpuSlot>,
     track_gen: Array<MapData, u32>,
     gen: u32,
     ring: AsyncFd<RingBuf<MapData>>,
@@ -237,7 +237,7 @@ impl Capture {
             wakes: take(&mut ebpf, "WAKES")?,
             cgroups: take(&mut ebpf, "CGROUPS")?,
             counters: take(&mut ebpf, "COUNTERS")?,
-            running: take(&mut ebpf, "RUNNING")?,
+            cpu_slot: take(&mut ebpf, "CPU_SLOT")?,
             track_gen: take(&mut ebpf, "TRACK_GEN")?,
             gen: 0,
             ring,
@@ -286,7 +286,7 @@ impl Capture {
     }
 
     /// Tells the kernel side that what is tracked changed: every CPU's
-    /// `RUNNING` slot is looked up again at its next syscall.
+    /// slot (`CPU_SLOT`) is looked up again at its next syscall.
     fn changed(&mut self) {
         self.gen = self.gen.wrapping_add(1);
         let _ = self.track_gen.set(0, self.gen, 0);
@@ -459,10 +459,27 @@ impl Capture {
     pub fn snapshot(&self) -> Snapshot {
         let ts = monotonic_ns();
         let mut threads: Vec<(u32, ThreadStats)> = self.threads.iter().filter_map(Result::ok).collect();
-        let mut files: Vec<FileSnap> = self
-            .files
-            .iter()
-            .filter_map(Result::ok)
+        let mut files: Vec<(FdKey, FileStats)> = self.files.iter().filter_map(Result::ok).collect();
+        // After the maps: a slot flushed meanwhile is then counted in
+        // neither (until the next snapshot), never in both.
+        let slots = self.cpu_slots();
+        let mut events = self.counter_sum(counter::EVENTS);
+        for r in &slots {
+            events += r.events;
+            if let Some((_, t)) = threads.iter_mut().find(|(tid, _)| *tid == r.tid) {
+                t.add_slot_counts(r);
+            }
+            if r.file_calls > 0 {
+                if let Some((_, f)) = files
+                    .iter_mut()
+                    .find(|(k, f)| k.tgid == r.tgid && k.fd == r.file_fd && f.file_id == r.file_id)
+                {
+                    f.add_slot_file(r);
+                }
+            }
+        }
+        let files = files
+            .into_iter()
             .map(|(k, s)| FileSnap {
                 tgid: k.tgid,
                 fd: k.fd,
@@ -471,25 +488,6 @@ impl Capture {
                 counters: (&s).into(),
             })
             .collect();
-        // After the maps: a slot flushed meanwhile is then counted in
-        // neither (until the next snapshot), never in both.
-        let slots = self.running_slots();
-        let mut events = self.counter_sum(counter::EVENTS);
-        for r in &slots {
-            events += r.events;
-            if let Some((_, t)) = threads.iter_mut().find(|(tid, _)| *tid == r.tid) {
-                t.add_slot_reads(r);
-            }
-            if r.file_calls > 0 {
-                if let Some(f) =
-                    files.iter_mut().find(|f| f.tgid == r.tgid && f.fd == r.file_fd && f.file_id == r.file_id)
-                {
-                    f.counters.read_bytes += r.file_bytes;
-                    f.counters.read_calls += r.file_calls;
-                    f.counters.read_ns += r.file_ns;
-                }
-            }
-        }
         let threads = threads
             .into_iter()
             .map(|(tid, s)| {
@@ -509,7 +507,7 @@ impl Capture {
                 count: w.count,
             })
             .collect();
-        let mut lost = [0u64; 5];
+        let mut lost = [0u64; counter::LOST_CAUSES];
         for (i, slot) in lost.iter_mut().enumerate() {
             *slot = self.counter_sum(i as u32);
         }
@@ -525,9 +523,9 @@ impl Capture {
         }
     }
 
-    /// Every CPU's `RUNNING` slot that holds a tracked thread.
-    fn running_slots(&self) -> Vec<Running> {
-        match self.running.get(&0, 0) {
+    /// Every CPU's slot (`CPU_SLOT`) that holds a tracked thread.
+    fn cpu_slots(&self) -> Vec<CpuSlot> {
+        match self.cpu_slot.get(&0, 0) {
             Ok(v) => v.iter().filter(|r| r.tracked == slot_state::TRACKED).copied().collect(),
             Err(_) => Vec::new(),
         }

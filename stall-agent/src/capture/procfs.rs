@@ -119,6 +119,65 @@ pub fn fd_info(pid: u32, fd: i32) -> Option<(String, bool)> {
     Some((target, regular))
 }
 
+/// A regular file a process holds open for writing (a log, a checkpoint,
+/// stdout redirected to a file), as it stands at attach: a job whose log
+/// has not grown for minutes is a hang candidate before any write is seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenFile {
+    pub fd: i32,
+    /// Where the descriptor points (as /proc/PID/fd/FD reads; a deleted
+    /// file ends in " (deleted)").
+    pub path: String,
+    /// Last modification, ns since the Unix epoch (CLOCK_REALTIME).
+    pub mtime_ns_realtime: u64,
+    pub size: u64,
+    /// fd 1 or 2 (stdout, stderr).
+    pub stdio: bool,
+}
+
+/// Every regular file `pid` has open for writing (access mode not
+/// O_RDONLY, from /proc/PID/fdinfo/FD), plus fds 1 and 2 whenever they are
+/// regular files, by fd. Size and mtime are stat'ed through /proc/PID/fd/FD,
+/// which reaches the open file itself, whatever mount namespace it is in.
+pub fn written_files(pid: u32) -> Vec<WrittenFile> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(rd) = fs::read_dir(format!("/proc/{pid}/fd")) else { return Vec::new() };
+    let mut out: Vec<WrittenFile> = rd
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+            let link = e.path();
+            let meta = fs::metadata(&link).ok()?;
+            if !meta.file_type().is_file() {
+                return None;
+            }
+            let stdio = fd == 1 || fd == 2;
+            if !stdio {
+                let info = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
+                if fdinfo_flags(&info)? & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32 {
+                    return None;
+                }
+            }
+            let mtime_ns = (meta.mtime() as i128) * 1_000_000_000 + i128::from(meta.mtime_nsec());
+            Some(WrittenFile {
+                fd,
+                path: fs::read_link(&link).ok()?.to_string_lossy().into_owned(),
+                mtime_ns_realtime: u64::try_from(mtime_ns).unwrap_or(0),
+                size: meta.len(),
+                stdio,
+            })
+        })
+        .collect();
+    out.sort_by_key(|f| f.fd);
+    out
+}
+
+/// The `flags:` line of a /proc/PID/fdinfo/FD file (octal).
+pub fn fdinfo_flags(text: &str) -> Option<u32> {
+    let v = text.lines().find_map(|l| l.strip_prefix("flags:"))?;
+    u32::from_str_radix(v.trim(), 8).ok()
+}
+
 pub fn cwd(pid: u32) -> Option<PathBuf> {
     fs::read_link(format!("/proc/{pid}/cwd")).ok()
 }
@@ -145,5 +204,46 @@ mod tests {
         let st = stat(me).unwrap();
         assert!(st.ppid > 0);
         assert!(open_fds(me).iter().any(|f| f.fd <= 2));
+    }
+
+    #[test]
+    fn fdinfo_flags_are_octal() {
+        let text = "pos:\t0\nflags:\t0100001\nmnt_id:\t25\nino:\t42\n";
+        assert_eq!(fdinfo_flags(text), Some(0o100001));
+        assert_eq!(fdinfo_flags("pos:\t0\n"), None);
+    }
+
+    #[test]
+    fn written_files_of_own_process() {
+        use std::{
+            io::Write,
+            os::{fd::AsRawFd, unix::fs::MetadataExt},
+        };
+        let dir = std::env::temp_dir().join(format!("stall-written-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let (w, rw, ro) = (dir.join("log.txt"), dir.join("ckpt.bin"), dir.join("data.bin"));
+        let mut log = fs::File::create(&w).unwrap();
+        log.write_all(&[b'x'; 12_345]).unwrap();
+        log.flush().unwrap();
+        let ckpt =
+            fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&rw).unwrap();
+        ckpt.set_len(777).unwrap();
+        fs::write(&ro, b"only read").unwrap();
+        let data = fs::File::open(&ro).unwrap();
+
+        let listed = written_files(std::process::id());
+        let find = |fd: i32| listed.iter().find(|f| f.fd == fd);
+        let l = find(log.as_raw_fd()).unwrap_or_else(|| panic!("log missing: {listed:?}"));
+        let meta = fs::metadata(&w).unwrap();
+        assert_eq!(l.path, w.to_str().unwrap());
+        assert_eq!(l.size, 12_345);
+        assert_eq!(l.mtime_ns_realtime, meta.mtime() as u64 * 1_000_000_000 + meta.mtime_nsec() as u64);
+        assert!(!l.stdio);
+        let c = find(ckpt.as_raw_fd()).unwrap_or_else(|| panic!("O_RDWR file missing: {listed:?}"));
+        assert_eq!((c.path.as_str(), c.size), (rw.to_str().unwrap(), 777));
+        assert!(find(data.as_raw_fd()).is_none(), "a read-only file is listed: {listed:?}");
+        assert!(listed.iter().all(|f| f.stdio == (f.fd == 1 || f.fd == 2)));
+        drop((log, ckpt, data));
+        let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -34,6 +34,8 @@ const TABLE: &[(u32, &str, u8)] = &[
     (9, "mmap", class::OTHER),
     (18, "pwrite64", class::OTHER),
     (20, "writev", class::OTHER),
+    (296, "pwritev", class::OTHER),
+    (328, "pwritev2", class::OTHER),
     (42, "connect", class::OTHER),
     (44, "sendto", class::OTHER),
     (46, "sendmsg", class::OTHER),
@@ -74,12 +76,14 @@ const TABLE: &[(u32, &str, u8)] = &[
 compile_error!("stall's syscall table covers x86-64 only so far");
 
 /// What the raw syscall programs do per syscall number: the `HOOKS` table.
-/// The read family is the `READ` wait class; openat and close are named.
+/// The read family is the `READ` wait class; the write family, openat and
+/// close are named.
 pub fn hook_table() -> Vec<(u32, u8)> {
     TABLE
         .iter()
         .filter_map(|&(nr, name, c)| match (name, c) {
             (_, class::READ) => Some((nr, hook::READ)),
+            ("write" | "pwrite64" | "writev" | "pwritev" | "pwritev2", _) => Some((nr, hook::WRITE)),
             ("openat", _) => Some((nr, hook::OPENAT)),
             ("close", _) => Some((nr, hook::CLOSE)),
             _ => None,
@@ -124,14 +128,20 @@ mod tests {
     }
 
     #[test]
-    fn hooks_cover_the_read_family_openat_and_close() {
+    fn hooks_cover_the_read_and_write_families_openat_and_close() {
         let hooks = hook_table();
         let named = |n: &str| TABLE.iter().find(|t| t.1 == n).map(|t| t.0).unwrap();
         for f in ["read", "pread64", "readv", "preadv", "preadv2"] {
             assert!(hooks.contains(&(named(f), hook::READ)), "{f}");
         }
+        for f in ["write", "pwrite64", "writev", "pwritev", "pwritev2"] {
+            assert!(hooks.contains(&(named(f), hook::WRITE)), "{f}");
+        }
+        // x86-64 numbers, as the kernel's syscall_64.tbl has them.
+        let writes: Vec<u32> = hooks.iter().filter(|h| h.1 == hook::WRITE).map(|h| h.0).collect();
+        assert_eq!(writes, [1, 18, 20, 296, 328]);
         assert!(hooks.contains(&(named("openat"), hook::OPENAT)));
         assert!(hooks.contains(&(named("close"), hook::CLOSE)));
-        assert_eq!(hooks.len(), 7);
+        assert_eq!(hooks.len(), 12);
     }
 }

@@ -8,7 +8,10 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::{Registry, Unit},
 };
-use stall_common::{counter::LOST_NAMES, reason};
+use stall_common::{
+    counter::{LOST_CAUSES, LOST_NAMES},
+    reason,
+};
 
 use crate::{aggregate::Window, correlate::Roles, verdict::Kind};
 
@@ -240,7 +243,7 @@ impl Metrics {
         self.gpu_idle.get_or_create(&l).inc_by(idle_secs);
     }
 
-    pub fn add_lost(&self, lost: &[u64; 5]) {
+    pub fn add_lost(&self, lost: &[u64; LOST_CAUSES]) {
         for (name, n) in LOST_NAMES.iter().zip(lost) {
             self.lost.get_or_create(&CauseLabels { cause: name.to_string() }).inc_by(*n);
         }
@@ -333,7 +336,13 @@ mod tests {
                 fd: 3,
                 file_id: 1,
                 kind: 1,
-                counters: FileCounters { read_bytes: 4096, read_calls: 1, read_ns: 10, timed_calls: 1 },
+                counters: FileCounters {
+                    read_bytes: 4096,
+                    read_calls: 1,
+                    read_ns: 10,
+                    timed_calls: 1,
+                    ..Default::default()
+                },
             }],
             ..Default::default()
         });

@@ -17,6 +17,7 @@ use std::{
 
 use anyhow::Result;
 use serde::Serialize;
+use stall_common::counter::LOST_CAUSES;
 
 use self::metrics::{JobLabels, Metrics};
 use crate::{
@@ -91,7 +92,7 @@ struct Node {
 struct Seen {
     cpu_s: f64,
     events: u64,
-    lost: [u64; 5],
+    lost: [u64; LOST_CAUSES],
 }
 
 pub async fn run(opts: Options) -> Result<()> {
@@ -168,7 +169,7 @@ fn export_node(
         let w = g.window(snap.ts.saturating_sub(interval.as_nanos() as u64), snap.ts);
         m.set_gpu(g.index, &g.name, w.util_mean_pct, w.idle_fraction * interval.as_secs_f64());
     }
-    let lost: [u64; 5] = std::array::from_fn(|i| snap.lost[i].saturating_sub(seen.lost[i]));
+    let lost: [u64; LOST_CAUSES] = std::array::from_fn(|i| snap.lost[i].saturating_sub(seen.lost[i]));
     seen.lost = snap.lost;
     m.add_lost(&lost);
     m.agent_events.inc_by(snap.events.saturating_sub(seen.events));

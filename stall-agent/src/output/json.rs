@@ -86,6 +86,12 @@ pub struct Thread {
     pub off_cpu_by_reason: OffCpu,
     pub read_bytes: u64,
     pub read_calls: u64,
+    /// Successful writes to regular files, to anything else (pipes,
+    /// sockets, ttys), and to fd 1/2 whatever they are (also in one of the
+    /// two): progress signals.
+    pub file_write_bytes: u64,
+    pub other_write_bytes: u64,
+    pub stdio_write_bytes: u64,
     pub state: &'static str,
     pub woken_by: Vec<Waker>,
 }
@@ -111,6 +117,8 @@ pub struct File {
     /// Time in reads, estimated from the timed ones (`read_timed_calls`).
     pub read_latency_s: f64,
     pub read_timed_calls: u64,
+    pub write_bytes: u64,
+    pub write_calls: u64,
     /// Time it was open during the window (the per-file rate's divisor).
     pub open_s: f64,
 }
@@ -131,6 +139,9 @@ fn thread(t: &ThreadWindow) -> Thread {
         off_cpu_by_reason: (&t.delta).into(),
         read_bytes: t.delta.file_read_bytes,
         read_calls: t.delta.file_read_calls,
+        file_write_bytes: t.delta.file_write_bytes,
+        other_write_bytes: t.delta.other_write_bytes,
+        stdio_write_bytes: t.delta.stdio_write_bytes,
         state,
         woken_by: t
             .woken_by
@@ -168,6 +179,8 @@ fn process(p: &ProcWindow, role: &'static str) -> Process {
                 read_bytes: f.read_bytes,
                 read_latency_s: f.read_time_ns() / 1e9,
                 read_timed_calls: f.timed_calls,
+                write_bytes: f.write_bytes,
+                write_calls: f.write_calls,
                 open_s: f.open_ns as f64 / 1e9,
             })
             .collect(),

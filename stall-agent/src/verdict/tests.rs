@@ -2,7 +2,7 @@
 //! data: events and snapshots → Model → Window → roles → judge.
 use std::collections::HashSet;
 
-use stall_common::{fd_kind, reason};
+use stall_common::{counter::LOST_CAUSES, fd_kind, reason};
 
 use super::*;
 use crate::{
@@ -36,7 +36,7 @@ struct Job {
     files: Vec<FileSnap>,
     wakes: Vec<WakeSnap>,
     gpu_pids: HashSet<u32>,
-    lost: [u64; 5],
+    lost: [u64; LOST_CAUSES],
 }
 
 impl Job {
@@ -50,7 +50,7 @@ impl Job {
             files: vec![],
             wakes: vec![],
             gpu_pids: HashSet::new(),
-            lost: [0; 5],
+            lost: [0; LOST_CAUSES],
         }
     }
 
@@ -87,6 +87,7 @@ impl Job {
                 read_calls: bytes / 65536 + 1,
                 read_ns: 1,
                 timed_calls: 1,
+                ..Default::default()
             },
         });
         let c = counters(self.secs, on, off, bytes);
@@ -199,7 +200,13 @@ fn trainer_reading_its_own_data_is_io_bound() {
         fd: 3,
         file_id: 1,
         kind: fd_kind::REGULAR,
-        counters: FileCounters { read_bytes: 5_000_000, read_calls: 10, read_ns: 1, timed_calls: 1 },
+        counters: FileCounters {
+            read_bytes: 5_000_000,
+            read_calls: 10,
+            read_ns: 1,
+            timed_calls: 1,
+            ..Default::default()
+        },
     });
     let v = job.trainer(0.1, [0.0, 0.85, 0.0, 0.0, 0.05, 0.0], blocked(reason::IO)).judge(&[]);
     assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
