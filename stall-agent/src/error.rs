@@ -9,7 +9,7 @@ use crate::{capture::CaptureError, cli::exit, gpu::GpuError};
 pub enum Error {
     #[error(transparent)]
     Capture(#[from] CaptureError),
-    #[error("{0}")]
+    #[error(transparent)]
     Gpu(#[from] GpuError),
     /// `stall run` could not start its exec gate.
     #[error("{0}")]

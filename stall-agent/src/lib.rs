@@ -1,6 +1,6 @@
 //! stall's agent. The data path, one module per step:
 //! kernel events → [`capture`] → [`decode`] → [`aggregate`] → [`correlate`]
-//! → [`verdict`] → [`output`]. A [`job`] holds one traced job along that
+//! and [`progress`] → [`verdict`] → [`output`]. A [`job`] holds one traced job along that
 //! path; [`session`] (`run`, `attach`) drives one, [`daemon`] one per cgroup.
 pub mod aggregate;
 pub mod capture;
@@ -13,6 +13,7 @@ pub mod error;
 pub mod gpu;
 pub mod job;
 pub mod output;
+pub mod progress;
 pub mod session;
 pub mod units;
 pub mod verdict;

@@ -41,6 +41,17 @@ pub fn secs(s: f64) -> String {
     }
 }
 
+/// A span people read at a glance: "12 s", "8 min", "2.5 h".
+pub fn span(s: f64) -> String {
+    if s < 100.0 {
+        format!("{s:.0} s")
+    } else if s < 6000.0 {
+        format!("{:.0} min", s / 60.0)
+    } else {
+        format!("{:.1} h", s / 3600.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +65,6 @@ mod tests {
         assert_eq!(rate(5_000_000, 2.0), "2.5 MB/s");
         assert_eq!(pct(0.834), "83%");
         assert_eq!(secs(60.0), "60.0s");
+        assert_eq!((span(12.4), span(480.0), span(9000.0)), ("12 s".into(), "8 min".into(), "2.5 h".into()));
     }
 }

@@ -8,8 +8,11 @@ use crate::{
     aggregate::{ProcWindow, ThreadWindow, Waker, Window},
     capture::syscalls,
     correlate::Roles,
+    progress::ProgressView,
     units,
 };
+
+mod hang;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -89,6 +92,20 @@ pub mod rules {
     pub const HANG_MAX_IPC_BYTES_PER_S: f64 = 16_384.0;
     /// Idle: the whole job uses less than this share of one CPU.
     pub const IDLE_MAX_CPU: f64 = 0.05;
+    /// Hang behind a busy GPU: silent for this many times the job's own
+    /// rhythm (its longest gap between reads and writes while it ran)...
+    pub const SILENT_RHYTHMS: f64 = 3.0;
+    /// ...and for at least this long.
+    pub const SILENT_MIN_S: f64 = 10.0;
+    /// ...or, for a job never seen to move and with no output open at
+    /// attach (no rhythm to go by), this long.
+    pub const SILENT_UNKNOWN_S: f64 = 60.0;
+    /// A GPU drawing at least this share of its power limit is computing,
+    /// however long the job is silent (a long step, an evaluation).
+    pub const GPU_WORKING_POWER: f64 = 0.5;
+    /// A busy GPU below this share of its power limit has a kernel resident
+    /// but barely computes (a spinning collective, a wedged kernel).
+    pub const GPU_LOW_POWER: f64 = 0.25;
 }
 
 /// Shares of a thread's window by state (each of on-CPU and the reasons).
@@ -138,7 +155,9 @@ fn reason_name(r: u8, t: &ThreadWindow) -> String {
     }
 }
 
-pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow]) -> Verdict {
+/// `w`: the window judged (the last few seconds live, the whole run at the
+/// end); `progress`: when the job last moved, which spans more than `w`.
+pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressView) -> Verdict {
     let secs = w.secs();
     let host_only = gpus.is_empty();
     let gpu_line = gpu_prefix(gpus, secs);
@@ -161,16 +180,19 @@ pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow]) -> Verdict {
         Verdict { kind, summary, evidence, host_only }
     };
 
-    if let Some(busy) = gpus.iter().find(|g| g.util_mean_pct >= rules::GPU_BUSY_PCT) {
-        let text = format!("GPU{} busy {:.0}% on average: no input stall", busy.index, busy.util_mean_pct);
-        return done(Kind::GpuBusy, text, evidence);
-    }
-    let trainer = roles.trainers.iter().find_map(|t| w.proc(*t));
-    let (Some(trainer), true) = (trainer, secs >= rules::MIN_WINDOW_S) else {
-        return done(Kind::Unknown, format!("not enough data ({} of tracing)", units::secs(secs)), evidence);
-    };
-    let Some(main) = trainer.main_thread() else {
-        return done(Kind::Unknown, "the trainer has no traced thread".into(), evidence);
+    let busy = gpus.iter().find(|g| g.util_mean_pct >= rules::GPU_BUSY_PCT);
+    let trainer = roles.trainers.iter().find_map(|t| w.proc(*t)).filter(|_| secs >= rules::MIN_WINDOW_S);
+    let main = trainer.and_then(ProcWindow::main_thread);
+    let (Some(trainer), Some(main)) = (trainer, main) else {
+        if let Some(busy) = busy {
+            return done(Kind::GpuBusy, busy_text(busy), evidence);
+        }
+        let text = if trainer.is_some() {
+            "the trainer has no traced thread".into()
+        } else {
+            format!("not enough data ({} of tracing)", units::secs(secs))
+        };
+        return done(Kind::Unknown, text, evidence);
     };
     let worker_set: std::collections::HashSet<u32> = roles.workers.iter().copied().collect();
     let workers: Vec<&ProcWindow> = w.procs.iter().filter(|p| worker_set.contains(&p.tgid)).collect();
@@ -196,8 +218,17 @@ pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow]) -> Verdict {
     }
     let file_bytes: u64 = w.procs.iter().map(ProcWindow::file_read_bytes).sum();
     evidence.extend(top_files(w, secs));
+    if let Some(o) = &progress.last_output {
+        evidence.push(format!("output {} (pid {}) last written {} ago", o.path, o.pid, units::span(o.ago_s)));
+    }
 
-    if let Some(text) = hang(w, trainer, main, &tm, &workers, secs, file_bytes) {
+    if let Some(busy) = busy {
+        if let Some(text) = hang::behind_busy_gpu(busy, trainer, main, &tm, progress) {
+            return done(Kind::Hang, text, evidence);
+        }
+        return done(Kind::GpuBusy, busy_text(busy), evidence);
+    }
+    if let Some(text) = hang::no_progress(w, trainer, main, &tm, &workers, secs, progress) {
         return done(Kind::Hang, text, evidence);
     }
 
@@ -295,11 +326,43 @@ fn gpu_prefix(gpus: &[GpuWindow], secs: f64) -> Option<String> {
             if g.samples == 0 {
                 format!("GPU{}: no samples", g.index)
             } else {
-                format!("GPU{} idle {} of {}{gap}", g.index, units::pct(g.idle_fraction), units::secs(secs))
+                format!(
+                    "GPU{} idle {} of {}{}{gap}",
+                    g.index,
+                    units::pct(g.idle_fraction),
+                    units::secs(secs),
+                    power_words(g)
+                )
             }
         })
         .collect();
     (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+/// " at 95 W of 700 W", when the device says.
+fn power_words(g: &GpuWindow) -> String {
+    match (g.power_w, g.power_limit_w) {
+        (Some(p), Some(l)) => format!(" at {p:.0} W of {l:.0} W"),
+        (Some(p), None) => format!(" at {p:.0} W"),
+        _ => String::new(),
+    }
+}
+
+/// Power draw as a share of the limit, when both are known.
+fn power_share(g: &GpuWindow) -> Option<f64> {
+    Some(g.power_w? / g.power_limit_w.filter(|l| *l > 0.0)?)
+}
+
+fn busy_text(g: &GpuWindow) -> String {
+    let mut text = format!("GPU{} busy {:.0}% on average{}", g.index, g.util_mean_pct, power_words(g));
+    match power_share(g) {
+        Some(share) if share < rules::GPU_LOW_POWER => text.push_str(&format!(
+            " ({} of its power limit: a kernel is resident but barely computing; watch for a hang)",
+            units::pct(share)
+        )),
+        _ => text.push_str(": no input stall"),
+    }
+    text
 }
 
 fn thread_line(label: &str, p: &ProcWindow, t: &ThreadWindow, s: &Shares) -> String {
@@ -387,63 +450,6 @@ fn top_files(w: &Window, secs: f64) -> Vec<String> {
             )
         })
         .collect()
-}
-
-fn hang(
-    w: &Window,
-    trainer: &ProcWindow,
-    main: &ThreadWindow,
-    tm: &Shares,
-    workers: &[&ProcWindow],
-    secs: f64,
-    file_bytes: u64,
-) -> Option<String> {
-    if secs < rules::HANG_MIN_S || main.now.running || tm.on > rules::HANG_MAX_ON_CPU {
-        return None;
-    }
-    // Sleeping on purpose is idleness, not a hang.
-    if tm.r(reason::SLEEP) >= 0.5 || tm.blocked() < 0.9 {
-        return None;
-    }
-    let ipc: u64 = w.procs.iter().map(|p| p.other_read_bytes).sum();
-    if file_bytes > 0 || ipc as f64 / secs > rules::HANG_MAX_IPC_BYTES_PER_S {
-        return None;
-    }
-    let worker_tgids: Vec<u32> = workers.iter().map(|p| p.tgid).collect();
-    if main.woken_by.iter().any(|b| worker_tgids.contains(&b.tgid) && b.count > 0) {
-        return None;
-    }
-    for p in workers {
-        if p.threads.iter().any(|t| Shares::of(t, secs).on > rules::HANG_MAX_ON_CPU) {
-            return None;
-        }
-    }
-    let mut blocked: Vec<String> = Vec::new();
-    for p in std::iter::once(trainer).chain(workers.iter().copied()) {
-        for t in p.threads.iter().filter(|t| t.alive && !t.now.running) {
-            let r = t.now.reason;
-            let what = if r == reason::OTHER || t.now.syscall >= 0 && r != reason::IO {
-                format!(
-                    "{} in {}",
-                    reason::NAMES[usize::from(r).min(5)],
-                    syscalls::name(i64::from(t.now.syscall))
-                )
-            } else {
-                reason::NAMES[usize::from(r).min(5)].to_string()
-            };
-            blocked.push(format!("{} {} ({})", t.comm, t.tid, what));
-        }
-    }
-    let shown = blocked.len().min(8);
-    let more =
-        if blocked.len() > shown { format!(" and {} more", blocked.len() - shown) } else { String::new() };
-    Some(format!(
-        "No progress in the last {}: trainer (pid {}) and {} blocked, no file reads, nobody wakes the trainer: the job is hung. Blocked: {}{more}",
-        units::secs(secs),
-        trainer.tgid,
-        workers_word(workers.len()),
-        blocked[..shown].join(", ")
-    ))
 }
 
 /// GPU utilization samples over a window → [`GpuWindow`].

@@ -162,6 +162,16 @@ impl ProcWindow {
     pub fn file_read_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.read_bytes).sum()
     }
+    /// Did it move in the window: read or write a file, or write to its
+    /// stdout/stderr (whatever they point to)?
+    pub fn moved(&self) -> bool {
+        let c = self.sum();
+        c.file_read_bytes + c.file_write_bytes + c.stdio_write_bytes > 0
+            || self.files.iter().any(|f| f.read_bytes + f.write_bytes > 0)
+    }
+    pub fn file_write_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.write_bytes).sum()
+    }
     pub fn main_thread(&self) -> Option<&ThreadWindow> {
         self.threads.iter().find(|t| t.tid == self.tgid).or(self.threads.first())
     }

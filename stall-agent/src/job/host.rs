@@ -6,6 +6,7 @@ use std::collections::HashSet;
 
 use crate::{
     capture::{procfs, Capture},
+    clock::ClockSnapshot,
     decode::{FileSnap, JobEvent},
 };
 
@@ -32,6 +33,10 @@ pub trait Host {
     fn process(&self, tgid: u32) -> Option<ProcInfo>;
     fn cmdline(&self, tgid: u32) -> Option<String>;
     fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String>;
+    /// The outputs a process has open (regular files open for writing, and
+    /// stdout/stderr when they are files): path and last write, in
+    /// CLOCK_MONOTONIC ns.
+    fn outputs(&self, pid: u32) -> Vec<(String, u64)>;
 }
 
 impl Host for Capture {
@@ -61,5 +66,13 @@ impl Host for Capture {
 
     fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String> {
         procfs::thread_comm(tgid, tid)
+    }
+
+    fn outputs(&self, pid: u32) -> Vec<(String, u64)> {
+        let clock = ClockSnapshot::now();
+        procfs::written_files(pid)
+            .into_iter()
+            .map(|f| (f.path, clock.realtime_us_to_mono_ns(f.mtime_ns_realtime / 1000)))
+            .collect()
     }
 }

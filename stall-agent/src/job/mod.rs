@@ -21,6 +21,7 @@ use crate::{
     aggregate::{push_recent, Model, Window},
     correlate::{self, Roles},
     decode::{Event, Snapshot},
+    progress::{Progress, ProgressView},
     verdict::{self, GpuWindow, Kind, Verdict},
 };
 
@@ -45,6 +46,7 @@ pub struct Job {
     scope: GpuScope,
     /// Devices this job has used, so their series can be dropped with it.
     pub devices: BTreeSet<u32>,
+    progress: Progress,
 }
 
 /// What the outputs need after one interval.
@@ -58,6 +60,7 @@ pub struct Tick {
     pub gpus: Vec<GpuWindow>,
     pub roles: Roles,
     pub verdict: Verdict,
+    pub progress: ProgressView,
     /// Seconds since tracing started.
     pub elapsed_s: f64,
 }
@@ -69,6 +72,7 @@ pub struct Report {
     pub gpus: Vec<GpuWindow>,
     pub roles: Roles,
     pub verdict: Verdict,
+    pub progress: ProgressView,
 }
 
 impl Job {
@@ -80,6 +84,18 @@ impl Job {
             root,
             scope,
             devices: BTreeSet::new(),
+            progress: Progress::new(start_ns),
+        }
+    }
+
+    /// Records the outputs its processes have open now, with their last
+    /// write: a job that went silent before stall attached is dated at once.
+    pub fn note_outputs(&mut self, host: &dyn Host) {
+        let pids: Vec<u32> = self.model.procs.values().filter(|p| p.alive).map(|p| p.tgid).collect();
+        for pid in pids {
+            for (path, last_write_ns) in host.outputs(pid) {
+                self.progress.note_output(&path, pid, last_write_ns);
+            }
         }
     }
 
@@ -167,6 +183,7 @@ impl Job {
     pub fn tick(&mut self, host: &mut dyn Host, snap: &Snapshot, gpus: &GpuFleet) -> Tick {
         self.absorb(host, snap);
         let interval = self.model.interval(snap.ts);
+        self.progress.observe(&interval);
         push_recent(&mut self.recent, interval.clone());
         let recent = Window::merge(self.recent.make_contiguous());
         let tracks = self.tracks(gpus);
@@ -176,8 +193,10 @@ impl Job {
         };
         let gpu_windows = window_of(&recent);
         let interval_gpus = window_of(&interval);
-        let verdict = verdict::judge(&recent, &roles, &gpu_windows);
+        let progress = self.progress.view(snap.ts);
+        let verdict = verdict::judge(&recent, &roles, &gpu_windows, &progress);
         Tick {
+            progress,
             elapsed_s: snap.ts.saturating_sub(self.model.start_ns) as f64 / 1e9,
             interval,
             interval_gpus,
@@ -198,14 +217,15 @@ impl Job {
         let recent = Window::merge(self.recent.make_contiguous());
         let recent_gpus: Vec<GpuWindow> =
             tracks.iter().map(|g| g.window(recent.start_ns, recent.end_ns)).collect();
-        let recent_verdict = verdict::judge(&recent, &roles, &recent_gpus);
+        let progress = self.progress.view(end_ns);
+        let recent_verdict = verdict::judge(&recent, &roles, &recent_gpus, &progress);
         let summary_gpus: Vec<GpuWindow> = tracks.iter().map(|g| g.summary(end_ns)).collect();
         let verdict = if recent_verdict.kind == Kind::Hang {
             recent_verdict
         } else {
-            verdict::judge(&summary, &roles, &summary_gpus)
+            verdict::judge(&summary, &roles, &summary_gpus, &progress)
         };
-        Report { summary, gpus: summary_gpus, roles, verdict }
+        Report { summary, gpus: summary_gpus, roles, verdict, progress }
     }
 
     /// Forgets what has ended once it was counted (the daemon's memory

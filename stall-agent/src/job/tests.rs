@@ -13,6 +13,8 @@ use crate::{
 const S: u64 = 1_000_000_000;
 const TRAINER: u32 = 100;
 const WORKERS: [u32; 2] = [201, 202];
+const LOG: &str = "/runs/train.log";
+const LOG_ID: u64 = 7;
 
 /// /proc as a script: which processes exist, what each descriptor is.
 #[derive(Default)]
@@ -21,6 +23,8 @@ struct ScriptedHost {
     regular: HashSet<String>,
     marked_not_file: Vec<(u32, i32)>,
     retired: HashSet<u32>,
+    /// (pid, path, last write) of files open for writing.
+    outputs: Vec<(u32, String, u64)>,
 }
 
 impl Host for ScriptedHost {
@@ -46,6 +50,9 @@ impl Host for ScriptedHost {
     fn thread_comm(&self, tgid: u32, _tid: u32) -> Option<String> {
         self.procs.get(&tgid).map(|p| p.comm.clone())
     }
+    fn outputs(&self, pid: u32) -> Vec<(String, u64)> {
+        self.outputs.iter().filter(|o| o.0 == pid).map(|o| (o.1.clone(), o.2)).collect()
+    }
 }
 
 /// A trainer on GPU 0 with two DataLoader workers, one second per tick.
@@ -56,6 +63,8 @@ struct Sim {
     now: u64,
     threads: HashMap<u32, ThreadCounters>,
     files: HashMap<u32, FileCounters>,
+    /// The trainer's log.
+    log: Option<FileCounters>,
     alive: HashSet<u32>,
 }
 
@@ -78,6 +87,17 @@ impl Sim {
             dfd: -100,
         });
         job.observe(&mut host, events);
+        host.regular.insert(LOG.into());
+        let log = Event::Open {
+            ts: 0,
+            tid: TRAINER,
+            tgid: TRAINER,
+            fd: 7,
+            file_id: LOG_ID,
+            path: LOG.into(),
+            dfd: -100,
+        };
+        job.observe(&mut host, [log]);
         let alive = std::iter::once(TRAINER).chain(WORKERS).collect();
         Self {
             host,
@@ -86,6 +106,7 @@ impl Sim {
             now: 0,
             threads: HashMap::new(),
             files: HashMap::new(),
+            log: None,
             alive,
         }
     }
@@ -111,6 +132,19 @@ impl Sim {
         self.tick()
     }
 
+    /// One second in which the trainer only waits (in futex), after
+    /// writing `log_bytes` to its log.
+    fn trainer_second(&mut self, log_bytes: u64) -> Tick {
+        let t = self.threads.entry(TRAINER).or_default();
+        t.off_ns[usize::from(reason::FUTEX)] += S;
+        t.file_write_bytes += log_bytes;
+        let f = self.log.get_or_insert_with(FileCounters::default);
+        f.write_bytes += log_bytes;
+        f.write_calls += u64::from(log_bytes > 0);
+        self.now += S;
+        self.tick()
+    }
+
     fn tick(&mut self) -> Tick {
         let now = ThreadNow { running: false, reason: reason::FUTEX, syscall: 202, for_ns: 1 };
         let snap = Snapshot {
@@ -132,6 +166,13 @@ impl Sim {
                     kind: stall_common::fd_kind::REGULAR,
                     counters,
                 })
+                .chain(self.log.map(|counters| FileSnap {
+                    tgid: TRAINER,
+                    fd: 7,
+                    file_id: LOG_ID,
+                    kind: stall_common::fd_kind::REGULAR,
+                    counters,
+                }))
                 .collect(),
             ..Default::default()
         };
@@ -167,6 +208,15 @@ fn gpu_second(from_s: u64, util: f64) -> GpuSnapshot {
         power_mw: Some(80_000 + (util * 6_000.0) as u32),
         power_limit_mw: Some(700_000),
     }
+}
+
+/// A GPU at `util` drawing `watts` (of 700 W) for `secs` polls.
+fn gpu_at_power(util: f64, watts: u32, secs: usize) -> FakeGpu {
+    FakeGpu::one_per_poll(
+        (0..secs)
+            .map(|s| GpuSnapshot { power_mw: Some(watts * 1000), ..gpu_second(s as u64, util) })
+            .collect(),
+    )
 }
 
 fn gpu_at(utils: &[f64]) -> FakeGpu {
@@ -273,4 +323,56 @@ fn non_files_are_told_to_the_kernel_side() {
     sim.job.observe(&mut sim.host, [pipe]);
     assert_eq!(sim.host.marked_not_file, vec![(TRAINER, 9)]);
     assert_eq!(sim.job.model.files[&77].kind, stall_common::fd_kind::OTHER);
+}
+
+#[test]
+fn a_job_that_stops_logging_behind_a_busy_gpu_is_hung() {
+    // Logs every second for 6 s, then waits in futex forever; the GPU says
+    // 100 % at 95 W throughout.
+    let mut sim = Sim::new(gpu_at_power(100.0, 95, 30));
+    for _ in 0..6 {
+        let tick = sim.trainer_second(120);
+        assert_eq!(tick.verdict.kind, Kind::GpuBusy, "{:?}", tick.verdict);
+    }
+    let mut ticks = Vec::new();
+    for _ in 0..14 {
+        ticks.push(sim.trainer_second(0));
+    }
+    let at = ticks.iter().position(|t| t.verdict.kind == Kind::Hang).expect("called a hang");
+    // Its rhythm is 1 s: the floor of 10 s of silence applies.
+    assert!((9..=11).contains(&at), "hang after {} silent seconds", at + 1);
+    let last = ticks.last().unwrap();
+    assert_eq!(last.verdict.kind, Kind::Hang);
+    assert!(last.verdict.summary.contains(LOG), "{}", last.verdict.summary);
+    assert!(last.verdict.summary.contains("95 W of 700 W"), "{}", last.verdict.summary);
+    assert!((last.progress.silent_s - 14.0).abs() < 1e-6, "{:?}", last.progress);
+    assert_eq!(last.progress.last_output.as_ref().unwrap().path, LOG);
+}
+
+#[test]
+fn a_job_silent_between_log_lines_at_high_power_stays_gpu_busy() {
+    // A log line every 4 s, the trainer waiting on the GPU in between, the
+    // GPU at 650 W: working.
+    let mut sim = Sim::new(gpu_at_power(100.0, 650, 40));
+    for s in 0..40 {
+        let tick = sim.trainer_second(if s % 4 == 0 { 200 } else { 0 });
+        assert_eq!(tick.verdict.kind, Kind::GpuBusy, "second {s}: {:?}", tick.verdict);
+    }
+}
+
+#[test]
+fn outputs_open_at_attach_date_the_silence() {
+    let mut sim = Sim::new(gpu_at_power(100.0, 95, 20));
+    // The log was last written 8 minutes before stall started (at 600 s).
+    sim.now = 600 * S;
+    sim.job = Job::new(1, 600 * S, Some(TRAINER), GpuScope::All);
+    sim.host.outputs.push((TRAINER, LOG.into(), 120 * S));
+    let trainer = ThreadSnap { tid: TRAINER, tgid: TRAINER, job: 1, ..Default::default() };
+    let snap = Snapshot { ts: 600 * S, threads: vec![trainer], ..Default::default() };
+    sim.job.absorb(&mut sim.host, &snap);
+    sim.job.note_outputs(&sim.host);
+    sim.gpus = GpuFleet::with_source(Some(Box::new(gpu_at_power(100.0, 95, 0))), 0);
+    let tick = sim.trainer_second(0);
+    assert!((tick.progress.silent_s - 481.0).abs() < 1e-6, "{:?}", tick.progress);
+    assert_eq!(tick.progress.last_output.as_ref().map(|o| o.path.as_str()), Some(LOG));
 }

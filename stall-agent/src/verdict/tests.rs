@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use stall_common::{counter::LOST_CAUSES, fd_kind, reason};
 
 use super::*;
+use crate::progress::OutputAge;
 use crate::{
     aggregate::Model,
     correlate,
@@ -37,6 +38,7 @@ struct Job {
     wakes: Vec<WakeSnap>,
     gpu_pids: HashSet<u32>,
     lost: [u64; LOST_CAUSES],
+    progress: ProgressView,
 }
 
 impl Job {
@@ -51,6 +53,7 @@ impl Job {
             wakes: vec![],
             gpu_pids: HashSet::new(),
             lost: [0; LOST_CAUSES],
+            progress: ProgressView { known: true, ..Default::default() },
         }
     }
 
@@ -118,7 +121,34 @@ impl Job {
         });
         let w = self.model.summary(end);
         let roles = correlate::assign(&w, &self.gpu_pids, Some(100));
-        judge(&w, &roles, gpus)
+        judge(&w, &roles, gpus, &self.progress)
+    }
+
+    /// The job has not moved for `secs`; `rhythm`: its usual gap;
+    /// `output`: its log and how long ago it was written.
+    fn silent(mut self, secs: f64, rhythm: Option<f64>, output: Option<(&str, f64)>) -> Self {
+        self.progress = ProgressView {
+            silent_s: secs,
+            known: true,
+            rhythm_s: rhythm,
+            last_output: output.map(|(path, ago_s)| OutputAge { path: path.into(), pid: 100, ago_s }),
+        };
+        self
+    }
+
+    /// Never seen to move, no output known: silent since tracing started.
+    fn never_moved(mut self) -> Self {
+        self.progress = ProgressView { silent_s: self.secs as f64, known: false, ..Default::default() };
+        self
+    }
+
+    /// The trainer wrote `bytes` to its stdout in the window.
+    fn printed(mut self, bytes: u64) -> Self {
+        if let Some(t) = self.threads.iter_mut().find(|t| t.tid == 100) {
+            t.counters.stdio_write_bytes += bytes;
+            t.counters.other_write_bytes += bytes;
+        }
+        self
     }
 }
 
@@ -136,6 +166,21 @@ fn gpu(util: f64, secs: u64, gap_at: Option<(u64, u64)>) -> GpuWindow {
         .map(|t| (t, util))
         .collect();
     gpu_window(0, "NVIDIA H200", &samples, 0, secs * S)
+}
+
+/// A GPU at `util` drawing `watts` of a 700 W limit.
+fn gpu_at_power(util: f64, secs: u64, watts: f64) -> GpuWindow {
+    GpuWindow { power_w: Some(watts), power_limit_w: Some(700.0), ..gpu(util, secs, None) }
+}
+
+/// The trainer sits in a futex, its workers idle, nothing is read.
+fn futex_trainer(secs: u64) -> Job {
+    Job::new(secs).trainer(0.001, [0.999, 0.0, 0.0, 0.0, 0.0, 0.0], blocked(reason::FUTEX)).worker(
+        101,
+        0.0,
+        [0.0, 0.0, 1.0, 0.0, 0.0, 0.0],
+        0,
+    )
 }
 
 //          on    futex io   poll sleep runq other
@@ -316,4 +361,70 @@ fn lost_events_mark_the_verdict_partial() {
     let v = job.judge(&[]);
     assert!(v.summary.contains("partial"), "{}", v.summary);
     assert!(v.evidence.iter().any(|e| e.contains("3 events lost")));
+}
+
+#[test]
+fn a_busy_gpu_at_low_power_behind_a_silent_job_is_a_hang() {
+    // The DFlash incident: the log stopped 8 minutes ago, the trainer sits
+    // in futex, NVML says 100 %.
+    let v = futex_trainer(10)
+        .silent(480.0, Some(2.0), Some(("/runs/dflash/train.log", 480.0)))
+        .judge(&[gpu_at_power(100.0, 10, 95.0)]);
+    assert_eq!(v.kind, Kind::Hang, "{v:?}");
+    for want in [
+        "reports 100% busy at 95 W of 700 W",
+        "nothing progressed for 8 min",
+        "train.log last written 8 min ago",
+        "futex 100%",
+    ] {
+        assert!(v.summary.contains(want), "{want:?} not in {}", v.summary);
+    }
+    assert!(v.evidence.iter().any(|e| e.contains("train.log")), "{:?}", v.evidence);
+}
+
+#[test]
+fn a_busy_gpu_at_high_power_is_working_however_silent() {
+    // A long step, or an evaluation: the GPU draws real power.
+    let v = futex_trainer(10).silent(120.0, Some(3.0), None).judge(&[gpu_at_power(100.0, 10, 640.0)]);
+    assert_eq!(v.kind, Kind::GpuBusy, "{v:?}");
+    assert!(v.summary.contains("at 640 W of 700 W: no input stall"), "{}", v.summary);
+}
+
+#[test]
+fn silence_within_the_jobs_own_rhythm_is_not_a_hang() {
+    // Logs every 5 s, waits on the GPU in between; 8 s of silence is within
+    // three of its gaps, even at unknown power.
+    let v = futex_trainer(10)
+        .silent(8.0, Some(5.0), Some(("/runs/train.log", 8.0)))
+        .judge(&[gpu(99.0, 10, None)]);
+    assert_eq!(v.kind, Kind::GpuBusy, "{v:?}");
+    // Five gaps' worth is not.
+    let v = futex_trainer(10)
+        .silent(25.0, Some(5.0), Some(("/runs/train.log", 25.0)))
+        .judge(&[gpu(99.0, 10, None)]);
+    assert_eq!(v.kind, Kind::Hang, "{v:?}");
+    assert!(v.summary.contains("it used to move at least every 5 s"), "{}", v.summary);
+}
+
+#[test]
+fn a_job_never_seen_to_move_needs_a_long_silence_behind_a_busy_gpu() {
+    let v = futex_trainer(30).never_moved().judge(&[gpu(99.0, 30, None)]);
+    assert_eq!(v.kind, Kind::GpuBusy, "{v:?}");
+    let v = futex_trainer(70).never_moved().judge(&[gpu(99.0, 70, None)]);
+    assert_eq!(v.kind, Kind::Hang, "{v:?}");
+}
+
+#[test]
+fn a_busy_gpu_at_low_power_is_called_out_while_the_job_moves() {
+    let v = io_bound_job().judge(&[gpu_at_power(100.0, 10, 80.0)]);
+    assert_eq!(v.kind, Kind::GpuBusy, "{v:?}");
+    assert!(v.summary.contains("barely computing"), "{}", v.summary);
+}
+
+#[test]
+fn a_trainer_that_prints_is_not_hung() {
+    let v = futex_trainer(6).judge(&[]);
+    assert_eq!(v.kind, Kind::Hang, "{v:?}");
+    let v = futex_trainer(6).printed(120).judge(&[]);
+    assert_ne!(v.kind, Kind::Hang, "{v:?}");
 }

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use crate::aggregate::Window;
+use crate::aggregate::{ProcWindow, Window};
 
 /// Gaps remembered to learn the job's rhythm.
 const GAPS: usize = 32;
@@ -90,7 +90,7 @@ impl Progress {
                 self.remember(Output { path: f.path.clone(), pid: p.tgid, last_write_ns: w.end_ns });
             }
         }
-        let moved = w.procs.iter().any(|p| p.progress_bytes() > 0);
+        let moved = w.procs.iter().any(ProcWindow::moved);
         if !moved {
             return;
         }
@@ -127,14 +127,16 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregate::{FileWindow, ProcWindow, ThreadWindow};
+    use crate::aggregate::{FileWindow, ThreadWindow};
     use crate::decode::ThreadCounters;
 
     const S: u64 = 1_000_000_000;
 
     fn window(end_s: u64, read: u64, written_to: Option<&str>) -> Window {
         let files = written_to
-            .map(|p| vec![FileWindow { path: p.into(), write_bytes: 100, write_calls: 1, ..Default::default() }])
+            .map(|p| {
+                vec![FileWindow { path: p.into(), write_bytes: 100, write_calls: 1, ..Default::default() }]
+            })
             .unwrap_or_default();
         let delta = ThreadCounters { file_read_bytes: read, ..Default::default() };
         Window {
