@@ -175,7 +175,12 @@ pub fn stall_with_stdout(
     let json = tempfile_path("json");
     let mut cmd = Command::new(stall_bin());
     let (sub, rest) = args.split_first().expect("a subcommand");
-    cmd.arg(sub).arg("--json").arg(&json).arg("--gpu").arg("off").args(rest);
+    cmd.arg(sub).arg("--json").arg(&json);
+    // No GPU unless the test brings one (a scripted NVML, or `--gpu`).
+    if !rest.iter().any(|a| *a == "--gpu" || *a == "--nvml-lib") {
+        cmd.arg("--gpu").arg("off");
+    }
+    cmd.args(rest);
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -182,3 +182,26 @@ fn prometheus_scrapes_the_daemon() {
     assert!(status.success(), "daemon exit: {status}");
     wait_until("the daemon's programs to go", Duration::from_secs(5), || still_loaded(&ours).is_empty());
 }
+
+/// The alerting rules shipped in deploy/ load in Prometheus and fire on the
+/// series the daemon exports (tests/alerts/ feeds them synthetic series).
+#[test]
+fn alert_rules_pass_promtool() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let rules = root.join("deploy/stall-alerts.yml");
+    let out = Command::new("promtool").args(["check", "rules"]).arg(&rules).output().unwrap();
+    assert!(out.status.success(), "promtool check rules: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("SUCCESS: 4 rules found"));
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("alerts");
+    let out = Command::new("promtool")
+        .args(["test", "rules", "stall-alerts.test.yml"])
+        .current_dir(&tests)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "promtool test rules: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -414,12 +414,31 @@ fn io_bound_job_under_run() {
     args.extend(
         ["--workers", "4", "--start-delay", "0", "--truth", truth_path.to_str().unwrap()].map(String::from),
     );
-    let run = stall_run(&args);
+    // The trainer holds a GPU that idles at 60 W (scripted NVML): it waits
+    // for batches.
+    let gpu = ScriptedGpu::new(&serde_json::json!(null));
+    let pid_file = gpu.path("trainer.pid");
+    gpu.update(&serde_json::json!({"devices": [{
+        "name": "Scripted H200", "power_limit_mw": 700_000,
+        "phases": [{"util_pct": 0, "power_mw": 60_000, "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}],
+    }]}));
+    // The shell's pid is the trainer's: it execs the workload.
+    let script = format!("echo $$ > {}; exec \"$@\"", pid_file.display());
+    let mut v: Vec<String> = vec!["run".into(), "-q".into()];
+    v.extend(gpu.args().iter().map(|a| a.to_string_lossy().into_owned()));
+    v.extend(["--".into(), "sh".into(), "-c".into(), script, "sh".into()]);
+    v.extend(workload(&args));
+    let refs: Vec<&str> = v.iter().map(String::as_str).collect();
+    let run = stall(&refs, &[gpu.env()], T);
     assert_eq!(run.status, 0, "{}", run.stderr);
     let t = finished_truth(&truth_path, "io");
     assert_throttled(&t);
     assert_eq!(workers(&t).len(), 4);
     assert_eq!(kind(run.summary()), "input-io-bound", "{}", verdict_summary(&run));
+    let g = &run.summary()["gpus"][0];
+    assert!(secs(&g["idle_fraction"]) > 0.9, "{g}");
+    assert!(verdict_summary(&run).starts_with("GPU0 idle"), "{}", verdict_summary(&run));
+    assert!(!verdict_summary(&run).contains("no GPU data"), "{}", verdict_summary(&run));
     assert_trainer(&run, &t);
     assert_workers_exact(&run, &t);
     assert_io_numbers(&run, &t);

@@ -341,7 +341,53 @@ def job_writes(args):
     write_truth(truth)
 
 
+def log_line(log, step):
+    log.write(f"step {step} loss {1.0 / (step + 1):.4f}\n")
+    log.flush()
+
+
+def job_log_then_hang(args):
+    """A trainer that logs `lines` steps to `log`, one every `every` s, then
+    blocks forever in a futex (an Event nobody sets), as a training loop
+    stuck behind a wedged GPU does. Announces its pid, and writes it to
+    $PID_FILE (the scripted GPU lists it as holding a context)."""
+    log_path, lines, every = args[0], int(args[1]), float(args[2])
+    pid_file = os.environ.get("PID_FILE")
+    if pid_file:
+        with open(pid_file, "w") as f:
+            f.write(str(os.getpid()))
+    print(os.getpid(), flush=True)
+    stuck = threading.Event()
+    with open(log_path, "a") as log:
+        for step in range(lines):
+            log_line(log, step)
+            stuck.wait(every)
+        write_truth({"last_write": time.time(), "pid": os.getpid()})
+        stuck.wait()
+
+
+def job_log_every(args):
+    """A healthy trainer that waits on its GPU (a futex, as a blocking CUDA
+    synchronize does) and logs a line every `every` s, for `secs` s."""
+    log_path, every, secs = args[0], float(args[1]), float(args[2])
+    pid_file = os.environ.get("PID_FILE")
+    if pid_file:
+        with open(pid_file, "w") as f:
+            f.write(str(os.getpid()))
+    synchronize = threading.Event()
+    end = time.monotonic() + secs
+    step = 0
+    with open(log_path, "a") as log:
+        while time.monotonic() < end:
+            log_line(log, step)
+            step += 1
+            synchronize.wait(min(every, max(0.0, end - time.monotonic())))
+    write_truth({"steps": step})
+
+
 JOBS = {
+    "log-then-hang": job_log_then_hang,
+    "log-every": job_log_every,
     "writes": job_writes,
     "open-before": job_open_before,
     "reuse": job_reuse,

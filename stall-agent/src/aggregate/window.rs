@@ -43,6 +43,18 @@ impl Window {
         files
     }
 
+    /// The files that were written, most bytes first, with the writer's pid.
+    pub fn files_by_written(&self) -> Vec<(u32, &FileWindow)> {
+        let mut files: Vec<(u32, &FileWindow)> = self
+            .procs
+            .iter()
+            .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f)))
+            .filter(|(_, f)| f.write_bytes > 0)
+            .collect();
+        files.sort_by_key(|(_, f)| std::cmp::Reverse(f.write_bytes));
+        files
+    }
+
     pub fn thread(&self, tid: u32) -> Option<(&ProcWindow, &ThreadWindow)> {
         self.procs.iter().find_map(|p| p.threads.iter().find(|t| t.tid == tid).map(|t| (p, t)))
     }

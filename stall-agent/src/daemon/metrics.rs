@@ -13,7 +13,11 @@ use stall_common::{
     reason,
 };
 
-use crate::{aggregate::Window, correlate::Roles, verdict::Kind};
+use crate::{
+    aggregate::Window,
+    correlate::Roles,
+    verdict::{GpuWindow, Kind},
+};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabels {
@@ -121,12 +125,17 @@ pub struct Metrics {
     read_bytes: Family<RoleLabels, Counter>,
     read_calls: Family<RoleLabels, Counter>,
     ipc_read_bytes: Family<RoleLabels, Counter>,
+    write_bytes: Family<RoleLabels, Counter>,
     on_cpu: Family<RoleLabels, FloatCounter>,
     off_cpu: Family<ReasonLabels, FloatCounter>,
     processes: Family<RoleLabels, Gauge>,
     verdict: Family<VerdictLabels, Gauge>,
     job_gpu_idle: Family<JobGpuLabels, FloatCounter>,
+    job_gpu_util: Family<JobGpuLabels, FloatGauge>,
+    last_progress_age: Family<JobLabels, FloatGauge>,
     gpu_util: Family<GpuLabels, FloatGauge>,
+    gpu_power: Family<GpuLabels, FloatGauge>,
+    gpu_power_limit: Family<GpuLabels, FloatGauge>,
     gpu_idle: Family<GpuLabels, FloatCounter>,
     lost: Family<CauseLabels, Counter>,
     pub agent_cpu: FloatCounter,
@@ -148,12 +157,17 @@ impl Metrics {
             read_bytes: Family::default(),
             read_calls: Family::default(),
             ipc_read_bytes: Family::default(),
+            write_bytes: Family::default(),
             on_cpu: Family::default(),
             off_cpu: Family::default(),
             processes: Family::default(),
             verdict: Family::default(),
             job_gpu_idle: Family::default(),
+            job_gpu_util: Family::default(),
+            last_progress_age: Family::default(),
             gpu_util: Family::default(),
+            gpu_power: Family::default(),
+            gpu_power_limit: Family::default(),
             gpu_idle: Family::default(),
             lost: Family::default(),
             agent_cpu: FloatCounter::default(),
@@ -170,6 +184,12 @@ impl Metrics {
             Unit::Bytes,
             m.ipc_read_bytes.clone(),
         );
+        r.register_with_unit(
+            "write",
+            "Bytes written to regular files (logs, checkpoints)",
+            Unit::Bytes,
+            m.write_bytes.clone(),
+        );
         r.register_with_unit("on_cpu", "Time on CPU", Unit::Seconds, m.on_cpu.clone());
         r.register_with_unit("off_cpu", "Time off CPU, by reason", Unit::Seconds, m.off_cpu.clone());
         r.register("processes", "Live processes of the job, by role", m.processes.clone());
@@ -179,6 +199,29 @@ impl Metrics {
             "Time a GPU the job uses spent idle (utilization <= 5%)",
             Unit::Seconds,
             m.job_gpu_idle.clone(),
+        );
+        r.register(
+            "job_gpu_utilization_percent",
+            "Mean utilization of a GPU the job uses, over the last interval",
+            m.job_gpu_util.clone(),
+        );
+        r.register_with_unit(
+            "last_progress_age",
+            "Time since the job last read a file or wrote output (its log, checkpoints, stdout)",
+            Unit::Seconds,
+            m.last_progress_age.clone(),
+        );
+        r.register_with_unit(
+            "gpu_power",
+            "Mean board power draw over the last interval",
+            Unit::Other("watts".into()),
+            m.gpu_power.clone(),
+        );
+        r.register_with_unit(
+            "gpu_power_limit",
+            "Enforced board power limit",
+            Unit::Other("watts".into()),
+            m.gpu_power_limit.clone(),
         );
         r.register(
             "gpu_utilization_percent",
@@ -214,6 +257,7 @@ impl Metrics {
             self.read_bytes.get_or_create(&rl).inc_by(p.file_read_bytes());
             self.read_calls.get_or_create(&rl).inc_by(p.files.iter().map(|f| f.read_calls).sum());
             self.ipc_read_bytes.get_or_create(&rl).inc_by(p.other_read_bytes);
+            self.write_bytes.get_or_create(&rl).inc_by(p.file_write_bytes());
             self.on_cpu.get_or_create(&rl).inc_by(sum.on_cpu_ns as f64 / 1e9);
             for (i, name) in reason::NAMES.iter().enumerate() {
                 self.off_cpu.get_or_create(&job.reason(role, name)).inc_by(sum.off_ns[i] as f64 / 1e9);
@@ -233,14 +277,28 @@ impl Metrics {
         }
     }
 
-    pub fn add_job_gpu_idle(&self, job: &JobLabels, gpu: u32, secs: f64) {
-        self.job_gpu_idle.get_or_create(&job.gpu(gpu)).inc_by(secs);
+    /// One interval of a GPU the job uses.
+    pub fn add_job_gpu(&self, job: &JobLabels, g: &GpuWindow, secs: f64) {
+        let l = job.gpu(g.index);
+        self.job_gpu_idle.get_or_create(&l).inc_by(g.idle_fraction * secs);
+        self.job_gpu_util.get_or_create(&l).set(g.util_mean_pct);
     }
 
-    pub fn set_gpu(&self, gpu: u32, name: &str, util_pct: f64, idle_secs: f64) {
-        let l = GpuLabels { gpu: gpu.to_string(), name: name.to_string() };
-        self.gpu_util.get_or_create(&l).set(util_pct);
+    pub fn set_last_progress_age(&self, job: &JobLabels, secs: f64) {
+        self.last_progress_age.get_or_create(job).set(secs);
+    }
+
+    /// One interval of a GPU of the node.
+    pub fn set_gpu(&self, g: &GpuWindow, idle_secs: f64) {
+        let l = GpuLabels { gpu: g.index.to_string(), name: g.name.clone() };
+        self.gpu_util.get_or_create(&l).set(g.util_mean_pct);
         self.gpu_idle.get_or_create(&l).inc_by(idle_secs);
+        if let Some(w) = g.power_w {
+            self.gpu_power.get_or_create(&l).set(w);
+        }
+        if let Some(w) = g.power_limit_w {
+            self.gpu_power_limit.get_or_create(&l).set(w);
+        }
     }
 
     pub fn add_lost(&self, lost: &[u64; LOST_CAUSES]) {
@@ -257,6 +315,7 @@ impl Metrics {
             self.read_bytes.remove(&rl);
             self.read_calls.remove(&rl);
             self.ipc_read_bytes.remove(&rl);
+            self.write_bytes.remove(&rl);
             self.on_cpu.remove(&rl);
             self.processes.remove(&rl);
             for name in reason::NAMES {
@@ -268,7 +327,9 @@ impl Metrics {
         }
         for g in gpus {
             self.job_gpu_idle.remove(&job.gpu(*g));
+            self.job_gpu_util.remove(&job.gpu(*g));
         }
+        self.last_progress_age.remove(job);
     }
 
     pub fn encode(&self) -> String {

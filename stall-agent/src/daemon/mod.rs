@@ -28,6 +28,7 @@ use crate::{
     error::Error,
     gpu::GpuSelect,
     job::{Feed, GpuFleet, GpuScope, Job, Tick, Wake},
+    progress::ProgressView,
     verdict::Verdict,
 };
 
@@ -59,6 +60,7 @@ struct JobDoc<'a> {
     pod: &'a str,
     container: &'a str,
     verdict: Option<&'a Verdict>,
+    progress: Option<&'a ProgressView>,
     processes: usize,
     top_files: Vec<FileDoc>,
     gpus: Vec<u32>,
@@ -167,7 +169,7 @@ fn export_node(
 ) {
     for g in &gpus.tracks {
         let w = g.window(snap.ts.saturating_sub(interval.as_nanos() as u64), snap.ts);
-        m.set_gpu(g.index, &g.name, w.util_mean_pct, w.idle_fraction * interval.as_secs_f64());
+        m.set_gpu(&w, w.idle_fraction * interval.as_secs_f64());
     }
     let lost: [u64; LOST_CAUSES] = std::array::from_fn(|i| snap.lost[i].saturating_sub(seen.lost[i]));
     seen.lost = snap.lost;
@@ -299,8 +301,9 @@ fn step(w: &mut Watched, capture: &mut Capture, snap: &Snapshot, gpus: &GpuFleet
     metrics.add_window(&w.labels, &tick.interval, &tick.roles);
     let secs = tick.interval.secs();
     for g in &tick.interval_gpus {
-        metrics.add_job_gpu_idle(&w.labels, g.index, g.idle_fraction * secs);
+        metrics.add_job_gpu(&w.labels, g, secs);
     }
+    metrics.set_last_progress_age(&w.labels, tick.progress.silent_s);
     metrics.set_verdict(&w.labels, tick.verdict.kind);
     w.last = Some(tick);
     w.job.prune();
@@ -331,6 +334,7 @@ fn jobs_json(jobs: &BTreeMap<PathBuf, Watched>, interval: Duration) -> String {
                 pod: &j.labels.pod,
                 container: &j.labels.container,
                 verdict: j.last.as_ref().map(|t| &t.verdict),
+                progress: j.last.as_ref().map(|t| &t.progress),
                 processes: j.job.model.procs.values().filter(|p| p.alive).count(),
                 top_files: files,
                 gpus: j.job.devices.iter().copied().collect(),

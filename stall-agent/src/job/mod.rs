@@ -47,6 +47,8 @@ pub struct Job {
     /// Devices this job has used, so their series can be dropped with it.
     pub devices: BTreeSet<u32>,
     progress: Progress,
+    /// The outputs open at attach have been looked at.
+    outputs_noted: bool,
 }
 
 /// What the outputs need after one interval.
@@ -85,12 +87,15 @@ impl Job {
             scope,
             devices: BTreeSet::new(),
             progress: Progress::new(start_ns),
+            outputs_noted: false,
         }
     }
 
     /// Records the outputs its processes have open now, with their last
     /// write: a job that went silent before stall attached is dated at once.
-    pub fn note_outputs(&mut self, host: &dyn Host) {
+    /// Once, at the first snapshot that has its threads (not for every
+    /// process forked later: a fork storm would walk /proc for each).
+    fn note_outputs(&mut self, host: &dyn Host) {
         let pids: Vec<u32> = self.model.procs.values().filter(|p| p.alive).map(|p| p.tgid).collect();
         for pid in pids {
             for (path, last_write_ns) in host.outputs(pid) {
@@ -154,6 +159,10 @@ impl Job {
             self.note_process(host, t.tgid);
         }
         self.model.refresh_names(|tgid, tid| host.thread_comm(tgid, tid));
+        if !self.outputs_noted && !snap.threads.is_empty() {
+            self.outputs_noted = true;
+            self.note_outputs(host);
+        }
         let (tgids, tids) = self.model.dead();
         if tgids.is_empty() && tids.is_empty() {
             return;

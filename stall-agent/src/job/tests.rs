@@ -370,7 +370,6 @@ fn outputs_open_at_attach_date_the_silence() {
     let trainer = ThreadSnap { tid: TRAINER, tgid: TRAINER, job: 1, ..Default::default() };
     let snap = Snapshot { ts: 600 * S, threads: vec![trainer], ..Default::default() };
     sim.job.absorb(&mut sim.host, &snap);
-    sim.job.note_outputs(&sim.host);
     sim.gpus = GpuFleet::with_source(Some(Box::new(gpu_at_power(100.0, 95, 0))), 0);
     let tick = sim.trainer_second(0);
     assert!((tick.progress.silent_s - 481.0).abs() < 1e-6, "{:?}", tick.progress);

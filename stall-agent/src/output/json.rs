@@ -7,6 +7,7 @@ use super::View;
 use crate::{
     aggregate::{ProcWindow, ThreadWindow},
     decode::ThreadCounters,
+    progress::ProgressView,
     verdict::{GpuWindow, Verdict},
 };
 
@@ -30,6 +31,8 @@ pub struct Record<'a> {
     pub gpu_available: bool,
     pub processes: Vec<Process>,
     pub gpus: &'a [GpuWindow],
+    /// When the job last moved (reads, writes) and its newest output.
+    pub progress: &'a ProgressView,
     pub verdict: &'a Verdict,
 }
 
@@ -70,6 +73,11 @@ pub struct Process {
     pub files_opened: u64,
     /// Bytes read from pipes, sockets and other non-files (never file throughput).
     pub ipc_read_bytes: u64,
+    /// Bytes written to regular files, to anything else, and to stdout or
+    /// stderr whatever they are (also in one of the two before).
+    pub file_write_bytes: u64,
+    pub other_write_bytes: u64,
+    pub stdio_write_bytes: u64,
     pub on_cpu_s: f64,
     pub off_cpu_s: f64,
     pub off_cpu_by_reason: OffCpu,
@@ -164,6 +172,9 @@ fn process(p: &ProcWindow, role: &'static str) -> Process {
         read_calls: p.files.iter().map(|f| f.read_calls).sum(),
         files_opened: p.files.iter().map(|f| f.opens).sum(),
         ipc_read_bytes: p.other_read_bytes,
+        file_write_bytes: sum.file_write_bytes,
+        other_write_bytes: sum.other_write_bytes,
+        stdio_write_bytes: sum.stdio_write_bytes,
         on_cpu_s: sum.on_cpu_ns as f64 / 1e9,
         off_cpu_s: sum.off_cpu_ns() as f64 / 1e9,
         off_cpu_by_reason: (&sum).into(),
@@ -203,6 +214,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         gpu_available: !v.gpus.is_empty(),
         processes: w.procs.iter().map(|p| process(p, v.roles.of(p.tgid).as_str())).collect(),
         gpus: v.gpus,
+        progress: v.progress,
         verdict: v.verdict,
     }
 }

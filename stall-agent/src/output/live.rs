@@ -25,15 +25,17 @@ pub fn screen(v: &View, rate_per_s: f64, rows: usize, cols: usize) -> String {
             for g in v.gpus {
                 let _ = writeln!(
                     out,
-                    "GPU{} {:<20} util {:>3.0}%  idle {}",
+                    "GPU{} {:<20} util {:>3.0}%  idle {}{}",
                     g.index,
                     g.name,
                     g.util_mean_pct,
-                    units::pct(g.idle_fraction)
+                    units::pct(g.idle_fraction),
+                    super::gpu_power(g)
                 );
             }
         }
     }
+    let _ = writeln!(out, "{}", fit(&super::progress_line(v.progress), cols));
     let _ = writeln!(out);
     // The columns before TOP FILE take 112 characters.
     let file_cols = cols.saturating_sub(112).max(12);

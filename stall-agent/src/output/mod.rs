@@ -6,6 +6,8 @@ pub mod report;
 use crate::{
     aggregate::Window,
     correlate::Roles,
+    progress::ProgressView,
+    units,
     verdict::{GpuWindow, Verdict},
 };
 
@@ -20,4 +22,37 @@ pub struct View<'a> {
     /// What is traced, for headers ("pid 1234", "cgroup /x", "python train.py").
     pub target: &'a str,
     pub gpu_note: Option<&'a str>,
+    /// When the job last moved (reads, writes), at the window's end.
+    pub progress: &'a ProgressView,
+}
+
+/// "last progress 3 s ago (/runs/train.log written 3 s ago)", for the
+/// report and the live view.
+pub fn progress_line(p: &ProgressView) -> String {
+    let mut line = if p.known {
+        format!("last progress {} ago", units::span(p.silent_s))
+    } else {
+        format!("no progress seen in {} (no reads, no writes)", units::span(p.silent_s))
+    };
+    if let Some(r) = p.rhythm_s {
+        line.push_str(&format!(", usually every {} or less", units::span(r)));
+    }
+    if let Some(o) = &p.last_output {
+        line.push_str(&format!("; {} written {} ago", o.path, units::span(o.ago_s)));
+    }
+    line
+}
+
+/// " at 95 W of 700 W, SM 40%": what the device says beyond utilization.
+pub fn gpu_power(g: &GpuWindow) -> String {
+    let mut s = String::new();
+    match (g.power_w, g.power_limit_w) {
+        (Some(p), Some(l)) => s.push_str(&format!(" at {p:.0} W of {l:.0} W")),
+        (Some(p), None) => s.push_str(&format!(" at {p:.0} W")),
+        _ => {}
+    }
+    if let Some(sm) = g.sm_util_pct {
+        s.push_str(&format!(", processes' SM {sm:.0}%"));
+    }
+    s
 }

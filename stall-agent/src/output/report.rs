@@ -107,14 +107,16 @@ pub fn render(v: &View) -> String {
     for g in v.gpus {
         let _ = writeln!(
             out,
-            "GPU{} {}: mean utilization {:.0}%, idle {} ({} samples)",
+            "GPU{} {}: mean utilization {:.0}%{}, idle {} ({} samples)",
             g.index,
             g.name,
             g.util_mean_pct,
+            super::gpu_power(g),
             units::pct(g.idle_fraction),
             g.samples
         );
     }
+    let _ = writeln!(out, "Progress: {}", super::progress_line(v.progress));
     if w.lost_total() > 0 {
         let _ = writeln!(
             out,
@@ -167,6 +169,21 @@ pub fn render(v: &View) -> String {
     }
     if files.len() > 10 {
         let _ = writeln!(out, "  ... and {} more files", files.len() - 10);
+    }
+    let written = w.files_by_written();
+    if !written.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "Files written (logs, checkpoints):");
+    }
+    for (pid, f) in written.iter().take(5) {
+        let _ = writeln!(
+            out,
+            "  {}: {} in {} writes [{} pid {pid}]",
+            f.path,
+            units::bytes(f.write_bytes),
+            f.write_calls,
+            v.roles.of(*pid).as_str()
+        );
     }
     let _ = writeln!(out);
     let exited = w.procs.iter().filter(|p| !p.alive).count();

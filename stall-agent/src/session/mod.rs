@@ -184,6 +184,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         elapsed_s: report.summary.secs(),
         target: out.label,
         gpu_note: out.gpu_note,
+        progress: &report.progress,
     };
     if let Some(j) = &mut sinks.json {
         writeln!(j, "{}", output::json::line("summary", &view))?;
@@ -233,6 +234,7 @@ fn emit_interval(sinks: &mut Sinks, tick: &Tick, out: &Out) -> Result<()> {
         elapsed_s: tick.elapsed_s,
         target: out.label,
         gpu_note: out.gpu_note,
+        progress: &tick.progress,
     };
     if let Some(j) = &mut sinks.json {
         writeln!(j, "{}", output::json::line("interval", &v))?;

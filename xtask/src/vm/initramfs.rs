@@ -36,8 +36,9 @@ const HOST_TOOLS: [(&str, &str); 3] = [
     ("/usr/bin/prometheus", "prometheus"),
     ("/usr/bin/promtool", "prometheus"),
 ];
-/// Workspace folders the tests read at run time (workloads, demo job).
-const WORKSPACE_DATA: [&str; 2] = ["tests", "demo"];
+/// Workspace folders the tests read at run time (workloads, demo job, the
+/// alerting rules).
+const WORKSPACE_DATA: [&str; 3] = ["tests", "demo", "deploy"];
 /// Where stall, the test binaries and /init's settings go in the guest.
 const GUEST_STALL: &str = "stall/bin/stall";
 /// The scripted NVML library the GPU tests load (`STALL_NVML_SCRIPT_LIB`).
