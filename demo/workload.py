@@ -128,6 +128,9 @@ def parse_args(argv=None):
     p.add_argument("--start-delay", type=float, default=1.5,
                    help="seconds between printing the PID line and starting the workers, so a tracer "
                         "can attach (default: %(default)s)")
+    p.add_argument("--import-s", type=float, default=0.0,
+                   help="seconds of CPU work in the trainer before the workers start, as `import torch` "
+                        "does (default: %(default)s)")
     p.add_argument("--start-after", default=None, metavar="PATH",
                    help="after --start-delay, also wait until PATH exists before starting the workers")
     p.add_argument("--max-seconds", type=float, default=None,
@@ -143,8 +146,8 @@ def parse_args(argv=None):
         a.compute_ms = COMPUTE_MS[a.mode]
     if a.decode_ms is None:
         a.decode_ms = DECODE_MS[a.mode]
-    if a.throttle_mbps < 0 or a.compute_ms < 0 or a.decode_ms < 0 or a.start_delay < 0:
-        p.error("--throttle-mbps, --compute-ms, --decode-ms and --start-delay must not be negative")
+    if a.throttle_mbps < 0 or a.compute_ms < 0 or a.decode_ms < 0 or a.start_delay < 0 or a.import_s < 0:
+        p.error("--throttle-mbps, --compute-ms, --decode-ms, --start-delay and --import-s must not be negative")
     if a.max_seconds is not None and a.max_seconds <= 0:
         p.error("--max-seconds must be positive")
     if a.prepare_only and a.mode != "io":
@@ -643,6 +646,8 @@ class Job:
         print(f"PID {os.getpid()}", flush=True)
         try:
             self.pause(a.start_delay)
+            if a.import_s > 0:
+                compute(a.import_s * 1000.0)
             if a.start_after:
                 while not os.path.exists(a.start_after):
                     self.pause(0.02)

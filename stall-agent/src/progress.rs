@@ -8,7 +8,10 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use crate::aggregate::{ProcWindow, Window};
+use crate::{
+    aggregate::{ProcWindow, Window},
+    correlate::{Role, Roles},
+};
 
 /// Gaps remembered to learn the job's rhythm.
 const GAPS: usize = 32;
@@ -83,14 +86,18 @@ impl Progress {
         self.outputs.truncate(8);
     }
 
-    /// Takes one interval window: did the job move in it?
-    pub fn observe(&mut self, w: &Window) {
-        for p in &w.procs {
+    /// Takes one interval window: did the job move in it? Only the trainer
+    /// and its workers count (`roles`; everyone while no trainer is known):
+    /// a metrics uploader or a log shipper beside them writes whether or
+    /// not training moves.
+    pub fn observe(&mut self, w: &Window, roles: &Roles) {
+        let counts = |tgid: u32| roles.trainers.is_empty() || roles.of(tgid) != Role::Other;
+        for p in w.procs.iter().filter(|p| counts(p.tgid)) {
             for f in p.files.iter().filter(|f| f.write_bytes > 0) {
                 self.remember(Output { path: f.path.clone(), pid: p.tgid, last_write_ns: w.end_ns });
             }
         }
-        let moved = w.procs.iter().any(ProcWindow::moved);
+        let moved = w.procs.iter().filter(|p| counts(p.tgid)).any(ProcWindow::moved);
         if !moved {
             return;
         }
@@ -158,7 +165,7 @@ mod tests {
         let mut p = Progress::new(0);
         for s in 1..=9 {
             // A log line every 3 s, nothing else.
-            p.observe(&window(s, 0, (s % 3 == 0).then_some("/run/train.log")));
+            p.observe(&window(s, 0, (s % 3 == 0).then_some("/run/train.log")), &Roles::default());
         }
         let v = p.view(20 * S);
         assert!(v.known);
@@ -175,7 +182,7 @@ mod tests {
         p.note_output("/run/train.log", 7, 120 * S);
         p.note_output("/run/older.log", 7, 60 * S);
         for s in 601..=610 {
-            p.observe(&window(s, 0, None));
+            p.observe(&window(s, 0, None), &Roles::default());
         }
         let v = p.view(610 * S);
         assert!(v.known && v.rhythm_s.is_none());
@@ -186,12 +193,12 @@ mod tests {
     #[test]
     fn without_any_move_or_output_silence_runs_from_the_start_unknown() {
         let mut p = Progress::new(5 * S);
-        p.observe(&window(6, 0, None));
+        p.observe(&window(6, 0, None), &Roles::default());
         let v = p.view(9 * S);
         assert!(!v.known);
         assert!((v.silent_s - 4.0).abs() < 1e-9);
         // Reads are moves too.
-        p.observe(&window(10, 4096, None));
+        p.observe(&window(10, 4096, None), &Roles::default());
         assert!(p.view(10 * S).silent_s < 1e-9);
     }
 }

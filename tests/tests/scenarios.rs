@@ -374,7 +374,9 @@ fn assert_io_numbers(run: &Run, t: &Value) {
     let read = format!("{n} workers read {} at ", human_bytes(total));
     assert!(line.contains(&read), "{read:?} not in {line:?}");
     let rate = number_before(line, &read, "MB/s");
-    let window = secs(&run.summary()["duration_s"]);
+    // The verdict judges the steady state: the run less its startup.
+    let startup = run.summary()["startup_s"].as_f64().unwrap_or(0.0);
+    let window = secs(&run.summary()["duration_s"]) - startup;
     assert_close("MB/s in the verdict vs truth bytes / window", rate, total as f64 / 1e6 / window, 0.02);
     let own = total as f64 / 1e6 / (secs(&t["end"]) - secs(&t["start"]));
     eprintln!("io: verdict says {rate} MB/s over {window:.2}s; the job read at {own:.1} MB/s");
@@ -481,6 +483,45 @@ fn cpu_bound_transforms() {
         assert!(want >= 0.1, "truth: worker {pid} did little: {w}");
         assert_cpu_close(&format!("worker {pid} on-CPU ({main})"), secs(&main["on_cpu_s"]), want, 0.05);
     }
+}
+
+/// 2b. A short run whose trainer first spends longer importing (on CPU)
+///     than its CPU-bound pipeline then runs: the verdict is on the steady
+///     state after the workers start, and the report says how long startup
+///     took.
+#[test]
+fn a_short_run_is_judged_after_its_startup() {
+    let _t = Timed::start("a_short_run_is_judged_after_its_startup");
+    let s = disk_scratch("startup");
+    let truth_path = s.path("truth.json");
+    let run = stall_run(&[
+        "--mode",
+        "cpu",
+        "--workers",
+        "4",
+        "--batches",
+        "40",
+        "--decode-ms",
+        "50",
+        "--start-delay",
+        "0",
+        "--import-s",
+        "2.5",
+        "--truth",
+        truth_path.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = finished_truth(&truth_path, "cpu");
+    let sum = run.summary();
+    assert_eq!(kind(sum), "input-cpu-bound", "{}", verdict_summary(&run));
+    let startup = secs(&sum["startup_s"]);
+    // Imports, then the workers start; startup ends with the last interval
+    // (1 s) before that.
+    assert!((1.4..5.0).contains(&startup), "startup {startup} s");
+    // The whole run's numbers stay whole: the trainer's CPU time includes
+    // the imports.
+    let trainer = run.thread(u(&t["trainer"]));
+    assert!(secs(&trainer["on_cpu_s"]) >= 2.4, "{trainer}");
 }
 
 /// 3. Workers blocked forever before reading anything: `hang` within 10 s

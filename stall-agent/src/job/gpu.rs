@@ -161,6 +161,17 @@ impl GpuTrack {
         w
     }
 
+    /// From `start_ns` on: the recent samples when they reach that far
+    /// back, else the whole run.
+    pub fn since(&self, start_ns: u64, end_ns: u64) -> GpuWindow {
+        match self.recent.front() {
+            Some((first, _)) if *first <= start_ns || self.recent.len() == self.n => {
+                self.window(start_ns, end_ns)
+            }
+            _ => self.summary(end_ns),
+        }
+    }
+
     pub fn summary(&self, end_ns: u64) -> GpuWindow {
         let n = self.n.max(1) as f64;
         let tail = end_ns.saturating_sub(self.last_ts.unwrap_or(end_ns));

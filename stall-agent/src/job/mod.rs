@@ -25,6 +25,9 @@ use crate::{
     verdict::{self, GpuWindow, Kind, Verdict},
 };
 
+/// The shortest steady state the final verdict is given alone.
+const MIN_STEADY_NS: u64 = 2_000_000_000;
+
 /// Which devices count as the job's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuScope {
@@ -49,6 +52,17 @@ pub struct Job {
     progress: Progress,
     /// The outputs open at attach have been looked at.
     outputs_noted: bool,
+    startup: Startup,
+}
+
+/// Where the job is in its startup (imports, spawning workers) before its
+/// input pipeline runs.
+#[derive(Debug)]
+enum Startup {
+    /// No batch yet; the whole run as of the last tick.
+    Watching { before: Window },
+    /// The pipeline started after `before` (the whole run until then).
+    Done { before: Window },
 }
 
 /// What the outputs need after one interval.
@@ -73,8 +87,12 @@ pub struct Report {
     pub summary: Window,
     pub gpus: Vec<GpuWindow>,
     pub roles: Roles,
+    /// The verdict: on the steady state when a startup was set apart.
     pub verdict: Verdict,
     pub progress: ProgressView,
+    /// Seconds from the start of tracing to the interval in which the input
+    /// pipeline started, when there was a startup to set apart.
+    pub startup_s: Option<f64>,
 }
 
 impl Job {
@@ -88,6 +106,7 @@ impl Job {
             devices: BTreeSet::new(),
             progress: Progress::new(start_ns),
             outputs_noted: false,
+            startup: Startup::Watching { before: Window::default() },
         }
     }
 
@@ -192,16 +211,18 @@ impl Job {
     pub fn tick(&mut self, host: &mut dyn Host, snap: &Snapshot, gpus: &GpuFleet) -> Tick {
         self.absorb(host, snap);
         let interval = self.model.interval(snap.ts);
-        self.progress.observe(&interval);
         push_recent(&mut self.recent, interval.clone());
         let recent = Window::merge(self.recent.make_contiguous());
         let tracks = self.tracks(gpus);
-        let roles = self.roles(&tracks, snap.ts);
+        let summary = self.model.summary(snap.ts);
+        let roles = self.roles(&tracks, &summary);
+        self.progress.observe(&interval, &roles);
         let window_of = |w: &Window| -> Vec<GpuWindow> {
             tracks.iter().map(|g| g.window(w.start_ns, w.end_ns)).collect()
         };
         let gpu_windows = window_of(&recent);
         let interval_gpus = window_of(&interval);
+        self.watch_startup(summary, &interval, &roles, &interval_gpus);
         let progress = self.progress.view(snap.ts);
         let verdict = verdict::judge(&recent, &roles, &gpu_windows, &progress);
         Tick {
@@ -216,25 +237,74 @@ impl Job {
         }
     }
 
-    /// The whole run up to `end_ns`. A job that ends hung is hung, whatever
-    /// it did before: then the verdict is the last few seconds'.
+    /// Startup ends when the input pipeline starts: the first interval in
+    /// which a worker runs or reads, a worker wakes a trainer thread (a
+    /// DataLoader queue delivering), or a GPU of the job runs kernels. The
+    /// whole run up to the interval before is the baseline the final
+    /// verdict subtracts (`import torch` and friends are not the job's
+    /// steady state); until then, the last tick's whole-run window is kept
+    /// for that purpose.
+    fn watch_startup(&mut self, summary: Window, interval: &Window, roles: &Roles, gpus: &[GpuWindow]) {
+        if matches!(self.startup, Startup::Done { .. }) {
+            return;
+        }
+        let workers_ran = roles.workers.iter().filter_map(|w| interval.proc(*w)).any(|p| {
+            let c = p.sum();
+            c.on_cpu_ns > 0 || c.file_read_bytes > 0 || p.file_read_bytes() > 0
+        });
+        let fed = roles.trainers.iter().filter_map(|t| interval.proc(*t)).any(|p| {
+            p.threads
+                .iter()
+                .any(|t| t.woken_by.iter().any(|w| w.count > 0 && roles.workers.contains(&w.tgid)))
+        });
+        let gpu_ran = gpus.iter().any(|g| g.samples > 0 && g.util_mean_pct > verdict::rules::IDLE_UTIL_PCT);
+        if !(workers_ran || fed || gpu_ran) {
+            self.startup = Startup::Watching { before: summary };
+            return;
+        }
+        let before =
+            match std::mem::replace(&mut self.startup, Startup::Watching { before: Window::default() }) {
+                Startup::Watching { before } if before.end_ns > 0 => before,
+                // The first interval already delivered: no startup to set apart.
+                _ => Window {
+                    start_ns: self.model.start_ns,
+                    end_ns: self.model.start_ns,
+                    ..Default::default()
+                },
+            };
+        self.startup = Startup::Done { before };
+    }
+
+    /// The whole run up to `end_ns`, and the verdict on its steady state
+    /// (after startup, when it ended). A job that ends hung is hung,
+    /// whatever it did before: then the verdict is the last few seconds'.
     pub fn finish(&mut self, end_ns: u64, gpus: &GpuFleet) -> Report {
         let end_ns = end_ns.max(self.model.last_ns);
         let summary = self.model.summary(end_ns);
         let tracks = self.tracks(gpus);
-        let roles = self.roles(&tracks, end_ns);
+        let roles = self.roles(&tracks, &summary);
         let recent = Window::merge(self.recent.make_contiguous());
         let recent_gpus: Vec<GpuWindow> =
             tracks.iter().map(|g| g.window(recent.start_ns, recent.end_ns)).collect();
         let progress = self.progress.view(end_ns);
         let recent_verdict = verdict::judge(&recent, &roles, &recent_gpus, &progress);
         let summary_gpus: Vec<GpuWindow> = tracks.iter().map(|g| g.summary(end_ns)).collect();
-        let verdict = if recent_verdict.kind == Kind::Hang {
-            recent_verdict
-        } else {
-            verdict::judge(&summary, &roles, &summary_gpus, &progress)
+        let (startup_s, verdict) = match &self.startup {
+            _ if recent_verdict.kind == Kind::Hang => (None, recent_verdict),
+            // A steady state too short to judge (the pipeline started as the
+            // job ended) is no reason to drop the rest.
+            Startup::Done { before }
+                if before.end_ns > self.model.start_ns
+                    && end_ns.saturating_sub(before.end_ns) >= MIN_STEADY_NS =>
+            {
+                let steady = summary.since(before);
+                let gpus: Vec<GpuWindow> = tracks.iter().map(|g| g.since(steady.start_ns, end_ns)).collect();
+                let startup = (before.end_ns - self.model.start_ns) as f64 / 1e9;
+                (Some(startup), verdict::judge(&steady, &roles, &gpus, &progress))
+            }
+            _ => (None, verdict::judge(&summary, &roles, &summary_gpus, &progress)),
         };
-        Report { summary, gpus: summary_gpus, roles, verdict, progress }
+        Report { summary, gpus: summary_gpus, roles, verdict, progress, startup_s }
     }
 
     /// Forgets what has ended once it was counted (the daemon's memory
@@ -265,9 +335,9 @@ impl Job {
     }
 
     /// Roles over the whole run so far (stable from one tick to the next).
-    fn roles(&self, tracks: &[&GpuTrack], end_ns: u64) -> Roles {
+    fn roles(&self, tracks: &[&GpuTrack], summary: &Window) -> Roles {
         let on_gpu: HashSet<u32> = tracks.iter().flat_map(|g| g.pids.iter().copied()).collect();
-        correlate::assign(&self.model.summary(end_ns), &on_gpu, self.root)
+        correlate::assign(summary, &on_gpu, self.root)
     }
 }
 

@@ -6,7 +6,7 @@ use stall_common::reason;
 
 use super::*;
 use crate::{
-    decode::{FileCounters, FileSnap, JobEvent, ThreadCounters, ThreadNow, ThreadSnap},
+    decode::{FileCounters, FileSnap, JobEvent, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
     gpu::{FakeGpu, GpuProcUse, GpuSample, GpuSnapshot},
 };
 
@@ -65,6 +65,8 @@ struct Sim {
     files: HashMap<u32, FileCounters>,
     /// The trainer's log.
     log: Option<FileCounters>,
+    /// Wakeups of the trainer by each worker (batches delivered).
+    fed: HashMap<u32, u64>,
     alive: HashSet<u32>,
 }
 
@@ -107,6 +109,7 @@ impl Sim {
             threads: HashMap::new(),
             files: HashMap::new(),
             log: None,
+            fed: HashMap::new(),
             alive,
         }
     }
@@ -130,6 +133,21 @@ impl Sim {
         }
         self.now += S;
         self.tick()
+    }
+
+    /// One second of `import torch`: the trainer on CPU, nothing else.
+    fn importing_second(&mut self) -> Tick {
+        self.threads.entry(TRAINER).or_default().on_cpu_ns += S;
+        self.now += S;
+        self.tick()
+    }
+
+    /// [`Self::second`], with each worker handing the trainer 10 batches.
+    fn feeding_second(&mut self, trainer_wait: f64, worker_io: f64, bytes: u64) -> Tick {
+        for w in WORKERS {
+            *self.fed.entry(w).or_default() += 10;
+        }
+        self.second(trainer_wait, worker_io, bytes)
     }
 
     /// One second in which the trainer only waits (in futex), after
@@ -173,6 +191,17 @@ impl Sim {
                     kind: stall_common::fd_kind::REGULAR,
                     counters,
                 }))
+                .collect(),
+            wakes: self
+                .fed
+                .iter()
+                .map(|(&w, &count)| WakeSnap {
+                    wakee: TRAINER,
+                    waker: w,
+                    waker_tgid: w,
+                    waker_comm: "pt_data_worker".into(),
+                    count,
+                })
                 .collect(),
             ..Default::default()
         };
@@ -374,4 +403,36 @@ fn outputs_open_at_attach_date_the_silence() {
     let tick = sim.trainer_second(0);
     assert!((tick.progress.silent_s - 481.0).abs() < 1e-6, "{:?}", tick.progress);
     assert_eq!(tick.progress.last_output.as_ref().map(|o| o.path.as_str()), Some(LOG));
+}
+
+#[test]
+fn the_final_verdict_is_on_the_steady_state_after_startup() {
+    // Four seconds of imports on CPU, then three of workers waiting on
+    // storage and feeding the trainer: over the whole run the trainer was
+    // on CPU most of the time, but the job's steady state is I/O-bound.
+    let mut sim = Sim::new(gpu_at(&[]));
+    for _ in 0..4 {
+        sim.importing_second();
+    }
+    for _ in 0..3 {
+        sim.feeding_second(0.9, 0.85, 8 << 20);
+    }
+    let report = sim.job.finish(sim.now, &sim.gpus);
+    assert_eq!(report.verdict.kind, Kind::InputIoBound, "{:?}", report.verdict);
+    let startup = report.startup_s.expect("a startup set apart");
+    assert!((startup - 4.0).abs() < 1e-6, "{startup}");
+    // The numbers of the report stay the whole run's.
+    assert_eq!(report.summary.secs(), 7.0);
+    assert_eq!(report.summary.proc(WORKERS[0]).unwrap().file_read_bytes(), 24 << 20);
+}
+
+#[test]
+fn a_job_fed_from_its_first_interval_has_no_startup_to_set_apart() {
+    let mut sim = Sim::new(gpu_at(&[]));
+    for _ in 0..3 {
+        sim.feeding_second(0.9, 0.85, 8 << 20);
+    }
+    let report = sim.job.finish(sim.now, &sim.gpus);
+    assert_eq!(report.startup_s, None);
+    assert_eq!(report.verdict.kind, Kind::InputIoBound, "{:?}", report.verdict);
 }

@@ -33,6 +33,10 @@ pub struct Record<'a> {
     pub gpus: &'a [GpuWindow],
     /// When the job last moved (reads, writes) and its newest output.
     pub progress: &'a ProgressView,
+    /// Summary only: seconds of startup before the input pipeline started,
+    /// when the verdict is on the steady state after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub startup_s: Option<f64>,
     pub verdict: &'a Verdict,
 }
 
@@ -215,6 +219,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         processes: w.procs.iter().map(|p| process(p, v.roles.of(p.tgid).as_str())).collect(),
         gpus: v.gpus,
         progress: v.progress,
+        startup_s: v.startup_s,
         verdict: v.verdict,
     }
 }

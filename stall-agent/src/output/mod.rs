@@ -24,6 +24,9 @@ pub struct View<'a> {
     pub gpu_note: Option<&'a str>,
     /// When the job last moved (reads, writes), at the window's end.
     pub progress: &'a ProgressView,
+    /// The final report: how long the startup before the input pipeline
+    /// took, when the verdict is on the steady state after it.
+    pub startup_s: Option<f64>,
 }
 
 /// "last progress 3 s ago (/runs/train.log written 3 s ago)", for the

@@ -194,6 +194,14 @@ pub fn render(v: &View) -> String {
         if hidden > 0 { format!(", {hidden} quiet ones not shown above") } else { String::new() }
     );
     let _ = writeln!(out);
+    if let Some(s) = v.startup_s {
+        let _ = writeln!(
+            out,
+            "Startup (imports and set-up, until the interval in which the input pipeline started): {}; the verdict is on the {} after it.",
+            units::secs(s),
+            units::secs((secs - s).max(0.0))
+        );
+    }
     let _ = writeln!(out, "verdict: {}", v.verdict.kind.as_str());
     let _ = writeln!(out, "  {}", v.verdict.summary);
     for e in &v.verdict.evidence {

@@ -185,6 +185,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         target: out.label,
         gpu_note: out.gpu_note,
         progress: &report.progress,
+        startup_s: report.startup_s,
     };
     if let Some(j) = &mut sinks.json {
         writeln!(j, "{}", output::json::line("summary", &view))?;
@@ -235,6 +236,7 @@ fn emit_interval(sinks: &mut Sinks, tick: &Tick, out: &Out) -> Result<()> {
         target: out.label,
         gpu_note: out.gpu_note,
         progress: &tick.progress,
+        startup_s: None,
     };
     if let Some(j) = &mut sinks.json {
         writeln!(j, "{}", output::json::line("interval", &v))?;

@@ -57,9 +57,8 @@ fn stale_output(progress: &ProgressView) -> String {
     }
 }
 
-/// Nothing moves and nobody is on CPU: the trainer and its workers are
-/// blocked, nobody reads a file or writes output, nobody wakes the
-/// trainer. For a GPU that is idle or absent.
+/// Nobody is on CPU: the trainer and its workers are blocked, nobody reads
+/// a file, nobody wakes the trainer. For a GPU that is idle or absent.
 pub(super) fn no_progress(
     w: &Window,
     trainer: &ProcWindow,
@@ -77,7 +76,10 @@ pub(super) fn no_progress(
         return None;
     }
     let ipc: u64 = w.procs.iter().map(|p| p.other_read_bytes).sum();
-    if w.procs.iter().any(ProcWindow::moved) || ipc as f64 / secs > rules::HANG_MAX_IPC_BYTES_PER_S {
+    // Writes are not asked about: with the GPU idle and everyone blocked, a
+    // line written now and then is a heartbeat, not a training step.
+    let file_bytes: u64 = w.procs.iter().map(ProcWindow::file_read_bytes).sum();
+    if file_bytes > 0 || ipc as f64 / secs > rules::HANG_MAX_IPC_BYTES_PER_S {
         return None;
     }
     let worker_tgids: Vec<u32> = workers.iter().map(|p| p.tgid).collect();
@@ -114,7 +116,7 @@ pub(super) fn no_progress(
         format!("in the last {}", units::secs(secs))
     };
     Some(format!(
-        "No progress {silent}: trainer (pid {}) and {} blocked, no file reads or writes, nobody wakes the trainer{}: the job is hung. Blocked: {}{more}",
+        "No progress {silent}: trainer (pid {}) and {} blocked, no file reads, nobody wakes the trainer{}: the job is hung. Blocked: {}{more}",
         trainer.tgid,
         workers_word(workers.len()),
         stale_output(progress),
