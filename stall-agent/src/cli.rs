@@ -83,6 +83,23 @@ pub enum Command {
         /// NVML library to load (default libnvidia-ml.so.1 on the loader path), e.g. /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1
         #[arg(long, value_name = "PATH")]
         nvml_lib: Option<PathBuf>,
+        /// `tiered`: while a job's GPU is busy and it progresses, no syscall hook runs (they tax every
+        /// process of the node); a job that looks wrong gets the full capture for a while. `full`:
+        /// always the full capture. Jobs without GPU data are always captured in full.
+        #[arg(long, value_enum, default_value = "tiered")]
+        capture: CaptureMode,
+        /// Tiered: full capture once a job's GPU has been idle this long.
+        #[arg(long, default_value = "10", value_parser = parse_secs, value_name = "SECS")]
+        escalate_idle: Duration,
+        /// Tiered: full capture once a job behind a busy GPU has not read or written anything this long.
+        #[arg(long, default_value = "120", value_parser = parse_secs, value_name = "SECS")]
+        escalate_silent: Duration,
+        /// Tiered: a full capture lasts at most this long (it ends early once the GPU is busy again).
+        #[arg(long, default_value = "60", value_parser = parse_secs, value_name = "SECS")]
+        full_window: Duration,
+        /// Tiered: after a full capture, no other for the job before this long.
+        #[arg(long, default_value = "120", value_parser = parse_secs, value_name = "SECS")]
+        cooldown: Duration,
     },
     /// Internal: the exec gate `stall run` starts (see session::gate).
     #[command(name = "__exec-gate", hide = true)]
@@ -90,6 +107,13 @@ pub enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cmd: Vec<OsString>,
     },
+}
+
+/// How much the daemon captures (see `stall daemon --help`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaptureMode {
+    Tiered,
+    Full,
 }
 
 #[derive(Args, Debug)]

@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use stall_agent::{
-    cli::{exit, Cli, Command, Common},
+    cli::{exit, CaptureMode, Cli, Command, Common},
     daemon,
     error::Error,
     session::{self, gate, Options, Target},
@@ -26,8 +26,27 @@ fn main() -> ExitCode {
     };
     let (target, common) = match cli.command {
         Command::ExecGate { cmd } => gate::exec_gate(&cmd),
-        Command::Daemon { roots, all_jobs, listen, interval, gpu, nvml_lib } => {
-            let opts = daemon::Options { roots, all_jobs, listen, interval, gpu, nvml_lib };
+        Command::Daemon {
+            roots,
+            all_jobs,
+            listen,
+            interval,
+            gpu,
+            nvml_lib,
+            capture,
+            escalate_idle,
+            escalate_silent,
+            full_window,
+            cooldown,
+        } => {
+            let tiers = daemon::tier::Policy {
+                idle_after: escalate_idle,
+                silent_after: escalate_silent,
+                window: full_window,
+                cooldown,
+            };
+            let tiers = (capture == CaptureMode::Tiered).then_some(tiers);
+            let opts = daemon::Options { roots, all_jobs, listen, interval, gpu, nvml_lib, tiers };
             return match runtime.block_on(daemon::run(opts)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&e),

@@ -97,18 +97,23 @@ impl Progress {
                 self.remember(Output { path: f.path.clone(), pid: p.tgid, last_write_ns: w.end_ns });
             }
         }
-        let moved = w.procs.iter().filter(|p| counts(p.tgid)).any(ProcWindow::moved);
-        if !moved {
-            return;
+        if w.procs.iter().filter(|p| counts(p.tgid)).any(ProcWindow::moved) {
+            self.moved_at(w.end_ns);
         }
-        let from = self.last_ns.unwrap_or(w.start_ns);
-        if self.last_ns.is_some() {
+    }
+
+    /// The job moved by `ts` (seen some other way: its /proc I/O counters).
+    pub fn moved_at(&mut self, ts: u64) {
+        if let Some(last) = self.last_ns {
+            if ts <= last {
+                return;
+            }
             if self.gaps.len() == GAPS {
                 self.gaps.pop_front();
             }
-            self.gaps.push_back(w.end_ns.saturating_sub(from));
+            self.gaps.push_back(ts - last);
         }
-        self.last_ns = Some(w.end_ns);
+        self.last_ns = Some(ts);
     }
 
     pub fn view(&self, now_ns: u64) -> ProgressView {

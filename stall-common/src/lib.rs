@@ -58,12 +58,60 @@ pub mod run_state {
 }
 
 /// In-flight syscall kinds recorded at sys_enter for use at sys_exit.
+///
+/// The kind is the low byte; the bits above hold the hooks epoch of
+/// `TRACK_GEN` it was recorded in ([`track_gen`]). The syscall hooks can be
+/// detached and attached again (the daemon's tiers): an entry recorded
+/// before a detach never sees its exit, and must not pair with the exit of
+/// some later, unhooked syscall.
 pub mod inflight {
     pub const NONE: u32 = 0;
     pub const READ: u32 = 1;
     pub const OPEN: u32 = 2;
     /// write-family: counted at exit on the descriptor's `FILES` entry.
     pub const WRITE: u32 = 3;
+    const KIND_MASK: u32 = 0xff;
+
+    /// `kind` as recorded under `gen` (a `TRACK_GEN` value).
+    #[inline(always)]
+    pub fn tag(kind: u32, gen: u32) -> u32 {
+        kind | (super::track_gen::epoch(gen) << 8)
+    }
+
+    /// The kind of a `tag`ged entry if it was recorded in the epoch of
+    /// `gen`, else `NONE`.
+    #[inline(always)]
+    pub fn kind(tagged: u32, gen: u32) -> u32 {
+        if tagged >> 8 == super::track_gen::epoch(gen) {
+            tagged & KIND_MASK
+        } else {
+            NONE
+        }
+    }
+}
+
+/// The `TRACK_GEN` value: the low 24 bits change whenever the agent changes
+/// what is tracked (every CPU slot is looked up again), the top 8 bits
+/// whenever it attaches the syscall hooks (entries in flight from before
+/// are stale; see [`inflight`]).
+pub mod track_gen {
+    const EPOCH_SHIFT: u32 = 24;
+    const TRACK_MASK: u32 = (1 << EPOCH_SHIFT) - 1;
+
+    #[inline(always)]
+    pub fn epoch(gen: u32) -> u32 {
+        gen >> EPOCH_SHIFT
+    }
+
+    /// After a change of what is tracked.
+    pub fn next_tracking(gen: u32) -> u32 {
+        (gen & !TRACK_MASK) | (gen.wrapping_add(1) & TRACK_MASK)
+    }
+
+    /// After the syscall hooks were attached again.
+    pub fn next_epoch(gen: u32) -> u32 {
+        (epoch(gen).wrapping_add(1) << EPOCH_SHIFT) | (gen.wrapping_add(1) & TRACK_MASK)
+    }
 }
 
 /// Indices into the per-CPU `COUNTERS` array: losses by cause, and totals.

@@ -134,7 +134,7 @@ fn switch_out(t: &mut ThreadStats, tgid: u32, state: u64, ts: u64, cfg: &Config)
             // A blocking read of a file is I/O; of a pipe or socket it is a
             // wait on another party, like poll.
             let key = FdKey { tgid, fd: t.inflight_fd };
-            let is_file = t.inflight == inflight::READ
+            let is_file = inflight::kind(t.inflight, crate::running::generation()) == inflight::READ
                 && matches!(unsafe { FILES.get(key) }, Some(f) if f.kind != fd_kind::OTHER);
             if is_file {
                 reason::IO

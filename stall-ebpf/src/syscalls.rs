@@ -54,18 +54,18 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     s.events += 1;
     match what {
         hook::READ => {
-            s.inflight = inflight::READ;
+            s.inflight = inflight::tag(inflight::READ, s.gen);
             s.inflight_fd = arg0 as i32;
             s.inflight_ts = if time_this_read(s, &cfg) { now() } else { 0 };
         }
         hook::OPENAT => {
-            s.inflight = inflight::OPEN;
+            s.inflight = inflight::tag(inflight::OPEN, s.gen);
             s.inflight_fd = arg0 as i32;
             s.inflight_ptr = reg(regs, r.arg1).unwrap_or(0);
             s.inflight_kind = reg(regs, r.arg2).unwrap_or(0) as u32;
         }
         hook::WRITE => {
-            s.inflight = inflight::WRITE;
+            s.inflight = inflight::tag(inflight::WRITE, s.gen);
             s.inflight_fd = arg0 as i32;
         }
         hook::CLOSE => close(&cfg, s, arg0 as i32),
@@ -83,8 +83,9 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     let Some(s) = tracked_slot(&cfg, ctx.arg(0)) else {
         return 0;
     };
-    let what = s.inflight;
+    let what = inflight::kind(s.inflight, s.gen);
     if what == inflight::NONE {
+        s.inflight = inflight::NONE;
         return 0;
     }
     s.events += 1;

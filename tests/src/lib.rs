@@ -456,3 +456,46 @@ impl ScriptedGpu {
         cmd
     }
 }
+
+/// The demo job (`demo/workload.py`), for scenarios.
+pub fn workload_py() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("demo/workload.py")
+}
+
+/// `python3 demo/workload.py ARGS...`
+pub fn workload(args: &[impl AsRef<str>]) -> Vec<String> {
+    let mut v = vec![python().to_string(), workload_py().to_str().unwrap().to_string()];
+    v.extend(args.iter().map(|s| s.as_ref().to_string()));
+    v
+}
+
+/// A scratch directory on a block device, so that blkio can throttle reads of
+/// the files in it: $STALL_TEST_TMP, else /var/tmp (not a tmpfs).
+pub fn disk_scratch(tag: &str) -> Scratch {
+    let base = std::env::var_os("STALL_TEST_TMP").map(PathBuf::from).unwrap_or_else(|| "/var/tmp".into());
+    let dir = base.join(format!("stall-it-scn-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    Scratch(dir)
+}
+
+/// Generates the job's sample files (untraced), so that a traced run only
+/// reads them, and returns the workload arguments that read them at `mbps`:
+/// one place for the numbers, so the files and the run always agree.
+pub fn shards(cache: &Path, files: u32, mb: u32, mbps: u32) -> Vec<String> {
+    let shard = [
+        "--cache-dir".to_string(),
+        cache.to_str().unwrap().to_string(),
+        "--files".into(),
+        files.to_string(),
+        "--file-mb".into(),
+        mb.to_string(),
+    ];
+    let mut cmd = Command::new(python());
+    cmd.arg(workload_py()).arg("--prepare-only").args(&shard);
+    let out = run_with_timeout(cmd, Duration::from_secs(120));
+    assert!(out.status.success(), "preparing files: {}", String::from_utf8_lossy(&out.stderr));
+    let mut args = shard.to_vec();
+    args.extend(["--throttle-mbps".to_string(), mbps.to_string()]);
+    args
+}

@@ -205,3 +205,96 @@ fn alert_rules_pass_promtool() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A series' value in a classic-format exposition: the line of `name` whose
+/// labels include all of `labels`.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+        (n == name && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
+            .then(|| value.parse().ok())?
+    })
+}
+
+/// The daemon's tiers on a GPU job (scripted NVML): while its GPU is busy
+/// no syscall hook runs; once the GPU idles while the workers wait on
+/// storage, the full capture starts and `/metrics` says `input-io-bound`
+/// within 30 s; once the GPU is busy again, the hooks go.
+#[test]
+fn a_gpu_job_gets_the_full_capture_while_its_gpu_idles() {
+    require_root();
+    let s = disk_scratch("tiers");
+    let start = s.path("go");
+    let mut args = shards(&s.path("cache"), 8, 16, 8);
+    args.extend(
+        ["--workers", "4", "--start-delay", "0", "--epochs", "20", "--max-seconds", "90", "--start-after"]
+            .map(String::from),
+    );
+    args.push(start.to_str().unwrap().to_string());
+    let gpu = ScriptedGpu::new(&serde_json::json!(null));
+    let pid_file = gpu.path("trainer.pid");
+    let gpu_at = |util: u32, power_mw: u32| {
+        serde_json::json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
+            "phases": [{"util_pct": util, "power_mw": power_mw,
+                        "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]})
+    };
+    gpu.update(&gpu_at(100, 650_000));
+    let root = Cgroup::new("tiers");
+    let job_cg = root.child("job1");
+    // The job's processes in a leaf below the job, so that the job can
+    // throttle its reads in a cgroup beside them (cgroup v2).
+    let main_cg = job_cg.child("main");
+    let rel = job_cg.name.clone();
+    let port = free_port();
+    let mut daemon = gpu.command("daemon");
+    daemon
+        .args(["--cgroup-root", &root.name, "--interval", "1", "--escalate-idle", "3", "--cooldown", "5"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::inherit());
+    let mut guard = Killer(vec![daemon.spawn().unwrap()]);
+    wait_until("the daemon's /metrics", Duration::from_secs(20), || http_get(port, "/metrics").is_some());
+
+    let mut cmd = Command::new(python());
+    cmd.args(&workload(&args)[1..]);
+    let (job, pid) = spawn_announcing(&mut cmd);
+    guard.0.push(job);
+    std::fs::write(&pid_file, pid.to_string()).unwrap();
+    main_cg.add(pid);
+    std::fs::write(&start, "").unwrap();
+    let job_labels = [("cgroup", rel.as_str())];
+    let scrape = || http_get(port, "/metrics").unwrap_or_default();
+    let verdict = |text: &str, kind: &str| metric(text, "stall_verdict", &[("cgroup", &rel), ("kind", kind)]);
+
+    // Healthy: the cheap tier, no syscall hook.
+    wait_until("the job watched, GPU busy, in the cheap tier", Duration::from_secs(30), || {
+        let t = scrape();
+        verdict(&t, "gpu-busy") == Some(1.0) && metric(&t, "stall_capture_tier", &job_labels) == Some(0.0)
+    });
+    let t = scrape();
+    assert_eq!(metric(&t, "stall_syscall_hooks_attached", &[]), Some(0.0), "{t}");
+
+    // The GPU idles while the workers wait on storage.
+    gpu.update(&gpu_at(0, 60_000));
+    let idle_at = Instant::now();
+    wait_until("input-io-bound within 30 s of the GPU going idle", Duration::from_secs(30), || {
+        verdict(&scrape(), "input-io-bound") == Some(1.0)
+    });
+    eprintln!("tiers: input-io-bound {:.1} s after the GPU went idle", idle_at.elapsed().as_secs_f64());
+    let t = scrape();
+    assert_eq!(metric(&t, "stall_capture_tier", &job_labels), Some(1.0), "{t}");
+    assert_eq!(metric(&t, "stall_syscall_hooks_attached", &[]), Some(1.0), "{t}");
+    assert!(metric(&t, "stall_escalations_total", &job_labels).unwrap_or(0.0) >= 1.0, "{t}");
+    let worker_bytes =
+        metric(&t, "stall_read_bytes_total", &[("cgroup", &rel), ("role", "worker")]).unwrap_or(0.0);
+    assert!(worker_bytes > 1e6, "the workers' reads are counted in the full tier: {t}");
+
+    // Busy again: back to the cheap tier.
+    gpu.update(&gpu_at(100, 650_000));
+    wait_until("back in the cheap tier once the GPU is busy", Duration::from_secs(20), || {
+        let t = scrape();
+        metric(&t, "stall_capture_tier", &job_labels) == Some(0.0)
+            && metric(&t, "stall_syscall_hooks_attached", &[]) == Some(0.0)
+            && verdict(&t, "gpu-busy") == Some(1.0)
+    });
+}

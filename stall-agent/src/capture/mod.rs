@@ -16,12 +16,12 @@ use std::{
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{Program, ProgramError, RawTracePoint, TracePoint},
+    programs::{raw_trace_point::RawTracePointLinkId, Program, ProgramError, RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
 use stall_common::{
-    counter, fd_kind, reason, run_state, slot_state, syscall_class, Config, CpuSlot, FdKey, FileStats, Regs,
-    ThreadStats, WakeKey, WakeStats,
+    counter, fd_kind, reason, run_state, slot_state, syscall_class, track_gen, Config, CpuSlot, FdKey,
+    FileStats, Regs, ThreadStats, WakeKey, WakeStats,
 };
 use tokio::io::unix::AsyncFd;
 
@@ -97,6 +97,9 @@ pub struct CaptureOptions {
     /// Time one read in this many (a power of two up to 128; 0: the
     /// default, [`DEFAULT_LATENCY_SAMPLE`]).
     pub latency_sample: u32,
+    /// Leave the syscall hooks detached at load, until
+    /// [`Capture::set_syscall_hooks`] (the daemon's cheap tier).
+    pub syscall_hooks_on_demand: bool,
 }
 
 /// One read in 8 is timed unless asked otherwise: the two clock reads are
@@ -131,7 +134,9 @@ pub struct Capture {
     /// the same shards needs no /proc lookup per open.
     regular_paths: HashSet<String>,
     // Last: programs detach when this drops.
-    _ebpf: Ebpf,
+    /// Links of the attached syscall hooks (none: detached).
+    syscall_links: Vec<(&'static str, RawTracePointLinkId)>,
+    ebpf: Ebpf,
 }
 
 fn privileged() -> bool {
@@ -225,8 +230,12 @@ impl Capture {
         for (nr, what) in syscalls::hook_table() {
             hooks.set(nr, what, 0).map_err(map_err)?;
         }
+        let mut syscall_links = Vec::new();
         for (prog, name) in ATTACH_RAW {
-            program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
+            let p = program(&mut ebpf, prog, RawTracePoint::load)?;
+            if !opts.syscall_hooks_on_demand {
+                syscall_links.push((prog, p.attach(name).map_err(load_err)?));
+            }
         }
         let ring: RingBuf<MapData> = take(&mut ebpf, "EVENTS")?;
         // SAFETY: the RingBuf owns its map fd for as long as the AsyncFd lives.
@@ -244,7 +253,8 @@ impl Capture {
             seed_seq: 0,
             decode_errors: 0,
             regular_paths: HashSet::new(),
-            _ebpf: ebpf,
+            syscall_links,
+            ebpf,
         })
     }
 
@@ -288,8 +298,40 @@ impl Capture {
     /// Tells the kernel side that what is tracked changed: every CPU's
     /// slot (`CPU_SLOT`) is looked up again at its next syscall.
     fn changed(&mut self) {
-        self.gen = self.gen.wrapping_add(1);
+        self.gen = track_gen::next_tracking(self.gen);
         let _ = self.track_gen.set(0, self.gen, 0);
+    }
+
+    /// Whether the syscall hooks (file reads, writes, opens) are attached.
+    pub fn syscall_hooks(&self) -> bool {
+        !self.syscall_links.is_empty()
+    }
+
+    /// Attaches or detaches the syscall hooks. Attaching any syscall
+    /// tracepoint puts every task of the machine on the kernel's slow
+    /// syscall path; without them only the scheduler hooks run (on/off-CPU
+    /// time, waits, wakers), which cost nothing to a task that does not
+    /// switch. Reads in flight from before a detach are dropped (a new
+    /// hooks epoch), and descriptors opened meanwhile were not seen: call
+    /// [`Capture::reseed_fds`] for the tracked processes after attaching.
+    pub fn set_syscall_hooks(&mut self, on: bool) -> Result<(), CaptureError> {
+        if on == self.syscall_hooks() {
+            return Ok(());
+        }
+        if on {
+            self.gen = track_gen::next_epoch(self.gen);
+            self.track_gen.set(0, self.gen, 0).map_err(map_err)?;
+            for (prog, name) in ATTACH_RAW {
+                let p: &mut RawTracePoint = attached_program(&mut self.ebpf, prog)?;
+                self.syscall_links.push((prog, p.attach(name).map_err(load_err)?));
+            }
+        } else {
+            for (prog, link) in self.syscall_links.drain(..) {
+                let p: &mut RawTracePoint = attached_program(&mut self.ebpf, prog)?;
+                p.detach(link).map_err(load_err)?;
+            }
+        }
+        Ok(())
     }
 
     /// Adds every thread of `pid`, with its state as /proc shows it now.
@@ -590,6 +632,17 @@ where
         .map_err(load_err)?;
     load(prog).map_err(load_err)?;
     Ok(prog)
+}
+
+/// A program loaded at start-up, to attach or detach.
+fn attached_program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, CaptureError>
+where
+    &'a mut T: TryFrom<&'a mut Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or_else(|| CaptureError::Load(format!("program {name} missing from the object")))?
+        .try_into()
+        .map_err(load_err)
 }
 
 fn take<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &str) -> Result<T, CaptureError>

@@ -66,6 +66,14 @@ pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
     Some(text.trim_end_matches('\n').to_string())
 }
 
+/// `rchar` + `wchar` of /proc/PID/io: bytes through every read- and
+/// write-family syscall of the process so far.
+pub fn io_chars(pid: u32) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok());
+    Some(field("rchar:")? + field("wchar:")?)
+}
+
 pub fn cmdline(pid: u32) -> Option<String> {
     let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let parts: Vec<String> = raw

@@ -133,6 +133,10 @@ pub struct Metrics {
     job_gpu_idle: Family<JobGpuLabels, FloatCounter>,
     job_gpu_util: Family<JobGpuLabels, FloatGauge>,
     last_progress_age: Family<JobLabels, FloatGauge>,
+    tier: Family<JobLabels, Gauge>,
+    escalations: Family<JobLabels, Counter>,
+    full_capture: Family<JobLabels, FloatCounter>,
+    pub syscall_hooks: Gauge,
     gpu_util: Family<GpuLabels, FloatGauge>,
     gpu_power: Family<GpuLabels, FloatGauge>,
     gpu_power_limit: Family<GpuLabels, FloatGauge>,
@@ -165,6 +169,10 @@ impl Metrics {
             job_gpu_idle: Family::default(),
             job_gpu_util: Family::default(),
             last_progress_age: Family::default(),
+            tier: Family::default(),
+            escalations: Family::default(),
+            full_capture: Family::default(),
+            syscall_hooks: Gauge::default(),
             gpu_util: Family::default(),
             gpu_power: Family::default(),
             gpu_power_limit: Family::default(),
@@ -210,6 +218,23 @@ impl Metrics {
             "Time since the job last read a file or wrote output (its log, checkpoints, stdout)",
             Unit::Seconds,
             m.last_progress_age.clone(),
+        );
+        r.register(
+            "capture_tier",
+            "The job's capture tier: 1 full (syscall hooks), 0 cheap (scheduler, GPU and /proc only)",
+            m.tier.clone(),
+        );
+        r.register("escalations", "Full captures started for the job", m.escalations.clone());
+        r.register_with_unit(
+            "full_capture",
+            "Time the job spent in the full capture",
+            Unit::Seconds,
+            m.full_capture.clone(),
+        );
+        r.register(
+            "syscall_hooks_attached",
+            "1 while the syscall hooks are attached (they tax every process of the node)",
+            m.syscall_hooks.clone(),
         );
         r.register_with_unit(
             "gpu_power",
@@ -284,6 +309,22 @@ impl Metrics {
         self.job_gpu_util.get_or_create(&l).set(g.util_mean_pct);
     }
 
+    pub fn set_tier(&self, job: &JobLabels, full: bool) {
+        self.tier.get_or_create(job).set(i64::from(full));
+    }
+
+    pub fn add_escalations(&self, job: &JobLabels, n: u64) {
+        self.escalations.get_or_create(job).inc_by(n);
+    }
+
+    pub fn add_full_capture(&self, job: &JobLabels, secs: f64) {
+        self.full_capture.get_or_create(job).inc_by(secs);
+    }
+
+    pub fn set_syscall_hooks(&self, on: bool) {
+        self.syscall_hooks.set(i64::from(on));
+    }
+
     pub fn set_last_progress_age(&self, job: &JobLabels, secs: f64) {
         self.last_progress_age.get_or_create(job).set(secs);
     }
@@ -330,6 +371,9 @@ impl Metrics {
             self.job_gpu_util.remove(&job.gpu(*g));
         }
         self.last_progress_age.remove(job);
+        self.tier.remove(job);
+        self.escalations.remove(job);
+        self.full_capture.remove(job);
     }
 
     pub fn encode(&self) -> String {

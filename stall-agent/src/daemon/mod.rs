@@ -6,6 +6,7 @@
 //! are pruned once counted.
 mod kube;
 pub mod metrics;
+pub mod tier;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -19,9 +20,12 @@ use anyhow::Result;
 use serde::Serialize;
 use stall_common::counter::LOST_CAUSES;
 
-use self::metrics::{JobLabels, Metrics};
+use self::{
+    metrics::{JobLabels, Metrics},
+    tier::JobTier,
+};
 use crate::{
-    aggregate::Window,
+    aggregate::{Window, RECENT_NS},
     capture::{cgroup, procfs, Capture, CaptureError, CaptureOptions},
     clock::monotonic_ns,
     decode::{Event, JobEvent, Snapshot},
@@ -29,7 +33,7 @@ use crate::{
     gpu::GpuSelect,
     job::{Feed, GpuFleet, GpuScope, Job, Tick, Wake},
     progress::ProgressView,
-    verdict::Verdict,
+    verdict::{rules, Kind, Verdict},
 };
 
 #[derive(Debug, Clone)]
@@ -41,6 +45,8 @@ pub struct Options {
     pub gpu: Option<GpuSelect>,
     /// NVML library to load instead of the driver's on the loader path.
     pub nvml_lib: Option<PathBuf>,
+    /// Capture tiers; `None`: always the full capture.
+    pub tiers: Option<tier::Policy>,
 }
 
 /// A job of the node: a cgroup directly under a root.
@@ -50,6 +56,10 @@ struct Watched {
     labels: JobLabels,
     /// The last interval's outcome, for `/jobs`.
     last: Option<Tick>,
+    tier: JobTier,
+    /// The verdict published (the live one, or what the cheap tier can
+    /// vouch for).
+    published: Option<Verdict>,
 }
 
 /// What `/jobs` serves: per job, what labels cannot carry.
@@ -102,13 +112,19 @@ pub async fn run(opts: Options) -> Result<()> {
     let mount = cgroup::mount_point().ok_or(Error::Capture(CaptureError::NoCgroup2))?;
     let roots: Vec<PathBuf> =
         opts.roots.iter().map(|r| cgroup::resolve(r).map_err(Error::from)).collect::<Result<_, _>>()?;
-    let mut capture =
-        Capture::load(&CaptureOptions { cgroup_mode: true, ..Default::default() }).map_err(Error::from)?;
+    let mut gpus =
+        GpuFleet::open(opts.gpu.as_ref(), opts.nvml_lib.as_deref(), monotonic_ns()).map_err(Error::from)?;
+    // Tiers need GPU data to tell when to look; without it, full capture.
+    let tiers = opts.tiers.filter(|_| gpus.sampling());
+    let mut capture = Capture::load(&CaptureOptions {
+        cgroup_mode: true,
+        syscall_hooks_on_demand: tiers.is_some(),
+        ..Default::default()
+    })
+    .map_err(Error::from)?;
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .map_err(|e| Error::Listen { addr: opts.listen, reason: e.to_string() })?;
-    let mut gpus =
-        GpuFleet::open(opts.gpu.as_ref(), opts.nvml_lib.as_deref(), monotonic_ns()).map_err(Error::from)?;
     if let Some(note) = &gpus.note {
         eprintln!("stall: {note}");
     }
@@ -144,9 +160,15 @@ pub async fn run(opts: Options) -> Result<()> {
                 for w in gpus.poll() {
                     eprintln!("stall: {w}");
                 }
+                let hooks = capture.syscall_hooks();
                 for w in node.jobs.values_mut() {
-                    step(w, &mut capture, &snap, &gpus, &shared.metrics);
+                    step(w, &mut capture, &snap, &gpus, &shared.metrics, tiers.as_ref(), hooks);
                 }
+                if tiers.is_some() {
+                    let want = node.jobs.values().any(|w| w.tier.tier.is_full());
+                    set_hooks(&mut capture, &mut node, want, snap.ts);
+                }
+                shared.metrics.set_syscall_hooks(capture.syscall_hooks());
                 export_node(&shared.metrics, &snap, &gpus, &mut seen, opts.interval, node.jobs.len());
                 *shared.jobs_json.lock().unwrap() = jobs_json(&node.jobs, opts.interval);
             }
@@ -254,7 +276,17 @@ impl Node {
                     Ok(seeded) => {
                         job.observe(capture, seeded.into_iter().map(|(_, ev)| ev));
                         let labels = JobLabels { cgroup: rel, pod: ids.pod, container: ids.container };
-                        self.jobs.insert(dir.clone(), Watched { job, dir, labels, last: None });
+                        self.jobs.insert(
+                            dir.clone(),
+                            Watched {
+                                job,
+                                dir,
+                                labels,
+                                last: None,
+                                tier: JobTier::default(),
+                                published: None,
+                            },
+                        );
                     }
                     Err(e) => eprintln!("stall: cannot watch {}: {e}", dir.display()),
                 }
@@ -295,18 +327,97 @@ fn uses_gpu(dir: &Path, on_gpu: &HashSet<u32>) -> bool {
     })
 }
 
-/// One interval of one job: its tick, exported, then what ended forgotten.
-fn step(w: &mut Watched, capture: &mut Capture, snap: &Snapshot, gpus: &GpuFleet, metrics: &Metrics) {
+/// Attaches or detaches the syscall hooks; after attaching, every job's
+/// descriptors are looked up afresh (opens and closes were not seen).
+fn set_hooks(capture: &mut Capture, node: &mut Node, on: bool, now_ns: u64) {
+    if on == capture.syscall_hooks() {
+        return;
+    }
+    if let Err(e) = capture.set_syscall_hooks(on) {
+        eprintln!("stall: cannot {} the syscall hooks: {e}", if on { "attach" } else { "detach" });
+        return;
+    }
+    if on {
+        for w in node.jobs.values_mut() {
+            w.job.reseed(capture, now_ns);
+        }
+    }
+}
+
+/// One interval of one job: its tick, its tier for the next, exported,
+/// then what ended forgotten.
+fn step(
+    w: &mut Watched,
+    capture: &mut Capture,
+    snap: &Snapshot,
+    gpus: &GpuFleet,
+    metrics: &Metrics,
+    tiers: Option<&tier::Policy>,
+    hooks: bool,
+) {
     let tick = w.job.tick(capture, &snap.of_job(w.job.id), gpus);
+    if !hooks {
+        w.job.note_io(capture, &tick.roles, snap.ts);
+    }
     metrics.add_window(&w.labels, &tick.interval, &tick.roles);
     let secs = tick.interval.secs();
     for g in &tick.interval_gpus {
         metrics.add_job_gpu(&w.labels, g, secs);
     }
     metrics.set_last_progress_age(&w.labels, tick.progress.silent_s);
-    metrics.set_verdict(&w.labels, tick.verdict.kind);
+    let verdict = match tiers {
+        None => tick.verdict.clone(),
+        Some(policy) => {
+            // Full data for the span the live verdict judges, or not.
+            let full = w.tier.settled(snap.ts, Duration::from_nanos(RECENT_NS));
+            if w.tier.tier.is_full() {
+                metrics.add_full_capture(&w.labels, secs);
+            }
+            let before = w.tier.escalations;
+            w.tier.step(snap.ts, &signals(&tick), policy);
+            metrics.add_escalations(&w.labels, w.tier.escalations - before);
+            metrics.set_tier(&w.labels, w.tier.tier.is_full());
+            published(&tick, full, w.published.as_ref())
+        }
+    };
+    metrics.set_verdict(&w.labels, verdict.kind);
+    w.published = Some(verdict);
     w.last = Some(tick);
     w.job.prune();
+}
+
+/// What a tick says to the tiers.
+fn signals(tick: &Tick) -> tier::Signals {
+    let has_gpu = !tick.interval_gpus.is_empty();
+    tier::Signals {
+        has_gpu,
+        gpu_idle: has_gpu
+            && tick.interval_gpus.iter().all(|g| g.samples > 0 && g.idle_fraction >= GPU_IDLE_SHARE),
+        gpu_busy: tick.interval_gpus.iter().any(|g| g.util_mean_pct >= rules::GPU_BUSY_PCT),
+        silent_s: tick.progress.silent_s,
+    }
+}
+
+/// A GPU idle at least this share of an interval counts as idle for it.
+const GPU_IDLE_SHARE: f64 = 0.9;
+
+/// The verdict to publish: the live one when it rests on full data; in the
+/// cheap tier only what it can vouch for — a busy GPU (or a hang behind
+/// one), judged from the GPU, the scheduler and /proc — and otherwise the
+/// last full verdict while the job waits for its next capture.
+fn published(tick: &Tick, full: bool, before: Option<&Verdict>) -> Verdict {
+    if full || matches!(tick.verdict.kind, Kind::GpuBusy | Kind::Hang) {
+        return tick.verdict.clone();
+    }
+    if let Some(v) = before.filter(|v| !matches!(v.kind, Kind::GpuBusy | Kind::Hang)) {
+        return v.clone();
+    }
+    Verdict {
+        kind: Kind::Unknown,
+        summary: "no full capture of this job yet (cheap tier: scheduler and GPU only); it starts once its GPU has idled for the escalation threshold".into(),
+        evidence: tick.verdict.evidence.clone(),
+        host_only: tick.verdict.host_only,
+    }
 }
 
 fn jobs_json(jobs: &BTreeMap<PathBuf, Watched>, interval: Duration) -> String {

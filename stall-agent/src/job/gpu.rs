@@ -65,6 +65,11 @@ impl GpuFleet {
         src.take_warnings()
     }
 
+    /// Whether there is a GPU source at all (NVML loaded, `--gpu` not off).
+    pub fn sampling(&self) -> bool {
+        self.source.is_some()
+    }
+
     /// Processes that have held a context on any device.
     pub fn holders(&self) -> HashSet<u32> {
         self.tracks.iter().flat_map(|g| g.pids.iter().copied()).collect()

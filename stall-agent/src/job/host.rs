@@ -30,6 +30,12 @@ pub trait Host {
     /// Frees the kernel entries of ended processes and threads; returns the
     /// last counts of the descriptors their exit closed.
     fn retire(&mut self, tgids: &HashSet<u32>, tids: &HashSet<u32>) -> Vec<FileSnap>;
+    /// Forgets the descriptors of live processes (to look them up afresh);
+    /// returns their last counts.
+    fn forget_files(&mut self, tgids: &HashSet<u32>) -> Vec<FileSnap>;
+    /// Bytes the process read and wrote through any syscall so far
+    /// (/proc/PID/io `rchar` + `wchar`): progress seen without any hook.
+    fn io_chars(&self, pid: u32) -> Option<u64>;
     fn process(&self, tgid: u32) -> Option<ProcInfo>;
     fn cmdline(&self, tgid: u32) -> Option<String>;
     fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String>;
@@ -54,6 +60,14 @@ impl Host for Capture {
 
     fn retire(&mut self, tgids: &HashSet<u32>, tids: &HashSet<u32>) -> Vec<FileSnap> {
         Capture::retire(self, tgids, tids)
+    }
+
+    fn forget_files(&mut self, tgids: &HashSet<u32>) -> Vec<FileSnap> {
+        Capture::retire(self, tgids, &HashSet::new())
+    }
+
+    fn io_chars(&self, pid: u32) -> Option<u64> {
+        procfs::io_chars(pid)
     }
 
     fn process(&self, tgid: u32) -> Option<ProcInfo> {

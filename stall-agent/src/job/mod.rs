@@ -53,6 +53,8 @@ pub struct Job {
     /// The outputs open at attach have been looked at.
     outputs_noted: bool,
     startup: Startup,
+    /// Last sum of /proc I/O counters ([`Job::note_io`]).
+    io_chars: Option<u64>,
 }
 
 /// Where the job is in its startup (imports, spawning workers) before its
@@ -107,6 +109,7 @@ impl Job {
             progress: Progress::new(start_ns),
             outputs_noted: false,
             startup: Startup::Watching { before: Window::default() },
+            io_chars: None,
         }
     }
 
@@ -305,6 +308,39 @@ impl Job {
             _ => (None, verdict::judge(&summary, &roles, &summary_gpus, &progress)),
         };
         Report { summary, gpus: summary_gpus, roles, verdict, progress, startup_s }
+    }
+
+    /// The syscall hooks are attached again after a stretch without them
+    /// (the daemon's cheap tier): what the processes opened and closed
+    /// meanwhile was not seen. Their descriptors are retired with their
+    /// counts and looked up afresh.
+    pub fn reseed(&mut self, host: &mut dyn Host, now_ns: u64) {
+        let tgids: HashSet<u32> = self.model.procs.values().filter(|p| p.alive).map(|p| p.tgid).collect();
+        let last = host.forget_files(&tgids);
+        self.model.apply_files(&last);
+        self.model.end_files_of(&tgids, now_ns);
+        let mut opens = Vec::new();
+        for &pid in &tgids {
+            opens.extend(host.inherited_files(pid, self.id).into_iter().map(|(_, ev)| ev));
+        }
+        self.observe(host, opens);
+    }
+
+    /// Progress from /proc while no syscall hook runs: the trainer's and
+    /// its workers' read and write byte counters moved since the last look.
+    pub fn note_io(&mut self, host: &dyn Host, roles: &Roles, now_ns: u64) {
+        let counts = |tgid: u32| roles.trainers.is_empty() || roles.of(tgid) != correlate::Role::Other;
+        let total: u64 = self
+            .model
+            .procs
+            .values()
+            .filter(|p| p.alive && counts(p.tgid))
+            .filter_map(|p| host.io_chars(p.tgid))
+            .sum();
+        if self.io_chars.is_some_and(|prev| total > prev) {
+            self.progress.moved_at(now_ns);
+        }
+        self.io_chars = Some(total);
     }
 
     /// Forgets what has ended once it was counted (the daemon's memory

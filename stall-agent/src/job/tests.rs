@@ -25,6 +25,8 @@ struct ScriptedHost {
     retired: HashSet<u32>,
     /// (pid, path, last write) of files open for writing.
     outputs: Vec<(u32, String, u64)>,
+    /// /proc I/O counters by pid.
+    io: HashMap<u32, u64>,
 }
 
 impl Host for ScriptedHost {
@@ -40,6 +42,12 @@ impl Host for ScriptedHost {
     fn retire(&mut self, tgids: &HashSet<u32>, _tids: &HashSet<u32>) -> Vec<FileSnap> {
         self.retired.extend(tgids);
         Vec::new()
+    }
+    fn forget_files(&mut self, _tgids: &HashSet<u32>) -> Vec<FileSnap> {
+        Vec::new()
+    }
+    fn io_chars(&self, pid: u32) -> Option<u64> {
+        self.io.get(&pid).copied()
     }
     fn process(&self, tgid: u32) -> Option<ProcInfo> {
         self.procs.get(&tgid).cloned()

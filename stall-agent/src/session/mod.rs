@@ -84,6 +84,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         floor: opts.floor,
         cgroup_mode: matches!(target, Target::Cgroup(_)),
         latency_sample: opts.latency_sample,
+        syscall_hooks_on_demand: false,
     })
     .map_err(Error::from)?;
     let start_ns = monotonic_ns();

@@ -1,0 +1,210 @@
+//! The daemon's capture tiers. Attaching any syscall tracepoint puts every
+//! task of the node on the kernel's slow syscall path, so while its jobs
+//! are healthy the daemon keeps only the scheduler hooks, NVML and /proc.
+//! A job that looks wrong — its GPU idle for a while, or a busy GPU behind
+//! a silent job — gets the full capture (file reads and writes) for a
+//! bounded window; then it goes back, and a cooldown keeps it from flapping.
+//! Pure: unit-tested on scripted signals.
+use std::time::Duration;
+
+/// When to escalate, for how long, and how long to wait before again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    /// GPU idle this long: look at the input pipeline.
+    pub idle_after: Duration,
+    /// A busy GPU behind a job silent this long: look at what it waits in.
+    pub silent_after: Duration,
+    /// How long a full capture lasts at most.
+    pub window: Duration,
+    /// After a full capture, how long before the next.
+    pub cooldown: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            idle_after: Duration::from_secs(10),
+            silent_after: Duration::from_secs(120),
+            window: Duration::from_secs(60),
+            cooldown: Duration::from_secs(120),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Scheduler hooks, NVML and /proc only.
+    Cheap,
+    /// The full capture, since `since_ns`, until `until_ns` at the latest.
+    Full { since_ns: u64, until_ns: u64 },
+    /// Cheap again after a full capture; no escalation before `until_ns`.
+    Cooldown { until_ns: u64 },
+}
+
+impl Tier {
+    pub fn is_full(self) -> bool {
+        matches!(self, Tier::Full { .. })
+    }
+}
+
+/// What one interval said about a job.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Signals {
+    /// The job has GPU data at all (else nothing tells when to look, and it
+    /// is always captured in full).
+    pub has_gpu: bool,
+    /// Its GPUs sat idle through the interval.
+    pub gpu_idle: bool,
+    /// Its GPUs reported busy.
+    pub gpu_busy: bool,
+    /// Seconds since the job last moved (read, wrote).
+    pub silent_s: f64,
+}
+
+/// One job's tier over time.
+#[derive(Debug, Clone)]
+pub struct JobTier {
+    pub tier: Tier,
+    /// Since when the GPU has been idle, while it is.
+    idle_since_ns: Option<u64>,
+    /// Consecutive busy intervals during a full capture.
+    busy_streak: u32,
+    pub escalations: u64,
+}
+
+impl Default for JobTier {
+    fn default() -> Self {
+        Self { tier: Tier::Cheap, idle_since_ns: None, busy_streak: 0, escalations: 0 }
+    }
+}
+
+/// Busy intervals in a row that end a full capture early: the job is
+/// healthy again.
+const BUSY_TO_END: u32 = 2;
+
+impl JobTier {
+    /// Takes the interval ending at `now_ns`; returns the tier for the next.
+    pub fn step(&mut self, now_ns: u64, s: &Signals, p: &Policy) -> Tier {
+        self.idle_since_ns = if s.gpu_idle { self.idle_since_ns.or(Some(now_ns)) } else { None };
+        if !s.has_gpu {
+            self.tier = Tier::Full { since_ns: self.since_or(now_ns), until_ns: u64::MAX };
+            return self.tier;
+        }
+        let ns = |d: Duration| d.as_nanos() as u64;
+        self.tier = match self.tier {
+            Tier::Full { since_ns, until_ns } => {
+                self.busy_streak = if s.gpu_busy { self.busy_streak + 1 } else { 0 };
+                if now_ns >= until_ns || self.busy_streak >= BUSY_TO_END {
+                    self.busy_streak = 0;
+                    Tier::Cooldown { until_ns: now_ns.saturating_add(ns(p.cooldown)) }
+                } else {
+                    Tier::Full { since_ns, until_ns }
+                }
+            }
+            Tier::Cooldown { until_ns } if now_ns < until_ns => Tier::Cooldown { until_ns },
+            Tier::Cheap | Tier::Cooldown { .. } => {
+                let idle_long =
+                    self.idle_since_ns.is_some_and(|t| now_ns.saturating_sub(t) >= ns(p.idle_after));
+                let silent_long = s.gpu_busy && s.silent_s >= p.silent_after.as_secs_f64();
+                if idle_long || silent_long {
+                    self.escalations += 1;
+                    Tier::Full { since_ns: now_ns, until_ns: now_ns.saturating_add(ns(p.window)) }
+                } else {
+                    Tier::Cheap
+                }
+            }
+        };
+        self.tier
+    }
+
+    fn since_or(&self, now_ns: u64) -> u64 {
+        match self.tier {
+            Tier::Full { since_ns, .. } => since_ns,
+            _ => now_ns,
+        }
+    }
+
+    /// Whether the job's live verdict rests on full data: a full capture
+    /// that has run at least `settle` (the span the live verdict judges).
+    pub fn settled(&self, now_ns: u64, settle: Duration) -> bool {
+        match self.tier {
+            Tier::Full { since_ns, .. } => now_ns.saturating_sub(since_ns) >= settle.as_nanos() as u64,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn policy() -> Policy {
+        Policy {
+            idle_after: Duration::from_secs(10),
+            silent_after: Duration::from_secs(60),
+            window: Duration::from_secs(30),
+            cooldown: Duration::from_secs(40),
+        }
+    }
+
+    fn gpu(idle: bool, silent_s: f64) -> Signals {
+        Signals { has_gpu: true, gpu_idle: idle, gpu_busy: !idle, silent_s }
+    }
+
+    /// Steps `t` once a second over `from..to` with `s`; the tiers seen.
+    fn run(t: &mut JobTier, from: u64, to: u64, s: Signals) -> Vec<Tier> {
+        (from..to).map(|sec| t.step(sec * S, &s, &policy())).collect()
+    }
+
+    #[test]
+    fn a_healthy_job_stays_cheap() {
+        let mut t = JobTier::default();
+        assert!(run(&mut t, 0, 600, gpu(false, 2.0)).iter().all(|x| *x == Tier::Cheap));
+        assert_eq!(t.escalations, 0);
+    }
+
+    #[test]
+    fn an_idle_gpu_escalates_after_the_threshold_then_busy_ends_it_into_a_cooldown() {
+        let mut t = JobTier::default();
+        let tiers = run(&mut t, 0, 20, gpu(true, 1.0));
+        let first_full = tiers.iter().position(|x| x.is_full()).unwrap();
+        assert_eq!(first_full, 10, "idle since 0 s, escalated at 10 s");
+        assert_eq!(t.escalations, 1);
+        assert!(!t.settled(14 * S, Duration::from_secs(5)) && t.settled(15 * S, Duration::from_secs(5)));
+        // The GPU is busy again: two busy intervals end the capture.
+        let tiers = run(&mut t, 20, 23, gpu(false, 0.5));
+        assert!(tiers[0].is_full());
+        assert_eq!(tiers[1], Tier::Cooldown { until_ns: 61 * S });
+        // Idle again at once: no escalation before the cooldown ends.
+        let tiers = run(&mut t, 23, 80, gpu(true, 1.0));
+        let again = tiers.iter().position(|x| x.is_full()).unwrap() + 23;
+        assert_eq!(again, 61, "at the end of the cooldown (idle long since)");
+        assert_eq!(t.escalations, 2);
+    }
+
+    #[test]
+    fn a_full_capture_is_bounded() {
+        let mut t = JobTier::default();
+        let tiers = run(&mut t, 0, 60, gpu(true, 1.0));
+        let full = tiers.iter().filter(|x| x.is_full()).count();
+        assert_eq!(full, 30, "the window, then a cooldown");
+        assert!(matches!(tiers[40], Tier::Cooldown { .. }));
+    }
+
+    #[test]
+    fn a_silent_job_behind_a_busy_gpu_escalates() {
+        let mut t = JobTier::default();
+        assert_eq!(t.step(10 * S, &gpu(false, 59.0), &policy()), Tier::Cheap);
+        assert!(t.step(11 * S, &gpu(false, 60.0), &policy()).is_full());
+    }
+
+    #[test]
+    fn a_job_without_gpu_data_is_always_captured_in_full() {
+        let mut t = JobTier::default();
+        let none = Signals { silent_s: 0.0, ..Default::default() };
+        let tiers = run(&mut t, 0, 5, none);
+        assert!(tiers.iter().all(|x| *x == Tier::Full { since_ns: 0, until_ns: u64::MAX }), "{tiers:?}");
+    }
+}
