@@ -8,6 +8,7 @@
 //! own CPU time and peak RSS come from `wait4` on `stall attach` (through
 //! `bench-wl rusage`), lost events from its `--json` summary.
 
+mod daemon;
 mod profile;
 mod report;
 
@@ -125,6 +126,8 @@ struct Env {
     dir: PathBuf,
     wl: PathBuf,
     stall: PathBuf,
+    /// The scripted NVML library (the daemon bench's GPU job).
+    nvml_lib: PathBuf,
     strace: Option<PathBuf>,
     quiet: Cell<Quiet>,
 }
@@ -181,24 +184,29 @@ pub fn run(opts: &Options) -> Result<()> {
     cmd::require_root("the bench loads stall's eBPF programs")?;
     let started = Instant::now();
     let target = cmd::target_dir();
-    let (stall, wl) = if opts.no_build {
-        (target.join("release/stall"), target.join("release/bench-wl"))
+    let (stall, wl, nvml_lib) = if opts.no_build {
+        (
+            target.join("release/stall"),
+            target.join("release/bench-wl"),
+            build::nvml_script_next_to(&target.join("release/stall"))?,
+        )
     } else {
         setup::ensure()?;
         let stall = build::agent(true)?;
         cmd::run(cmd::cargo().args(["build", "--release", "-p", "bench-workloads"]))?;
-        (stall, target.join("release/bench-wl"))
+        (stall, target.join("release/bench-wl"), build::nvml_script(true)?)
     };
     let dir = target.join("bench");
     let bin = dir.join("bin");
     fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
     // Private copies: a rebuild elsewhere during the bench must not swap them.
-    let (stall, wl) = (private_copy(&stall, &bin)?, private_copy(&wl, &bin)?);
+    let (stall, wl, nvml_lib) =
+        (private_copy(&stall, &bin)?, private_copy(&wl, &bin)?, private_copy(&nvml_lib, &bin)?);
     let strace = which("strace");
     if strace.is_none() {
         println!("xtask bench: strace is not installed; its mode is skipped (apt-get install strace)");
     }
-    let env = Env { dir, wl, stall, strace, quiet: Cell::new(Quiet::default()) };
+    let env = Env { dir, wl, stall, nvml_lib, strace, quiet: Cell::new(Quiet::default()) };
 
     let runs = opts.runs.unwrap_or(if opts.quick { 3 } else { 5 });
     ensure!(runs >= 1, "--runs must be at least 1");
@@ -237,6 +245,9 @@ pub fn run(opts: &Options) -> Result<()> {
     println!("xtask bench: agent cost (stall attach --pid, CPU and peak RSS from wait4)");
     let cost = agent_cost(&env, &files, opts.quick)?;
 
+    println!("xtask bench: stall daemon on a node (a watched GPU job's reads and an untraced neighbour's)");
+    let daemon = daemon::run(&env, &files.small, &env.nvml_lib, runs, opts.quick)?;
+
     let meta = report::Meta {
         quick: opts.quick,
         runs,
@@ -245,10 +256,10 @@ pub fn run(opts: &Options) -> Result<()> {
         quiet: env.quiet.get(),
         load: (load_before, loadavg()),
     };
-    let doc = report::render(&meta, &workloads, &profiles, &cost);
+    let doc = report::render(&meta, &workloads, &profiles, &cost, &daemon);
     let path = cmd::workspace_root().join("docs/PERFORMANCE.md");
     fs::write(&path, &doc).with_context(|| format!("writing {}", path.display()))?;
-    println!("{}", report::targets_text(&workloads, &cost));
+    println!("{}", report::targets_text(&workloads, &cost, &daemon));
     println!("xtask bench: wrote {} ({:.1} min)", path.display(), meta.minutes);
     Ok(())
 }

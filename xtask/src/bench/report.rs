@@ -1,7 +1,11 @@
 //! docs/PERFORMANCE.md from the bench's samples.
 use std::fmt::Write;
 
-use super::{profile::Profile, sh, CostRow, Mode, Quiet, Workload};
+use super::{
+    daemon::{DaemonBench, Watch},
+    profile::Profile,
+    sh, CostRow, Mode, Quiet, Sample, Workload,
+};
 
 pub struct Meta {
     pub quick: bool,
@@ -94,7 +98,7 @@ struct Target {
     margin: String,
 }
 
-fn targets(ws: &[Workload], cost: &[CostRow]) -> Vec<Target> {
+fn targets(ws: &[Workload], cost: &[CostRow], daemon: &DaemonBench) -> Vec<Target> {
     let mut t = Vec::new();
     let by = |key: &str| ws.iter().find(|w| w.key == key);
     let unmeasured = |what: &str| Target {
@@ -166,6 +170,24 @@ fn targets(ws: &[Workload], cost: &[CostRow]) -> Vec<Target> {
         }
     }
 
+    for (watch, limit, what) in [
+        (Watch::Cheap, 3.0, "daemon, healthy GPU job: untraced neighbour < 3 % added (aim 1 %)"),
+        (Watch::Escalated, f64::INFINITY, "daemon, job escalated: untraced neighbour (reported)"),
+    ] {
+        match daemon_versus(&daemon.neighbour, watch) {
+            Some(r) => {
+                let p = pct(r);
+                t.push(Target {
+                    what: what.into(),
+                    measured: format!("{p:+.2} %"),
+                    met: limit.is_finite().then_some(p < limit),
+                    margin: if limit.is_finite() { margin(limit - p, "pp") } else { String::new() },
+                });
+            }
+            None => t.push(unmeasured(what)),
+        }
+    }
+
     let what = "agent: < 2 % of one core at 100k events/s";
     match cost.iter().find(|r| r.rate == Some(50_000)) {
         Some(r) => t.push(Target {
@@ -223,6 +245,47 @@ fn targets(ws: &[Workload], cost: &[CostRow]) -> Vec<Target> {
     t
 }
 
+/// Median ns per read under `watch` over the median with no daemon.
+fn daemon_versus(samples: &[(Watch, Sample)], watch: Watch) -> Option<f64> {
+    let med = |w: Watch| {
+        let v: Vec<f64> = samples.iter().filter(|(x, _)| *x == w).map(|(_, s)| s.ns_per_op()).collect();
+        (!v.is_empty()).then(|| median(v))
+    };
+    Some(med(watch)? / med(Watch::NoDaemon)?)
+}
+
+fn render_daemon(d: &mut String, b: &DaemonBench) {
+    let _ = writeln!(d, "\n## stall daemon on a node\n");
+    let _ = writeln!(
+        d,
+        "`stall daemon --interval 1` watching a GPU job (a process holding a scripted NVML GPU, in a cgroup of \
+         its own). In each mode, in rotating order: a process of the job, then an untraced neighbour, each doing \
+         {} `pread`s of 4 KiB from a cached file. *Cheap tier*: the job's GPU is busy, so only the scheduler \
+         hooks run; *escalated*: its GPU is idle, so the daemon attached the full capture (syscall hooks). \
+         Medians of ns per read; the ratio is against no daemon in the same run.\n",
+        b.reads
+    );
+    let _ =
+        writeln!(d, "| mode | job ns/read | job vs no daemon | neighbour ns/read | neighbour vs no daemon |");
+    let _ = writeln!(d, "|---|---:|---:|---:|---:|");
+    for w in Watch::ALL {
+        let med = |v: &[(Watch, Sample)]| {
+            median(v.iter().filter(|(x, _)| *x == w).map(|(_, s)| s.ns_per_op()).collect())
+        };
+        let ratio =
+            |v: &[(Watch, Sample)]| daemon_versus(v, w).map_or("—".into(), |r| format!("{:+.2} %", pct(r)));
+        let _ = writeln!(
+            d,
+            "| {} | {:.1} | {} | {:.1} | {} |",
+            w.label(),
+            med(&b.job),
+            ratio(&b.job),
+            med(&b.neighbour),
+            ratio(&b.neighbour)
+        );
+    }
+}
+
 fn pct(ratio: f64) -> f64 {
     (ratio - 1.0) * 100.0
 }
@@ -244,9 +307,9 @@ fn verdict(met: Option<bool>) -> &'static str {
 }
 
 /// The targets as plain text, for the terminal.
-pub fn targets_text(ws: &[Workload], cost: &[CostRow]) -> String {
+pub fn targets_text(ws: &[Workload], cost: &[CostRow], daemon: &DaemonBench) -> String {
     let mut s = String::from("targets:\n");
-    for t in targets(ws, cost) {
+    for t in targets(ws, cost, daemon) {
         let v = verdict(t.met).trim_matches('*');
         let _ = writeln!(s, "  [{v:>6}] {}: {} ({})", t.what, t.measured, t.margin);
     }
@@ -282,7 +345,13 @@ fn machine() -> Vec<(String, String)> {
     m
 }
 
-pub fn render(meta: &Meta, ws: &[Workload], profiles: &[Profile], cost: &[CostRow]) -> String {
+pub fn render(
+    meta: &Meta,
+    ws: &[Workload],
+    profiles: &[Profile],
+    cost: &[CostRow],
+    daemon: &DaemonBench,
+) -> String {
     let mut d = String::new();
     let date = sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
     let _ = writeln!(d, "# stall: performance\n");
@@ -320,7 +389,7 @@ pub fn render(meta: &Meta, ws: &[Workload], profiles: &[Profile], cost: &[CostRo
 
     let _ = writeln!(d, "\n## Targets\n");
     let _ = writeln!(d, "| target | measured | result | margin |\n|---|---|---|---|");
-    for t in targets(ws, cost) {
+    for t in targets(ws, cost, daemon) {
         let _ = writeln!(d, "| {} | {} | {} | {} |", t.what, t.measured, verdict(t.met), t.margin);
     }
 
@@ -377,6 +446,7 @@ pub fn render(meta: &Meta, ws: &[Workload], profiles: &[Profile], cost: &[CostRo
     }
 
     render_profiles(&mut d, profiles);
+    render_daemon(&mut d, daemon);
 
     let _ = writeln!(d, "\n## Agent cost\n");
     let _ = writeln!(

@@ -1,0 +1,213 @@
+//! What `stall daemon` costs a node, side by side in one run: 4 KiB page-cache
+//! reads by a process of a watched GPU job and by an untraced neighbour,
+//! with no daemon, with the daemon in its cheap tier (the job's scripted GPU
+//! busy), and with the job escalated to the full capture (its GPU idle).
+
+use std::{
+    fs,
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::Command,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+
+use super::{parse_sample, run_timed, strs, wrap, Env, Mode, Sample, Spawned, RUN_TIMEOUT};
+
+/// How the node is watched while a sample runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Watch {
+    NoDaemon,
+    Cheap,
+    Escalated,
+}
+
+impl Watch {
+    pub const ALL: [Watch; 3] = [Watch::NoDaemon, Watch::Cheap, Watch::Escalated];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Watch::NoDaemon => "no daemon",
+            Watch::Cheap => "daemon, job healthy (cheap tier)",
+            Watch::Escalated => "daemon, job escalated (full capture)",
+        }
+    }
+}
+
+/// Samples of the job's own reads and the neighbour's, per watch.
+pub struct DaemonBench {
+    pub reads: u64,
+    pub job: Vec<(Watch, Sample)>,
+    pub neighbour: Vec<(Watch, Sample)>,
+}
+
+pub fn run(env: &Env, small: &Path, nvml_lib: &Path, runs: usize, quick: bool) -> Result<DaemonBench> {
+    let reads: u64 = if quick { 131_072 } else { 262_144 };
+    let mut out = DaemonBench { reads, job: Vec::new(), neighbour: Vec::new() };
+    let mount = cgroup2_mount()?;
+    let root = Cg::create(&mount.join(format!("stall-bench-{}", std::process::id())))?;
+    let job_cg = Cg::create(&root.0.join("job"))?;
+    let script = env.dir.join("nvml-script.json");
+    let pid_file = env.dir.join("gpu-holder.pid");
+    let pread = strs(&["pread", "--file", &small.display().to_string(), "--ops", &reads.to_string()]);
+    for run in 0..runs {
+        for k in 0..Watch::ALL.len() {
+            let watch = Watch::ALL[(run + k) % Watch::ALL.len()];
+            env.wait_quiet();
+            // The GPU job: a process holding the (scripted) GPU, in the job's cgroup.
+            let mut holder = Spawned::start(env, {
+                let mut c = Command::new("sleep");
+                c.arg("600");
+                c
+            })?;
+            job_cg.add(holder.child.id())?;
+            fs::write(&pid_file, holder.child.id().to_string())?;
+            write_script(&script, &pid_file, watch != Watch::Escalated)?;
+            let daemon = match watch {
+                Watch::NoDaemon => None,
+                _ => Some(Daemon::start(env, &root.0, &mount, nvml_lib, &script)?),
+            };
+            if let Some(d) = &daemon {
+                d.wait_hooks(watch == Watch::Escalated)?;
+            }
+            // The job's own reads, from inside its cgroup (the shell moves
+            // itself there, then becomes the workload).
+            let job_out = env.dir.join("daemon-job.out");
+            let _ = fs::remove_file(&job_out);
+            let mut job = Command::new("sh");
+            job.arg("-c")
+                .arg(r#"echo $$ > "$0" && exec "$@""#)
+                .arg(job_cg.0.join("cgroup.procs"))
+                .arg(&env.wl)
+                .args(&pread)
+                .arg("--out")
+                .arg(&job_out);
+            let r = run_timed(env, job, RUN_TIMEOUT).and_then(|_| parse_sample(&job_out));
+            let n_out = env.dir.join("daemon-neighbour.out");
+            let _ = fs::remove_file(&n_out);
+            let n = run_timed(env, wrap(env, Mode::Baseline, &pread, &n_out), RUN_TIMEOUT)
+                .and_then(|_| parse_sample(&n_out));
+            if let Some(d) = &daemon {
+                // Still in the tier asked for at the end of the sample?
+                d.wait_hooks(watch == Watch::Escalated).with_context(|| {
+                    format!("the daemon left its tier during the {} sample", watch.label())
+                })?;
+            }
+            drop(daemon);
+            let _ = holder.child.kill();
+            let _ = holder.child.wait();
+            let (j, n) = (r?, n?);
+            println!(
+                "  run {}/{runs} {:<38} job {:>7.1} ns/read, neighbour {:>7.1} ns/read",
+                run + 1,
+                watch.label(),
+                j.ns_per_op(),
+                n.ns_per_op()
+            );
+            out.job.push((watch, j));
+            out.neighbour.push((watch, n));
+        }
+    }
+    Ok(out)
+}
+
+fn write_script(script: &Path, pid_file: &Path, busy: bool) -> Result<()> {
+    let (util, power) = if busy { (100, 650_000) } else { (0, 60_000) };
+    let text = serde_json::json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
+        "phases": [{"util_pct": util, "power_mw": power,
+                    "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]});
+    let tmp = script.with_extension("tmp");
+    fs::write(&tmp, text.to_string())?;
+    fs::rename(&tmp, script)?;
+    Ok(())
+}
+
+/// A `stall daemon` of the bench, stopped (SIGTERM) when dropped.
+struct Daemon {
+    proc: Spawned,
+    port: u16,
+}
+
+impl Daemon {
+    fn start(env: &Env, root: &Path, mount: &Path, nvml_lib: &Path, script: &Path) -> Result<Self> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut c = Command::new(&env.stall);
+        c.arg("daemon").arg("--cgroup-root").arg(root.strip_prefix(mount).unwrap_or(root));
+        c.args(["--interval", "1", "--escalate-idle", "1", "--full-window", "600", "--listen"]);
+        c.arg(format!("127.0.0.1:{port}")).arg("--nvml-lib").arg(nvml_lib).env("STALL_NVML_SCRIPT", script);
+        Ok(Self { proc: Spawned::start(env, c)?, port })
+    }
+
+    /// Waits until the job is watched and the syscall hooks are `on` (or off).
+    fn wait_hooks(&self, on: bool) -> Result<()> {
+        let want = if on { "stall_syscall_hooks_attached 1" } else { "stall_syscall_hooks_attached 0" };
+        let t0 = Instant::now();
+        loop {
+            let text = http_get(self.port, "/metrics").unwrap_or_default();
+            if text.contains("stall_capture_tier{") && text.lines().any(|l| l == want) {
+                return Ok(());
+            }
+            ensure!(t0.elapsed() < Duration::from_secs(60), "the daemon did not reach `{want}` within 60 s");
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.proc.child.id().to_string()]).status();
+        let _ = self.proc.wait(Duration::from_secs(20));
+    }
+}
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// A cgroup of the bench, removed when dropped.
+struct Cg(PathBuf);
+
+impl Cg {
+    fn create(path: &Path) -> Result<Self> {
+        let _ = fs::remove_dir(path);
+        fs::create_dir(path).with_context(|| format!("creating cgroup {}", path.display()))?;
+        Ok(Self(path.to_path_buf()))
+    }
+
+    fn add(&self, pid: u32) -> Result<()> {
+        fs::write(self.0.join("cgroup.procs"), pid.to_string())
+            .with_context(|| format!("moving {pid} into {}", self.0.display()))
+    }
+}
+
+impl Drop for Cg {
+    fn drop(&mut self) {
+        for _ in 0..100 {
+            if fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn cgroup2_mount() -> Result<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    for line in info.lines() {
+        let (pre, post) = line.split_once(" - ").unwrap_or((line, ""));
+        if post.starts_with("cgroup2 ") {
+            if let Some(mnt) = pre.split_whitespace().nth(4) {
+                return Ok(PathBuf::from(mnt));
+            }
+        }
+    }
+    bail!("no cgroup2 mount: the daemon bench needs one")
+}
