@@ -48,7 +48,13 @@ fn main() {
         .arg(&target_dir)
         .env("RUSTC", BPF_RUSTC)
         .env("RUSTC_BOOTSTRAP", "1")
-        .env("RUSTFLAGS", "-C linker=bpf-linker -C link-arg=--btf")
+        // No `--btf`: the BTF bpf-linker writes for this toolchain has every
+        // FUNC pointing at a type id that does not exist, which the kernel
+        // rejects ("Invalid type_id"). aya used to drop it silently for the
+        // tracepoint programs, but refuses the whole object once it holds
+        // fentry/fexit programs; none of the programs needs its own BTF
+        // (the trampolines are typed by the kernel's).
+        .env("RUSTFLAGS", "-C linker=bpf-linker")
         .env("PATH", path_with_cargo_bin());
     // The outer build's settings are for the host; none may leak into the
     // BPF build.

@@ -3,7 +3,7 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::gpu::GpuSelect;
+use crate::{capture::SyscallHooks, gpu::GpuSelect};
 
 pub const EXIT_CODES: &str = "\
 EXIT CODES:
@@ -100,6 +100,8 @@ pub enum Command {
         /// Tiered: after a full capture, no other for the job before this long.
         #[arg(long, default_value = "120", value_parser = parse_secs, value_name = "SECS")]
         cooldown: Duration,
+        #[command(flatten)]
+        hooks: HooksArg,
     },
     /// Internal: the exec gate `stall run` starts (see session::gate).
     #[command(name = "__exec-gate", hide = true)]
@@ -158,6 +160,20 @@ pub struct Common {
     /// are always exact; timing costs more than the rest of a read's count.
     #[arg(long, value_name = "N", default_value = "8", value_parser = parse_sample)]
     pub latency_sample: u32,
+    #[command(flatten)]
+    pub hooks: HooksArg,
+}
+
+/// `--syscall-hooks`, shared by every tracing command.
+#[derive(Args, Debug, Clone)]
+pub struct HooksArg {
+    /// How file reads, writes, opens and closes are hooked: `trampoline` (fentry/fexit on those
+    /// syscalls only: nothing else on the machine pays), `tracepoint` (raw_syscalls: every syscall
+    /// of every task takes the kernel's slow path while attached), or `auto` (trampolines where the
+    /// kernel allows them, else tracepoints). The report and the JSON summary (`syscall_backend`)
+    /// say which ran; a refused `trampoline` exits 5.
+    #[arg(long, value_enum, default_value = "auto", env = "STALL_SYSCALL_HOOKS", value_name = "MODE")]
+    pub syscall_hooks: SyscallHooks,
 }
 
 fn parse_sample(s: &str) -> Result<u32, String> {

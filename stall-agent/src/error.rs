@@ -30,6 +30,7 @@ impl Error {
                 | CaptureError::MissingTracepoint { .. }
                 | CaptureError::MissingField { .. }
                 | CaptureError::Load(_)
+                | CaptureError::NoTrampolines(_)
                 | CaptureError::Stub => exit::KERNEL,
                 CaptureError::Map(_) => exit::INTERNAL,
                 CaptureError::Config(_) => exit::USAGE,

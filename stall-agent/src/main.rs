@@ -38,6 +38,7 @@ fn main() -> ExitCode {
             escalate_silent,
             full_window,
             cooldown,
+            hooks,
         } => {
             let tiers = daemon::tier::Policy {
                 idle_after: escalate_idle,
@@ -46,7 +47,16 @@ fn main() -> ExitCode {
                 cooldown,
             };
             let tiers = (capture == CaptureMode::Tiered).then_some(tiers);
-            let opts = daemon::Options { roots, all_jobs, listen, interval, gpu, nvml_lib, tiers };
+            let opts = daemon::Options {
+                roots,
+                all_jobs,
+                listen,
+                interval,
+                gpu,
+                nvml_lib,
+                tiers,
+                syscall_hooks: hooks.syscall_hooks,
+            };
             return match runtime.block_on(daemon::run(opts)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&e),
@@ -81,6 +91,7 @@ fn options(c: Common) -> Options {
         ringbuf_bytes: c.ringbuf_bytes,
         floor: c.floor,
         latency_sample: c.latency_sample,
+        syscall_hooks: c.hooks.syscall_hooks,
     }
 }
 

@@ -2,8 +2,10 @@
 //!
 //! Every program starts with the target filter. The scheduler and task
 //! programs look the current tid up in `THREADS` (plus, in cgroup mode, the
-//! current cgroup id in `CGROUPS`). The syscall programs, which run for
-//! every syscall of the machine, check the per-CPU slot (`CPU_SLOT`) that
+//! current cgroup id in `CGROUPS`). The syscall programs (raw tracepoints
+//! that run for every syscall of the machine, or fentry/fexit trampolines
+//! on the hooked syscalls' functions, whichever the kernel allows: see
+//! trampoline.rs), check the per-CPU slot (`CPU_SLOT`) that
 //! `sched_switch` filled for the task it switched in (see running.rs): no
 //! hash lookup per syscall. Tracked threads are aggregated in place
 //! (per-thread counters in `THREADS`, per-descriptor counters in `FILES`,
@@ -20,6 +22,7 @@ mod running;
 mod sched;
 mod syscalls;
 mod task;
+mod trampoline;
 
 use aya_ebpf::helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
 use stall_common::{counter, Config, ThreadStats};

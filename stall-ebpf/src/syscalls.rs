@@ -4,6 +4,13 @@
 //! pwrite64, writev, pwritev, pwritev2) bytes and calls (progress signals:
 //! a log or a checkpoint growing), `close` retires it.
 //!
+//! Two backends feed the same `enter`/`exit` below; they differ only in how
+//! they learn the syscall, its registers and its return value. This file's
+//! raw tracepoints run for every syscall of the machine (and attaching
+//! them puts every task on the kernel's slow syscall path);
+//! `trampoline.rs` hooks the hooked syscalls' own entry functions with
+//! fentry/fexit, which costs nothing to any other syscall.
+//!
 //! `raw_syscalls:sys_enter`/`sys_exit` rather than one `syscalls:*` event
 //! per syscall: the per-syscall events cost a perf record per call (about
 //! twice the floor here), while a raw tracepoint hands the program the
@@ -44,19 +51,41 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let regs: u64 = ctx.arg(0);
-    let Some(s) = tracked_slot(&cfg, regs) else {
+    if let Some(s) = tracked_slot(&cfg, regs) {
+        enter(&cfg, s, what, regs);
+    }
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
+    let cfg = config();
+    if cfg.floor != 0 {
         return 0;
-    };
+    }
+    if let Some(s) = tracked_slot(&cfg, ctx.arg(0)) {
+        exit(&cfg, s, ctx.arg(1));
+    }
+    0
+}
+
+/// What the entry of a hooked syscall does to the current task's slot:
+/// `what` is its `hook` kind, `regs` the task's saved user registers (its
+/// arguments). Shared by both backends: the raw tracepoint finds `what`
+/// from the syscall number, a trampoline knows it from the function it
+/// is attached to.
+#[inline(always)]
+pub(crate) fn enter(cfg: &Config, s: &mut CpuSlot, what: u8, regs: u64) {
     let r = &cfg.regs;
     let Some(arg0) = reg(regs, r.arg0) else {
-        return 0;
+        return;
     };
     s.events += 1;
     match what {
         hook::READ => {
             s.inflight = inflight::tag(inflight::READ, s.gen);
             s.inflight_fd = arg0 as i32;
-            s.inflight_ts = if time_this_read(s, &cfg) { now() } else { 0 };
+            s.inflight_ts = if time_this_read(s, cfg) { now() } else { 0 };
         }
         hook::OPENAT => {
             s.inflight = inflight::tag(inflight::OPEN, s.gen);
@@ -68,28 +97,21 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
             s.inflight = inflight::tag(inflight::WRITE, s.gen);
             s.inflight_fd = arg0 as i32;
         }
-        hook::CLOSE => close(&cfg, s, arg0 as i32),
+        hook::CLOSE => close(cfg, s, arg0 as i32),
         _ => {}
     }
-    0
 }
 
-#[raw_tracepoint(tracepoint = "sys_exit")]
-pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
-    let cfg = config();
-    if cfg.floor != 0 {
-        return 0;
-    }
-    let Some(s) = tracked_slot(&cfg, ctx.arg(0)) else {
-        return 0;
-    };
+/// What the return of a hooked syscall does: counts what `enter` recorded
+/// with the syscall's return value `ret`. Shared by both backends.
+#[inline(always)]
+pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, ret: i64) {
     let what = inflight::kind(s.inflight, s.gen);
     if what == inflight::NONE {
         s.inflight = inflight::NONE;
-        return 0;
+        return;
     }
     s.events += 1;
-    let ret: i64 = ctx.arg(1);
     if what == inflight::READ {
         let lat = if s.inflight_ts != 0 { Some(now().saturating_sub(s.inflight_ts)) } else { None };
         count_read(s, if ret > 0 { ret as u64 } else { 0 }, lat);
@@ -98,10 +120,9 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     } else if what == inflight::OPEN {
         s.inflight = inflight::NONE;
         if ret >= 0 {
-            opened(&cfg, s, ret as i32);
+            opened(cfg, s, ret as i32);
         }
     }
-    0
 }
 
 /// A syscall argument (or any word) at `off` in the saved registers.

@@ -275,9 +275,11 @@ pub fn cgroup2_mount() -> PathBuf {
 
 /// Ids of the BPF programs process `pid` holds (from /proc/PID/fdinfo), to
 /// check later that exactly these are gone — whatever else is loaded.
-/// How many BPF programs a running stall holds: five tracepoint programs
-/// (sched_switch, sched_waking, task_newtask, sched_process_exec/exit) and
-/// two raw syscall tracepoint programs (sys_enter, sys_exit).
+/// How many BPF programs a running stall holds at least: five tracepoint
+/// programs (sched_switch, sched_waking, task_newtask,
+/// sched_process_exec/exit) and the syscall hooks: two raw syscall
+/// tracepoint programs (sys_enter, sys_exit), or 17 fentry/fexit programs
+/// on the trampoline backend.
 pub const STALL_PROGRAMS: usize = 7;
 
 pub fn bpf_programs_of(pid: u32) -> Vec<u32> {

@@ -3,6 +3,7 @@
 //! cgroup), and read back events and counters. Dropping a [`Capture`]
 //! detaches and unloads everything; nothing is pinned, so nothing outlives
 //! the agent, even when it is killed.
+pub mod backend;
 pub mod cgroup;
 pub mod procfs;
 pub mod syscalls;
@@ -16,8 +17,8 @@ use std::{
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{raw_trace_point::RawTracePointLinkId, Program, ProgramError, RawTracePoint, TracePoint},
-    Ebpf, EbpfLoader,
+    programs::{Program, ProgramError, TracePoint},
+    Btf, Ebpf, EbpfLoader,
 };
 use stall_common::{
     counter, fd_kind, reason, run_state, slot_state, syscall_class, track_gen, Config, CpuSlot, FdKey,
@@ -39,9 +40,7 @@ const ATTACH: [(&str, &str, &str); 5] = [
     ("sched_process_exit", "sched", "sched_process_exit"),
 ];
 
-/// (program, tracepoint) for the raw tracepoints: every syscall's entry and
-/// exit (the programs pick the ones in the `HOOKS` table).
-const ATTACH_RAW: [(&str, &str); 2] = [("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
+pub use backend::{Backend, SyscallHooks};
 
 /// x86-64's `struct pt_regs`: `orig_ax` (the syscall a task is in), `di`,
 /// `si`, `dx` (arguments 0-2), `cs`. Native syscalls come from `__USER_CS`.
@@ -78,6 +77,11 @@ pub enum CaptureError {
         "this stall was built without its kernel side (STALL_BPF_STUB); build it with `cargo xtask build`"
     )]
     Stub,
+    #[error(
+        "the kernel refused stall's syscall trampolines (fentry/fexit): {0}; \
+         --syscall-hooks tracepoint (or auto) uses the raw syscall tracepoints"
+    )]
+    NoTrampolines(String),
     #[error("the kernel refused stall's eBPF programs: {0}")]
     Load(String),
     #[error("{0}")]
@@ -100,6 +104,8 @@ pub struct CaptureOptions {
     /// Leave the syscall hooks detached at load, until
     /// [`Capture::set_syscall_hooks`] (the daemon's cheap tier).
     pub syscall_hooks_on_demand: bool,
+    /// Which syscall hooks to use (see [`backend`]).
+    pub syscall_hooks: SyscallHooks,
 }
 
 /// One read in 8 is timed unless asked otherwise: the two clock reads are
@@ -133,9 +139,9 @@ pub struct Capture {
     /// Absolute paths already seen to be regular files: an open storm on
     /// the same shards needs no /proc lookup per open.
     regular_paths: HashSet<String>,
+    /// The syscall hooks' backend and links (none: detached).
+    hooks: backend::Hooks,
     // Last: programs detach when this drops.
-    /// Links of the attached syscall hooks (none: detached).
-    syscall_links: Vec<(&'static str, RawTracePointLinkId)>,
     ebpf: Ebpf,
 }
 
@@ -185,12 +191,8 @@ impl Capture {
             return Err(CaptureError::NotPrivileged);
         }
         let tracefs = tracefs::Tracefs::open()?;
-        let needed: Vec<(&str, &str)> = ATTACH
-            .iter()
-            .map(|(_, c, n)| (*c, *n))
-            .chain(ATTACH_RAW.iter().map(|(_, n)| ("raw_syscalls", *n)))
-            .collect();
-        if let Some((c, n)) = needed.iter().find(|(c, n)| !tracefs.has(c, n)) {
+        // The raw syscall tracepoints are checked when that backend is chosen.
+        if let Some((_, c, n)) = ATTACH.iter().find(|(_, c, n)| !tracefs.has(c, n)) {
             return Err(CaptureError::MissingTracepoint { name: format!("{c}:{n}") });
         }
         let config = Config {
@@ -208,7 +210,9 @@ impl Capture {
             nix::sys::resource::RLIM_INFINITY,
             nix::sys::resource::RLIM_INFINITY,
         );
+        let btf = Btf::from_sys_fs().ok();
         let mut loader = EbpfLoader::new();
+        loader.btf(btf.as_ref());
         loader.override_global("CONFIG", &config, true);
         if let Some(bytes) = opts.ringbuf_bytes {
             loader.map_max_entries("EVENTS", bytes);
@@ -230,13 +234,13 @@ impl Capture {
         for (nr, what) in syscalls::hook_table() {
             hooks.set(nr, what, 0).map_err(map_err)?;
         }
-        let mut syscall_links = Vec::new();
-        for (prog, name) in ATTACH_RAW {
-            let p = program(&mut ebpf, prog, RawTracePoint::load)?;
-            if !opts.syscall_hooks_on_demand {
-                syscall_links.push((prog, p.attach(name).map_err(load_err)?));
-            }
-        }
+        let hooks = backend::Hooks::load(
+            &mut ebpf,
+            opts.syscall_hooks,
+            btf.as_ref(),
+            &tracefs,
+            opts.syscall_hooks_on_demand,
+        )?;
         let ring: RingBuf<MapData> = take(&mut ebpf, "EVENTS")?;
         // SAFETY: the RingBuf owns its map fd for as long as the AsyncFd lives.
         let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| CaptureError::Map(e.to_string()))?;
@@ -253,7 +257,7 @@ impl Capture {
             seed_seq: 0,
             decode_errors: 0,
             regular_paths: HashSet::new(),
-            syscall_links,
+            hooks,
             ebpf,
         })
     }
@@ -304,12 +308,33 @@ impl Capture {
 
     /// Whether the syscall hooks (file reads, writes, opens) are attached.
     pub fn syscall_hooks(&self) -> bool {
-        !self.syscall_links.is_empty()
+        self.hooks.attached()
+    }
+
+    /// The syscall hooks' backend (trampolines or raw tracepoints).
+    pub fn syscall_backend(&self) -> Backend {
+        self.hooks.backend()
+    }
+
+    /// One line for people: the backend, and why `auto` fell back.
+    pub fn syscall_backend_line(&self) -> String {
+        match (self.hooks.backend(), self.hooks.refused()) {
+            (Backend::Trampoline, _) => {
+                "syscall hooks: trampoline (fentry/fexit on the hooked syscalls only)".to_string()
+            }
+            (Backend::Tracepoint, None) => {
+                "syscall hooks: tracepoint (raw_syscalls: every syscall of the machine)".to_string()
+            }
+            (Backend::Tracepoint, Some(why)) => format!(
+                "syscall hooks: tracepoint (raw_syscalls: every syscall of the machine; trampolines refused: {why})"
+            ),
+        }
     }
 
     /// Attaches or detaches the syscall hooks. Attaching any syscall
     /// tracepoint puts every task of the machine on the kernel's slow
-    /// syscall path; without them only the scheduler hooks run (on/off-CPU
+    /// syscall path (the trampoline backend taxes only the hooked
+    /// syscalls' callers); without them only the scheduler hooks run (on/off-CPU
     /// time, waits, wakers), which cost nothing to a task that does not
     /// switch. Reads in flight from before a detach are dropped (a new
     /// hooks epoch), and descriptors opened meanwhile were not seen: call
@@ -321,15 +346,13 @@ impl Capture {
         if on {
             self.gen = track_gen::next_epoch(self.gen);
             self.track_gen.set(0, self.gen, 0).map_err(map_err)?;
-            for (prog, name) in ATTACH_RAW {
-                let p: &mut RawTracePoint = attached_program(&mut self.ebpf, prog)?;
-                self.syscall_links.push((prog, p.attach(name).map_err(load_err)?));
+            if let Err(e) = self.hooks.attach(&mut self.ebpf) {
+                // Half attached is not attached: leave none.
+                let _ = self.hooks.detach(&mut self.ebpf);
+                return Err(e);
             }
         } else {
-            for (prog, link) in self.syscall_links.drain(..) {
-                let p: &mut RawTracePoint = attached_program(&mut self.ebpf, prog)?;
-                p.detach(link).map_err(load_err)?;
-            }
+            self.hooks.detach(&mut self.ebpf)?;
         }
         Ok(())
     }

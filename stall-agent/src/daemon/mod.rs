@@ -26,7 +26,7 @@ use self::{
 };
 use crate::{
     aggregate::{Window, RECENT_NS},
-    capture::{cgroup, procfs, Capture, CaptureError, CaptureOptions},
+    capture::{cgroup, procfs, Capture, CaptureError, CaptureOptions, SyscallHooks},
     clock::monotonic_ns,
     decode::{Event, JobEvent, Snapshot},
     error::Error,
@@ -47,6 +47,7 @@ pub struct Options {
     pub nvml_lib: Option<PathBuf>,
     /// Capture tiers; `None`: always the full capture.
     pub tiers: Option<tier::Policy>,
+    pub syscall_hooks: SyscallHooks,
 }
 
 /// A job of the node: a cgroup directly under a root.
@@ -119,9 +120,11 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut capture = Capture::load(&CaptureOptions {
         cgroup_mode: true,
         syscall_hooks_on_demand: tiers.is_some(),
+        syscall_hooks: opts.syscall_hooks,
         ..Default::default()
     })
     .map_err(Error::from)?;
+    eprintln!("stall daemon: {}", capture.syscall_backend_line());
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .map_err(|e| Error::Listen { addr: opts.listen, reason: e.to_string() })?;

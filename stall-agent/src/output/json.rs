@@ -37,6 +37,9 @@ pub struct Record<'a> {
     /// when the verdict is on the steady state after it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub startup_s: Option<f64>,
+    /// Summary only: how the syscalls were hooked, `trampoline` or `tracepoint`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syscall_backend: Option<&'static str>,
     pub verdict: &'a Verdict,
 }
 
@@ -220,6 +223,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         gpus: v.gpus,
         progress: v.progress,
         startup_s: v.startup_s,
+        syscall_backend: v.syscall_backend.map(|(name, _)| name),
         verdict: v.verdict,
     }
 }

@@ -27,6 +27,9 @@ pub struct View<'a> {
     /// The final report: how long the startup before the input pipeline
     /// took, when the verdict is on the steady state after it.
     pub startup_s: Option<f64>,
+    /// The final report: the syscall hooks' backend (`trampoline`,
+    /// `tracepoint`) and the line that says so for people.
+    pub syscall_backend: Option<(&'static str, &'a str)>,
 }
 
 /// "last progress 3 s ago (/runs/train.log written 3 s ago)", for the

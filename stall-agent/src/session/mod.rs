@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 
 use self::gate::Gate;
 use crate::{
-    capture::{cgroup, Capture, CaptureOptions},
+    capture::{cgroup, Capture, CaptureOptions, SyscallHooks},
     clock::monotonic_ns,
     error::Error,
     gpu::GpuSelect,
@@ -41,6 +41,7 @@ pub struct Options {
     pub ringbuf_bytes: Option<u32>,
     pub floor: bool,
     pub latency_sample: u32,
+    pub syscall_hooks: SyscallHooks,
 }
 
 /// How the session ended.
@@ -85,6 +86,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         cgroup_mode: matches!(target, Target::Cgroup(_)),
         latency_sample: opts.latency_sample,
         syscall_hooks_on_demand: false,
+        syscall_hooks: opts.syscall_hooks,
     })
     .map_err(Error::from)?;
     let start_ns = monotonic_ns();
@@ -134,7 +136,13 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
     tokio::pin!(sleep_until);
     let mut child_status = None;
     let gpu_note = gpus.note.clone();
-    let out = Out { label: &label, gpu_note: gpu_note.as_deref() };
+    let hooks_line = capture.syscall_backend_line();
+    let out = Out {
+        label: &label,
+        gpu_note: gpu_note.as_deref(),
+        syscall_backend: capture.syscall_backend().name(),
+        hooks_line: &hooks_line,
+    };
     loop {
         tokio::select! {
             wake = feed.next(&mut capture) => match wake? {
@@ -187,6 +195,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         gpu_note: out.gpu_note,
         progress: &report.progress,
         startup_s: report.startup_s,
+        syscall_backend: Some((out.syscall_backend, out.hooks_line)),
     };
     if let Some(j) = &mut sinks.json {
         writeln!(j, "{}", output::json::line("summary", &view))?;
@@ -220,6 +229,9 @@ fn interval(job: &mut Job, capture: &mut Capture, feed: &mut Feed, gpus: &mut Gp
 struct Out<'a> {
     label: &'a str,
     gpu_note: Option<&'a str>,
+    /// `Backend::name` of the syscall hooks, and the line saying so.
+    syscall_backend: &'static str,
+    hooks_line: &'a str,
 }
 
 fn shell_status(s: std::process::ExitStatus) -> i32 {
@@ -238,6 +250,7 @@ fn emit_interval(sinks: &mut Sinks, tick: &Tick, out: &Out) -> Result<()> {
         gpu_note: out.gpu_note,
         progress: &tick.progress,
         startup_s: None,
+        syscall_backend: None,
     };
     if let Some(j) = &mut sinks.json {
         writeln!(j, "{}", output::json::line("interval", &v))?;

@@ -1,0 +1,320 @@
+//! The syscall hooks' two backends, chosen at start-up.
+//!
+//! - **trampoline**: fentry/fexit programs on the hooked syscalls' entry
+//!   functions (`__x64_sys_read`...; stall-ebpf's trampoline.rs). Only
+//!   callers of these syscalls run a program; nothing else of the machine
+//!   changes. Needs BTF and BPF trampolines (the kernel may refuse with
+//!   EPERM, e.g. under lockdown or in some VMs).
+//! - **tracepoint**: the raw tracepoints `raw_syscalls:sys_enter`/`sys_exit`,
+//!   which run for every syscall of the machine and put every task on the
+//!   kernel's slow syscall path while attached.
+//!
+//! `auto` tries the trampolines (load and attach) and falls back to the
+//! tracepoints when the kernel refuses. Both feed the same code on the
+//! kernel side; the daemon attaches and detaches either on demand.
+use aya::{
+    programs::{
+        fentry::FEntryLinkId, fexit::FExitLinkId, raw_trace_point::RawTracePointLinkId, FEntry, FExit,
+        RawTracePoint,
+    },
+    Btf, Ebpf,
+};
+
+use super::{attached_program, load_err, program, tracefs::Tracefs, CaptureError};
+
+/// Which backend to use (`--syscall-hooks`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SyscallHooks {
+    /// Trampolines where the kernel allows them, else the raw tracepoints.
+    #[default]
+    Auto,
+    /// fentry/fexit on the syscalls' functions; exit 5 where refused.
+    Trampoline,
+    /// The raw syscall tracepoints.
+    Tracepoint,
+}
+
+/// The backend that runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Trampoline,
+    Tracepoint,
+}
+
+impl Backend {
+    /// As the report and the JSON summary (`syscall_backend`) name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Trampoline => "trampoline",
+            Backend::Tracepoint => "tracepoint",
+        }
+    }
+}
+
+/// (program, tracepoint) for the raw tracepoints: every syscall's entry and
+/// exit (the programs pick the ones in the `HOOKS` table).
+pub const ATTACH_RAW: [(&str, &str); 2] = [("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Entry,
+    Exit,
+}
+
+impl Side {
+    fn label(self) -> &'static str {
+        match self {
+            Side::Entry => "fentry",
+            Side::Exit => "fexit",
+        }
+    }
+}
+
+/// (program, side, syscall) for the trampolines: the read family at entry
+/// (the read in flight, its start) and exit (its bytes); the write family
+/// and openat at exit only (the saved registers still hold the arguments);
+/// close at entry only (retired before the number can be reused).
+const TRAMPOLINES: [(&str, Side, &str); 17] = [
+    ("fentry_read", Side::Entry, "read"),
+    ("fexit_read", Side::Exit, "read"),
+    ("fentry_pread64", Side::Entry, "pread64"),
+    ("fexit_pread64", Side::Exit, "pread64"),
+    ("fentry_readv", Side::Entry, "readv"),
+    ("fexit_readv", Side::Exit, "readv"),
+    ("fentry_preadv", Side::Entry, "preadv"),
+    ("fexit_preadv", Side::Exit, "preadv"),
+    ("fentry_preadv2", Side::Entry, "preadv2"),
+    ("fexit_preadv2", Side::Exit, "preadv2"),
+    ("fexit_write", Side::Exit, "write"),
+    ("fexit_pwrite64", Side::Exit, "pwrite64"),
+    ("fexit_writev", Side::Exit, "writev"),
+    ("fexit_pwritev", Side::Exit, "pwritev"),
+    ("fexit_pwritev2", Side::Exit, "pwritev2"),
+    ("fexit_openat", Side::Exit, "openat"),
+    ("fentry_close", Side::Entry, "close"),
+];
+
+/// The kernel function behind a native syscall (`SYSCALL_DEFINE`'s
+/// wrapper, whose one argument is the task's `struct pt_regs *`).
+#[cfg(target_arch = "x86_64")]
+fn syscall_function(name: &str) -> String {
+    format!("__x64_sys_{name}")
+}
+
+enum Link {
+    Raw(RawTracePointLinkId),
+    Entry(FEntryLinkId),
+    Exit(FExitLinkId),
+}
+
+/// The chosen backend's programs (loaded) and links (while attached).
+pub struct Hooks {
+    backend: Backend,
+    /// Why `auto` fell back to the tracepoints.
+    refused: Option<String>,
+    links: Vec<(&'static str, Link)>,
+}
+
+impl Hooks {
+    /// Loads the backend `want` asks for, attached unless `on_demand`.
+    /// `auto` probes the trampolines by loading and attaching them (then
+    /// detaching them again if `on_demand`).
+    pub fn load(
+        ebpf: &mut Ebpf,
+        want: SyscallHooks,
+        btf: Option<&Btf>,
+        tracefs: &Tracefs,
+        on_demand: bool,
+    ) -> Result<Self, CaptureError> {
+        let mut refused = None;
+        if want != SyscallHooks::Tracepoint {
+            match trampolines(ebpf, btf) {
+                Ok(links) => {
+                    let mut hooks = Hooks { backend: Backend::Trampoline, refused: None, links };
+                    if on_demand {
+                        hooks.detach(ebpf)?;
+                    }
+                    return Ok(hooks);
+                }
+                Err(why) if want == SyscallHooks::Trampoline => {
+                    return Err(CaptureError::NoTrampolines(why));
+                }
+                Err(why) => refused = Some(why),
+            }
+        }
+        if let Some((_, n)) = ATTACH_RAW.iter().find(|(_, n)| !tracefs.has("raw_syscalls", n)) {
+            return Err(CaptureError::MissingTracepoint { name: format!("raw_syscalls:{n}") });
+        }
+        let mut hooks = Hooks { backend: Backend::Tracepoint, refused, links: Vec::new() };
+        for (prog, _) in ATTACH_RAW {
+            program(ebpf, prog, RawTracePoint::load)?;
+        }
+        if !on_demand {
+            hooks.attach(ebpf)?;
+        }
+        Ok(hooks)
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Why the trampolines were not used, when `auto` fell back.
+    pub fn refused(&self) -> Option<&str> {
+        self.refused.as_deref()
+    }
+
+    pub fn attached(&self) -> bool {
+        !self.links.is_empty()
+    }
+
+    pub fn attach(&mut self, ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+        match self.backend {
+            Backend::Tracepoint => {
+                for (prog, name) in ATTACH_RAW {
+                    let p: &mut RawTracePoint = attached_program(ebpf, prog)?;
+                    self.links.push((prog, Link::Raw(p.attach(name).map_err(load_err)?)));
+                }
+            }
+            Backend::Trampoline => {
+                for (prog, side, _) in TRAMPOLINES {
+                    self.links.push((prog, attach_one(ebpf, prog, side).map_err(CaptureError::Load)?));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn detach(&mut self, ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+        for (prog, link) in self.links.drain(..) {
+            detach_one(ebpf, prog, link)?;
+        }
+        Ok(())
+    }
+}
+
+/// Loads and attaches every trampoline program; on the first refusal,
+/// undoes what it did and says why.
+fn trampolines(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Result<Vec<(&'static str, Link)>, String> {
+    let btf = btf.ok_or("the kernel has no BTF (/sys/kernel/btf/vmlinux)")?;
+    let mut loaded = Vec::new();
+    let mut links = Vec::new();
+    let result = (|| {
+        for (prog, side, syscall) in TRAMPOLINES {
+            let func = syscall_function(syscall);
+            load_one(ebpf, prog, side, &func, btf).map_err(|e| format!("{} on {func}: {e}", side.label()))?;
+            loaded.push((prog, side));
+        }
+        for (prog, side, syscall) in TRAMPOLINES {
+            let link = attach_one(ebpf, prog, side)
+                .map_err(|e| format!("attaching to {}: {e}", syscall_function(syscall)))?;
+            links.push((prog, link));
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => Ok(links),
+        Err(why) => {
+            for (prog, link) in links.drain(..) {
+                let _ = detach_one(ebpf, prog, link);
+            }
+            for (prog, side) in loaded {
+                let _ = unload_one(ebpf, prog, side);
+            }
+            Err(why)
+        }
+    }
+}
+
+fn load_one(ebpf: &mut Ebpf, prog: &str, side: Side, func: &str, btf: &Btf) -> Result<(), String> {
+    let p = ebpf.program_mut(prog).ok_or_else(|| format!("program {prog} missing from the object"))?;
+    match side {
+        Side::Entry => {
+            let p: &mut FEntry = p.try_into().map_err(|e| chain(&e))?;
+            p.load(func, btf).map_err(|e| chain(&e))
+        }
+        Side::Exit => {
+            let p: &mut FExit = p.try_into().map_err(|e| chain(&e))?;
+            p.load(func, btf).map_err(|e| chain(&e))
+        }
+    }
+}
+
+fn attach_one(ebpf: &mut Ebpf, prog: &'static str, side: Side) -> Result<Link, String> {
+    let p = ebpf.program_mut(prog).ok_or_else(|| format!("program {prog} missing from the object"))?;
+    match side {
+        Side::Entry => {
+            let p: &mut FEntry = p.try_into().map_err(|e| chain(&e))?;
+            p.attach().map(Link::Entry).map_err(|e| chain(&e))
+        }
+        Side::Exit => {
+            let p: &mut FExit = p.try_into().map_err(|e| chain(&e))?;
+            p.attach().map(Link::Exit).map_err(|e| chain(&e))
+        }
+    }
+}
+
+fn unload_one(ebpf: &mut Ebpf, prog: &str, side: Side) -> Result<(), String> {
+    let p = ebpf.program_mut(prog).ok_or_else(|| format!("program {prog} missing from the object"))?;
+    match side {
+        Side::Entry => <&mut FEntry>::try_from(p).map_err(|e| chain(&e))?.unload().map_err(|e| chain(&e)),
+        Side::Exit => <&mut FExit>::try_from(p).map_err(|e| chain(&e))?.unload().map_err(|e| chain(&e)),
+    }
+}
+
+fn detach_one(ebpf: &mut Ebpf, prog: &str, link: Link) -> Result<(), CaptureError> {
+    match link {
+        Link::Raw(l) => attached_program::<RawTracePoint>(ebpf, prog)?.detach(l).map_err(load_err),
+        Link::Entry(l) => attached_program::<FEntry>(ebpf, prog)?.detach(l).map_err(load_err),
+        Link::Exit(l) => attached_program::<FExit>(ebpf, prog)?.detach(l).map_err(load_err),
+    }
+}
+
+/// The kernel's answer on one line: aya's message (without its causes,
+/// which repeat it), and the verifier's last word if it said any.
+fn chain(e: &dyn std::error::Error) -> String {
+    let text = e.to_string();
+    let Some((head, log)) = text.split_once(". Verifier output:") else {
+        return text.lines().next().unwrap_or_default().to_string();
+    };
+    match log.lines().rev().map(str::trim).find(|l| !l.is_empty()) {
+        Some(last) => format!("{head} (verifier: {last})"),
+        None => head.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::syscalls;
+    use stall_common::hook;
+
+    #[test]
+    fn trampolines_cover_every_hooked_syscall() {
+        // Each hooked syscall has its program(s): reads at entry and exit,
+        // writes and openat at exit, close at entry.
+        let hooked = syscalls::hook_table();
+        for (nr, what) in hooked {
+            let name = syscalls::name(i64::from(nr));
+            let sides: Vec<Side> = TRAMPOLINES.iter().filter(|t| t.2 == name).map(|t| t.1).collect();
+            let want = match what {
+                hook::READ => vec![Side::Entry, Side::Exit],
+                hook::WRITE | hook::OPENAT => vec![Side::Exit],
+                hook::CLOSE => vec![Side::Entry],
+                _ => unreachable!(),
+            };
+            assert_eq!(sides, want, "{name}");
+        }
+        assert_eq!(syscall_function("pread64"), "__x64_sys_pread64");
+    }
+
+    #[test]
+    fn program_names_fit_the_kernel() {
+        // BPF_OBJ_NAME_LEN is 16 with the NUL: longer names are cut.
+        for (prog, side, syscall) in TRAMPOLINES {
+            assert!(prog.len() < 16, "{prog}");
+            let prefix = if side == Side::Entry { "fentry_" } else { "fexit_" };
+            assert_eq!(prog, format!("{prefix}{syscall}"));
+        }
+    }
+}
