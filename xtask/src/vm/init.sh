@@ -1,7 +1,9 @@
 #!/bin/sh
 # /init of stall's test VM (xtask/src/vm): mounts what stall and its tests
 # need, runs each integration test binary in /stall/tests with our arguments
-# (the kernel passes what follows `--` on its command line), prints ONE
+# (the kernel passes what follows `--` on its command line) — every binary on
+# the trampoline backend, then capture and hooks again on the tracepoint
+# backend —, prints ONE
 # `STALL-VM-RESULT: PASS|FAIL ...` line and powers off. qemu exits 0 whatever
 # happened, so that line is the only verdict xtask trusts.
 
@@ -53,22 +55,39 @@ fi
 cd "$STALL_TEST_DIR" || finish "FAIL no $STALL_TEST_DIR"
 
 passed=0 failed=0 failing=""
-for t in /stall/tests/*; do
+# run_test BINARY LABEL: one test binary with our arguments, tallied.
+run_test() {
+    t=$1 label=$2
+    shift 2
     name=${t##*/}
     # Tests that cannot pass under emulation, one name a line (see vm.rs).
     skip=""
     if [ -f "/stall/skip/$name" ]; then
         while read -r s; do skip="$skip --skip $s"; done <"/stall/skip/$name"
     fi
-    echo "STALL-VM: running $name$skip"
+    echo "STALL-VM: running $label$skip (STALL_SYSCALL_HOOKS=${STALL_SYSCALL_HOOKS:-auto})"
     start=$(cut -d' ' -f1 /proc/uptime)
     # $skip unquoted: split into --skip NAME pairs.
     "$t" "$@" $skip 2>&1 | tee /tmp/test.out
     rc=$?
     counts=$(awk '/^test result:/ { p += $4; f += $6 } END { print p + 0, f + 0 }' /tmp/test.out)
     passed=$((passed + ${counts% *})) failed=$((failed + ${counts#* }))
-    [ "$rc" -eq 0 ] || failing="$failing $name"
-    echo "STALL-VM: $name exited $rc after $(awk -v s="$start" '{ printf "%.1f", $1 - s }' /proc/uptime)s"
+    [ "$rc" -eq 0 ] || failing="$failing $label"
+    echo "STALL-VM: $label exited $rc after $(awk -v s="$start" '{ printf "%.1f", $1 - s }' /proc/uptime)s"
+}
+
+# First every test on the syscall trampolines (fentry/fexit), forced where
+# the kernel has BTF so that a silent fallback cannot pass for them; then
+# the capture and hooks tests again on the raw syscall tracepoints.
+if [ -e /sys/kernel/btf/vmlinux ]; then
+    export STALL_SYSCALL_HOOKS=trampoline
+fi
+for t in /stall/tests/*; do
+    run_test "$t" "${t##*/}" "$@"
+done
+export STALL_SYSCALL_HOOKS=tracepoint
+for name in capture hooks; do
+    [ -x "/stall/tests/$name" ] && run_test "/stall/tests/$name" "$name[tracepoint]" "$@"
 done
 
 if [ -n "$failing" ]; then
