@@ -314,6 +314,15 @@ pub fn spawn_announcing(cmd: &mut Command) -> (std::process::Child, u32) {
     (child, pid)
 }
 
+/// How long (seconds, as the workloads take it) an attach test's target
+/// idles before it reads: `default`, or `STALL_TEST_ATTACH_PAUSE` where
+/// stall starts slowly (the VMs: attaching 17 trampolines under emulation
+/// takes seconds on 6.1), so the target is still there and still idle when
+/// stall has attached.
+pub fn attach_pause(default: f64) -> f64 {
+    std::env::var("STALL_TEST_ATTACH_PAUSE").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 /// Polls `ready` every 20 ms until it holds; fails the test after `timeout`.
 pub fn wait_until(what: &str, timeout: std::time::Duration, mut ready: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + timeout;

@@ -167,7 +167,7 @@ fn attach_to_pid_follows_later_forks_and_ends_with_the_target() {
     let size = 2_222_223;
     let data = s.file("a.bin", size);
     let truth_path = s.path("truth.json");
-    let (mut child, pid) = idle_then_read(&data, &truth_path, "1.0");
+    let (mut child, pid) = idle_then_read(&data, &truth_path, &attach_pause(1.0).to_string());
     // Reap the target in the background so stall sees it go.
     let waiter = std::thread::spawn(move || child.wait());
     let run = stall(&["attach", "--pid", &pid.to_string(), "-q"], &[], T);
@@ -187,11 +187,13 @@ fn attach_to_cgroup_traces_members_only() {
     let theirs = s.file("theirs.bin", 50_000);
     let truth_path = s.path("truth.json");
     let cg = Cgroup::new("capture");
-    let (mut child, pid) = idle_then_read(&data, &truth_path, "1.5");
+    let pause = attach_pause(1.5);
+    let (mut child, pid) = idle_then_read(&data, &truth_path, &pause.to_string());
     cg.add(pid);
     let (mut other, other_pid) = outsider(&theirs);
     // Relative to the cgroup2 mount, as users type it.
-    let run = stall(&["attach", "--cgroup", &cg.name, "--duration", "4", "-q"], &[], T);
+    let duration = format!("{}", pause + 2.5);
+    let run = stall(&["attach", "--cgroup", &cg.name, "--duration", &duration, "-q"], &[], T);
     let _ = child.wait();
     let _ = other.kill();
     let _ = other.wait();
@@ -229,7 +231,7 @@ fn files_opened_before_attach_are_counted() {
     let (child, pid) = spawn_announcing(
         Command::new(python())
             .arg(jobs_py())
-            .args(["open-before", data.to_str().unwrap(), "1.0"])
+            .args(["open-before", data.to_str().unwrap(), &attach_pause(1.0).to_string()])
             .env("TRUTH", &truth_path),
     );
     let mut child = child;
