@@ -68,13 +68,17 @@ fn versus(w: &Workload, mode: Mode) -> Option<(f64, f64)> {
 const WHERE_THE_COST_IS: &str = "\
 ## Where the cost is, and why some targets are out of reach here
 
-- **The floor is the kernel's.** Attaching any syscall tracepoint puts every task of the machine on \
-the kernel's slow syscall path (`SYSCALL_WORK_SYSCALL_TRACEPOINT` is set on all tasks, traced or \
-not), and each syscall then calls the attached programs. That cost is the floor row, and it lands \
-on untraced neighbours as much as on the traced job: no program stall could write avoids it. \
-Hooks that would not tax every syscall (fentry/fexit on `vfs_read`, BTF tracepoints, kprobes) are \
-unavailable on these machines (EPERM, or CONFIG_KPROBES off), and the non-syscall tracepoints \
-(`filemap:*`) cannot give exact bytes per descriptor or see pipes.
+- **The floor is the kernel's, where trampolines are refused.** On these machines the syscall \
+hooks are the raw syscall tracepoints (the fallback backend: fentry/fexit are refused with EPERM, \
+and CONFIG_KPROBES is off). Attaching any syscall tracepoint puts every task of the machine on the \
+kernel's slow syscall path (`SYSCALL_WORK_SYSCALL_TRACEPOINT` is set on all tasks, traced or not), \
+and each syscall then calls the attached programs. That cost is the floor row, and it lands on \
+untraced neighbours as much as on the traced job: no tracepoint program avoids it. Where the \
+kernel allows BPF trampolines (Debian's 6.1 and 6.12, docs/KERNELS.md) stall hooks the 12 \
+syscalls' own functions (`__x64_sys_read`...) with fentry/fexit instead (`--syscall-hooks auto`, \
+the default): no task goes on the slow path, only callers of those syscalls run a program, and a \
+process doing anything else pays nothing. The non-syscall tracepoints (`filemap:*`) cannot give \
+exact bytes per descriptor or see pipes.
 - **Raw syscall tracepoints, not per-syscall events.** stall attaches `raw_syscalls:sys_enter` \
 and `sys_exit` (two programs that pick openat, close and the read family by number) instead of one \
 `syscalls:sys_*` event per syscall: the per-syscall events build a perf record per call, which \
