@@ -14,6 +14,7 @@ pub mod gpu;
 pub mod job;
 pub mod output;
 pub mod progress;
+pub mod pystack;
 pub mod session;
 pub mod units;
 pub mod verdict;

@@ -9,12 +9,13 @@ use crate::{
     capture::syscalls,
     correlate::Roles,
     progress::ProgressView,
+    pystack::PyStack,
     units,
 };
 
 mod hang;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
     InputIoBound,
@@ -23,6 +24,7 @@ pub enum Kind {
     TrainerHostBound,
     GpuBusy,
     Idle,
+    #[default]
     Unknown,
 }
 
@@ -40,13 +42,30 @@ impl Kind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct Verdict {
     pub kind: Kind,
     pub summary: String,
     pub evidence: Vec<String>,
     /// No GPU data: the verdict is about the host side only.
     pub host_only: bool,
+    /// The threads the verdict names (whose Python stacks are worth reading).
+    #[serde(skip)]
+    pub blamed: Vec<Blamed>,
+    /// Python stacks of the blamed threads, when read (see `pystack`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub python_stacks: Vec<PyStack>,
+    /// Why some blamed processes' stacks could not be read, one line each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub python_notes: Vec<String>,
+}
+
+/// A thread a verdict names, and as what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blamed {
+    pub pid: u32,
+    pub tid: u32,
+    pub what: &'static str,
 }
 
 /// A GPU over the window.
@@ -158,6 +177,40 @@ fn reason_name(r: u8, t: &ThreadWindow) -> String {
 /// `w`: the window judged (the last few seconds live, the whole run at the
 /// end); `progress`: when the job last moved, which spans more than `w`.
 pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressView) -> Verdict {
+    let mut v = judge_kind(w, roles, gpus, progress);
+    v.blamed = blamed(w, roles, v.kind);
+    v
+}
+
+/// The trainer's main thread, the workers the evidence names, and in a
+/// hang every blocked thread of them.
+fn blamed(w: &Window, roles: &Roles, kind: Kind) -> Vec<Blamed> {
+    let Some(trainer) = roles.trainers.iter().find_map(|t| w.proc(*t)) else { return Vec::new() };
+    let mut out = Vec::new();
+    if let Some(m) = trainer.main_thread() {
+        out.push(Blamed { pid: trainer.tgid, tid: m.tid, what: "trainer main thread" });
+    }
+    let mut workers: Vec<&ProcWindow> = w.procs.iter().filter(|p| roles.workers.contains(&p.tgid)).collect();
+    workers.sort_by_key(|p| (std::cmp::Reverse(p.file_read_bytes()), p.tgid));
+    workers.truncate(MAX_WORKER_LINES);
+    for p in &workers {
+        if let Some(t) = p.main_thread() {
+            out.push(Blamed { pid: p.tgid, tid: t.tid, what: "worker" });
+        }
+    }
+    if kind == Kind::Hang {
+        for p in std::iter::once(trainer).chain(workers.iter().copied()) {
+            for t in p.threads.iter().filter(|t| t.alive && !t.now.running) {
+                if !out.iter().any(|b| b.tid == t.tid) {
+                    out.push(Blamed { pid: p.tgid, tid: t.tid, what: "blocked thread" });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn judge_kind(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressView) -> Verdict {
     let secs = w.secs();
     let host_only = gpus.is_empty();
     let gpu_line = gpu_prefix(gpus, secs);
@@ -177,7 +230,7 @@ pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressV
             summary.push_str(" [partial: events were lost]");
         }
         evidence.dedup();
-        Verdict { kind, summary, evidence, host_only }
+        Verdict { kind, summary, evidence, host_only, ..Default::default() }
     };
 
     let busy = gpus.iter().find(|g| g.util_mean_pct >= rules::GPU_BUSY_PCT);

@@ -363,7 +363,7 @@ def job_log_then_hang(args):
             log_line(log, step)
             stuck.wait(every)
         write_truth({"last_write": time.time(), "pid": os.getpid()})
-        stuck.wait()
+        stuck.wait()  # the hang: Python stack tests look for this line
 
 
 def job_log_every(args):

@@ -28,6 +28,7 @@ use tokio::io::unix::AsyncFd;
 use crate::{
     clock::monotonic_ns,
     decode::{self, Event, FileSnap, JobEvent, Snapshot, ThreadSnap, WakeSnap},
+    pystack::PyStacks,
 };
 
 /// (program, category, tracepoint) for every tracepoint attachment.
@@ -136,6 +137,8 @@ pub struct Capture {
     // Last: programs detach when this drops.
     /// Links of the attached syscall hooks (none: detached).
     syscall_links: Vec<(&'static str, RawTracePointLinkId)>,
+    /// Python stack readers of the traced processes.
+    py_stacks: PyStacks,
     ebpf: Ebpf,
 }
 
@@ -254,6 +257,7 @@ impl Capture {
             decode_errors: 0,
             regular_paths: HashSet::new(),
             syscall_links,
+            py_stacks: PyStacks::new(),
             ebpf,
         })
     }
@@ -300,6 +304,14 @@ impl Capture {
     fn changed(&mut self) {
         self.gen = track_gen::next_tracking(self.gen);
         let _ = self.track_gen.set(0, self.gen, 0);
+    }
+
+    pub fn py_stacks(&mut self) -> &mut PyStacks {
+        &mut self.py_stacks
+    }
+
+    pub fn py_stacks_ref(&self) -> &PyStacks {
+        &self.py_stacks
     }
 
     /// Whether the syscall hooks (file reads, writes, opens) are attached.

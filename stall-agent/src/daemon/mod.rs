@@ -31,7 +31,7 @@ use crate::{
     decode::{Event, JobEvent, Snapshot},
     error::Error,
     gpu::GpuSelect,
-    job::{Feed, GpuFleet, GpuScope, Job, Tick, Wake},
+    job::{Feed, GpuFleet, GpuScope, Job, Stacks, Tick, Wake},
     progress::ProgressView,
     verdict::{rules, Kind, Verdict},
 };
@@ -355,6 +355,8 @@ fn step(
     tiers: Option<&tier::Policy>,
     hooks: bool,
 ) {
+    // Python stacks for what the full capture blames (escalated jobs).
+    w.job.stacks = if tiers.is_none() || w.tier.tier.is_full() { Stacks::On } else { Stacks::Off };
     let tick = w.job.tick(capture, &snap.of_job(w.job.id), gpus);
     if !hooks {
         w.job.note_io(capture, &tick.roles, snap.ts);
@@ -417,6 +419,7 @@ fn published(tick: &Tick, full: bool, before: Option<&Verdict>) -> Verdict {
         summary: "no full capture of this job yet (cheap tier: scheduler and GPU only); it starts once its GPU has idled for the escalation threshold".into(),
         evidence: tick.verdict.evidence.clone(),
         host_only: tick.verdict.host_only,
+        ..Default::default()
     }
 }
 
@@ -444,7 +447,7 @@ fn jobs_json(jobs: &BTreeMap<PathBuf, Watched>, interval: Duration) -> String {
                 cgroup: j.dir.display().to_string(),
                 pod: &j.labels.pod,
                 container: &j.labels.container,
-                verdict: j.last.as_ref().map(|t| &t.verdict),
+                verdict: j.published.as_ref(),
                 progress: j.last.as_ref().map(|t| &t.progress),
                 processes: j.job.model.procs.values().filter(|p| p.alive).count(),
                 top_files: files,

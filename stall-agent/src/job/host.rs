@@ -8,6 +8,7 @@ use crate::{
     capture::{procfs, Capture},
     clock::ClockSnapshot,
     decode::{FileSnap, JobEvent},
+    pystack::PyStack,
 };
 
 /// A process as /proc shows it now.
@@ -43,6 +44,11 @@ pub trait Host {
     /// stdout/stderr when they are files): path and last write, in
     /// CLOCK_MONOTONIC ns.
     fn outputs(&self, pid: u32) -> Vec<(String, u64)>;
+    /// The Python stacks of `threads` (pid, tid, as what), and one note per
+    /// process whose stacks cannot be read.
+    fn python_stacks(&mut self, threads: &[(u32, u32, String)]) -> (Vec<PyStack>, Vec<String>);
+    /// Whether a live read of Python stacks is due (they are rate-limited).
+    fn python_stacks_due(&self) -> bool;
 }
 
 impl Host for Capture {
@@ -80,6 +86,14 @@ impl Host for Capture {
 
     fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String> {
         procfs::thread_comm(tgid, tid)
+    }
+
+    fn python_stacks(&mut self, threads: &[(u32, u32, String)]) -> (Vec<PyStack>, Vec<String>) {
+        self.py_stacks().read(threads)
+    }
+
+    fn python_stacks_due(&self) -> bool {
+        self.py_stacks_ref().due()
     }
 
     fn outputs(&self, pid: u32) -> Vec<(String, u64)> {

@@ -22,11 +22,21 @@ use crate::{
     correlate::{self, Roles},
     decode::{Event, Snapshot},
     progress::{Progress, ProgressView},
+    pystack::PyStack,
     verdict::{self, GpuWindow, Kind, Verdict},
 };
 
 /// The shortest steady state the final verdict is given alone.
 const MIN_STEADY_NS: u64 = 2_000_000_000;
+
+/// Whether to read the Python stacks of the threads a verdict blames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stacks {
+    Off,
+    /// With live verdicts that blame threads (a hang, an input bottleneck),
+    /// rate-limited, and always for the final report.
+    On,
+}
 
 /// Which devices count as the job's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +65,9 @@ pub struct Job {
     startup: Startup,
     /// Last sum of /proc I/O counters ([`Job::note_io`]).
     io_chars: Option<u64>,
+    pub stacks: Stacks,
+    /// The last Python stacks read, reused between live reads.
+    last_stacks: Option<(Kind, Vec<PyStack>, Vec<String>)>,
 }
 
 /// Where the job is in its startup (imports, spawning workers) before its
@@ -110,6 +123,8 @@ impl Job {
             outputs_noted: false,
             startup: Startup::Watching { before: Window::default() },
             io_chars: None,
+            stacks: Stacks::Off,
+            last_stacks: None,
         }
     }
 
@@ -227,7 +242,10 @@ impl Job {
         let interval_gpus = window_of(&interval);
         self.watch_startup(summary, &interval, &roles, &interval_gpus);
         let progress = self.progress.view(snap.ts);
-        let verdict = verdict::judge(&recent, &roles, &gpu_windows, &progress);
+        let mut verdict = verdict::judge(&recent, &roles, &gpu_windows, &progress);
+        if matches!(verdict.kind, Kind::Hang | Kind::InputIoBound | Kind::InputCpuBound) {
+            self.add_stacks(host, &mut verdict, false);
+        }
         Tick {
             progress,
             elapsed_s: snap.ts.saturating_sub(self.model.start_ns) as f64 / 1e9,
@@ -281,7 +299,7 @@ impl Job {
     /// The whole run up to `end_ns`, and the verdict on its steady state
     /// (after startup, when it ended). A job that ends hung is hung,
     /// whatever it did before: then the verdict is the last few seconds'.
-    pub fn finish(&mut self, end_ns: u64, gpus: &GpuFleet) -> Report {
+    pub fn finish(&mut self, host: &mut dyn Host, end_ns: u64, gpus: &GpuFleet) -> Report {
         let end_ns = end_ns.max(self.model.last_ns);
         let summary = self.model.summary(end_ns);
         let tracks = self.tracks(gpus);
@@ -307,6 +325,8 @@ impl Job {
             }
             _ => (None, verdict::judge(&summary, &roles, &summary_gpus, &progress)),
         };
+        let mut verdict = verdict;
+        self.add_stacks(host, &mut verdict, true);
         Report { summary, gpus: summary_gpus, roles, verdict, progress, startup_s }
     }
 
@@ -341,6 +361,32 @@ impl Job {
             self.progress.moved_at(now_ns);
         }
         self.io_chars = Some(total);
+    }
+
+    /// Adds the Python stacks of the threads `v` blames: read now when
+    /// `fresh` or a live read is due, else the last ones read for a verdict
+    /// of the same kind.
+    fn add_stacks(&mut self, host: &mut dyn Host, v: &mut Verdict, fresh: bool) {
+        if self.stacks == Stacks::Off || v.blamed.is_empty() {
+            return;
+        }
+        if fresh || host.python_stacks_due() {
+            let threads: Vec<(u32, u32, String)> =
+                v.blamed.iter().map(|b| (b.pid, b.tid, b.what.to_string())).collect();
+            let (stacks, notes) = host.python_stacks(&threads);
+            // Processes that ended meanwhile leave nothing: keep what was
+            // read while they ran (the final report of a job that exited).
+            let kept = self.last_stacks.as_ref().is_some_and(|(k, s, _)| *k == v.kind && !s.is_empty());
+            if !stacks.is_empty() || !notes.is_empty() || !kept {
+                self.last_stacks = Some((v.kind, stacks, notes));
+            }
+        }
+        if let Some((kind, stacks, notes)) = &self.last_stacks {
+            if *kind == v.kind {
+                v.python_stacks.clone_from(stacks);
+                v.python_notes.clone_from(notes);
+            }
+        }
     }
 
     /// Forgets what has ended once it was counted (the daemon's memory

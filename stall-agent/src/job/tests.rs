@@ -8,6 +8,7 @@ use super::*;
 use crate::{
     decode::{FileCounters, FileSnap, JobEvent, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
     gpu::{FakeGpu, GpuProcUse, GpuSample, GpuSnapshot},
+    pystack::PyStack,
 };
 
 const S: u64 = 1_000_000_000;
@@ -48,6 +49,12 @@ impl Host for ScriptedHost {
     }
     fn io_chars(&self, pid: u32) -> Option<u64> {
         self.io.get(&pid).copied()
+    }
+    fn python_stacks(&mut self, _threads: &[(u32, u32, String)]) -> (Vec<PyStack>, Vec<String>) {
+        (Vec::new(), Vec::new())
+    }
+    fn python_stacks_due(&self) -> bool {
+        false
     }
     fn process(&self, tgid: u32) -> Option<ProcInfo> {
         self.procs.get(&tgid).cloned()
@@ -318,7 +325,7 @@ fn a_job_that_ends_keeps_its_counts_and_frees_its_entries() {
     assert!(tick.interval.proc(WORKERS[0]).is_none_or(|p| !p.alive));
     sim.exit(TRAINER);
     assert!(sim.job.root_gone(&sim.host), "the trainer is gone");
-    let report = sim.job.finish(sim.now, &sim.gpus);
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
     for w in WORKERS {
         assert_eq!(report.summary.proc(w).unwrap().file_read_bytes(), 12 << 20, "ended workers' bytes stay");
     }
@@ -425,7 +432,7 @@ fn the_final_verdict_is_on_the_steady_state_after_startup() {
     for _ in 0..3 {
         sim.feeding_second(0.9, 0.85, 8 << 20);
     }
-    let report = sim.job.finish(sim.now, &sim.gpus);
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
     assert_eq!(report.verdict.kind, Kind::InputIoBound, "{:?}", report.verdict);
     let startup = report.startup_s.expect("a startup set apart");
     assert!((startup - 4.0).abs() < 1e-6, "{startup}");
@@ -440,7 +447,7 @@ fn a_job_fed_from_its_first_interval_has_no_startup_to_set_apart() {
     for _ in 0..3 {
         sim.feeding_second(0.9, 0.85, 8 << 20);
     }
-    let report = sim.job.finish(sim.now, &sim.gpus);
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
     assert_eq!(report.startup_s, None);
     assert_eq!(report.verdict.kind, Kind::InputIoBound, "{:?}", report.verdict);
 }

@@ -47,6 +47,9 @@ pub fn screen(v: &View, rate_per_s: f64, rows: usize, cols: usize) -> String {
     for line in wrap(&text, cols) {
         let _ = writeln!(out, "{line}");
     }
+    for s in v.verdict.python_stacks.iter().take(4) {
+        let _ = writeln!(out, "{}", fit(&format!("  {} {}: {}", s.what, s.tid, s.line()), cols));
+    }
     out
 }
 

@@ -207,5 +207,14 @@ pub fn render(v: &View) -> String {
     for e in &v.verdict.evidence {
         let _ = writeln!(out, "  - {e}");
     }
+    if !v.verdict.python_stacks.is_empty() {
+        let _ = writeln!(out, "  Python stacks (innermost first):");
+    }
+    for s in &v.verdict.python_stacks {
+        let _ = writeln!(out, "  - {} {} (pid {}): {}", s.what, s.tid, s.pid, s.line());
+    }
+    for n in &v.verdict.python_notes {
+        let _ = writeln!(out, "  note: {n}");
+    }
     out
 }

@@ -17,7 +17,7 @@ use crate::{
     clock::monotonic_ns,
     error::Error,
     gpu::GpuSelect,
-    job::{Feed, GpuFleet, GpuScope, Job, Tick, Wake},
+    job::{Feed, GpuFleet, GpuScope, Job, Stacks, Tick, Wake},
     output::{self, View},
     verdict::Verdict,
 };
@@ -119,6 +119,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         }
     };
     let mut job = Job::new(JOB, start_ns, root, GpuScope::All);
+    job.stacks = Stacks::On;
     // The first snapshot names every process found at attach.
     let snap = capture.snapshot();
     job.absorb(&mut capture, &snap);
@@ -176,7 +177,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
     // Let the last exits and closes arrive, then read everything once more.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let _ = interval(&mut job, &mut capture, &mut feed, &mut gpus);
-    let report = job.finish(monotonic_ns(), &gpus);
+    let report = job.finish(&mut capture, monotonic_ns(), &gpus);
     let view = View {
         window: &report.summary,
         roles: &report.roles,
