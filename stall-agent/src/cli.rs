@@ -158,6 +158,10 @@ pub struct Common {
     /// are always exact; timing costs more than the rest of a read's count.
     #[arg(long, value_name = "N", default_value = "8", value_parser = parse_sample)]
     pub latency_sample: u32,
+    /// Read the Python stacks of the threads the verdict names this often,
+    /// whatever the verdict (the bench measures what reading costs the job).
+    #[arg(long, hide = true, value_parser = parse_secs, value_name = "SECS")]
+    pub python_stacks_every: Option<Duration>,
 }
 
 fn parse_sample(s: &str) -> Result<u32, String> {

@@ -81,6 +81,7 @@ fn options(c: Common) -> Options {
         ringbuf_bytes: c.ringbuf_bytes,
         floor: c.floor,
         latency_sample: c.latency_sample,
+        python_stacks_every: c.python_stacks_every,
     }
 }
 

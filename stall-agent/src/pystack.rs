@@ -75,9 +75,10 @@ impl PyStacks {
         Self { spies: HashMap::new(), notes: HashMap::new(), last: None }
     }
 
-    /// Whether a live read is due (one per [`LIVE_EVERY`]).
-    pub fn due(&self) -> bool {
-        self.last.is_none_or(|t| t.elapsed() >= LIVE_EVERY)
+    /// Whether a live read is due: at most one per `every` (the live
+    /// view's is [`LIVE_EVERY`]).
+    pub fn due(&self, every: Duration) -> bool {
+        self.last.is_none_or(|t| t.elapsed() >= every)
     }
 
     /// The stacks of `threads` (pid, tid, what), and one note per process

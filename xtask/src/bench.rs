@@ -10,6 +10,7 @@
 
 mod daemon;
 mod profile;
+mod pystacks;
 mod report;
 
 use std::{
@@ -248,6 +249,9 @@ pub fn run(opts: &Options) -> Result<()> {
     println!("xtask bench: stall daemon on a node (a watched GPU job's reads and an untraced neighbour's)");
     let daemon = daemon::run(&env, &files.small, &env.nvml_lib, runs, opts.quick)?;
 
+    println!("xtask bench: Python stacks (a tight Python loop's iterations per second)");
+    let py = pystacks::run(&env, runs, opts.quick)?;
+
     let meta = report::Meta {
         quick: opts.quick,
         runs,
@@ -256,7 +260,7 @@ pub fn run(opts: &Options) -> Result<()> {
         quiet: env.quiet.get(),
         load: (load_before, loadavg()),
     };
-    let doc = report::render(&meta, &workloads, &profiles, &cost, &daemon);
+    let doc = report::render(&meta, &workloads, &profiles, &cost, &daemon, &py);
     let path = cmd::workspace_root().join("docs/PERFORMANCE.md");
     fs::write(&path, &doc).with_context(|| format!("writing {}", path.display()))?;
     println!("{}", report::targets_text(&workloads, &cost, &daemon));

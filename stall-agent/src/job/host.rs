@@ -47,8 +47,8 @@ pub trait Host {
     /// The Python stacks of `threads` (pid, tid, as what), and one note per
     /// process whose stacks cannot be read.
     fn python_stacks(&mut self, threads: &[(u32, u32, String)]) -> (Vec<PyStack>, Vec<String>);
-    /// Whether a live read of Python stacks is due (they are rate-limited).
-    fn python_stacks_due(&self) -> bool;
+    /// Whether a live read of Python stacks is due (at most one per `every`).
+    fn python_stacks_due(&self, every: std::time::Duration) -> bool;
 }
 
 impl Host for Capture {
@@ -92,8 +92,8 @@ impl Host for Capture {
         self.py_stacks().read(threads)
     }
 
-    fn python_stacks_due(&self) -> bool {
-        self.py_stacks_ref().due()
+    fn python_stacks_due(&self, every: std::time::Duration) -> bool {
+        self.py_stacks_ref().due(every)
     }
 
     fn outputs(&self, pid: u32) -> Vec<(String, u64)> {

@@ -36,6 +36,8 @@ pub enum Stacks {
     /// With live verdicts that blame threads (a hang, an input bottleneck),
     /// rate-limited, and always for the final report.
     On,
+    /// With every verdict, this often (what reading costs, measured).
+    Every(std::time::Duration),
 }
 
 /// Which devices count as the job's.
@@ -243,7 +245,9 @@ impl Job {
         self.watch_startup(summary, &interval, &roles, &interval_gpus);
         let progress = self.progress.view(snap.ts);
         let mut verdict = verdict::judge(&recent, &roles, &gpu_windows, &progress);
-        if matches!(verdict.kind, Kind::Hang | Kind::InputIoBound | Kind::InputCpuBound) {
+        if matches!(verdict.kind, Kind::Hang | Kind::InputIoBound | Kind::InputCpuBound)
+            || matches!(self.stacks, Stacks::Every(_))
+        {
             self.add_stacks(host, &mut verdict, false);
         }
         Tick {
@@ -370,7 +374,11 @@ impl Job {
         if self.stacks == Stacks::Off || v.blamed.is_empty() {
             return;
         }
-        if fresh || host.python_stacks_due() {
+        let every = match self.stacks {
+            Stacks::Every(d) => d,
+            _ => crate::pystack::LIVE_EVERY,
+        };
+        if fresh || host.python_stacks_due(every) {
             let threads: Vec<(u32, u32, String)> =
                 v.blamed.iter().map(|b| (b.pid, b.tid, b.what.to_string())).collect();
             let (stacks, notes) = host.python_stacks(&threads);

@@ -53,7 +53,7 @@ impl Host for ScriptedHost {
     fn python_stacks(&mut self, _threads: &[(u32, u32, String)]) -> (Vec<PyStack>, Vec<String>) {
         (Vec::new(), Vec::new())
     }
-    fn python_stacks_due(&self) -> bool {
+    fn python_stacks_due(&self, _every: std::time::Duration) -> bool {
         false
     }
     fn process(&self, tgid: u32) -> Option<ProcInfo> {

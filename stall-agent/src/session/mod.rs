@@ -41,6 +41,8 @@ pub struct Options {
     pub ringbuf_bytes: Option<u32>,
     pub floor: bool,
     pub latency_sample: u32,
+    /// Read Python stacks this often whatever the verdict (bench).
+    pub python_stacks_every: Option<Duration>,
 }
 
 /// How the session ended.
@@ -119,7 +121,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         }
     };
     let mut job = Job::new(JOB, start_ns, root, GpuScope::All);
-    job.stacks = Stacks::On;
+    job.stacks = opts.python_stacks_every.map_or(Stacks::On, Stacks::Every);
     // The first snapshot names every process found at attach.
     let snap = capture.snapshot();
     job.absorb(&mut capture, &snap);
