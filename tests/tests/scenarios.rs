@@ -405,6 +405,16 @@ fn io_bound_job_under_run() {
     assert_eq!(run.summary()["lost_events"], 0);
 }
 
+/// The demo job's cpu mode: 4 workers decoding `batches` batches of 50 ms.
+fn cpu_job(batches: u32, truth: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = ["--mode", "cpu", "--workers", "4", "--decode-ms", "50", "--start-delay", "0"]
+        .map(String::from)
+        .to_vec();
+    v.extend(["--batches".into(), batches.to_string(), "--truth".into(), truth.to_str().unwrap().into()]);
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
 /// 2. Workers that spend their time decoding in memory: input-cpu-bound;
 ///    their on-CPU time is their own.
 #[test]
@@ -412,20 +422,7 @@ fn cpu_bound_transforms() {
     let _t = Timed::start("cpu_bound_transforms");
     let s = disk_scratch("cpu");
     let truth_path = s.path("truth.json");
-    let run = stall_run(&[
-        "--mode",
-        "cpu",
-        "--workers",
-        "4",
-        "--batches",
-        "60",
-        "--decode-ms",
-        "50",
-        "--start-delay",
-        "0",
-        "--truth",
-        truth_path.to_str().unwrap(),
-    ]);
+    let run = stall_run(&cpu_job(60, &truth_path, &[]));
     assert_eq!(run.status, 0, "{}", run.stderr);
     let t = finished_truth(&truth_path, "cpu");
     assert_eq!(kind(run.summary()), "input-cpu-bound", "{}", verdict_summary(&run));
@@ -452,22 +449,7 @@ fn a_short_run_is_judged_after_its_startup() {
     let _t = Timed::start("a_short_run_is_judged_after_its_startup");
     let s = disk_scratch("startup");
     let truth_path = s.path("truth.json");
-    let run = stall_run(&[
-        "--mode",
-        "cpu",
-        "--workers",
-        "4",
-        "--batches",
-        "40",
-        "--decode-ms",
-        "50",
-        "--start-delay",
-        "0",
-        "--import-s",
-        "2.5",
-        "--truth",
-        truth_path.to_str().unwrap(),
-    ]);
+    let run = stall_run(&cpu_job(40, &truth_path, &["--import-s", "2.5"]));
     assert_eq!(run.status, 0, "{}", run.stderr);
     let t = finished_truth(&truth_path, "cpu");
     let sum = run.summary();

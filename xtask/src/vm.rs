@@ -36,9 +36,11 @@ const DEFAULT_TIMEOUT_SECS: u64 = 600;
 /// slower, so its own CPU time changes the verdict (`trainer-host-bound`,
 /// `input-cpu-bound` or `unknown` instead of what the scenario builds): the
 /// first two failed on both kernels in every run, the third in one run of
-/// five. They run natively.
-const VM_SKIP: [(&str, &str); 3] = [
+/// five; the fourth is the first's job behind a CPU-bound start-up. They
+/// run natively.
+const VM_SKIP: [(&str, &str); 4] = [
     ("scenarios", "cpu_bound_transforms"),
+    ("scenarios", "a_short_run_is_judged_after_its_startup"),
     ("scenarios", "attach_to_cgroup"),
     ("scenarios", "attach_to_pid_mid_run"),
 ];

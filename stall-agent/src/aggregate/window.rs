@@ -33,25 +33,23 @@ impl Window {
     }
     /// The files that were read, most bytes first, with their reader's pid.
     pub fn files_by_bytes(&self) -> Vec<(u32, &FileWindow)> {
-        let mut files: Vec<(u32, &FileWindow)> = self
-            .procs
-            .iter()
-            .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f)))
-            .filter(|(_, f)| f.read_bytes > 0)
-            .collect();
-        files.sort_by_key(|(_, f)| std::cmp::Reverse(f.read_bytes));
-        files
+        self.files_by(|f| f.read_bytes)
     }
 
     /// The files that were written, most bytes first, with the writer's pid.
     pub fn files_by_written(&self) -> Vec<(u32, &FileWindow)> {
+        self.files_by(|f| f.write_bytes)
+    }
+
+    /// The files with some `bytes`, most first, with their process's pid.
+    fn files_by(&self, bytes: impl Fn(&FileWindow) -> u64) -> Vec<(u32, &FileWindow)> {
         let mut files: Vec<(u32, &FileWindow)> = self
             .procs
             .iter()
             .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f)))
-            .filter(|(_, f)| f.write_bytes > 0)
+            .filter(|(_, f)| bytes(f) > 0)
             .collect();
-        files.sort_by_key(|(_, f)| std::cmp::Reverse(f.write_bytes));
+        files.sort_by_key(|(_, f)| std::cmp::Reverse(bytes(f)));
         files
     }
 
