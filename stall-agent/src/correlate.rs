@@ -54,11 +54,13 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
 
     // Who feeds whom: waking its threads, or being its child that does work.
     let mut feeders: HashMap<u32, HashSet<u32>> = HashMap::new();
+    let mut wakers: HashMap<u32, HashSet<u32>> = HashMap::new();
     for p in &w.procs {
         for t in &p.threads {
             for waker_tgid in t.woken_by.iter().map(|b| b.tgid) {
                 if waker_tgid != p.tgid && present.contains(&waker_tgid) {
                     feeders.entry(p.tgid).or_default().insert(waker_tgid);
+                    wakers.entry(p.tgid).or_default().insert(waker_tgid);
                 }
             }
         }
@@ -123,24 +125,27 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
         }
         false
     };
-    let mut by_tgid = HashMap::new();
+    let mut roles = HashMap::new();
     let mut workers = Vec::new();
     for p in &w.procs {
         let role = if trainer_set.contains(&p.tgid) {
             Role::Trainer
         } else {
             let feeds = trainers.iter().any(|t| feeders.get(t).is_some_and(|f| f.contains(&p.tgid)));
+            let wakes = trainers.iter().any(|t| wakers.get(t).is_some_and(|f| f.contains(&p.tgid)));
             let forked = p.ppid.is_some_and(|pp| trainer_set.contains(&pp) && worker_like(p.tgid, pp));
-            if (descends_from_trainer(p.tgid) && busy(p.tgid)) || forked || feeds {
+            let helper = p.ppid.and_then(|pp| by_tgid.get(&pp)).is_some_and(|pp| exec_helper(p, pp));
+            let like_a_worker = (descends_from_trainer(p.tgid) && busy(p.tgid)) || forked || feeds;
+            if (like_a_worker && !helper) || wakes {
                 workers.push(p.tgid);
                 Role::Worker
             } else {
                 Role::Other
             }
         };
-        by_tgid.insert(p.tgid, role);
+        roles.insert(p.tgid, role);
     }
-    Roles { by_tgid, trainers, workers }
+    Roles { by_tgid: roles, trainers, workers }
 }
 
 /// A child that looks like a data worker of its parent even when idle (a
@@ -156,6 +161,15 @@ fn forked_worker(child: Option<&ProcWindow>, parent: Option<&ProcWindow>) -> boo
         (Some(c), _) => c.contains("multiprocessing.spawn") || c.contains("multiprocessing.forkserver"),
         _ => false,
     }
+}
+
+/// A program its parent ran (fork + exec of something else: `ldconfig` and
+/// `uname` at `import torch`, a launcher's shell), not a data worker of
+/// it, unless it feeds the trainer (checked by the caller). Workers are
+/// forks that did not exec, or multiprocessing spawn/forkserver children.
+fn exec_helper(child: &ProcWindow, parent: &ProcWindow) -> bool {
+    let (Some(c), Some(p)) = (child.cmdline.as_deref(), parent.cmdline.as_deref()) else { return false };
+    c != p && !c.contains("multiprocessing.spawn") && !c.contains("multiprocessing.forkserver")
 }
 
 /// Did this process do anything: read a file, or use the CPU (>1%)?
@@ -251,6 +265,38 @@ mod tests {
         let w = window(vec![t, w1]);
         let r = assign(&w, &HashSet::new(), Some(2));
         assert_eq!((r.trainers.clone(), r.of(3)), (vec![2], Role::Worker));
+    }
+
+    #[test]
+    fn programs_run_at_import_are_not_workers() {
+        // `import torch` runs ldconfig (reads ld.so.cache, busy for a moment,
+        // ends); the DataLoader forks two workers that read shards.
+        let mut t = proc(2, 1, 500, 0);
+        t.cmdline = Some("python train.py".into());
+        let mut ldconfig = proc(3, 2, 40, 60_000);
+        ldconfig.cmdline = Some("/sbin/ldconfig -p".into());
+        ldconfig.alive = false;
+        let mut sh = proc(4, 2, 20, 0);
+        sh.cmdline = Some("/bin/sh -c uname -p 2> /dev/null".into());
+        let mut ws = Vec::new();
+        for pid in [5, 6] {
+            let mut w = proc(pid, 2, 100, 1_000_000);
+            w.cmdline = Some("python train.py".into());
+            ws.push(w);
+        }
+        // A spawned worker execs the interpreter anew: still a worker.
+        let mut spawned = proc(7, 2, 100, 1_000_000);
+        spawned.cmdline =
+            Some("python -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)".into());
+        let w = window([vec![t, ldconfig, sh, spawned], ws].concat());
+        let r = assign(&w, &HashSet::new(), Some(2));
+        assert_eq!(r.trainers, vec![2]);
+        assert_eq!((r.of(3), r.of(4)), (Role::Other, Role::Other));
+        assert_eq!((r.of(5), r.of(6), r.of(7)), (Role::Worker, Role::Worker, Role::Worker));
+        // A program that feeds the trainer is a worker, exec'd or not.
+        let mut fed = w.clone();
+        fed.procs[0].threads[0].woken_by = vec![Waker { tid: 3, tgid: 3, comm: "ldconfig".into(), count: 9 }];
+        assert_eq!(assign(&fed, &HashSet::new(), Some(2)).of(3), Role::Worker);
     }
 
     #[test]

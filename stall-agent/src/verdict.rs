@@ -489,9 +489,23 @@ fn wakers_of(main: &ThreadWindow, workers: &[&ProcWindow]) -> String {
     format!(", woken {n} times by {} (most by pid {top_pid} ×{top_n})", workers_word(procs.len()))
 }
 
+/// Files that are the interpreter's and its libraries' own (modules,
+/// bytecode, shared objects, the loader's cache), not the job's data: the
+/// evidence names data files.
+fn is_code_file(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    [".py", ".pyc", ".pyi", ".pth", ".so"].iter().any(|ext| name.ends_with(ext))
+        || name.contains(".so.")
+        || ["/__pycache__/", "/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3"]
+            .iter()
+            .any(|d| path.contains(d))
+        || path == "/etc/ld.so.cache"
+}
+
 fn top_files(w: &Window, secs: f64) -> Vec<String> {
     w.files_by_bytes()
         .iter()
+        .filter(|(_, f)| !is_code_file(f.resolved.as_deref().unwrap_or(&f.path)))
         .take(5)
         .map(|(pid, f)| {
             format!(

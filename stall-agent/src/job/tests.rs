@@ -60,7 +60,8 @@ impl Host for ScriptedHost {
         self.procs.get(&tgid).cloned()
     }
     fn cmdline(&self, tgid: u32) -> Option<String> {
-        self.procs.get(&tgid).map(|p| p.comm.clone())
+        // DataLoader workers are forks: the trainer's command line.
+        self.procs.get(&tgid).map(|_| "python train.py".to_string())
     }
     fn thread_comm(&self, tgid: u32, _tid: u32) -> Option<String> {
         self.procs.get(&tgid).map(|p| p.comm.clone())

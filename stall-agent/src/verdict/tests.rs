@@ -428,3 +428,20 @@ fn a_heartbeat_does_not_undo_a_hang_on_an_idle_gpu() {
     let v = futex_trainer(6).printed(120).judge(&[gpu(0.0, 6, None)]);
     assert_eq!(v.kind, Kind::Hang, "{v:?}");
 }
+
+#[test]
+fn the_evidence_names_data_files_not_the_interpreters_modules() {
+    for code in [
+        "/usr/lib/python3.11/__pycache__/threading.cpython-311.pyc",
+        "/opt/venv/lib/python3.11/site-packages/torch/_meta_registrations.py",
+        "/opt/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/etc/ld.so.cache",
+    ] {
+        assert!(is_code_file(code), "{code}");
+    }
+    for data in ["/data/shard_0001.arrow", "/mnt/ds/train-00001-of-00064.parquet", "/ckpt/model.safetensors"]
+    {
+        assert!(!is_code_file(data), "{data}");
+    }
+}
