@@ -308,20 +308,32 @@ def remove_stale(parent):
 
 
 def setup_v2(parent, name, back, major, minor, bps, description):
-    control = os.path.join(parent, "cgroup.subtree_control")
-    with open(control) as f:
-        enable = "io" not in f.read().split()
-    if enable:
-        write(control, "+io")
+    # io must be passed down from the root to `parent`: enable it on every
+    # level that does not yet (each holds no processes, the root excepted).
+    mnt = cgroup2_mount()
+    levels, p = [], parent.rstrip("/")
+    while True:
+        levels.append(p)
+        if p == mnt.rstrip("/") or p in ("", "/"):
+            break
+        p = os.path.dirname(p)
+    enabled = []
 
     def undo():
-        if enable:
+        for control in reversed(enabled):
             try:
                 write(control, "-io")
             except OSError:
                 pass
 
     try:
+        for level in reversed(levels):
+            control = os.path.join(level, "cgroup.subtree_control")
+            with open(control) as f:
+                if "io" in f.read().split():
+                    continue
+            write(control, "+io")
+            enabled.append(control)
         remove_stale(parent)
         path = os.path.join(parent, name)
         os.mkdir(path)

@@ -167,10 +167,16 @@ fn attach_to_pid_follows_later_forks_and_ends_with_the_target() {
     let size = 2_222_223;
     let data = s.file("a.bin", size);
     let truth_path = s.path("truth.json");
-    let (mut child, pid) = idle_then_read(&data, &truth_path, "1.0");
+    let go = s.path("go");
+    let (mut child, pid) = idle_then_read(&data, &truth_path, &format!("go:{}", go.display()));
     // Reap the target in the background so stall sees it go.
     let waiter = std::thread::spawn(move || child.wait());
-    let run = stall(&["attach", "--pid", &pid.to_string(), "-q"], &[], T);
+    let mut stall = Attached::start(&["--pid", &pid.to_string()]);
+    // The target forks its reader only once stall is attached, however long
+    // that took (seconds in an emulated VM).
+    stall.wait_tracing();
+    std::fs::write(&go, "").unwrap();
+    let run = stall.finish(T);
     waiter.join().unwrap().unwrap();
     assert_eq!(run.status, 0, "{}", run.stderr);
     let reader = truth(&truth_path)["reader"].as_u64().unwrap();
@@ -186,13 +192,17 @@ fn attach_to_cgroup_traces_members_only() {
     let data = s.file("c.bin", size);
     let theirs = s.file("theirs.bin", 50_000);
     let truth_path = s.path("truth.json");
+    let go = s.path("go");
     let cg = Cgroup::new("capture");
-    let (mut child, pid) = idle_then_read(&data, &truth_path, "1.5");
+    let (mut child, pid) = idle_then_read(&data, &truth_path, &format!("go:{}", go.display()));
     cg.add(pid);
     let (mut other, other_pid) = outsider(&theirs);
     // Relative to the cgroup2 mount, as users type it.
-    let run = stall(&["attach", "--cgroup", &cg.name, "--duration", "4", "-q"], &[], T);
+    let mut stall = Attached::start(&["--cgroup", &cg.name]);
+    stall.wait_tracing();
+    std::fs::write(&go, "").unwrap();
     let _ = child.wait();
+    let run = stall.interrupt_and_finish(T);
     let _ = other.kill();
     let _ = other.wait();
     assert_eq!(run.status, 0, "{}", run.stderr);
@@ -226,15 +236,19 @@ fn files_opened_before_attach_are_counted() {
     let size = 3_333_331;
     let data = s.file("b.bin", size);
     let truth_path = s.path("truth.json");
+    let go = s.path("go");
     let (child, pid) = spawn_announcing(
         Command::new(python())
             .arg(jobs_py())
-            .args(["open-before", data.to_str().unwrap(), "1.0"])
+            .args(["open-before", data.to_str().unwrap(), &format!("go:{}", go.display())])
             .env("TRUTH", &truth_path),
     );
     let mut child = child;
     let waiter = std::thread::spawn(move || child.wait());
-    let run = stall(&["attach", "--pid", &pid.to_string(), "-q"], &[], T);
+    let mut stall = Attached::start(&["--pid", &pid.to_string()]);
+    stall.wait_tracing();
+    std::fs::write(&go, "").unwrap();
+    let run = stall.finish(T);
     waiter.join().unwrap().unwrap();
     assert_eq!(run.status, 0, "{}", run.stderr);
     assert_eq!(truth(&truth_path)["bytes"], size as u64);

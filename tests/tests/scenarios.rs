@@ -13,17 +13,16 @@
 //! files live in $STALL_TEST_TMP or /var/tmp, which must be on a block device
 //! (the throttle needs one): an unthrottled job fails the test.
 use std::{
-    io::{BufRead, BufReader, Read},
-    path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
     thread::{sleep, JoinHandle},
     time::{Duration, Instant},
 };
 
 use nix::{
-    sys::signal::{kill, Signal},
+    sys::signal::Signal,
     time::{clock_gettime, ClockId},
-    unistd::Pid,
 };
 use serde_json::Value;
 use stall_tests::*;
@@ -60,40 +59,6 @@ fn stall_run(args: &[impl AsRef<str>]) -> Run {
 fn monotonic_s() -> f64 {
     let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).unwrap();
     ts.tv_sec() as f64 + ts.tv_nsec() as f64 / 1e9
-}
-
-fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return Some(s);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        sleep(Duration::from_millis(20));
-    }
-}
-
-/// Stops a child we started, by its PID: `sig` first, SIGKILL if it lingers.
-fn stop(child: &mut Child, sig: Signal) {
-    if child.try_wait().ok().flatten().is_some() {
-        return;
-    }
-    let _ = kill(Pid::from_raw(child.id() as i32), sig);
-    if wait_child(child, Duration::from_secs(5)).is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-}
-
-/// Collects a pipe's text in the background.
-fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = r.read_to_string(&mut s);
-        s
-    })
 }
 
 /// The demo job running in the background; stopped (SIGTERM: it stops its
@@ -147,68 +112,6 @@ impl Job {
 impl Drop for Job {
     fn drop(&mut self) {
         stop(&mut self.child, Signal::SIGTERM);
-    }
-}
-
-/// `stall attach` running in the background, JSON Lines into a file; killed
-/// (by its PID) if the test gives up on it.
-struct Attached {
-    child: Child,
-    json: PathBuf,
-    out: Option<(JoinHandle<String>, JoinHandle<String>)>,
-}
-
-impl Attached {
-    fn start(args: &[&str]) -> Self {
-        require_root();
-        let json = tempfile_path("scn-json");
-        let mut child = Command::new(stall_bin())
-            .arg("attach")
-            .arg("--json")
-            .arg(&json)
-            .args(["--gpu", "off", "-q"])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting stall");
-        let out = Some((drain(child.stdout.take().unwrap()), drain(child.stderr.take().unwrap())));
-        Self { child, json, out }
-    }
-
-    /// Waits for its first JSON record: by then it is attached and tracing.
-    fn wait_tracing(&mut self) {
-        let json = self.json.clone();
-        let child = &mut self.child;
-        wait_until("stall's first JSON record", Duration::from_secs(20), || {
-            if let Some(s) = child.try_wait().unwrap() {
-                panic!("stall exited ({s}) before its first record");
-            }
-            std::fs::read_to_string(&json).is_ok_and(|t| t.contains('\n'))
-        });
-    }
-
-    fn finish(mut self, timeout: Duration) -> Run {
-        let Some(status) = wait_child(&mut self.child, timeout) else {
-            stop(&mut self.child, Signal::SIGKILL);
-            panic!("stall attach did not finish within {timeout:?}");
-        };
-        let (o, e) = self.out.take().unwrap();
-        let text = std::fs::read_to_string(&self.json).unwrap_or_default();
-        Run {
-            status: status.code().unwrap_or(-1),
-            stdout: o.join().unwrap(),
-            stderr: e.join().unwrap(),
-            records: text.lines().map(|l| serde_json::from_str(l).expect("each JSON line parses")).collect(),
-        }
-    }
-}
-
-impl Drop for Attached {
-    fn drop(&mut self) {
-        stop(&mut self.child, Signal::SIGKILL);
-        let _ = std::fs::remove_file(&self.json);
     }
 }
 

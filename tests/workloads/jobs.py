@@ -216,11 +216,22 @@ def job_many_opens(args):
         os.close(os.open(path, os.O_RDONLY))
 
 
+def wait_for_go(pause):
+    """`pause` is seconds to sleep, or `go:PATH`: wait until PATH exists (the
+    test creates it once stall is attached, however long that took)."""
+    if pause.startswith("go:"):
+        deadline = time.monotonic() + 300
+        while not os.path.exists(pause[3:]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    else:
+        time.sleep(float(pause))
+
+
 def job_idle_then_read(args):
-    """Announces itself, sleeps (attach happens now), then forks a reader."""
-    path, pause = args[0], float(args[1])
+    """Announces itself, waits (attach happens now), then forks a reader."""
+    path, pause = args[0], args[1]
     print(os.getpid(), flush=True)
-    time.sleep(pause)
+    wait_for_go(pause)
     pid = os.fork()
     if pid == 0:
         total = read_with(path, "pread", 9999)
@@ -241,10 +252,10 @@ def job_reader_loop(args):
 
 def job_open_before(args):
     """Opens the file, announces itself (attach happens now), then reads it."""
-    path, pause = args[0], float(args[1])
+    path, pause = args[0], args[1]
     fd = os.open(path, os.O_RDONLY)
     print(os.getpid(), flush=True)
-    time.sleep(pause)
+    wait_for_go(pause)
     total = read_fd(fd, 8191)
     os.close(fd)
     write_truth({"pid": os.getpid(), "bytes": total, "fd": fd})
