@@ -76,7 +76,8 @@ fn a_hung_trainer_shows_the_line_it_waits_on() {
 fn an_input_bound_job_shows_the_queue_wait_and_the_read() {
     require_root();
     let s = disk_scratch("pystack-io");
-    let mut args = shards(&s.path("cache"), 6, 12, 12);
+    // 6 MB/s: I/O-bound even where Python runs slowly (an emulated CPU).
+    let mut args = shards(&s.path("cache"), 6, 8, 6);
     args.extend(["--workers", "3", "--start-delay", "0"].map(String::from));
     let mut v: Vec<String> = vec!["run".into(), "--interval".into(), "1".into(), "--".into()];
     v.extend(workload(&args));
@@ -113,7 +114,10 @@ fn a_non_python_job_gets_one_note() {
     assert_eq!(run.status, 0, "{}", run.stderr);
     let sum = run.summary();
     assert!(stacks(sum).is_empty());
-    assert_eq!(notes(sum), vec![format!("Python stacks of pid {pid}: not a Python process (sleep)")]);
+    let n = notes(sum);
+    assert_eq!(n.len(), 1, "{n:?}");
+    // `sleep`, or busybox's applet in the test VMs.
+    assert!(n[0].starts_with(&format!("Python stacks of pid {pid}: not a Python process (")), "{n:?}");
     assert_eq!(run.stdout.matches("note: Python stacks").count(), 1, "{}", run.stdout);
     assert!(run.stdout.contains("verdict: "), "{}", run.stdout);
 }

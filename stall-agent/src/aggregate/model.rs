@@ -23,6 +23,10 @@ pub struct Proc {
     /// Its threads (an index: exits and folding touch one process, not
     /// every thread of the job).
     pub tids: Vec<u32>,
+    /// When it was forked and when it last exec'd, if seen (0: not seen;
+    /// it ran before tracing started).
+    pub born_ns: u64,
+    pub exec_ns: u64,
     /// Ended and its kernel entries freed (see [`Model::dead`]).
     retired: bool,
 }
@@ -179,11 +183,12 @@ impl Model {
                     },
                 );
             }
-            Event::NewTask { parent_tgid, child_tid, child_tgid, comm, .. } => {
+            Event::NewTask { ts, parent_tgid, child_tid, child_tgid, comm, .. } => {
                 self.proc_mut(*parent_tgid);
                 if child_tgid != parent_tgid {
                     let p = self.proc_mut(*child_tgid);
                     p.ppid = Some(*parent_tgid);
+                    p.born_ns = *ts;
                     if p.comm.is_empty() {
                         p.comm = comm.clone();
                     }
@@ -193,8 +198,10 @@ impl Model {
                     t.comm = comm.clone();
                 }
             }
-            Event::Exec { tid, tgid, comm, .. } => {
-                self.proc_mut(*tgid).comm = comm.clone();
+            Event::Exec { ts, tid, tgid, comm } => {
+                let p = self.proc_mut(*tgid);
+                p.comm = comm.clone();
+                p.exec_ns = *ts;
                 self.thread_mut(*tid, *tgid).comm = comm.clone();
             }
             Event::Exit { tid, tgid, comm, counters, other_nr, ts } => {
@@ -426,6 +433,8 @@ impl Model {
                 comm: p.comm.clone(),
                 cmdline: p.cmdline.clone(),
                 alive: p.alive,
+                born_ns: p.born_ns,
+                exec_ns: p.exec_ns,
                 ..Default::default()
             })
             .collect();

@@ -162,6 +162,8 @@ impl Window {
                         comm: p.comm.clone(),
                         cmdline: p.cmdline.clone(),
                         alive: p.alive,
+                        born_ns: p.born_ns,
+                        exec_ns: p.exec_ns,
                         ..Default::default()
                     });
                     thread_at.push(HashMap::new());
@@ -170,6 +172,7 @@ impl Window {
                 });
                 let op = &mut out.procs[pi];
                 op.alive = p.alive;
+                op.exec_ns = op.exec_ns.max(p.exec_ns);
                 op.comm.clone_from(&p.comm);
                 op.other_read_bytes += p.other_read_bytes;
                 for t in &p.threads {
@@ -233,6 +236,9 @@ pub struct ProcWindow {
     pub files: Vec<FileWindow>,
     /// Reads of pipes, sockets and other non-files.
     pub other_read_bytes: u64,
+    /// When it was forked and last exec'd, if seen while traced (0: not).
+    pub born_ns: u64,
+    pub exec_ns: u64,
 }
 
 impl ProcWindow {

@@ -149,6 +149,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut node = Node { jobs: BTreeMap::new(), next_id: 1, roots, mount, all_jobs: opts.all_jobs };
     let mut seen = Seen::default();
     node.discover(&mut capture, &gpus, &shared.metrics);
+    feed.start();
     loop {
         match feed.next(&mut capture).await? {
             Wake::Events => node.route(&mut capture, &mut feed.events),

@@ -37,8 +37,7 @@ pub struct Feed {
 
 impl Feed {
     /// Set up first, before anything is loaded: a signal during start-up
-    /// must still end in a clean exit. The first tick comes one `interval`
-    /// from now.
+    /// must still end in a clean exit. The clocks run from [`Feed::start`].
     pub fn new(interval: Duration) -> Result<Self> {
         let every = |period: Duration| {
             let mut i = interval_at(Instant::now() + period, period);
@@ -53,6 +52,14 @@ impl Feed {
             sigterm: signal(SignalKind::terminate()).context("SIGTERM handler")?,
             sighup: signal(SignalKind::hangup()).context("SIGHUP handler")?,
         })
+    }
+
+    /// Starts the clocks: the first tick one interval from now. Loading the
+    /// programs can take seconds (an old verifier, an emulated CPU), and the
+    /// first interval must not be cut short by it.
+    pub fn start(&mut self) {
+        self.drain.reset();
+        self.tick.reset();
     }
 
     /// Waits for the next thing to do. Cancel-safe: a caller may select on

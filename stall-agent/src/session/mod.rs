@@ -136,6 +136,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
     };
     tokio::pin!(sleep_until);
     let mut child_status = None;
+    feed.start();
     let gpu_note = gpus.note.clone();
     let out = Out { label: &label, gpu_note: gpu_note.as_deref() };
     loop {
