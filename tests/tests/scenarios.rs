@@ -353,7 +353,7 @@ fn a_short_run_is_judged_after_its_startup() {
     let _t = Timed::start("a_short_run_is_judged_after_its_startup");
     let s = disk_scratch("startup");
     let truth_path = s.path("truth.json");
-    let run = stall_run(&cpu_job(40, &truth_path, &["--import-s", "2.5"]));
+    let run = stall_run(&cpu_job(60, &truth_path, &["--import-s", "2.5"]));
     assert_eq!(run.status, 0, "{}", run.stderr);
     let t = finished_truth(&truth_path, "cpu");
     let sum = run.summary();

@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// The shortest steady state the final verdict is given alone.
-const MIN_STEADY_NS: u64 = 2_000_000_000;
+const MIN_STEADY_NS: u64 = 1_000_000_000;
 
 /// Whether to read the Python stacks of the threads a verdict blames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
