@@ -140,7 +140,7 @@ fn tiny_ring_buffer_loses_events_and_says_so() {
     let f = s.file("o.bin", 10);
     let truth_path = s.path("truth.json");
     let run =
-        run_job(&["--ringbuf-bytes", "4096"], &["many-opens", f.to_str().unwrap(), "20000"], &truth_path);
+        run_job(&["--ringbuf-bytes", "4096"], &["many-opens", f.to_str().unwrap(), "200000"], &truth_path);
     assert_eq!(run.status, 0, "{}", run.stderr);
     let sum = run.summary();
     assert!(sum["lost_events"].as_u64().unwrap() > 0, "{}", sum["lost_by_cause"]);
