@@ -158,6 +158,14 @@ pub struct Common {
     /// are always exact; timing costs more than the rest of a read's count.
     #[arg(long, value_name = "N", default_value = "8", value_parser = parse_sample)]
     pub latency_sample: u32,
+    /// Write a timeline of every traced thread's states, its file reads, the
+    /// GPUs and the verdicts as a Chrome trace (JSON; gzip if FILE ends in
+    /// .gz) that Perfetto and chrome://tracing open: docs/TIMELINE.md.
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
+    /// The same timeline as a self-contained SVG picture.
+    #[arg(long, value_name = "FILE")]
+    pub timeline_svg: Option<PathBuf>,
     /// Read the Python stacks of the threads the verdict names this often,
     /// whatever the verdict (the bench measures what reading costs the job).
     #[arg(long, hide = true, value_parser = parse_secs, value_name = "SECS")]

@@ -2,7 +2,7 @@
 //! the form the (pure) aggregation consumes. Nothing here touches the kernel.
 use stall_common::{
     counter, event_kind, reason, run_state, CloseEvent, EventHeader, ExecEvent, ExitEvent, FileStats,
-    NewTaskEvent, OpenEvent, ThreadStats, COMM_LEN,
+    NewTaskEvent, OpenEvent, SwitchEvent, ThreadStats, COMM_LEN,
 };
 
 /// Per-thread counters, cumulative since the thread became tracked, with the
@@ -129,11 +129,46 @@ impl From<&FileStats> for FileCounters {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    Open { ts: u64, tid: u32, tgid: u32, fd: i32, file_id: u64, path: String, dfd: i32 },
-    NewTask { ts: u64, parent_tid: u32, parent_tgid: u32, child_tid: u32, child_tgid: u32, comm: String },
-    Exec { ts: u64, tid: u32, tgid: u32, comm: String },
-    Exit { ts: u64, tid: u32, tgid: u32, comm: String, counters: ThreadCounters, other_nr: i32 },
-    Close { ts: u64, tgid: u32, fd: i32, file_id: u64, counters: FileCounters },
+    Open {
+        ts: u64,
+        tid: u32,
+        tgid: u32,
+        fd: i32,
+        file_id: u64,
+        path: String,
+        dfd: i32,
+    },
+    NewTask {
+        ts: u64,
+        parent_tid: u32,
+        parent_tgid: u32,
+        child_tid: u32,
+        child_tgid: u32,
+        comm: String,
+    },
+    Exec {
+        ts: u64,
+        tid: u32,
+        tgid: u32,
+        comm: String,
+    },
+    Exit {
+        ts: u64,
+        tid: u32,
+        tgid: u32,
+        comm: String,
+        counters: ThreadCounters,
+        other_nr: i32,
+    },
+    Close {
+        ts: u64,
+        tgid: u32,
+        fd: i32,
+        file_id: u64,
+        counters: FileCounters,
+    },
+    /// Only with `--timeline`: not part of the model.
+    Switch(crate::timeline::Switch),
 }
 
 /// An event and the job (attach target, daemon cgroup) it belongs to.
@@ -212,6 +247,18 @@ pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
                 file_id: e.stats.file_id,
                 counters: FileCounters::from(&e.stats),
             }
+        }
+        event_kind::SWITCH => {
+            let e: SwitchEvent = read(buf)?;
+            Event::Switch(crate::timeline::Switch {
+                ts: hdr.ts,
+                tid: hdr.tid,
+                tgid: hdr.tgid,
+                on: e.on != 0,
+                reason: e.reason,
+                nr: e.nr,
+                wake_ts: e.wake_ts,
+            })
         }
         k => return Err(DecodeError::Kind(k)),
     };

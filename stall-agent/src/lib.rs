@@ -16,5 +16,6 @@ pub mod output;
 pub mod progress;
 pub mod pystack;
 pub mod session;
+pub mod timeline;
 pub mod units;
 pub mod verdict;

@@ -82,6 +82,8 @@ fn options(c: Common) -> Options {
         floor: c.floor,
         latency_sample: c.latency_sample,
         python_stacks_every: c.python_stacks_every,
+        timeline: c.timeline,
+        timeline_svg: c.timeline_svg,
     }
 }
 

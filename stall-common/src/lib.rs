@@ -235,6 +235,8 @@ pub mod event_kind {
     pub const EXEC: u32 = 3;
     pub const EXIT: u32 = 4;
     pub const CLOSE: u32 = 5;
+    /// A context switch of a tracked thread: only with `Config::timeline`.
+    pub const SWITCH: u32 = 6;
 }
 
 #[repr(C)]
@@ -277,6 +279,23 @@ pub struct NewTaskEvent {
 pub struct ExecEvent {
     pub hdr: EventHeader,
     pub comm: [u8; COMM_LEN],
+}
+
+/// A tracked thread switched in (`on` 1) or out (`on` 0): the timeline's
+/// raw material, sent only when it is asked for (`Config::timeline`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SwitchEvent {
+    pub hdr: EventHeader,
+    /// In: when the thread was woken during its off-CPU span (0: preempted,
+    /// or not seen).
+    pub wake_ts: u64,
+    /// Out: the syscall it is in (-1: none).
+    pub nr: i32,
+    /// Out: why it left the CPU (`reason`).
+    pub reason: u8,
+    pub on: u8,
+    pub _pad: [u8; 2],
 }
 
 /// A tracked thread exited; its final counters (the map entry is gone).
@@ -424,7 +443,8 @@ pub struct Config {
     pub cgroup_filter: u8,
     /// Non-zero: every program returns at once (the benchmark's floor).
     pub floor: u8,
-    pub _pad: u8,
+    /// Non-zero: send a `SwitchEvent` for every switch of a tracked thread.
+    pub timeline: u8,
     /// A read is timed when the random draw has none of these bits set
     /// (0: every read; 7: one in 8).
     pub latency_mask: u8,

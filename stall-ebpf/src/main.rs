@@ -20,6 +20,7 @@ mod running;
 mod sched;
 mod syscalls;
 mod task;
+mod timeline;
 
 use aya_ebpf::helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
 use stall_common::{counter, Config, ThreadStats};

@@ -49,6 +49,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         }
         let state = read_prev_state(&ctx, &cfg);
         switch_out(cur.stats, cur.tgid, state, ts, &cfg);
+        crate::timeline::record(&cfg, cur.stats, tid, false, ts);
     } else {
         if let Some(s) = slot.as_mut() {
             if s.tracked == slot_state::TRACKED {
@@ -62,6 +63,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
             if state & STATE_EXITING == 0 {
                 if let Some(cur) = adopt(&cfg, tid, tgid) {
                     switch_out(cur.stats, cur.tgid, state, ts, &cfg);
+                    crate::timeline::record(&cfg, cur.stats, tid, false, ts);
                 }
             }
         }
@@ -75,6 +77,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     match (next_stats, slot) {
         (Some(p), slot) => {
             let t = unsafe { &mut *p };
+            crate::timeline::record(&cfg, t, next as u32, true, ts);
             switch_in(t, ts);
             if let Some(s) = slot {
                 running::load(s, next as u32, 0, t, gen);

@@ -225,6 +225,8 @@ impl Model {
                     }
                 }
             }
+            // The timeline's, not the model's.
+            Event::Switch(_) => {}
             Event::Close { ts, file_id, counters, .. } => {
                 if let Some(mut f) = self.files.remove(file_id) {
                     f.total = *counters;

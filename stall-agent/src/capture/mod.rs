@@ -98,6 +98,8 @@ pub struct CaptureOptions {
     /// Time one read in this many (a power of two up to 128; 0: the
     /// default, [`DEFAULT_LATENCY_SAMPLE`]).
     pub latency_sample: u32,
+    /// Send a record of every switch of a tracked thread (`--timeline`).
+    pub timeline: bool,
     /// Leave the syscall hooks detached at load, until
     /// [`Capture::set_syscall_hooks`] (the daemon's cheap tier).
     pub syscall_hooks_on_demand: bool,
@@ -201,7 +203,7 @@ impl Capture {
             regs: REGS,
             cgroup_filter: u8::from(opts.cgroup_mode),
             floor: u8::from(opts.floor),
-            _pad: 0,
+            timeline: u8::from(opts.timeline),
             latency_mask: latency_mask(opts.latency_sample)?,
             ringbuf_wake_bytes: opts.ringbuf_bytes.unwrap_or(DEFAULT_RINGBUF_BYTES) / 8,
         };

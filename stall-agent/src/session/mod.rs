@@ -19,6 +19,7 @@ use crate::{
     gpu::GpuSelect,
     job::{Feed, GpuFleet, GpuScope, Job, Stacks, Tick, Wake},
     output::{self, View},
+    timeline::Recording,
     verdict::Verdict,
 };
 
@@ -43,6 +44,9 @@ pub struct Options {
     pub latency_sample: u32,
     /// Read Python stacks this often whatever the verdict (bench).
     pub python_stacks_every: Option<Duration>,
+    /// Chrome trace and SVG of the timeline.
+    pub timeline: Option<PathBuf>,
+    pub timeline_svg: Option<PathBuf>,
 }
 
 /// How the session ended.
@@ -87,6 +91,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         cgroup_mode: matches!(target, Target::Cgroup(_)),
         latency_sample: opts.latency_sample,
         syscall_hooks_on_demand: false,
+        timeline: opts.timeline.is_some() || opts.timeline_svg.is_some(),
     })
     .map_err(Error::from)?;
     let start_ns = monotonic_ns();
@@ -96,6 +101,10 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         eprintln!("stall: {note}");
     }
     let mut sinks = Sinks::open(&opts)?;
+    let mut timeline = match (&opts.timeline, &opts.timeline_svg) {
+        (None, None) => None,
+        (trace, svg) => Some(Recording::create(trace.as_deref(), svg.as_deref(), start_ns)?),
+    };
 
     let mut seeded = Vec::new();
     let mut gate: Option<Gate> = None;
@@ -142,9 +151,14 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
     loop {
         tokio::select! {
             wake = feed.next(&mut capture) => match wake? {
-                Wake::Events => job.observe(&mut capture, feed.events.drain(..).map(|(_, ev)| ev)),
+                Wake::Events => {
+                    if let Some(t) = &mut timeline {
+                        t.take_switches(&mut feed.events)?;
+                    }
+                    job.observe(&mut capture, feed.events.drain(..).map(|(_, ev)| ev));
+                }
                 Wake::Tick => {
-                    let tick = interval(&mut job, &mut capture, &mut feed, &mut gpus);
+                    let tick = interval(&mut job, &mut capture, &mut feed, &mut gpus, timeline.as_mut())?;
                     emit_interval(&mut sinks, &tick, &out)?;
                     if let Some(dir) = &cgroup_dir {
                         if !dir.exists() {
@@ -179,8 +193,12 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
 
     // Let the last exits and closes arrive, then read everything once more.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let _ = interval(&mut job, &mut capture, &mut feed, &mut gpus);
-    let report = job.finish(&mut capture, monotonic_ns(), &gpus);
+    let _ = interval(&mut job, &mut capture, &mut feed, &mut gpus, timeline.as_mut())?;
+    let end_ns = monotonic_ns();
+    let report = job.finish(&mut capture, end_ns, &gpus);
+    if let Some(t) = timeline {
+        t.finish(&report, end_ns, &label)?;
+    }
     let view = View {
         window: &report.summary,
         roles: &report.roles,
@@ -209,15 +227,29 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
 const JOB: u32 = 1;
 
 /// Ends an interval: what is in the ring buffer, one map snapshot, one GPU
-/// poll, then the job's tick.
-fn interval(job: &mut Job, capture: &mut Capture, feed: &mut Feed, gpus: &mut GpuFleet) -> Tick {
+/// poll, then the job's tick (and the timeline's).
+fn interval(
+    job: &mut Job,
+    capture: &mut Capture,
+    feed: &mut Feed,
+    gpus: &mut GpuFleet,
+    timeline: Option<&mut Recording>,
+) -> Result<Tick> {
     capture.drain_events(&mut feed.events);
+    let mut timeline = timeline;
+    if let Some(t) = timeline.as_deref_mut() {
+        t.take_switches(&mut feed.events)?;
+    }
     job.observe(capture, feed.events.drain(..).map(|(_, ev)| ev));
     let snap = capture.snapshot();
     for w in gpus.poll() {
         eprintln!("stall: {w}");
     }
-    job.tick(capture, &snap, gpus)
+    let tick = job.tick(capture, &snap, gpus);
+    if let Some(t) = timeline {
+        t.tick(&tick, gpus)?;
+    }
+    Ok(tick)
 }
 
 /// What every output of the session names.
