@@ -491,7 +491,8 @@ fn respawned_workers_every_epoch() {
     let s = disk_scratch("respawn");
     let cache = s.path("cache");
     let truth_path = s.path("truth.json");
-    let mut args = shards(&cache, 4, 4, 16);
+    // 8 MB/s: I/O-bound even where Python runs slowly (an emulated CPU).
+    let mut args = shards(&cache, 4, 4, 8);
     args.extend(
         [
             "--workers",
@@ -538,8 +539,7 @@ fn attach_to_pid_mid_run() {
     let s = disk_scratch("midrun");
     let cache = s.path("cache");
     let truth_path = s.path("truth.json");
-    // 8 MB/s: I/O-bound even where Python runs slowly (an emulated CPU).
-    let mut args = shards(&cache, 16, 6, 8);
+    let mut args = shards(&cache, 16, 6, 24);
     args.extend(
         [
             "--workers",
