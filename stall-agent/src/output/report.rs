@@ -170,7 +170,8 @@ pub fn render(v: &View) -> String {
     if files.len() > 10 {
         let _ = writeln!(out, "  ... and {} more files", files.len() - 10);
     }
-    let written = w.files_by_written();
+    let written: Vec<_> =
+        w.files_by_written().into_iter().filter(|(_, f)| crate::progress::is_output(&f.path)).collect();
     if !written.is_empty() {
         let _ = writeln!(out);
         let _ = writeln!(out, "Files written (logs, checkpoints):");
