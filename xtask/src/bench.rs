@@ -45,17 +45,20 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 pub enum Mode {
     Baseline,
     Stall,
+    /// `stall run --timeline`: a record per context switch on top.
+    Timeline,
     Strace,
     Floor,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 4] = [Mode::Baseline, Mode::Stall, Mode::Strace, Mode::Floor];
+    pub const ALL: [Mode; 5] = [Mode::Baseline, Mode::Stall, Mode::Timeline, Mode::Strace, Mode::Floor];
 
     pub fn label(self) -> &'static str {
         match self {
             Mode::Baseline => "baseline (no tracer)",
             Mode::Stall => "stall",
+            Mode::Timeline => "stall --timeline",
             Mode::Strace => "strace -f",
             Mode::Floor => "floor (stall --floor)",
         }
@@ -406,11 +409,14 @@ fn wrap(env: &Env, mode: Mode, args: &[String], out: &Path) -> Command {
     all.push(out.into());
     let mut c = match mode {
         Mode::Baseline => return with_args(Command::new(&env.wl), all),
-        Mode::Stall | Mode::Floor => {
+        Mode::Stall | Mode::Floor | Mode::Timeline => {
             let mut c = Command::new(&env.stall);
             c.arg("run");
             if mode == Mode::Floor {
                 c.arg("--floor");
+            }
+            if mode == Mode::Timeline {
+                c.arg("--timeline").arg(env.dir.join("timeline.json.gz"));
             }
             c.args(["--gpu", "off", "-q", "--"]);
             c

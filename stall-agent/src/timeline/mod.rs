@@ -133,7 +133,13 @@ pub struct Timeline<W: Write> {
 
 impl<W: Write> Timeline<W> {
     pub fn new(mut out: W, origin_ns: u64, origin_realtime_ns: u64) -> std::io::Result<Self> {
-        out.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n")?;
+        // `baseTimeNanoseconds`: the wall-clock instant of ts 0, as torch
+        // (2.4 on) writes it in its traces, so tools that line traces up by
+        // it (viztracer's, Perfetto by hand) can put both on one axis.
+        write!(
+            out,
+            "{{\"displayTimeUnit\":\"ms\",\"baseTimeNanoseconds\":{origin_realtime_ns},\"traceEvents\":[\n"
+        )?;
         Ok(Self {
             out,
             wrote_any: false,

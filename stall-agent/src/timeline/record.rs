@@ -96,7 +96,8 @@ impl Recording {
         self.timeline.lost = report.summary.lost[stall_common::counter::LOST_RINGBUF as usize];
         let picture = self.timeline.finish(end_ns, &names).context("writing the timeline")?;
         if let Some(path) = &self.svg {
-            std::fs::write(path, render_svg(&picture, title))
+            let title = format!("{title} — {}", report.verdict.kind.as_str());
+            std::fs::write(path, render_svg(&picture, &title))
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         Ok(())

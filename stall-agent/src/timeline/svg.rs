@@ -32,7 +32,7 @@ pub fn render(p: &Picture, title: &str) -> String {
     let bands: Vec<&Band> = p.threads.iter().take(MAX_BANDS).collect();
     let gpu_h = if p.gpus.is_empty() { 0.0 } else { GPU_H * p.gpus.len() as f64 + 10.0 };
     let top = 30.0;
-    let height = top + gpu_h + bands.len() as f64 * BAND + 50.0;
+    let height = top + gpu_h + bands.len() as f64 * BAND + 70.0;
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -103,6 +103,23 @@ pub fn render(p: &Picture, title: &str) -> String {
         );
         y += 16.0;
     }
+    // A time axis: a tick every 1, 2, 5, 10... s, about ten in all.
+    let span_s = p.span_ns as f64 / 1e9;
+    let step = [1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0]
+        .into_iter()
+        .find(|st| span_s / st <= 12.0)
+        .unwrap_or(7200.0);
+    let _ =
+        writeln!(s, r##"<line x1="{LABEL}" y1="{y:.0}" x2="{}" y2="{y:.0}" stroke="#888"/>"##, LABEL + WIDTH);
+    let mut t = 0.0;
+    while t <= span_s {
+        let x = LABEL + t / span_s.max(1e-9) * WIDTH;
+        let _ =
+            writeln!(s, r##"<line x1="{x:.1}" y1="{y:.0}" x2="{x:.1}" y2="{:.0}" stroke="#888"/>"##, y + 4.0);
+        let _ = writeln!(s, r#"<text x="{x:.1}" y="{:.0}" text-anchor="middle">{t:.0} s</text>"#, y + 15.0);
+        t += step;
+    }
+    y += 18.0;
     let mut x = LABEL;
     for (i, name) in NAMES.iter().enumerate() {
         let _ = writeln!(

@@ -137,6 +137,7 @@ fn reads_gpu_and_verdicts_have_their_tracks_and_the_svg_draws_them() {
     names.threads.insert(5, "pt_data_worker".into());
     let pic = t.finish(1_000 * MS, &names).unwrap();
     let v = parse(&buf);
+    assert_eq!(v["baseTimeNanoseconds"], 1_700_000_000_000_000_000u64);
     let ev = v["traceEvents"].as_array().unwrap();
     let read = ev.iter().find(|e| e["cat"] == "reads").unwrap();
     assert_eq!(read["name"], "read /data/shard_1.arrow");
