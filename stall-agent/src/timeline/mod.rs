@@ -136,9 +136,9 @@ impl<W: Write> Timeline<W> {
         // `baseTimeNanoseconds`: the wall-clock instant of ts 0, as torch
         // (2.4 on) writes it in its traces, so tools that line traces up by
         // it (viztracer's, Perfetto by hand) can put both on one axis.
-        write!(
+        writeln!(
             out,
-            "{{\"displayTimeUnit\":\"ms\",\"baseTimeNanoseconds\":{origin_realtime_ns},\"traceEvents\":[\n"
+            "{{\"displayTimeUnit\":\"ms\",\"baseTimeNanoseconds\":{origin_realtime_ns},\"traceEvents\":["
         )?;
         Ok(Self {
             out,
