@@ -5,19 +5,45 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::gpu::GpuSelect;
 
-pub const EXIT_CODES: &str = "\
+macro_rules! privileges {
+    () => {
+        "\
+PRIVILEGES (run, attach, daemon): root, or these capabilities, all of them:
+    CAP_BPF              create BPF maps and load the programs
+    CAP_PERFMON          load tracing programs and attach them to tracepoints
+    CAP_DAC_READ_SEARCH  read tracefs (mode 700: tracepoint layouts and ids) and other
+                         users' /proc/PID/fd and /proc/PID/task/TID/syscall
+    CAP_SYS_PTRACE       see which file each descriptor of the job is and which syscall
+                         its threads wait in (/proc's ptrace checks)
+    Missing one, stall exits 3 naming it. CAP_SYS_ADMIN is needed only where tracefs
+    is not mounted (stall mounts it). `stall run` starts the command without stall's
+    ambient capabilities."
+    };
+}
+
+macro_rules! exit_codes {
+    () => {
+        "\
 EXIT CODES:
     0    success (stall attach)
     N    stall run: the command's own exit status (128+signal if it was killed)
     1    internal error
-    2    usage error
-    3    not privileged: needs root, or CAP_BPF and CAP_PERFMON
+    2    usage error (bad option value, --json path not writable)
+    3    not privileged: a capability above is missing, or the kernel refused (EPERM)
     4    target not found: no such PID, or not a cgroup v2 directory
     5    kernel not supported: missing tracepoint, tracefs or BPF feature
     6    GPU asked for with --gpu, but NVML or the device is not available
     7    stall daemon: cannot listen on the --listen address (e.g. port taken)
     126  stall run: the command is not executable
-    127  stall run: the command was not found";
+    127  stall run: the command was not found"
+    };
+}
+
+/// The exit codes, as `--help` lists them.
+pub const EXIT_CODES: &str = exit_codes!();
+/// What capabilities stall needs, as `--help` lists them.
+pub const PRIVILEGES: &str = privileges!();
+const AFTER_HELP: &str = concat!(privileges!(), "\n\n", exit_codes!());
 
 pub mod exit {
     pub const INTERNAL: i32 = 1;
@@ -36,7 +62,7 @@ pub mod exit {
     name = "stall",
     version,
     about = "Why is the GPU idle? Traces a training job from the kernel (eBPF) and says what holds it back.",
-    after_help = EXIT_CODES
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -46,7 +72,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a command and trace it and everything it starts; exit with its status.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = AFTER_HELP)]
     Run {
         #[command(flatten)]
         common: Common,
@@ -55,7 +81,7 @@ pub enum Command {
         cmd: Vec<OsString>,
     },
     /// Attach to a running job: a PID and its descendants, or a cgroup.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = AFTER_HELP)]
     Attach {
         #[command(flatten)]
         target: AttachTarget,
@@ -63,7 +89,7 @@ pub enum Command {
         common: Common,
     },
     /// Watch every job on this node continuously and export Prometheus metrics.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = AFTER_HELP)]
     Daemon {
         /// A cgroup v2 whose child cgroups are the jobs (repeatable; e.g. kubepods.slice).
         #[arg(long = "cgroup-root", required = true, value_name = "PATH")]
@@ -155,6 +181,26 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn help_names_every_capability_checked() {
+        for n in crate::caps::NEEDED {
+            assert!(PRIVILEGES.contains(&format!("    {}  ", n.name)), "{} not in --help", n.name);
+        }
+        assert_eq!(PRIVILEGES.matches("    CAP_").count(), crate::caps::NEEDED.len());
+        assert!(EXIT_CODES.contains(&format!("    {}    not privileged", exit::NOT_PRIVILEGED)));
+    }
+
+    #[test]
+    fn exit_codes_list_every_code() {
+        use exit::*;
+        for code in
+            [INTERNAL, USAGE, NOT_PRIVILEGED, NO_TARGET, KERNEL, GPU, LISTEN, NOT_EXECUTABLE, NOT_FOUND]
+        {
+            let pad = if code < 10 { "    " } else { "  " };
+            assert!(EXIT_CODES.contains(&format!("\n    {code}{pad}")), "exit code {code} not listed");
+        }
+    }
 
     #[test]
     fn cli_is_consistent() {

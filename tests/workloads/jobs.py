@@ -28,6 +28,15 @@ def write_truth(obj):
         os.rename(path + ".tmp", path)
 
 
+def cap_eff():
+    """This process's effective capabilities (CapEff of /proc/self/status)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return None
+
+
 def make_file(path, size):
     with open(path, "wb") as f:
         f.write(os.urandom(size))
@@ -73,7 +82,7 @@ def job_exact(args):
     """Reads one file fully in odd-sized chunks; exits with the given code."""
     path, chunk, code = args[0], int(args[1]), int(args[2])
     total = read_with(path, "read", chunk)
-    write_truth({"pid": os.getpid(), "bytes": total})
+    write_truth({"pid": os.getpid(), "bytes": total, "uid": os.getuid(), "cap_eff": cap_eff()})
     sys.exit(code)
 
 

@@ -60,7 +60,11 @@ static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("STALL_BPF_OBJ"));
 /// Errors callers branch on (each has its own exit code).
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("stall needs root, or CAP_BPF and CAP_PERFMON, to load eBPF programs")]
+    /// Capabilities stall needs are not effective (see `caps`).
+    #[error("{}", crate::caps::explain(.0))]
+    MissingCaps(Vec<crate::caps::Need>),
+    /// The kernel said EPERM although every capability was there.
+    #[error("the kernel refused stall's eBPF programs: operation not permitted although {} are effective (a security module or kernel lockdown?)", crate::caps::names())]
     NotPrivileged,
     #[error("tracefs is not mounted and could not be mounted at /sys/kernel/tracing")]
     NoTracefs,
@@ -134,21 +138,6 @@ pub struct Capture {
     _ebpf: Ebpf,
 }
 
-fn privileged() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    // CapEff bits: CAP_SYS_ADMIN 21, CAP_PERFMON 38, CAP_BPF 39.
-    let caps = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:").and_then(|v| u64::from_str_radix(v.trim(), 16).ok()))
-        })
-        .unwrap_or(0);
-    caps & (1 << 21) != 0 || (caps & (1 << 38) != 0 && caps & (1 << 39) != 0)
-}
-
 fn map_err(e: impl std::fmt::Display) -> CaptureError {
     CaptureError::Map(e.to_string())
 }
@@ -176,8 +165,9 @@ impl Capture {
         if BPF_OBJECT.is_empty() {
             return Err(CaptureError::Stub);
         }
-        if !privileged() {
-            return Err(CaptureError::NotPrivileged);
+        let missing = crate::caps::missing(crate::caps::effective());
+        if !missing.is_empty() {
+            return Err(CaptureError::MissingCaps(missing));
         }
         let tracefs = tracefs::Tracefs::open()?;
         let needed: Vec<(&str, &str)> = ATTACH

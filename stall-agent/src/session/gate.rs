@@ -73,6 +73,11 @@ pub fn exec_gate(cmd: &[OsString]) -> ! {
         eprintln!("stall: no command given");
         std::process::exit(2);
     };
+    // The command runs with its user's privileges, not the tracer's: the
+    // capabilities stall was given as ambient ones (capsh --addamb, systemd's
+    // AmbientCapabilities) would otherwise pass to it over exec.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
     let err = std::process::Command::new(prog).args(args).env_remove(GATE_ENV).exec();
     let name = prog.to_string_lossy();
     match err.kind() {

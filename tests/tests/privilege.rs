@@ -1,0 +1,184 @@
+//! Least privilege, measured: stall runs as user `nobody` with exactly the
+//! capabilities `stall --help` lists (capsh gives them as ambient ones) and
+//! gets exact results; with any one of them left out it exits 3 naming it.
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use stall_tests::*;
+
+const T: Duration = Duration::from_secs(60);
+
+/// The set `stall --help` documents (and `caps::NEEDED` checks).
+const CAPS: [&str; 4] = ["cap_bpf", "cap_perfmon", "cap_dac_read_search", "cap_sys_ptrace"];
+
+/// A scratch directory `nobody` can use, holding copies of stall and the
+/// workloads (the workspace may sit where `nobody` cannot reach).
+struct Place {
+    s: Scratch,
+    stall: PathBuf,
+    jobs: PathBuf,
+}
+
+impl Place {
+    fn new(tag: &str) -> Self {
+        require_root();
+        let s = Scratch::new(tag);
+        std::fs::set_permissions(&s.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        // Up to the scratch directory, everything must be searchable.
+        let mut dir = s.0.parent();
+        while let Some(d) = dir {
+            let mode = std::fs::metadata(d).unwrap().permissions().mode();
+            assert!(mode & 0o001 != 0, "{} is not searchable by nobody (set STALL_TEST_TMP)", d.display());
+            dir = d.parent();
+        }
+        let stall = s.path("stall");
+        std::fs::copy(stall_bin(), &stall).unwrap();
+        let jobs = s.path("jobs.py");
+        std::fs::copy(jobs_py(), &jobs).unwrap();
+        for (p, mode) in [(&stall, 0o755), (&jobs, 0o644)] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        Self { s, stall, jobs }
+    }
+
+    /// A file of `size` bytes that nobody can read.
+    fn data(&self, name: &str, size: usize) -> PathBuf {
+        let p = self.s.file(name, size);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        p
+    }
+}
+
+/// `stall ARGS` as `nobody` with exactly `caps` (effective, permitted,
+/// inheritable and ambient), through capsh; JSON Lines to `json`.
+fn as_nobody(caps: &[&str], place: &Place, args: &[&str], env: &[(&str, &Path)]) -> (i32, String, String) {
+    assert!(
+        Path::new("/usr/sbin/capsh").exists() || Path::new("/sbin/capsh").exists(),
+        "capsh is missing: `cargo xtask test` installs it (Debian package libcap2-bin)"
+    );
+    let set = caps.join(",");
+    let mut cmd = Command::new("capsh");
+    let switch = "cap_setpcap,cap_setuid,cap_setgid+ep";
+    if set.is_empty() {
+        cmd.arg(format!("--caps={switch}")).args(["--keep=1", "--user=nobody"]);
+    } else {
+        cmd.arg(format!("--caps={set}+eip {switch}"))
+            .args(["--keep=1", "--user=nobody"])
+            .arg(format!("--addamb={set}"));
+    }
+    cmd.args(["--shell=/bin/sh", "--", "-c", r#"exec "$0" "$@""#]).arg(&place.stall).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run_with_timeout(cmd, T);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn records(json: &Path) -> Run {
+    let text = std::fs::read_to_string(json).unwrap_or_default();
+    Run {
+        status: 0,
+        stdout: String::new(),
+        stderr: String::new(),
+        records: text.lines().map(|l| serde_json::from_str(l).unwrap()).collect(),
+    }
+}
+
+#[test]
+fn exact_results_as_nobody_with_the_documented_capabilities() {
+    let p = Place::new("priv-run");
+    let size = 2_000_003;
+    let data = p.data("data.bin", size);
+    let truth_path = p.s.path("truth.json");
+    let json = p.s.path("out.json");
+    let (code, _, err) = as_nobody(
+        &CAPS,
+        &p,
+        &[
+            "run",
+            "-q",
+            "--gpu",
+            "off",
+            "--json",
+            json.to_str().unwrap(),
+            "--",
+            python(),
+            p.jobs.to_str().unwrap(),
+            "exact",
+            data.to_str().unwrap(),
+            "4099",
+            "7",
+        ],
+        &[("TRUTH", &truth_path)],
+    );
+    assert_eq!(code, 7, "the command's status; stderr: {err}");
+    assert!(err.trim().is_empty(), "nothing on stderr: {err}");
+    let t = truth(&truth_path);
+    let pid = t["pid"].as_u64().unwrap();
+    assert_eq!(t["uid"], 65534, "the command runs as nobody");
+    assert_eq!(t["cap_eff"], 0, "the command does not inherit stall's capabilities");
+    let run = records(&json);
+    let f = run.file(pid, &data);
+    assert_eq!(f["read_bytes"], size as u64, "{f}");
+    assert_eq!(f["read_calls"], (size as u64).div_ceil(4099) + 1, "{f}");
+    assert_eq!(run.summary()["lost_events"], 0);
+}
+
+/// A root process's file opened before attach: only /proc with
+/// CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE says which file that descriptor is.
+#[test]
+fn attach_to_another_users_process_as_nobody() {
+    let p = Place::new("priv-attach");
+    let size = 1_500_007;
+    let data = p.data("data.bin", size);
+    let truth_path = p.s.path("truth.json");
+    let json = p.s.path("out.json");
+    let (mut job, pid) = spawn_announcing(
+        Command::new(python())
+            .arg(jobs_py())
+            .args(["open-before", data.to_str().unwrap(), "2.0"])
+            .env("TRUTH", &truth_path),
+    );
+    let (code, _, err) = as_nobody(
+        &CAPS,
+        &p,
+        &["attach", "-q", "--gpu", "off", "--json", json.to_str().unwrap(), "--pid", &pid.to_string()],
+        &[],
+    );
+    job.wait().unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(truth(&truth_path)["bytes"], size as u64);
+    let run = records(&json);
+    assert_eq!(run.file(u64::from(pid), &data)["read_bytes"], size as u64);
+    assert_eq!(run.summary()["lost_events"], 0);
+}
+
+#[test]
+fn one_capability_fewer_exits_3_naming_it() {
+    let p = Place::new("priv-fewer");
+    for left_out in CAPS {
+        let caps: Vec<&str> = CAPS.iter().copied().filter(|c| *c != left_out).collect();
+        let (code, out, err) = as_nobody(&caps, &p, &["run", "-q", "--gpu", "off", "--", "true"], &[]);
+        assert_eq!(code, 3, "without {left_out}: {err}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "one line without {left_out}: {err}");
+        let name = left_out.to_uppercase();
+        assert!(
+            lines[0].starts_with(&format!("stall: missing capability {name} (to ")),
+            "names {name}: {err}"
+        );
+        assert!(out.is_empty(), "nothing on stdout: {out}");
+    }
+    let (code, _, err) = as_nobody(&[], &p, &["attach", "--gpu", "off", "--pid", "1"], &[]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.starts_with("stall: missing capabilities CAP_BPF (to "), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
