@@ -22,7 +22,9 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Capture(c) => match c {
-                CaptureError::MissingCaps(_) | CaptureError::NotPrivileged => exit::NOT_PRIVILEGED,
+                CaptureError::MissingCaps(_)
+                | CaptureError::PerfParanoid(_)
+                | CaptureError::NotPrivileged => exit::NOT_PRIVILEGED,
                 CaptureError::NoSuchProcess(_) | CaptureError::BadCgroup { .. } | CaptureError::NoCgroup2 => {
                     exit::NO_TARGET
                 }

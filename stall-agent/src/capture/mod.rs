@@ -63,6 +63,11 @@ pub enum CaptureError {
     /// Capabilities stall needs are not effective (see `caps`).
     #[error("{}", crate::caps::explain(.0))]
     MissingCaps(Vec<crate::caps::Need>),
+    /// Debian's and Ubuntu's kernels add perf_event_paranoid levels above 2
+    /// at which only CAP_SYS_ADMIN may call perf_event_open (tracepoint
+    /// programs attach through it); Debian's default is 3.
+    #[error("the kernel refused to open the perf events tracepoint programs attach through (EACCES): kernel.perf_event_paranoid is {0}, at which Debian's and Ubuntu's kernels admit CAP_SYS_ADMIN only, not CAP_PERFMON; set it to 2 (sysctl kernel.perf_event_paranoid=2) or add CAP_SYS_ADMIN")]
+    PerfParanoid(i32),
     /// The kernel said EPERM although every capability was there.
     #[error("the kernel refused stall's eBPF programs: operation not permitted although {} are effective (a security module or kernel lockdown?)", crate::caps::names())]
     NotPrivileged,
@@ -158,6 +163,27 @@ fn load_err(e: impl std::error::Error) -> CaptureError {
     }
 }
 
+/// A tracepoint attachment's error: EACCES from perf_event_open means the
+/// perf_event_paranoid level of Debian's and Ubuntu's kernels (mainline
+/// answers EPERM or lets CAP_PERFMON through).
+fn perf_attach_err(e: impl std::error::Error) -> CaptureError {
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok());
+    let mut text = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        text.push_str(&s.to_string());
+        src = s.source();
+    }
+    match paranoid {
+        Some(level) if level > 2 && text.contains("perf_event_open") && text.contains("os error 13") => {
+            CaptureError::PerfParanoid(level)
+        }
+        _ => load_err(e),
+    }
+}
+
 impl Capture {
     /// Loads and attaches every program. Nothing is tracked until
     /// [`Capture::track_tree`] or [`Capture::watch_cgroup`] says so.
@@ -202,7 +228,7 @@ impl Capture {
 
         for (prog, category, name) in ATTACH {
             let tp = program(&mut ebpf, prog, TracePoint::load)?;
-            tp.attach(category, name).map_err(load_err)?;
+            tp.attach(category, name).map_err(perf_attach_err)?;
         }
         // The tables first: a program attached before them would see every
         // syscall as unhooked, which is only harmless because nothing is
