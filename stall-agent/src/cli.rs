@@ -102,8 +102,8 @@ pub enum Command {
         /// Address for /metrics and /jobs.
         #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
         listen: std::net::SocketAddr,
-        /// Seconds between updates.
-        #[arg(long, default_value = "5", value_parser = parse_secs, value_name = "SECS")]
+        /// Time between updates: seconds (5, 0.5) or with a unit (30s, 2m, 1h).
+        #[arg(long, default_value = "5", value_parser = parse_duration, value_name = "DURATION")]
         interval: Duration,
         /// GPUs to sample: `off`, `all`, or indices like `0,2`.
         #[arg(long, value_name = "off|all|0,2")]
@@ -134,11 +134,11 @@ pub struct AttachTarget {
 
 #[derive(Args, Debug, Clone)]
 pub struct Common {
-    /// Seconds between live updates.
-    #[arg(long, default_value = "1", value_parser = parse_secs, value_name = "SECS")]
+    /// Time between live updates: seconds (1, 0.5) or with a unit (30s, 2m, 1h).
+    #[arg(long, default_value = "1", value_parser = parse_duration, value_name = "DURATION")]
     pub interval: Duration,
-    /// Stop after this many seconds (default: when the target exits, or Ctrl-C).
-    #[arg(long, value_parser = parse_secs, value_name = "SECS")]
+    /// Stop after this long: seconds (30, 0.5) or with a unit (30s, 2m, 1h). Default: when the target exits, or Ctrl-C.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub duration: Option<Duration>,
     /// Write JSON Lines here (`-`: stdout; human output then goes to stderr).
     #[arg(long, value_name = "PATH")]
@@ -171,12 +171,31 @@ fn parse_sample(s: &str) -> Result<u32, String> {
     }
 }
 
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    if !(v > 0.0 && v.is_finite()) {
-        return Err(format!("{s:?} must be a positive number of seconds"));
+/// One parser for every duration option: seconds (`30`, `0.5`) or a number
+/// with a unit (`30s`, `2m`, `1h`, `500ms`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad =
+        || format!("{s:?} is not a duration: use seconds (30, 0.5) or a number with s, m or h (30s, 2m, 1h)");
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale = match unit {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(bad()),
+    };
+    // Digits and one dot only: no signs, exponents, "inf" or "nan".
+    if num.is_empty() || !num.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err(bad());
     }
-    Ok(Duration::from_secs_f64(v))
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    let secs = v * scale;
+    if secs <= 0.0 {
+        return Err(format!("{s:?}: a duration must be more than zero"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is too long a duration"))
 }
 
 #[cfg(test)]
@@ -202,6 +221,45 @@ mod tests {
             let pad = if code < 10 { "    " } else { "  " };
             assert!(EXIT_CODES.contains(&format!("\n    {code}{pad}")), "exit code {code} not listed");
         }
+    }
+
+    #[test]
+    fn durations_in_seconds_or_with_a_unit() {
+        let ok = |s: &str| parse_duration(s).unwrap();
+        assert_eq!(ok("30"), Duration::from_secs(30));
+        assert_eq!(ok("30s"), Duration::from_secs(30));
+        assert_eq!(ok("2m"), Duration::from_secs(120));
+        assert_eq!(ok("1h"), Duration::from_secs(3600));
+        assert_eq!(ok("0.5"), Duration::from_millis(500));
+        assert_eq!(ok("1.5m"), Duration::from_secs(90));
+        assert_eq!(ok("250ms"), Duration::from_millis(250));
+        assert_eq!(ok(" 5s "), Duration::from_secs(5));
+        for bad in ["", "s", "2x", "-1", "+3", "1e3", "inf", "nan", "1.2.3", "3 s", "2mm", "m2", "1d"] {
+            let e = parse_duration(bad).unwrap_err();
+            assert!(e.contains("is not a duration") && !e.contains('\n'), "{bad:?}: {e}");
+        }
+        for zero in ["0", "0s", "0.0", "0m"] {
+            assert!(parse_duration(zero).unwrap_err().contains("more than zero"), "{zero}");
+        }
+        assert!(parse_duration("1e400").is_err());
+        assert!(parse_duration(&"9".repeat(30)).unwrap_err().contains("too long"));
+    }
+
+    #[test]
+    fn every_duration_option_takes_units() {
+        let c = |args: &[&str]| Cli::try_parse_from(args).map(|c| c.command);
+        match c(&["stall", "attach", "--pid", "1", "--interval", "2m", "--duration", "1h"]).unwrap() {
+            Command::Attach { common, .. } => {
+                assert_eq!(common.interval, Duration::from_secs(120));
+                assert_eq!(common.duration, Some(Duration::from_secs(3600)));
+            }
+            other => panic!("{other:?}"),
+        }
+        match c(&["stall", "daemon", "--cgroup-root", "x", "--interval", "30s"]).unwrap() {
+            Command::Daemon { interval, .. } => assert_eq!(interval, Duration::from_secs(30)),
+            other => panic!("{other:?}"),
+        }
+        assert!(c(&["stall", "run", "--duration", "2x", "--", "true"]).is_err());
     }
 
     #[test]

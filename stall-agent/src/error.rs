@@ -14,6 +14,9 @@ pub enum Error {
     /// `stall run` could not start its exec gate.
     #[error("{0}")]
     Spawn(String),
+    /// A bad option found after parsing (e.g. a --json path that cannot be written).
+    #[error("{0}")]
+    Usage(String),
     #[error("cannot listen on {addr}: {reason}")]
     Listen { addr: SocketAddr, reason: String },
 }
@@ -38,6 +41,7 @@ impl Error {
             },
             Error::Gpu(_) => exit::GPU,
             Error::Spawn(_) => exit::INTERNAL,
+            Error::Usage(_) => exit::USAGE,
             Error::Listen { .. } => exit::LISTEN,
         }
     }
