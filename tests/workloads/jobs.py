@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import select
+import signal
 import sys
 import threading
 import time
@@ -394,6 +395,29 @@ def job_log_every(args):
     write_truth({"steps": step})
 
 
+def job_signals(args):
+    """Counts SIGINT, SIGTERM and SIGHUP; exits with status 3 once 0.7 s
+    have passed since the first SIGINT or SIGTERM (time for a second
+    delivery to show). Creates $TRUTH.ready once its handlers are in."""
+    counts = {"INT": 0, "TERM": 0, "HUP": 0}
+    first = []
+
+    def on(sig, _frame):
+        name = signal.Signals(sig).name[3:]
+        counts[name] += 1
+        if name != "HUP" and not first:
+            first.append(time.monotonic())
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, on)
+    open(os.environ["TRUTH"] + ".ready", "w").close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (first and time.monotonic() - first[0] > 0.7):
+        time.sleep(0.05)
+    write_truth({"pid": os.getpid(), "pgid": os.getpgrp(), "counts": counts})
+    sys.exit(3)
+
+
 JOBS = {
     "log-then-hang": job_log_then_hang,
     "log-every": job_log_every,
@@ -409,6 +433,7 @@ JOBS = {
     "many-opens": job_many_opens,
     "idle-then-read": job_idle_then_read,
     "reader-loop": job_reader_loop,
+    "signals": job_signals,
 }
 
 if __name__ == "__main__":

@@ -166,18 +166,14 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
                         break;
                     }
                 }
-                // `stall run`: the command got the same Ctrl-C from the
-                // terminal; report when it is done.
-                Wake::Interrupt if gate.is_some() => {}
-                Wake::Terminate | Wake::Hangup if gate.is_some() => {
+                // `stall run`: the command gets the signal once, then stall
+                // reports when it is done and exits with its status.
+                Wake::Signal(r) if gate.is_some() => {
                     if let Some(g) = &gate {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(g.pid as i32),
-                            nix::sys::signal::Signal::SIGTERM,
-                        );
+                        g.pass_on(r);
                     }
                 }
-                Wake::Interrupt | Wake::Terminate | Wake::Hangup => break,
+                Wake::Signal(_) => break,
             },
             status = async { gate.as_mut().unwrap().child.wait().await }, if gate.is_some() => {
                 child_status = Some(shell_status(status.context("waiting for the command")?));
