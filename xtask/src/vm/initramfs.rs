@@ -30,11 +30,13 @@ const PYTHON: &str = "/usr/bin/python3";
 /// Host programs the tests run besides stall and Python, and their Debian
 /// packages: errors.rs drops privileges with setpriv (busybox has none),
 /// privilege.rs runs stall as `nobody` with exact capabilities through
-/// capsh, daemon.rs scrapes stall with a real Prometheus and checks with
-/// promtool (`cargo xtask test` installs them).
-const HOST_TOOLS: [(&str, &str); 4] = [
+/// capsh, faults.rs asks bpftool what is still loaded, daemon.rs scrapes
+/// stall with a real Prometheus and checks with promtool (`cargo xtask
+/// test` installs them).
+const HOST_TOOLS: [(&str, &str); 5] = [
     ("/usr/bin/setpriv", "util-linux"),
     ("/usr/sbin/capsh", "libcap2-bin"),
+    ("/usr/sbin/bpftool", "bpftool"),
     ("/usr/bin/prometheus", "prometheus"),
     ("/usr/bin/promtool", "prometheus"),
 ];
