@@ -4,7 +4,7 @@
 use std::{
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
     time::Duration,
 };
 
@@ -230,4 +230,77 @@ fn one_capability_fewer_exits_3_naming_it() {
     assert_eq!(code, 3, "{err}");
     assert!(err.starts_with("stall: missing capabilities CAP_BPF (to "), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// `GET path` over HTTP/1.0 (no chunked body); the body, if 200.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.contains(" 200 ").then(|| body.to_string())
+}
+
+/// The daemon, as the DaemonSet and the systemd unit run it: an
+/// unprivileged user with exactly the four capabilities, watching a root
+/// job whose file was open before the daemon started.
+#[test]
+fn daemon_as_nobody_with_the_documented_capabilities() {
+    let p = Place::new("priv-daemon");
+    let _paranoid = Paranoid::at_most_2(&p);
+    let size = 1_234_577;
+    let data = p.data("data.bin", size);
+    let truth_path = p.s.path("truth.json");
+    let root = Cgroup::new("priv-daemon");
+    let job_cg = root.child("job");
+    let (mut job, pid) = spawn_announcing(
+        Command::new(python())
+            .arg(jobs_py())
+            .args(["open-before", data.to_str().unwrap(), "3.0"])
+            .env("TRUTH", &truth_path),
+    );
+    job_cg.add(pid);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let set = CAPS.join(",");
+    let mut daemon = Command::new("capsh")
+        .arg(format!("--caps={set}+eip cap_setpcap,cap_setuid,cap_setgid+ep"))
+        .args(["--keep=1", "--user=nobody"])
+        .arg(format!("--addamb={set}"))
+        .args(["--shell=/bin/sh", "--", "-c", r#"exec "$0" "$@""#])
+        .arg(&p.stall)
+        .args(["daemon", "--all-jobs", "--gpu", "off", "--interval", "0.5s", "--cgroup-root", &root.name])
+        .arg(format!("--listen=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let label = format!("cgroup=\"{}\"", job_cg.name);
+    let read_bytes = || -> Option<u64> {
+        let text = http_get(port, "/metrics")?;
+        let lines: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("stall_read_bytes_total{") && l.contains(&label)).collect();
+        (!lines.is_empty()).then(|| {
+            lines.iter().filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>() as u64
+        })
+    };
+    let deadline = std::time::Instant::now() + T;
+    let mut got = None;
+    while std::time::Instant::now() < deadline {
+        got = read_bytes();
+        if got == Some(size as u64) || daemon.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    job.wait().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon.id() as i32), nix::sys::signal::Signal::SIGTERM)
+        .ok();
+    let out = daemon.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(got, Some(size as u64), "the job's bytes; daemon stderr: {err}");
+    assert_eq!(truth(&truth_path)["bytes"], size as u64);
+    assert_eq!(out.status.code(), Some(0), "{err}");
 }
