@@ -3,6 +3,7 @@
 //! and [`progress`] → [`verdict`] → [`output`]. A [`job`] holds one traced job along that
 //! path; [`session`] (`run`, `attach`) drives one, [`daemon`] one per cgroup.
 pub mod aggregate;
+pub mod caps;
 pub mod capture;
 pub mod cli;
 pub mod clock;

@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import select
+import signal
 import sys
 import threading
 import time
@@ -26,6 +27,15 @@ def write_truth(obj):
         with open(path + ".tmp", "w") as f:
             json.dump(obj, f)
         os.rename(path + ".tmp", path)
+
+
+def cap_eff():
+    """This process's effective capabilities (CapEff of /proc/self/status)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return None
 
 
 def make_file(path, size):
@@ -73,7 +83,7 @@ def job_exact(args):
     """Reads one file fully in odd-sized chunks; exits with the given code."""
     path, chunk, code = args[0], int(args[1]), int(args[2])
     total = read_with(path, "read", chunk)
-    write_truth({"pid": os.getpid(), "bytes": total})
+    write_truth({"pid": os.getpid(), "bytes": total, "uid": os.getuid(), "cap_eff": cap_eff()})
     sys.exit(code)
 
 
@@ -396,6 +406,129 @@ def job_log_every(args):
     write_truth({"steps": step})
 
 
+def job_signals(args):
+    """Counts SIGINT, SIGTERM and SIGHUP; exits with status 3 once 0.7 s
+    have passed since the first SIGINT or SIGTERM (time for a second
+    delivery to show). Creates $TRUTH.ready once its handlers are in."""
+    counts = {"INT": 0, "TERM": 0, "HUP": 0}
+    first = []
+
+    def on(sig, _frame):
+        name = signal.Signals(sig).name[3:]
+        counts[name] += 1
+        if name != "HUP" and not first:
+            first.append(time.monotonic())
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, on)
+    open(os.environ["TRUTH"] + ".ready", "w").close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (first and time.monotonic() - first[0] > 0.7):
+        time.sleep(0.05)
+    write_truth({"pid": os.getpid(), "pgid": os.getpgrp(), "counts": counts})
+    sys.exit(3)
+
+
+def job_brief(args):
+    """Forks three children that live half as long, lives `secs`, exits:
+    a target that may be gone while stall attaches."""
+    secs = float(args[0])
+    for _ in range(3):
+        if os.fork() == 0:
+            time.sleep(secs / 2)
+            os._exit(0)
+    time.sleep(secs)
+    os._exit(0)
+
+
+def job_fork_on_cue(args):
+    """Announces itself; on "fork" from stdin forks a child that reads the
+    file and exits, reaps it and prints its PID; on "exit" exits."""
+    path = args[0]
+    print(os.getpid(), flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "fork":
+            pid = os.fork()
+            if pid == 0:
+                read_with(path, "read", 4096)
+                os._exit(0)
+            os.waitpid(pid, 0)
+            print(pid, flush=True)
+        elif cmd == "exit":
+            return
+
+
+def job_take_pid(args):
+    """Gets PID `want` for a child (writing want-1 to ns_last_pid before
+    each fork) which reads the file; writes whether it got it."""
+    want, path = int(args[0]), args[1]
+    for attempt in range(2000):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(want - 1))
+        pid = os.fork()
+        if pid == 0:
+            if os.getpid() == want:
+                total = read_with(path, "read", 4096)
+                write_truth({"pid": want, "bytes": total, "attempts": attempt + 1})
+            os._exit(0)
+        os.waitpid(pid, 0)
+        if pid == want:
+            return
+    write_truth({"pid": None})
+
+
+def job_fork_storm(args):
+    """Forks `n` children at once; child i reads the first 1000 + i bytes
+    of the file in one read and exits. Writes {pid: bytes}."""
+    path, n = args[0], int(args[1])
+    want = {}
+    for i in range(n):
+        k = 1000 + i
+        pid = os.fork()
+        if pid == 0:
+            fd = os.open(path, os.O_RDONLY)
+            got = len(os.read(fd, k))
+            os._exit(0 if got == k else 1)
+        want[pid] = k
+    bad = [pid for pid in want if os.waitpid(pid, 0)[1] != 0]
+    write_truth({"children": {str(p): k for p, k in want.items()}, "bad": bad})
+
+
+def job_threads(args):
+    """`n` threads, all alive at once; thread i preads the first 100 + i
+    bytes of the file once. Writes per tid the bytes it read of the file
+    and of every file: its own I/O accounting (rchar, before the read of
+    /proc/thread-self/io, plus that read), since glibc reads too (a new
+    malloc arena reads /sys/devices/system/cpu/online)."""
+    path, n = args[0], int(args[1])
+    threading.stack_size(256 * 1024)
+    fd = os.open(path, os.O_RDONLY)
+    start = threading.Barrier(n + 1)
+    done = threading.Barrier(n + 1)
+    tids = {}
+
+    def worker(i):
+        start.wait()
+        k = 100 + i
+        assert len(os.pread(fd, k, 0)) == k
+        io = os.open("/proc/thread-self/io", os.O_RDONLY)
+        text = os.read(io, 4096)
+        os.close(io)
+        rchar = int(next(l for l in text.split(b"\n") if l.startswith(b"rchar:")).split()[1])
+        tids[threading.get_native_id()] = {"data": k, "read": rchar + len(text)}
+        done.wait()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    done.wait()
+    for t in threads:
+        t.join()
+    write_truth({"pid": os.getpid(), "threads": {str(t): v for t, v in tids.items()}})
+
+
 JOBS = {
     "log-then-hang": job_log_then_hang,
     "log-every": job_log_every,
@@ -411,6 +544,12 @@ JOBS = {
     "many-opens": job_many_opens,
     "idle-then-read": job_idle_then_read,
     "reader-loop": job_reader_loop,
+    "signals": job_signals,
+    "brief": job_brief,
+    "fork-on-cue": job_fork_on_cue,
+    "take-pid": job_take_pid,
+    "fork-storm": job_fork_storm,
+    "threads": job_threads,
 }
 
 if __name__ == "__main__":

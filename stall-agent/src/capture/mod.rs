@@ -61,7 +61,16 @@ static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("STALL_BPF_OBJ"));
 /// Errors callers branch on (each has its own exit code).
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("stall needs root, or CAP_BPF and CAP_PERFMON, to load eBPF programs")]
+    /// Capabilities stall needs are not effective (see `caps`).
+    #[error("{}", crate::caps::explain(.0))]
+    MissingCaps(Vec<crate::caps::Need>),
+    /// Debian's and Ubuntu's kernels add perf_event_paranoid levels above 2
+    /// at which only CAP_SYS_ADMIN may call perf_event_open (tracepoint
+    /// programs attach through it); Debian's default is 3.
+    #[error("the kernel refused to open the perf events tracepoint programs attach through (EACCES): kernel.perf_event_paranoid is {0}, at which Debian's and Ubuntu's kernels admit CAP_SYS_ADMIN only, not CAP_PERFMON; set it to 2 (sysctl kernel.perf_event_paranoid=2) or add CAP_SYS_ADMIN")]
+    PerfParanoid(i32),
+    /// The kernel said EPERM although every capability was there.
+    #[error("the kernel refused stall's eBPF programs: operation not permitted although {} are effective (a security module or kernel lockdown?)", crate::caps::names())]
     NotPrivileged,
     #[error("tracefs is not mounted and could not be mounted at /sys/kernel/tracing")]
     NoTracefs,
@@ -144,21 +153,6 @@ pub struct Capture {
     ebpf: Ebpf,
 }
 
-fn privileged() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    // CapEff bits: CAP_SYS_ADMIN 21, CAP_PERFMON 38, CAP_BPF 39.
-    let caps = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:").and_then(|v| u64::from_str_radix(v.trim(), 16).ok()))
-        })
-        .unwrap_or(0);
-    caps & (1 << 21) != 0 || (caps & (1 << 38) != 0 && caps & (1 << 39) != 0)
-}
-
 fn map_err(e: impl std::fmt::Display) -> CaptureError {
     CaptureError::Map(e.to_string())
 }
@@ -179,6 +173,27 @@ fn load_err(e: impl std::error::Error) -> CaptureError {
     }
 }
 
+/// A tracepoint attachment's error: EACCES from perf_event_open means the
+/// perf_event_paranoid level of Debian's and Ubuntu's kernels (mainline
+/// answers EPERM or lets CAP_PERFMON through).
+fn perf_attach_err(e: impl std::error::Error) -> CaptureError {
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok());
+    let mut text = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        text.push_str(&s.to_string());
+        src = s.source();
+    }
+    match paranoid {
+        Some(level) if level > 2 && text.contains("perf_event_open") && text.contains("os error 13") => {
+            CaptureError::PerfParanoid(level)
+        }
+        _ => load_err(e),
+    }
+}
+
 impl Capture {
     /// Loads and attaches every program. Nothing is tracked until
     /// [`Capture::track_tree`] or [`Capture::watch_cgroup`] says so.
@@ -186,8 +201,9 @@ impl Capture {
         if BPF_OBJECT.is_empty() {
             return Err(CaptureError::Stub);
         }
-        if !privileged() {
-            return Err(CaptureError::NotPrivileged);
+        let missing = crate::caps::missing(crate::caps::effective());
+        if !missing.is_empty() {
+            return Err(CaptureError::MissingCaps(missing));
         }
         let tracefs = tracefs::Tracefs::open()?;
         let needed: Vec<(&str, &str)> = ATTACH
@@ -222,7 +238,7 @@ impl Capture {
 
         for (prog, category, name) in ATTACH {
             let tp = program(&mut ebpf, prog, TracePoint::load)?;
-            tp.attach(category, name).map_err(load_err)?;
+            tp.attach(category, name).map_err(perf_attach_err)?;
         }
         // The tables first: a program attached before them would see every
         // syscall as unhooked, which is only harmless because nothing is

@@ -173,7 +173,7 @@ pub async fn run(opts: Options) -> Result<()> {
                 export_node(&shared.metrics, &snap, &gpus, &mut seen, opts.interval, node.jobs.len());
                 *shared.jobs_json.lock().unwrap() = jobs_json(&node.jobs, opts.interval);
             }
-            Wake::Interrupt | Wake::Terminate | Wake::Hangup => break,
+            Wake::Signal(_) => break,
         }
     }
     eprintln!("stall daemon: detaching");

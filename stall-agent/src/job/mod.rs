@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashSet, VecDeque};
 use stall_common::fd_kind;
 
 pub use self::{
-    feed::{Feed, Wake},
+    feed::{Feed, Received, Wake},
     gpu::{GpuFleet, GpuTrack},
     host::{Host, ProcInfo},
 };

@@ -65,14 +65,14 @@ struct Sinks {
 }
 
 impl Sinks {
-    fn open(opts: &Options) -> Result<Self> {
+    /// Opens the outputs: a --json path that cannot be written is a usage
+    /// error, found before anything is loaded.
+    fn open(opts: &Options) -> Result<Self, Error> {
         let json_stdout = opts.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
         let json: Option<Box<dyn Write>> = match &opts.json {
             None => None,
             Some(_) if json_stdout => Some(Box::new(std::io::stdout())),
-            Some(p) => Some(Box::new(std::io::BufWriter::new(
-                std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
-            ))),
+            Some(p) => Some(Box::new(std::io::BufWriter::new(create_json(p)?))),
         };
         let (human, tty): (Box<dyn Write>, bool) = if json_stdout {
             (Box::new(std::io::stderr()), std::io::stderr().is_terminal())
@@ -83,7 +83,26 @@ impl Sinks {
     }
 }
 
+/// Creates the --json file, or says in one line why it cannot.
+fn create_json(p: &std::path::Path) -> Result<std::fs::File, Error> {
+    std::fs::File::create(p).map_err(|e| {
+        let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        let why = match e.kind() {
+            _ if p.is_dir() => "it is a directory".to_string(),
+            std::io::ErrorKind::NotFound if !parent.is_dir() => format!("no directory {}", parent.display()),
+            std::io::ErrorKind::PermissionDenied => "not writable (permission denied)".to_string(),
+            _ => e.to_string(),
+        };
+        Error::Usage(format!("--json {}: {why}", p.display()))
+    })
+}
+
 pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
+    let mut sinks = Sinks::open(&opts)?;
+    let mut timeline = match (&opts.timeline, &opts.timeline_svg) {
+        (None, None) => None,
+        (trace, svg) => Some(Recording::create(trace.as_deref(), svg.as_deref(), monotonic_ns())?),
+    };
     let mut feed = Feed::new(opts.interval)?;
     let mut capture = Capture::load(&CaptureOptions {
         ringbuf_bytes: opts.ringbuf_bytes,
@@ -97,14 +116,6 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
     let start_ns = monotonic_ns();
     let mut gpus =
         GpuFleet::open(opts.gpu.as_ref(), opts.nvml_lib.as_deref(), start_ns).map_err(Error::from)?;
-    if let Some(note) = &gpus.note {
-        eprintln!("stall: {note}");
-    }
-    let mut sinks = Sinks::open(&opts)?;
-    let mut timeline = match (&opts.timeline, &opts.timeline_svg) {
-        (None, None) => None,
-        (trace, svg) => Some(Recording::create(trace.as_deref(), svg.as_deref(), start_ns)?),
-    };
 
     let mut seeded = Vec::new();
     let mut gate: Option<Gate> = None;
@@ -129,6 +140,10 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
             (None, format!("cgroup {}", dir.display()), Some(dir))
         }
     };
+    // Notes are for runs that proceed: after the target is found.
+    if let Some(note) = &gpus.note {
+        eprintln!("stall: {note}");
+    }
     let mut job = Job::new(JOB, start_ns, root, GpuScope::All);
     job.stacks = opts.python_stacks_every.map_or(Stacks::On, Stacks::Every);
     // The first snapshot names every process found at attach.
@@ -170,18 +185,14 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
                         break;
                     }
                 }
-                // `stall run`: the command got the same Ctrl-C from the
-                // terminal; report when it is done.
-                Wake::Interrupt if gate.is_some() => {}
-                Wake::Terminate | Wake::Hangup if gate.is_some() => {
+                // `stall run`: the command gets the signal once, then stall
+                // reports when it is done and exits with its status.
+                Wake::Signal(r) if gate.is_some() => {
                     if let Some(g) = &gate {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(g.pid as i32),
-                            nix::sys::signal::Signal::SIGTERM,
-                        );
+                        g.pass_on(r);
                     }
                 }
-                Wake::Interrupt | Wake::Terminate | Wake::Hangup => break,
+                Wake::Signal(_) => break,
             },
             status = async { gate.as_mut().unwrap().child.wait().await }, if gate.is_some() => {
                 child_status = Some(shell_status(status.context("waiting for the command")?));

@@ -20,12 +20,13 @@ mount -t proc proc /proc || finish "FAIL cannot mount /proc"
 mount -t sysfs sysfs /sys || finish "FAIL cannot mount /sys"
 mount -t devtmpfs devtmpfs /dev || finish "FAIL cannot mount /dev"
 echo "STALL-VM-INIT: $(uname -r), $(nproc) CPUs, harness arguments: $*"
-mkdir -p /dev/shm
+mkdir -p /dev/shm /dev/pts
 # stall reads formats from tracefs, pins nothing but aya may probe bpffs,
-# the cgroup tests look for a cgroup2 mount in /proc/self/mountinfo, and
-# Python's multiprocessing needs /dev/shm for its semaphores. /tmp stays on
-# the root file system (already a tmpfs): the workspace may live under it.
-for m in "tmpfs /dev/shm" "tracefs /sys/kernel/tracing" "bpf /sys/fs/bpf" "cgroup2 /sys/fs/cgroup"; do
+# the cgroup tests look for a cgroup2 mount in /proc/self/mountinfo,
+# Python's multiprocessing needs /dev/shm for its semaphores, and the
+# Ctrl-C test (signals.rs) a pseudo-terminal. /tmp stays on the root file
+# system (already a tmpfs): the workspace may live under it.
+for m in "tmpfs /dev/shm" "devpts /dev/pts" "tracefs /sys/kernel/tracing" "bpf /sys/fs/bpf" "cgroup2 /sys/fs/cgroup"; do
     fs=${m% *} dir=${m#* }
     mount -t "$fs" "$fs" "$dir" || finish "FAIL cannot mount $fs on $dir"
 done
