@@ -55,7 +55,7 @@ impl PyStack {
 /// Reads Python stacks, keeping one reader per process (finding the
 /// interpreter is the costly part) and bounding how often and how long.
 pub struct PyStacks {
-    spies: HashMap<u32, Option<py_spy::PythonSpy>>,
+    spies: HashMap<u32, py_spy::PythonSpy>,
     /// Why a process's stacks cannot be read (told once).
     notes: HashMap<u32, String>,
     last: Option<Instant>,
@@ -118,28 +118,35 @@ impl PyStacks {
         if let Some(n) = self.notes.get(&pid) {
             return Err(n.clone());
         }
-        let spy = self.spies.entry(pid).or_insert_with(|| {
+        if !self.spies.contains_key(&pid) {
             let config = py_spy::Config {
                 blocking: py_spy::config::LockingStrategy::NonBlocking,
                 native: false,
                 ..Default::default()
             };
-            py_spy::PythonSpy::new(pid as py_spy::Pid, &config).ok()
-        });
-        let result = match spy {
-            Some(s) => s.get_stack_traces().map_err(|e| e.to_string()),
-            None => Err(why_not(pid)),
-        };
-        result.map_err(|e| {
-            self.spies.remove(&pid);
-            // A process that ended has no stack to show, and needs no note.
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                return String::new();
+            match py_spy::PythonSpy::new(pid as py_spy::Pid, &config) {
+                Ok(spy) => {
+                    self.spies.insert(pid, spy);
+                }
+                Err(e) => return Err(self.note(pid, &e.to_string())),
             }
-            let note = format!("Python stacks of pid {pid}: {}", one_line(&e));
-            self.notes.insert(pid, note.clone());
-            note
+        }
+        let spy = self.spies.get_mut(&pid).expect("inserted above");
+        spy.get_stack_traces().map_err(|e| e.to_string()).map_err(|e| {
+            self.spies.remove(&pid);
+            self.note(pid, &e)
         })
+    }
+
+    /// The note for a process whose stacks cannot be read (remembered: it
+    /// is not tried again), or "" for one that has ended.
+    fn note(&mut self, pid: u32, error: &str) -> String {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return String::new();
+        }
+        let note = format!("Python stacks of pid {pid}: {}", why_not(pid, error));
+        self.notes.insert(pid, note.clone());
+        note
     }
 
     /// Forgets processes that are gone.
@@ -149,23 +156,27 @@ impl PyStacks {
     }
 }
 
-/// Why no reader could be made for `pid`, in words a person can act on.
-fn why_not(pid: u32) -> String {
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
-    match exe {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "the process is gone".into(),
+/// Why `pid`'s stacks cannot be read, in words a person can act on, from
+/// py-spy's `error`.
+fn why_not(pid: u32, error: &str) -> String {
+    if error.contains("Permission denied") || error.contains("Operation not permitted") {
+        return "permission denied (needs root or CAP_SYS_PTRACE, and no seccomp or LSM policy against \
+                reading another process's memory)"
+            .into();
+    }
+    match std::fs::read_link(format!("/proc/{pid}/exe")) {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             "permission denied (needs root or CAP_SYS_PTRACE)".into()
         }
-        Err(e) => e.to_string(),
         Ok(path) => {
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             if name.starts_with("python") {
-                format!("{name} is not a CPython py-spy 0.4 can read (or denied)")
+                format!("{name}: {}", one_line(error))
             } else {
                 format!("not a Python process ({name})")
             }
         }
+        Err(_) => one_line(error),
     }
 }
 

@@ -529,7 +529,44 @@ def job_threads(args):
     write_truth({"pid": os.getpid(), "threads": {str(t): v for t, v in tids.items()}})
 
 
+def job_deny_memory_reads(args):
+    """Execs `args` under a seccomp filter that fails process_vm_readv with
+    EACCES: what a hardened host's policy does to a process that would read
+    another's memory (stall's Python stacks), whatever its capabilities.
+    (EACCES, not EPERM: on EPERM readers fall back to /proc/PID/mem.)"""
+    import struct
+
+    if os.uname().machine != "x86_64":
+        sys.exit("deny-memory-reads: x86-64 only")
+    nr_process_vm_readv = 310
+    audit_arch_x86_64 = 0xC000003E
+    bpf = lambda code, jt, jf, k: struct.pack("HBBI", code, jt, jf, k)
+    ld_w_abs, jeq_k, ret_k = 0x20, 0x15, 0x06
+    allow, errno_eacces = 0x7FFF0000, 0x00050000 | 13
+    prog = b"".join([
+        bpf(ld_w_abs, 0, 0, 4),  # seccomp_data.arch
+        bpf(jeq_k, 1, 0, audit_arch_x86_64),
+        bpf(ret_k, 0, 0, allow),
+        bpf(ld_w_abs, 0, 0, 0),  # seccomp_data.nr
+        bpf(jeq_k, 0, 1, nr_process_vm_readv),
+        bpf(ret_k, 0, 0, errno_eacces),
+        bpf(ret_k, 0, 0, allow),
+    ])
+    buf = ctypes.create_string_buffer(prog)
+    fprog = struct.pack("HxxxxxxQ", len(prog) // 8, ctypes.addressof(buf))
+    fbuf = ctypes.create_string_buffer(fprog)
+    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+    ul = ctypes.c_ulong
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, ul(1), ul(0), ul(0), ul(0)) != 0:
+        sys.exit("deny-memory-reads: PR_SET_NO_NEW_PRIVS failed")
+    if libc.prctl(PR_SET_SECCOMP, ul(SECCOMP_MODE_FILTER), ul(ctypes.addressof(fbuf)), ul(0), ul(0)) != 0:
+        sys.exit(f"deny-memory-reads: seccomp failed (errno {ctypes.get_errno()})")
+    cmd = args[1:] if args[:1] == ["--"] else args
+    os.execvp(cmd[0], cmd)
+
+
 JOBS = {
+    "deny-memory-reads": job_deny_memory_reads,
     "log-then-hang": job_log_then_hang,
     "log-every": job_log_every,
     "writes": job_writes,
