@@ -118,7 +118,7 @@ impl PyStacks {
         if let Some(n) = self.notes.get(&pid) {
             return Err(n.clone());
         }
-        if !self.spies.contains_key(&pid) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.spies.entry(pid) {
             let config = py_spy::Config {
                 blocking: py_spy::config::LockingStrategy::NonBlocking,
                 native: false,
@@ -126,7 +126,7 @@ impl PyStacks {
             };
             match py_spy::PythonSpy::new(pid as py_spy::Pid, &config) {
                 Ok(spy) => {
-                    self.spies.insert(pid, spy);
+                    slot.insert(spy);
                 }
                 Err(e) => return Err(self.note(pid, &e.to_string())),
             }
@@ -141,7 +141,9 @@ impl PyStacks {
     /// The note for a process whose stacks cannot be read (remembered: it
     /// is not tried again), or "" for one that has ended.
     fn note(&mut self, pid: u32, error: &str) -> String {
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        // Ended (or ending: a zombie): no stack to show, no note needed.
+        let state = crate::capture::procfs::stat(pid).map(|s| s.state);
+        if state.is_none_or(|s| s == 'Z' || s == 'X') {
             return String::new();
         }
         let note = format!("Python stacks of pid {pid}: {}", why_not(pid, error));
