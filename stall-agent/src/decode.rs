@@ -168,7 +168,23 @@ pub enum Event {
         counters: FileCounters,
     },
     /// Only with `--timeline`: not part of the model.
-    Switch(crate::timeline::Switch),
+    Switch(Switch),
+}
+
+/// One context switch of a traced thread, from the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Switch {
+    pub ts: u64,
+    pub tid: u32,
+    pub tgid: u32,
+    /// Switched in (else out).
+    pub on: bool,
+    /// Out: why it left the CPU (`stall_common::reason`), and the syscall
+    /// it is in (-1: none).
+    pub reason: u8,
+    pub nr: i32,
+    /// In: when it was woken (0: it was preempted, or not seen).
+    pub wake_ts: u64,
 }
 
 /// An event and the job (attach target, daemon cgroup) it belongs to.
@@ -250,7 +266,7 @@ pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
         }
         event_kind::SWITCH => {
             let e: SwitchEvent = read(buf)?;
-            Event::Switch(crate::timeline::Switch {
+            Event::Switch(Switch {
                 ts: hdr.ts,
                 tid: hdr.tid,
                 tgid: hdr.tgid,

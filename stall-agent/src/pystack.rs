@@ -142,7 +142,8 @@ impl PyStacks {
     /// is not tried again), or "" for one that has ended.
     fn note(&mut self, pid: u32, error: &str) -> String {
         // Ended (or ending: a zombie): no stack to show, no note needed.
-        let state = crate::capture::procfs::stat(pid).map(|s| s.state);
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next());
         if state.is_none_or(|s| s == 'Z' || s == 'X') {
             return String::new();
         }

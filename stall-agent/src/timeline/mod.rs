@@ -22,22 +22,7 @@ use stall_common::reason;
 
 pub use self::{record::Recording, svg::render as render_svg};
 use crate::capture::syscalls;
-
-/// One context switch of a traced thread, from the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Switch {
-    pub ts: u64,
-    pub tid: u32,
-    pub tgid: u32,
-    /// Switched in (else out).
-    pub on: bool,
-    /// Out: why it left the CPU (`stall_common::reason`), and the syscall
-    /// it is in (-1: none).
-    pub reason: u8,
-    pub nr: i32,
-    /// In: when it was woken (0: it was preempted, or not seen).
-    pub wake_ts: u64,
-}
+pub use crate::decode::Switch;
 
 /// A thread state, as a slice's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
