@@ -38,6 +38,17 @@ def cap_eff():
     return None
 
 
+def run_together(start, *fns):
+    """Runs `fns` on threads of their own, released together by the barrier
+    `start` (one party each, plus this thread), and waits for them."""
+    threads = [threading.Thread(target=f) for f in fns]
+    for t in threads:
+        t.start()
+    start.wait()
+    for t in threads:
+        t.join()
+
+
 def make_file(path, size):
     with open(path, "wb") as f:
         f.write(os.urandom(size))
@@ -176,12 +187,7 @@ def job_waits(args):
         truth["burn_cpu_s"] = time.thread_time() - c0
         truth["burn_wall_s"] = time.monotonic() - t0
 
-    threads = [threading.Thread(target=f) for f in (futexer, poller, burner)]
-    for t in threads:
-        t.start()
-    start.wait()
-    for t in threads:
-        t.join()
+    run_together(start, futexer, poller, burner)
     write_truth(truth)
 
 
@@ -353,12 +359,7 @@ def job_writes(args):
         truth["stdout_bytes"] = out
         truth["stderr_bytes"] = err
 
-    threads = [threading.Thread(target=f) for f in (writer, printer)]
-    for t in threads:
-        t.start()
-    start.wait()
-    for t in threads:
-        t.join()
+    run_together(start, writer, printer)
     write_truth(truth)
 
 
