@@ -165,6 +165,15 @@ def job_waits(args):
                 x += i
         truth["burn_cpu_s"] = time.thread_time() - c0
         truth["burn_wall_s"] = time.monotonic() - t0
+        # The kernel's own totals for this thread since it was created
+        # (on-CPU and runqueue-wait ns), when it keeps them.
+        try:
+            with open(f"/proc/self/task/{truth['burn_tid']}/schedstat") as f:
+                run_ns, wait_ns = f.read().split()[:2]
+            truth["burn_sched_s"] = int(run_ns) / 1e9
+            truth["burn_runq_s"] = int(wait_ns) / 1e9
+        except OSError:
+            pass
 
     threads = [threading.Thread(target=f) for f in (futexer, poller, burner)]
     for t in threads:
