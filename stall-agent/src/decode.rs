@@ -430,6 +430,9 @@ pub struct Snapshot {
     /// Switches that did not match the state before (see
     /// `stall_common::counter::SCHED_GAPS`), cumulative.
     pub sched_gaps: u64,
+    /// Switches the tracepoint never delivered, repaired from the kernel's
+    /// counters (see `stall_common::counter::SCHED_REPAIRED`), cumulative.
+    pub sched_repaired: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -78,9 +78,15 @@ pub mod counter {
     /// Events handled for tracked threads (all hooks): the agent's event rate.
     pub const EVENTS: u32 = 8;
     /// A switch that did not match the state seen before (switched in while
-    /// marked running, or out while marked off): a switch was missed and
-    /// that span's time is unaccounted. Should stay 0.
+    /// marked running, or out while marked off without the kernel's counters
+    /// to repair it, see `SCHED_REPAIRED`): a switch was missed and part of
+    /// that span's attribution is unknown. Should stay 0.
     pub const SCHED_GAPS: u32 = 9;
+    /// A switch-in the tracepoint never delivered, found at the next
+    /// switch-out and repaired from the kernel's own counters (the span's
+    /// on-CPU, runqueue and blocked parts are exact): nothing is lost.
+    /// Some kernels do not trace every switch (docs/KERNELS.md).
+    pub const SCHED_REPAIRED: u32 = 10;
     pub const COUNT: u32 = 16;
     pub const LOST_NAMES: [&str; LOST_CAUSES] =
         ["ringbuf_full", "thread_map_full", "fd_map_full", "wake_map_full", "path_unreadable"];

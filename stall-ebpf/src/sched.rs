@@ -185,15 +185,15 @@ fn switch_out<const STACK: bool>(
     prev: u64,
     cfg: &Config,
 ) {
-    if t.state == run_state::RUNNING {
-        t.on_cpu_ns += ts.saturating_sub(t.last_ts);
-    } else if t.state == run_state::OFF && t.seeded == 0 {
-        bump(counter::SCHED_GAPS);
-    }
-    t.seeded = 0;
     // The kernel's totals are current for prev here: pick_next_task has
     // accounted its last slice, and its run_delay last moved at its switch-in.
     let (exec, delay) = kernel_totals(prev, cfg);
+    if t.state == run_state::RUNNING {
+        t.on_cpu_ns += ts.saturating_sub(t.last_ts);
+    } else if t.state == run_state::OFF && t.seeded == 0 {
+        missed_switch_in(t, ts, exec, delay);
+    }
+    t.seeded = 0;
     if exec != 0 {
         t.exec_ns = exec;
     }
@@ -262,15 +262,46 @@ fn syscall_nr<const STACK: bool>(prev: u64, cfg: &Config) -> i32 {
         .unwrap_or(-1)
 }
 
+/// prev goes off-CPU while marked off: its switch-in was never delivered
+/// (some kernels do not trace every switch). Since its last switch-out the
+/// kernel's counters moved by exactly its time on-CPU and in the runqueue;
+/// the rest of the span it was blocked for the reason seen then.
+#[inline(always)]
+fn missed_switch_in(t: &mut ThreadStats, ts: u64, exec: u64, delay: u64) {
+    if t.kclock & kclock::EXEC == 0 || exec < t.exec_ns {
+        bump(counter::SCHED_GAPS);
+        return;
+    }
+    let span = ts.saturating_sub(t.last_ts);
+    let ran = (exec - t.exec_ns).min(span);
+    t.on_cpu_ns += ran;
+    let off = span - ran;
+    let rq =
+        if t.kclock & kclock::DELAY != 0 && delay >= t.delay_ns { (delay - t.delay_ns).min(off) } else { 0 };
+    let r = t.off_reason;
+    if r == reason::RUNQUEUE {
+        add_off(t, r, off);
+    } else {
+        add_off(t, reason::RUNQUEUE, rq);
+        add_off(t, r, off - rq);
+        if r == reason::OTHER {
+            t.other_nr = t.off_nr;
+        }
+    }
+    bump(counter::SCHED_REPAIRED);
+}
+
 #[inline(always)]
 fn switch_in(t: &mut ThreadStats, ts: u64, next: u64, cfg: &Config) {
     // Current for next: its last slice was accounted when it went out.
     let exec = read_u64(next, cfg.task.sum_exec);
+    if t.state == run_state::RUNNING && t.seeded == 0 {
+        // Its switch-out was never delivered: on-CPU time stays exact (the
+        // kernel's counter), but what it waited for meanwhile is unknown.
+        bump(counter::SCHED_GAPS);
+    }
     if exec != 0 {
         t.exec_ns = exec;
-    }
-    if t.state == run_state::RUNNING && t.seeded == 0 {
-        bump(counter::SCHED_GAPS);
     }
     t.seeded = 0;
     if t.state == run_state::OFF {

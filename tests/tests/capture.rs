@@ -76,6 +76,7 @@ fn off_cpu_reasons_match_ground_truth() {
     // The kernel's own totals (schedstat, read by the burner as it ends):
     // stall reconciles with them, so they agree closely.
     assert_close("burner on-CPU vs schedstat", secs(&burner["on_cpu_s"]), secs(&t["burn_sched_s"]), 0.02);
+    assert_eq!(run.summary()["sched_gaps"], 0, "no switch was lost");
     let runq = secs(&burner["off_cpu_by_reason"]["runqueue"]);
     assert_close(
         "burner on-CPU + runqueue vs wall",

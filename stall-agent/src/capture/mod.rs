@@ -588,6 +588,7 @@ impl Capture {
             lost,
             events,
             sched_gaps: self.counter_sum(counter::SCHED_GAPS),
+            sched_repaired: self.counter_sum(counter::SCHED_REPAIRED),
         }
     }
 
