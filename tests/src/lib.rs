@@ -202,6 +202,79 @@ pub fn stall_with_stdout(
     }
 }
 
+/// A stall started in the background (JSON Lines into a file), for tests
+/// whose workload must wait until stall has attached: [`Self::wait_attached`]
+/// returns once stall wrote its first interval record, which it does only
+/// after the target is tracked (pass a short `--interval`).
+pub struct Background {
+    child: std::process::Child,
+    json: PathBuf,
+}
+
+impl Background {
+    pub fn start(args: &[&str]) -> Self {
+        require_root();
+        let json = tempfile_path("json");
+        let (sub, rest) = args.split_first().expect("a subcommand");
+        let child = Command::new(stall_bin())
+            .arg(sub)
+            .arg("--json")
+            .arg(&json)
+            .args(["--gpu", "off"])
+            .args(rest)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start stall");
+        Self { child, json }
+    }
+
+    pub fn wait_attached(&mut self, timeout: Duration) {
+        let json = self.json.clone();
+        let child = &mut self.child;
+        wait_until("stall's first interval record", timeout, || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("stall exited before attaching: {status}");
+            }
+            std::fs::read_to_string(&json).is_ok_and(|t| t.contains('\n'))
+        });
+    }
+
+    /// Waits for stall to end (killing it after `timeout`) and reads its output.
+    pub fn finish(self, timeout: Duration) -> Run {
+        let pid = self.child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let child = self.child;
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let out = match rx.recv_timeout(timeout) {
+            Ok(out) => out.expect("wait"),
+            Err(_) => {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                panic!("stall did not finish within {timeout:?}");
+            }
+        };
+        let text = std::fs::read_to_string(&self.json).unwrap_or_default();
+        let _ = std::fs::remove_file(&self.json);
+        Run {
+            status: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            records: text.lines().map(|l| serde_json::from_str(l).expect("each JSON line parses")).collect(),
+        }
+    }
+}
+
+/// Lets a workload waiting on `go` (see jobs.py `wait_go`) proceed.
+pub fn release(go: &Path) {
+    std::fs::write(go, b"go").unwrap();
+}
+
 pub fn tempfile_path(tag: &str) -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);

@@ -154,16 +154,20 @@ fn tiny_ring_buffer_loses_events_and_says_so() {
     assert!(run.stdout.contains("events were lost"), "{}", run.stdout);
 }
 
-/// Starts `idle-then-read` (prints its PID, then forks a reader after
-/// `pause`); returns it and its PID.
-fn idle_then_read(data: &Path, truth_path: &Path, pause: &str) -> (std::process::Child, u32) {
+/// Starts `idle-then-read` (prints its PID, then forks a reader once `go`
+/// exists); returns it and its PID.
+fn idle_then_read(data: &Path, truth_path: &Path, go: &Path) -> (std::process::Child, u32) {
     spawn_announcing(
         Command::new(python())
             .arg(jobs_py())
-            .args(["idle-then-read", data.to_str().unwrap(), pause])
+            .args(["idle-then-read", data.to_str().unwrap(), go.to_str().unwrap()])
             .env("TRUTH", truth_path),
     )
 }
+
+/// How long stall may take to attach: its start-up (BTF, loading and
+/// verifying the programs) takes about 0.9 s under the test VMs' emulation.
+const ATTACH: Duration = Duration::from_secs(60);
 
 #[test]
 fn attach_to_pid_follows_later_forks_and_ends_with_the_target() {
@@ -171,10 +175,14 @@ fn attach_to_pid_follows_later_forks_and_ends_with_the_target() {
     let size = 2_222_223;
     let data = s.file("a.bin", size);
     let truth_path = s.path("truth.json");
-    let (mut child, pid) = idle_then_read(&data, &truth_path, "1.0");
+    let go = s.path("go");
+    let (mut child, pid) = idle_then_read(&data, &truth_path, &go);
     // Reap the target in the background so stall sees it go.
     let waiter = std::thread::spawn(move || child.wait());
-    let run = stall(&["attach", "--pid", &pid.to_string(), "-q"], &[], T);
+    let mut bg = Background::start(&["attach", "--pid", &pid.to_string(), "-q", "--interval", "0.2"]);
+    bg.wait_attached(ATTACH);
+    release(&go);
+    let run = bg.finish(T);
     waiter.join().unwrap().unwrap();
     assert_eq!(run.status, 0, "{}", run.stderr);
     let reader = truth(&truth_path)["reader"].as_u64().unwrap();
@@ -191,11 +199,16 @@ fn attach_to_cgroup_traces_members_only() {
     let theirs = s.file("theirs.bin", 50_000);
     let truth_path = s.path("truth.json");
     let cg = Cgroup::new("capture");
-    let (mut child, pid) = idle_then_read(&data, &truth_path, "1.5");
+    let go = s.path("go");
+    let (mut child, pid) = idle_then_read(&data, &truth_path, &go);
     cg.add(pid);
     let (mut other, other_pid) = outsider(&theirs);
     // Relative to the cgroup2 mount, as users type it.
-    let run = stall(&["attach", "--cgroup", &cg.name, "--duration", "4", "-q"], &[], T);
+    let mut bg =
+        Background::start(&["attach", "--cgroup", &cg.name, "--duration", "4", "-q", "--interval", "0.2"]);
+    bg.wait_attached(ATTACH);
+    release(&go);
+    let run = bg.finish(T);
     let _ = child.wait();
     let _ = other.kill();
     let _ = other.wait();
@@ -233,12 +246,15 @@ fn files_opened_before_attach_are_counted() {
     let (child, pid) = spawn_announcing(
         Command::new(python())
             .arg(jobs_py())
-            .args(["open-before", data.to_str().unwrap(), "1.0"])
+            .args(["open-before", data.to_str().unwrap(), s.path("go").to_str().unwrap()])
             .env("TRUTH", &truth_path),
     );
     let mut child = child;
     let waiter = std::thread::spawn(move || child.wait());
-    let run = stall(&["attach", "--pid", &pid.to_string(), "-q"], &[], T);
+    let mut bg = Background::start(&["attach", "--pid", &pid.to_string(), "-q", "--interval", "0.2"]);
+    bg.wait_attached(ATTACH);
+    release(&s.path("go"));
+    let run = bg.finish(T);
     waiter.join().unwrap().unwrap();
     assert_eq!(run.status, 0, "{}", run.stderr);
     assert_eq!(truth(&truth_path)["bytes"], size as u64);

@@ -227,11 +227,26 @@ def job_many_opens(args):
         os.close(os.open(path, os.O_RDONLY))
 
 
+def wait_go(arg):
+    """A number: sleep that long. A path: wait until it exists (the test
+    creates it once stall has attached, however long its start-up took)."""
+    try:
+        time.sleep(float(arg))
+        return
+    except ValueError:
+        pass
+    deadline = time.monotonic() + 300
+    while not os.path.exists(arg):
+        if time.monotonic() > deadline:
+            sys.exit(f"{arg} never appeared")
+        time.sleep(0.01)
+
+
 def job_idle_then_read(args):
-    """Announces itself, sleeps (attach happens now), then forks a reader."""
-    path, pause = args[0], float(args[1])
+    """Announces itself, waits (attach happens now), then forks a reader."""
+    path, pause = args[0], args[1]
     print(os.getpid(), flush=True)
-    time.sleep(pause)
+    wait_go(pause)
     pid = os.fork()
     if pid == 0:
         total = read_with(path, "pread", 9999)
@@ -252,10 +267,10 @@ def job_reader_loop(args):
 
 def job_open_before(args):
     """Opens the file, announces itself (attach happens now), then reads it."""
-    path, pause = args[0], float(args[1])
+    path, pause = args[0], args[1]
     fd = os.open(path, os.O_RDONLY)
     print(os.getpid(), flush=True)
-    time.sleep(pause)
+    wait_go(pause)
     total = read_fd(fd, 8191)
     os.close(fd)
     write_truth({"pid": os.getpid(), "bytes": total, "fd": fd})

@@ -104,6 +104,7 @@ pub async fn run(opts: Options) -> Result<()> {
         opts.roots.iter().map(|r| cgroup::resolve(r).map_err(Error::from)).collect::<Result<_, _>>()?;
     let mut capture =
         Capture::load(&CaptureOptions { cgroup_mode: true, ..Default::default() }).map_err(Error::from)?;
+    feed.attached();
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .map_err(|e| Error::Listen { addr: opts.listen, reason: e.to_string() })?;

@@ -55,6 +55,15 @@ impl Feed {
         })
     }
 
+    /// Starts the interval clock again from now: called once attached, so
+    /// that the first interval is one whole interval of tracing, however
+    /// long loading took (about 0.9 s under emulation; a tick missed
+    /// meanwhile would otherwise fire at once).
+    pub fn attached(&mut self) {
+        self.tick.reset();
+        self.drain.reset();
+    }
+
     /// Waits for the next thing to do. Cancel-safe: a caller may select on
     /// it next to its own futures (a child's exit, a deadline).
     pub async fn next(&mut self, capture: &mut Capture) -> Result<Wake> {

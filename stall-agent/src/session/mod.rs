@@ -117,6 +117,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
             (None, format!("cgroup {}", dir.display()), Some(dir))
         }
     };
+    feed.attached();
     let mut job = Job::new(JOB, start_ns, root, GpuScope::All);
     // The first snapshot names every process found at attach.
     let snap = capture.snapshot();
