@@ -221,11 +221,15 @@ pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
 /// The kernel's counters plus the span in progress at `now` (a thread that
 /// has been blocked since before attach has no finished span at all).
 ///
-/// On-CPU and runqueue totals are the kernel's own (`se.sum_exec_runtime`
-/// and `sched_info.run_delay` since tracking began, see
-/// `stall_common::kclock`) where the entry carries them: a switch the
-/// programs missed then costs nothing once the next one is seen. The other
-/// reasons are stall's, from the switches and what each blocked in.
+/// On-CPU time is the kernel's own (`se.sum_exec_runtime` since tracking
+/// began, see `stall_common::kclock`) where the entry carries it: a switch
+/// the programs missed then costs nothing once the next one is seen. The
+/// off-CPU reasons are stall's, from the switches, the wakeups and what
+/// each blocked in (a span whose switch-in was never delivered is split
+/// with the kernel's counters in the kernel side, `SCHED_REPAIRED`).
+/// Runqueue time is from the wakeup (`sched_waking`) to the switch-in: the
+/// kernel's `run_delay` starts at the enqueue, which a remote wakeup can
+/// delay, and would leave that part of the span under no reason.
 pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
     let rq = usize::from(reason::RUNQUEUE);
     let mut c = ThreadCounters {
@@ -246,12 +250,6 @@ pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
     };
     if s.kclock & kclock::EXEC != 0 {
         c.on_cpu_ns = s.exec_ns.saturating_sub(s.exec_base);
-    }
-    if s.kclock & kclock::DELAY != 0 {
-        // The kernel's total to the last switch-out, plus the runqueue wait
-        // before the switch-in since (its own counter moves only after the
-        // switch-in's tracepoint).
-        c.off_ns[rq] = s.delay_ns.saturating_sub(s.delay_base) + s.off_ns[rq].saturating_sub(s.rq_at_out);
     }
     let since = now.saturating_sub(s.last_ts);
     let mut state = ThreadNow { running: false, reason: s.off_reason, syscall: s.off_nr, for_ns: since };
@@ -386,11 +384,10 @@ mod tests {
     }
 
     #[test]
-    fn kernel_totals_win_over_missed_switches() {
+    fn kernel_on_cpu_wins_over_missed_switches() {
         let rq = reason::RUNQUEUE as usize;
-        // stall's own sums missed a slice (on-CPU 7) and saw 40 ns of runqueue
-        // since the last switch-out; the kernel says 1000 on-CPU and 300 of
-        // runqueue since tracking began (at 5000 and 100).
+        // stall's own sums missed a slice (on-CPU 7); the kernel says 1000
+        // on-CPU since tracking began (at 5000). Runqueue time is stall's.
         let mut off_ns = [0; reason::COUNT];
         off_ns[rq] = 90;
         let t = ThreadStats {
@@ -408,7 +405,7 @@ mod tests {
         };
         let (c, _) = fold(&t, 150);
         assert_eq!(c.on_cpu_ns, 1000 + 50);
-        assert_eq!(c.off_ns[rq], 300 + 40);
+        assert_eq!(c.off_ns[rq], 90);
         // Without them (an entry nobody could read them for): stall's own.
         let (c, _) = fold(&ThreadStats { kclock: 0, ..t }, 150);
         assert_eq!((c.on_cpu_ns, c.off_ns[rq]), (57, 90));

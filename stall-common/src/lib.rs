@@ -152,8 +152,8 @@ pub struct ThreadStats {
     pub exec_base: u64,
     pub exec_ns: u64,
     /// The kernel's `sched_info.run_delay` when tracking began, and as of
-    /// the last switch-out; `rq_at_out` is `off_ns[RUNQUEUE]` then (see
-    /// [`kclock::DELAY`]).
+    /// the last switch-out (see [`kclock::DELAY`]); `rq_at_out` is
+    /// `off_ns[RUNQUEUE]` then.
     pub delay_base: u64,
     pub delay_ns: u64,
     pub rq_at_out: u64,
@@ -164,7 +164,8 @@ pub struct ThreadStats {
 pub mod kclock {
     /// `exec_base`/`exec_ns` are valid: on-CPU time comes from them.
     pub const EXEC: u8 = 1;
-    /// `delay_base`/`delay_ns` are valid: runqueue time comes from them.
+    /// `delay_base`/`delay_ns` are valid: a span whose switch-in was never
+    /// delivered is split into runqueue and blocked time with them.
     pub const DELAY: u8 = 2;
 }
 

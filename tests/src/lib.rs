@@ -322,6 +322,17 @@ pub fn secs(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
+/// A wait's time as the `waits` workload measured it, less the kernel's
+/// runqueue wait over the same span (`NAME_blocked_s`, where the kernel
+/// keeps schedstats; else the wall time `NAME_s`): what stall counts as
+/// that wait, the rest being runqueue time.
+pub fn blocked_s(truth: &Value, name: &str) -> f64 {
+    match truth.get(format!("{name}_blocked_s")) {
+        Some(v) => secs(v),
+        None => secs(&truth[format!("{name}_s")]),
+    }
+}
+
 /// |got - want| <= tol * want
 pub fn assert_close(what: &str, got: f64, want: f64, tol: f64) {
     assert!(
@@ -348,9 +359,9 @@ pub fn cgroup2_mount() -> PathBuf {
 
 /// Ids of the BPF programs process `pid` holds (from /proc/PID/fdinfo), to
 /// check later that exactly these are gone — whatever else is loaded.
-/// How many BPF programs a running stall holds: five tracepoint programs
-/// (sched_switch, sched_waking, task_newtask, sched_process_exec/exit) and
-/// two raw syscall tracepoint programs (sys_enter, sys_exit).
+/// How many BPF programs a running stall holds: seven raw tracepoint
+/// programs (sched_switch or sched_switch_stack, sched_waking, task_newtask,
+/// sched_process_exec/exit, sys_enter, sys_exit).
 pub const STALL_PROGRAMS: usize = 7;
 
 pub fn bpf_programs_of(pid: u32) -> Vec<u32> {

@@ -62,9 +62,9 @@ fn off_cpu_reasons_match_ground_truth() {
     let by = |tid: &str| run.thread(t[tid].as_u64().unwrap())["off_cpu_by_reason"].clone();
 
     let futex = by("futex_tid");
-    assert_close("futex off-CPU", secs(&futex["futex"]), secs(&t["futex_s"]), 0.05);
+    assert_close("futex off-CPU", secs(&futex["futex"]), blocked_s(&t, "futex"), 0.05);
     let poll = by("poll_tid");
-    assert_close("poll off-CPU", secs(&poll["poll"]), secs(&t["poll_s"]), 0.05);
+    assert_close("poll off-CPU", secs(&poll["poll"]), blocked_s(&t, "poll"), 0.05);
 
     let burner = run.thread(t["burn_tid"].as_u64().unwrap());
     eprintln!(
