@@ -37,10 +37,14 @@ const DEFAULT_TIMEOUT_SECS: u64 = 600;
 /// `input-cpu-bound` or `unknown` instead of what the scenario builds): the
 /// first two failed on both kernels in every run, the third in one run of
 /// five. They run natively.
-const VM_SKIP: [(&str, &str); 3] = [
+/// `a_short_run_is_judged_after_its_startup` likewise: its trainer "imports"
+/// for 2.5 s of wall time, which must be 2.4 s on a CPU (it failed in every
+/// VM, as `trainer-host-bound`, and natively on a loaded machine).
+const VM_SKIP: [(&str, &str); 4] = [
     ("scenarios", "cpu_bound_transforms"),
     ("scenarios", "attach_to_cgroup"),
     ("scenarios", "attach_to_pid_mid_run"),
+    ("scenarios", "a_short_run_is_judged_after_its_startup"),
 ];
 
 #[derive(Subcommand)]
