@@ -1,7 +1,7 @@
 //! Kernel records → plain values: ring-buffer events and map snapshots in
 //! the form the (pure) aggregation consumes. Nothing here touches the kernel.
 use stall_common::{
-    counter, event_kind, reason, run_state, CloseEvent, EventHeader, ExecEvent, ExitEvent, FileStats,
+    counter, event_kind, kclock, reason, run_state, CloseEvent, EventHeader, ExecEvent, ExitEvent, FileStats,
     NewTaskEvent, OpenEvent, SwitchEvent, ThreadStats, COMM_LEN,
 };
 
@@ -283,7 +283,18 @@ pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
 
 /// The kernel's counters plus the span in progress at `now` (a thread that
 /// has been blocked since before attach has no finished span at all).
+///
+/// On-CPU time is the kernel's own (`se.sum_exec_runtime` since tracking
+/// began, see `stall_common::kclock`) where the entry carries it: a switch
+/// the programs missed then costs nothing once the next one is seen. The
+/// off-CPU reasons are stall's, from the switches, the wakeups and what
+/// each blocked in (a span whose switch-in was never delivered is split
+/// with the kernel's counters in the kernel side, `SCHED_REPAIRED`).
+/// Runqueue time is from the wakeup (`sched_waking`) to the switch-in: the
+/// kernel's `run_delay` starts at the enqueue, which a remote wakeup can
+/// delay, and would leave that part of the span under no reason.
 pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
+    let rq = usize::from(reason::RUNQUEUE);
     let mut c = ThreadCounters {
         on_cpu_ns: s.on_cpu_ns,
         off_ns: s.off_ns,
@@ -300,6 +311,9 @@ pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
         stdio_write_bytes: s.stdio_write_bytes,
         wakeups: s.wakeups,
     };
+    if s.kclock & kclock::EXEC != 0 {
+        c.on_cpu_ns = s.exec_ns.saturating_sub(s.exec_base);
+    }
     let since = now.saturating_sub(s.last_ts);
     let mut state = ThreadNow { running: false, reason: s.off_reason, syscall: s.off_nr, for_ns: since };
     match s.state {
@@ -312,7 +326,7 @@ pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
             if s.off_reason != reason::RUNQUEUE && s.wake_ts >= s.last_ts && s.wake_ts != 0 {
                 let blocked = s.wake_ts - s.last_ts;
                 c.off_ns[r] += blocked.min(since);
-                c.off_ns[usize::from(reason::RUNQUEUE)] += since.saturating_sub(blocked);
+                c.off_ns[rq] += since.saturating_sub(blocked);
             } else {
                 c.off_ns[r] += since;
             }
@@ -431,6 +445,34 @@ mod tests {
         assert_eq!(c.off_ns[reason::FUTEX as usize], 300);
         assert_eq!(c.off_ns[reason::RUNQUEUE as usize], 100);
     }
+
+    #[test]
+    fn kernel_on_cpu_wins_over_missed_switches() {
+        let rq = reason::RUNQUEUE as usize;
+        // stall's own sums missed a slice (on-CPU 7); the kernel says 1000
+        // on-CPU since tracking began (at 5000). Runqueue time is stall's.
+        let mut off_ns = [0; reason::COUNT];
+        off_ns[rq] = 90;
+        let t = ThreadStats {
+            state: run_state::RUNNING,
+            last_ts: 100,
+            on_cpu_ns: 7,
+            off_ns,
+            kclock: kclock::EXEC | kclock::DELAY,
+            exec_base: 5000,
+            exec_ns: 6000,
+            delay_base: 100,
+            delay_ns: 400,
+            rq_at_out: 50,
+            ..Default::default()
+        };
+        let (c, _) = fold(&t, 150);
+        assert_eq!(c.on_cpu_ns, 1000 + 50);
+        assert_eq!(c.off_ns[rq], 90);
+        // Without them (an entry nobody could read them for): stall's own.
+        let (c, _) = fold(&ThreadStats { kclock: 0, ..t }, 150);
+        assert_eq!((c.on_cpu_ns, c.off_ns[rq]), (57, 90));
+    }
 }
 
 /// One read of the kernel maps.
@@ -448,6 +490,9 @@ pub struct Snapshot {
     /// Switches that did not match the state before (see
     /// `stall_common::counter::SCHED_GAPS`), cumulative.
     pub sched_gaps: u64,
+    /// Switches the tracepoint never delivered, repaired from the kernel's
+    /// counters (see `stall_common::counter::SCHED_REPAIRED`), cumulative.
+    pub sched_repaired: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

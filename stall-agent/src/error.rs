@@ -33,7 +33,9 @@ impl Error {
                 }
                 CaptureError::NoTracefs
                 | CaptureError::MissingTracepoint { .. }
-                | CaptureError::MissingField { .. }
+                | CaptureError::NoBtf
+                | CaptureError::MissingKernelField { .. }
+                | CaptureError::MissingFeature(_)
                 | CaptureError::Load(_)
                 | CaptureError::Stub => exit::KERNEL,
                 CaptureError::Map(_) => exit::INTERNAL,

@@ -126,9 +126,15 @@ pub mod counter {
     /// Events handled for tracked threads (all hooks): the agent's event rate.
     pub const EVENTS: u32 = 8;
     /// A switch that did not match the state seen before (switched in while
-    /// marked running, or out while marked off): a switch was missed and
-    /// that span's time is unaccounted. Should stay 0.
+    /// marked running, or out while marked off without the kernel's counters
+    /// to repair it, see `SCHED_REPAIRED`): a switch was missed and part of
+    /// that span's attribution is unknown. Should stay 0.
     pub const SCHED_GAPS: u32 = 9;
+    /// A switch-in the tracepoint never delivered, found at the next
+    /// switch-out and repaired from the kernel's own counters (the span's
+    /// on-CPU, runqueue and blocked parts are exact): nothing is lost.
+    /// Some kernels do not trace every switch (docs/KERNELS.md).
+    pub const SCHED_REPAIRED: u32 = 10;
     pub const COUNT: u32 = 16;
     pub const LOST_NAMES: [&str; LOST_CAUSES] =
         ["ringbuf_full", "thread_map_full", "fd_map_full", "wake_map_full", "path_unreadable"];
@@ -170,7 +176,12 @@ pub struct ThreadStats {
     pub wake_ts: u64,
     pub state: u8,
     pub off_reason: u8,
-    pub _pad0: [u8; 2],
+    /// [`kclock`]: which of the kernel's own totals below are kept.
+    pub kclock: u8,
+    /// Non-zero: `state` was inferred from /proc by the agent (which cannot
+    /// tell running from runnable, and races the thread): the first switch
+    /// seen settles it and is never counted as a gap.
+    pub seeded: u8,
     /// Syscall number at switch-out (-1: not in a syscall).
     pub off_nr: i32,
     /// Last syscall counted as OTHER, to name it.
@@ -182,6 +193,28 @@ pub struct ThreadStats {
     pub inflight_kind: u32,
     /// filename pointer for openat.
     pub inflight_ptr: u64,
+    /// The kernel's `se.sum_exec_runtime` when tracking began, and as of
+    /// `last_ts` (read at every switch in and out): on-CPU time is their
+    /// difference, plus the span in progress, so a missed switch can never
+    /// skew it (see [`kclock::EXEC`]).
+    pub exec_base: u64,
+    pub exec_ns: u64,
+    /// The kernel's `sched_info.run_delay` when tracking began, and as of
+    /// the last switch-out (see [`kclock::DELAY`]); `rq_at_out` is
+    /// `off_ns[RUNQUEUE]` then.
+    pub delay_base: u64,
+    pub delay_ns: u64,
+    pub rq_at_out: u64,
+}
+
+/// `ThreadStats::kclock`: the kernel's totals that an entry carries (set by
+/// whoever created it, from a base it read at that moment).
+pub mod kclock {
+    /// `exec_base`/`exec_ns` are valid: on-CPU time comes from them.
+    pub const EXEC: u8 = 1;
+    /// `delay_base`/`delay_ns` are valid: a span whose switch-in was never
+    /// delivered is split into runqueue and blocked time with them.
+    pub const DELAY: u8 = 2;
 }
 
 /// Key of the `FILES` map: one open descriptor of one process.
@@ -317,20 +350,41 @@ pub struct CloseEvent {
     pub stats: FileStats,
 }
 
-/// Byte offsets of the tracepoint fields the programs read, taken from
-/// tracefs `format` files at start-up (they move between kernels).
+/// Byte offsets of the `struct task_struct` fields the scheduler and task
+/// programs read, taken from the running kernel's BTF (/sys/kernel/btf/vmlinux)
+/// at start-up: the layout moves between kernels and builds.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Offsets {
-    pub switch_prev_pid: u16,
-    pub switch_prev_state: u16,
-    pub switch_next_pid: u16,
-    pub waking_pid: u16,
-    pub newtask_pid: u16,
-    pub newtask_clone_flags: u16,
-    /// Size in bytes of `prev_state` (4 or 8).
-    pub switch_prev_state_size: u16,
-    pub _pad: u16,
+pub struct TaskOffsets {
+    pub pid: u32,
+    pub tgid: u32,
+    /// `__state` (5.14 and later, `unsigned int`) or `state` (before, `long`:
+    /// its low 32 bits are read).
+    pub state: u32,
+    pub exit_state: u32,
+    /// `se.sum_exec_runtime`: the kernel's own on-CPU total, ns.
+    pub sum_exec: u32,
+    /// `sched_info.run_delay`: the kernel's own runqueue-wait total, ns;
+    /// meaningful only with [`task_flags::RUN_DELAY`].
+    pub run_delay: u32,
+    /// `stack`: the task's kernel stack, for kernels without
+    /// `bpf_task_pt_regs` (see [`task_flags::REGS_FROM_STACK`]).
+    pub stack: u32,
+    /// Where the saved user registers sit from `stack`:
+    /// `THREAD_SIZE - sizeof(struct pt_regs)`.
+    pub regs_in_stack: u32,
+    /// [`task_flags`].
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// `TaskOffsets::flags`.
+pub mod task_flags {
+    /// The kernel keeps `sched_info.run_delay` (CONFIG_SCHED_INFO).
+    pub const RUN_DELAY: u32 = 1;
+    /// No `bpf_task_pt_regs` (before 5.15): the saved user registers are
+    /// found from `task->stack` (the `sched_switch_stack` program).
+    pub const REGS_FROM_STACK: u32 = 2;
 }
 
 /// Where the syscall number, arguments and code segment sit in the
@@ -437,7 +491,7 @@ pub struct CpuSlot {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
-    pub offsets: Offsets,
+    pub task: TaskOffsets,
     pub regs: Regs,
     /// Non-zero: also track any task whose cgroup is in `CGROUPS`.
     pub cgroup_filter: u8,
@@ -578,7 +632,10 @@ mod tests {
     // and every struct is a multiple of 8 (ring-buffer reservations need it).
     #[test]
     fn layouts_have_no_hidden_padding() {
-        assert_eq!(size_of::<ThreadStats>(), 4 * 2 + 8 + 8 * 6 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8);
+        assert_eq!(
+            size_of::<ThreadStats>(),
+            4 * 2 + 8 + 8 * 6 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 5
+        );
         assert_eq!(size_of::<FdKey>(), 8);
         assert_eq!(size_of::<FileStats>(), 64);
         assert_eq!(size_of::<WakeKey>(), 8);
@@ -588,9 +645,9 @@ mod tests {
         assert_eq!(size_of::<NewTaskEvent>(), 24 + 8 + 8 + 16);
         assert_eq!(size_of::<ExitEvent>(), 24 + size_of::<ThreadStats>() + 16);
         assert_eq!(size_of::<CloseEvent>(), 24 + 8 + 64);
-        assert_eq!(size_of::<Offsets>(), 16);
+        assert_eq!(size_of::<TaskOffsets>(), 40);
         assert_eq!(size_of::<Regs>(), 16);
-        assert_eq!(size_of::<Config>(), 40);
+        assert_eq!(size_of::<Config>(), 64);
         assert_eq!(size_of::<CpuSlot>(), 208);
         for s in [
             size_of::<ThreadStats>(),

@@ -1,6 +1,8 @@
 //! stall's kernel side.
 //!
-//! Every program starts with the target filter. The scheduler and task
+//! Every program is a raw tracepoint program (never skipped while another
+//! tracing program or a `bpf()` syscall holds the CPU's `bpf_prog_active`)
+//! and starts with the target filter. The scheduler and task
 //! programs look the current tid up in `THREADS` (plus, in cgroup mode, the
 //! current cgroup id in `CGROUPS`). The syscall programs, which run for
 //! every syscall of the machine, check the per-CPU slot (`CPU_SLOT`) that
@@ -118,7 +120,19 @@ pub(crate) fn adopt(cfg: &Config, tid: u32, tgid: u32) -> Option<Current> {
     }
     let cgid = unsafe { bpf_get_current_cgroup_id() };
     let job = unsafe { CGROUPS.get(cgid) }.copied()?;
-    let fresh = ThreadStats { tgid, job, off_nr: -1, other_nr: -1, ..Default::default() };
+    let (exec, delay) = sched::kernel_totals(sched::current_task(), cfg);
+    let fresh = ThreadStats {
+        tgid,
+        job,
+        off_nr: -1,
+        other_nr: -1,
+        kclock: sched::kclock_flags(cfg),
+        exec_base: exec,
+        exec_ns: exec,
+        delay_base: delay,
+        delay_ns: delay,
+        ..Default::default()
+    };
     // BPF_NOEXIST: never reset a thread another CPU inserted meanwhile.
     if THREADS.insert(tid, fresh, 1).is_err() && THREADS.get_ptr(tid).is_none() {
         bump(counter::LOST_THREAD_MAP);

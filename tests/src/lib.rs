@@ -208,6 +208,79 @@ pub fn stall_with_stdout(
     }
 }
 
+/// A stall started in the background (JSON Lines into a file), for tests
+/// whose workload must wait until stall has attached: [`Self::wait_attached`]
+/// returns once stall wrote its first interval record, which it does only
+/// after the target is tracked (pass a short `--interval`).
+pub struct Background {
+    child: std::process::Child,
+    json: PathBuf,
+}
+
+impl Background {
+    pub fn start(args: &[&str]) -> Self {
+        require_root();
+        let json = tempfile_path("json");
+        let (sub, rest) = args.split_first().expect("a subcommand");
+        let child = Command::new(stall_bin())
+            .arg(sub)
+            .arg("--json")
+            .arg(&json)
+            .args(["--gpu", "off"])
+            .args(rest)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start stall");
+        Self { child, json }
+    }
+
+    pub fn wait_attached(&mut self, timeout: Duration) {
+        let json = self.json.clone();
+        let child = &mut self.child;
+        wait_until("stall's first interval record", timeout, || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("stall exited before attaching: {status}");
+            }
+            std::fs::read_to_string(&json).is_ok_and(|t| t.contains('\n'))
+        });
+    }
+
+    /// Waits for stall to end (killing it after `timeout`) and reads its output.
+    pub fn finish(self, timeout: Duration) -> Run {
+        let pid = self.child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let child = self.child;
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let out = match rx.recv_timeout(timeout) {
+            Ok(out) => out.expect("wait"),
+            Err(_) => {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                panic!("stall did not finish within {timeout:?}");
+            }
+        };
+        let text = std::fs::read_to_string(&self.json).unwrap_or_default();
+        let _ = std::fs::remove_file(&self.json);
+        Run {
+            status: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            records: text.lines().map(|l| serde_json::from_str(l).expect("each JSON line parses")).collect(),
+        }
+    }
+}
+
+/// Lets a workload waiting on `go` (see jobs.py `wait_go`) proceed.
+pub fn release(go: &Path) {
+    std::fs::write(go, b"go").unwrap();
+}
+
 pub fn tempfile_path(tag: &str) -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
@@ -255,6 +328,17 @@ pub fn secs(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
+/// A wait's time as the `waits` workload measured it, less the kernel's
+/// runqueue wait over the same span (`NAME_blocked_s`, where the kernel
+/// keeps schedstats; else the wall time `NAME_s`): what stall counts as
+/// that wait, the rest being runqueue time.
+pub fn blocked_s(truth: &Value, name: &str) -> f64 {
+    match truth.get(format!("{name}_blocked_s")) {
+        Some(v) => secs(v),
+        None => secs(&truth[format!("{name}_s")]),
+    }
+}
+
 /// |got - want| <= tol * want
 pub fn assert_close(what: &str, got: f64, want: f64, tol: f64) {
     assert!(
@@ -281,9 +365,9 @@ pub fn cgroup2_mount() -> PathBuf {
 
 /// Ids of the BPF programs process `pid` holds (from /proc/PID/fdinfo), to
 /// check later that exactly these are gone — whatever else is loaded.
-/// How many BPF programs a running stall holds: five tracepoint programs
-/// (sched_switch, sched_waking, task_newtask, sched_process_exec/exit) and
-/// two raw syscall tracepoint programs (sys_enter, sys_exit).
+/// How many BPF programs a running stall holds: seven raw tracepoint
+/// programs (sched_switch or sched_switch_stack, sched_waking, task_newtask,
+/// sched_process_exec/exit, sys_enter, sys_exit).
 pub const STALL_PROGRAMS: usize = 7;
 
 pub fn bpf_programs_of(pid: u32) -> Vec<u32> {

@@ -156,13 +156,34 @@ def job_waits(args):
     r, w = os.pipe()
     start = threading.Barrier(4)
 
+    def run_delay():
+        """This thread's runqueue-wait total so far (kernel schedstat), s."""
+        try:
+            with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+                return int(f.read().split()[1]) / 1e9
+        except OSError:
+            return None
+
+    def blocked(key, t0, rd0):
+        # The wall time of a wait includes the wait for a CPU after the
+        # wakeup (long when the CPUs are busy), which stall counts as
+        # runqueue: the kernel's own runqueue total over the same span says
+        # how much.
+        truth[key + "_s"] = time.monotonic() - t0
+        rd1 = run_delay()
+        if rd0 is not None and rd1 is not None:
+            truth[key + "_blocked_s"] = truth[key + "_s"] - (rd1 - rd0)
+
     def futexer():
         name_thread("futexer")
         truth["futex_tid"] = threading.get_native_id()
-        start.wait()
+        # The barrier is a futex wait too (long when the CPUs are busy and
+        # the other threads are slow to start): counted from before it.
+        rd0 = run_delay()
         t0 = time.monotonic()
+        start.wait()
         lock.acquire(timeout=secs)
-        truth["futex_s"] = time.monotonic() - t0
+        blocked("futex", t0, rd0)
 
     def poller():
         name_thread("poller")
@@ -170,9 +191,10 @@ def job_waits(args):
         p = select.poll()
         p.register(r, select.POLLIN)
         start.wait()
+        rd0 = run_delay()
         t0 = time.monotonic()
         p.poll(secs * 1000)
-        truth["poll_s"] = time.monotonic() - t0
+        blocked("poll", t0, rd0)
 
     def burner():
         name_thread("burner")
@@ -184,8 +206,21 @@ def job_waits(args):
         while time.monotonic() - t0 < secs:
             for i in range(10000):
                 x += i
-        truth["burn_cpu_s"] = time.thread_time() - c0
+        # The thread's whole CPU time (it is cumulative from the thread's
+        # start), as stall counts it, not just the loop's: under emulation
+        # the thread's start-up is a few percent of it.
+        truth["burn_cpu_s"] = time.thread_time()
+        truth["burn_loop_cpu_s"] = time.thread_time() - c0
         truth["burn_wall_s"] = time.monotonic() - t0
+        # The kernel's own totals for this thread since it was created
+        # (on-CPU and runqueue-wait ns), when it keeps them.
+        try:
+            with open(f"/proc/self/task/{truth['burn_tid']}/schedstat") as f:
+                run_ns, wait_ns = f.read().split()[:2]
+            truth["burn_sched_s"] = int(run_ns) / 1e9
+            truth["burn_runq_s"] = int(wait_ns) / 1e9
+        except OSError:
+            pass
 
     run_together(start, futexer, poller, burner)
     write_truth(truth)
@@ -232,22 +267,26 @@ def job_many_opens(args):
         os.close(os.open(path, os.O_RDONLY))
 
 
-def wait_for_go(pause):
-    """`pause` is seconds to sleep, or `go:PATH`: wait until PATH exists (the
-    test creates it once stall is attached, however long that took)."""
-    if pause.startswith("go:"):
-        deadline = time.monotonic() + 300
-        while not os.path.exists(pause[3:]) and time.monotonic() < deadline:
-            time.sleep(0.01)
-    else:
-        time.sleep(float(pause))
+def wait_go(arg):
+    """A number: sleep that long. A path: wait until it exists (the test
+    creates it once stall has attached, however long its start-up took)."""
+    try:
+        time.sleep(float(arg))
+        return
+    except ValueError:
+        pass
+    deadline = time.monotonic() + 300
+    while not os.path.exists(arg):
+        if time.monotonic() > deadline:
+            sys.exit(f"{arg} never appeared")
+        time.sleep(0.01)
 
 
 def job_idle_then_read(args):
     """Announces itself, waits (attach happens now), then forks a reader."""
     path, pause = args[0], args[1]
     print(os.getpid(), flush=True)
-    wait_for_go(pause)
+    wait_go(pause)
     pid = os.fork()
     if pid == 0:
         total = read_with(path, "pread", 9999)
@@ -271,7 +310,7 @@ def job_open_before(args):
     path, pause = args[0], args[1]
     fd = os.open(path, os.O_RDONLY)
     print(os.getpid(), flush=True)
-    wait_for_go(pause)
+    wait_go(pause)
     total = read_fd(fd, 8191)
     os.close(fd)
     write_truth({"pid": os.getpid(), "bytes": total, "fd": fd})

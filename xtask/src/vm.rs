@@ -54,9 +54,9 @@ pub enum Target {
 
 #[derive(Args)]
 pub struct VmArgs {
-    /// Kernel to boot, repeatable: `6.1` or `6.12` (the newest bookworm cloud
-    /// kernel of that series), a `linux-image-*` package, or a vmlinuz path.
-    /// Default: 6.1 and 6.12
+    /// Kernel to boot, repeatable: `5.10`, `6.1` or `6.12` (the newest Debian
+    /// cloud kernel of that series: bullseye's, bookworm's), a `linux-image-*`
+    /// package, or a vmlinuz path. Default: 5.10, 6.1 and 6.12
     #[arg(long = "kernel", value_name = "SPEC")]
     kernels: Vec<String>,
     /// Seconds one kernel may take from boot to power-off

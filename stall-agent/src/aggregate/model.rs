@@ -93,6 +93,7 @@ pub struct Model {
     events: u64,
     events_mark: u64,
     sched_gaps: u64,
+    sched_repaired: u64,
     /// Processes in the order they ended, for folding the oldest.
     ended: VecDeque<u32>,
     /// Ended processes beyond [`MAX_ENDED`], summed (fork storms).
@@ -260,6 +261,7 @@ impl Model {
         self.lost = snap.lost;
         self.events = snap.events;
         self.sched_gaps = self.sched_gaps.max(snap.sched_gaps);
+        self.sched_repaired = self.sched_repaired.max(snap.sched_repaired);
     }
 
     /// Counters of descriptors read from the kernel (snapshot or retire).
@@ -545,7 +547,15 @@ impl Model {
         } else {
             (self.lost, self.events)
         };
-        Window { start_ns, end_ns, procs, lost, events, sched_gaps: self.sched_gaps }
+        Window {
+            start_ns,
+            end_ns,
+            procs,
+            lost,
+            events,
+            sched_gaps: self.sched_gaps,
+            sched_repaired: self.sched_repaired,
+        }
     }
 }
 

@@ -19,6 +19,9 @@ pub struct Window {
     pub events: u64,
     /// Missed switches seen so far (cumulative; should be 0).
     pub sched_gaps: u64,
+    /// Switches the tracepoint never delivered, repaired from the kernel's
+    /// counters (cumulative; nothing lost).
+    pub sched_repaired: u64,
 }
 
 impl Window {
@@ -69,6 +72,7 @@ impl Window {
             end_ns: self.end_ns,
             events: self.events.saturating_sub(before.events),
             sched_gaps: self.sched_gaps,
+            sched_repaired: self.sched_repaired,
             ..Default::default()
         };
         for (i, l) in out.lost.iter_mut().enumerate() {
@@ -154,6 +158,7 @@ impl Window {
             }
             out.events += w.events;
             out.sched_gaps = out.sched_gaps.max(w.sched_gaps);
+            out.sched_repaired = out.sched_repaired.max(w.sched_repaired);
             for p in &w.procs {
                 let pi = *proc_at.entry(p.tgid).or_insert_with(|| {
                     out.procs.push(ProcWindow {

@@ -3,6 +3,7 @@
 //! cgroup), and read back events and counters. Dropping a [`Capture`]
 //! detaches and unloads everything; nothing is pinned, so nothing outlives
 //! the agent, even when it is killed.
+pub mod btf;
 pub mod cgroup;
 pub mod procfs;
 pub mod syscalls;
@@ -15,13 +16,14 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{raw_trace_point::RawTracePointLinkId, Program, ProgramError, RawTracePoint, TracePoint},
+    maps::{Array, HashMap, MapData, MapType, PerCpuArray, RingBuf},
+    programs::{raw_trace_point::RawTracePointLinkId, Program, ProgramError, ProgramType, RawTracePoint},
+    sys::BpfHelper,
     Ebpf, EbpfLoader,
 };
 use stall_common::{
-    counter, fd_kind, reason, run_state, slot_state, syscall_class, track_gen, Config, CpuSlot, FdKey,
-    FileStats, Regs, ThreadStats, WakeKey, WakeStats,
+    counter, fd_kind, kclock, reason, run_state, slot_state, syscall_class, task_flags, track_gen, Config,
+    CpuSlot, FdKey, FileStats, Regs, ThreadStats, WakeKey, WakeStats,
 };
 use tokio::io::unix::AsyncFd;
 
@@ -31,7 +33,10 @@ use crate::{
     pystack::PyStacks,
 };
 
-/// (program, category, tracepoint) for every tracepoint attachment.
+/// (program, category, tracepoint) for the scheduler and task hooks, all
+/// raw tracepoints (never skipped while `bpf_prog_active` is held, unlike
+/// perf-event tracepoint programs). `sched_switch` is replaced by
+/// `sched_switch_stack` on kernels without `bpf_task_pt_regs`.
 const ATTACH: [(&str, &str, &str); 5] = [
     ("sched_switch", "sched", "sched_switch"),
     ("sched_waking", "sched", "sched_waking"),
@@ -40,8 +45,8 @@ const ATTACH: [(&str, &str, &str); 5] = [
     ("sched_process_exit", "sched", "sched_process_exit"),
 ];
 
-/// (program, tracepoint) for the raw tracepoints: every syscall's entry and
-/// exit (the programs pick the ones in the `HOOKS` table).
+/// (program, tracepoint) for the raw syscall tracepoints: every syscall's
+/// entry and exit (the programs pick the ones in the `HOOKS` table).
 const ATTACH_RAW: [(&str, &str); 2] = [("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
 
 /// x86-64's `struct pt_regs`: `orig_ax` (the syscall a task is in), `di`,
@@ -76,8 +81,12 @@ pub enum CaptureError {
     NoTracefs,
     #[error("this kernel has no tracepoint {name} (stall needs it)")]
     MissingTracepoint { name: String },
-    #[error("tracepoint {tracepoint} has no usable field {field}")]
-    MissingField { tracepoint: String, field: String },
+    #[error("this kernel has no BTF at {} (stall needs CONFIG_DEBUG_INFO_BTF)", btf::VMLINUX)]
+    NoBtf,
+    #[error("this kernel's BTF has no {field} (stall reads it)")]
+    MissingKernelField { field: String },
+    #[error("this kernel lacks {0} (stall needs it)")]
+    MissingFeature(String),
     #[error("no cgroup v2 hierarchy is mounted")]
     NoCgroup2,
     #[error("{} is not a cgroup v2 directory (cgroup2 is mounted at {})", path.display(), mount.display())]
@@ -145,6 +154,8 @@ pub struct Capture {
     /// Absolute paths already seen to be regular files: an open storm on
     /// the same shards needs no /proc lookup per open.
     regular_paths: HashSet<String>,
+    /// `TaskOffsets::flags` as loaded.
+    task_flags: u32,
     // Last: programs detach when this drops.
     /// Links of the attached syscall hooks (none: detached).
     syscall_links: Vec<(&'static str, RawTracePointLinkId)>,
@@ -155,6 +166,34 @@ pub struct Capture {
 
 fn map_err(e: impl std::fmt::Display) -> CaptureError {
     CaptureError::Map(e.to_string())
+}
+
+/// The verifier's reason, in one line: the last line of its log that is
+/// not a statistic ("processed N insns", "verification time"...).
+fn verifier_reason(log: &str) -> Option<String> {
+    log.lines()
+        .rev()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .find(|l| {
+            !["processed ", "verification time", "stack depth", "-- END", "mark_precise", "max_states"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .map(|l| l.chars().take(200).collect())
+}
+
+/// A program the kernel refused, in one line naming it and the reason.
+fn program_load_err(name: &str, e: ProgramError) -> CaptureError {
+    if let ProgramError::LoadError { io_error, verifier_log } = &e {
+        if io_error.raw_os_error() == Some(libc::EPERM) {
+            return CaptureError::NotPrivileged;
+        }
+        let log = verifier_log.to_string();
+        let reason = verifier_reason(&log).unwrap_or_else(|| io_error.to_string());
+        return CaptureError::Load(format!("program {name}: {reason}"));
+    }
+    load_err(e)
 }
 
 fn load_err(e: impl std::error::Error) -> CaptureError {
@@ -170,27 +209,6 @@ fn load_err(e: impl std::error::Error) -> CaptureError {
         CaptureError::NotPrivileged
     } else {
         CaptureError::Load(text)
-    }
-}
-
-/// A tracepoint attachment's error: EACCES from perf_event_open means the
-/// perf_event_paranoid level of Debian's and Ubuntu's kernels (mainline
-/// answers EPERM or lets CAP_PERFMON through).
-fn perf_attach_err(e: impl std::error::Error) -> CaptureError {
-    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok());
-    let mut text = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        text.push_str(&s.to_string());
-        src = s.source();
-    }
-    match paranoid {
-        Some(level) if level > 2 && text.contains("perf_event_open") && text.contains("os error 13") => {
-            CaptureError::PerfParanoid(level)
-        }
-        _ => load_err(e),
     }
 }
 
@@ -214,8 +232,10 @@ impl Capture {
         if let Some((c, n)) = needed.iter().find(|(c, n)| !tracefs.has(c, n)) {
             return Err(CaptureError::MissingTracepoint { name: format!("{c}:{n}") });
         }
+        let features = Features::probe()?;
+        let kernel_btf = btf::KernelBtf::open()?;
         let config = Config {
-            offsets: tracefs.offsets()?,
+            task: kernel_btf.task_offsets(!features.task_pt_regs)?,
             regs: REGS,
             cgroup_filter: u8::from(opts.cgroup_mode),
             floor: u8::from(opts.floor),
@@ -236,9 +256,10 @@ impl Capture {
         }
         let mut ebpf = loader.load(BPF_OBJECT).map_err(load_err)?;
 
-        for (prog, category, name) in ATTACH {
-            let tp = program(&mut ebpf, prog, TracePoint::load)?;
-            tp.attach(category, name).map_err(perf_attach_err)?;
+        for (prog, _, name) in ATTACH {
+            let prog =
+                if prog == "sched_switch" && !features.task_pt_regs { "sched_switch_stack" } else { prog };
+            program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
         }
         // The tables first: a program attached before them would see every
         // syscall as unhooked, which is only harmless because nothing is
@@ -276,8 +297,15 @@ impl Capture {
             regular_paths: HashSet::new(),
             syscall_links,
             py_stacks: PyStacks::new(),
+            task_flags: config.task.flags,
             ebpf,
         })
+    }
+
+    /// Whether the programs find saved registers from the task's stack
+    /// (kernels without `bpf_task_pt_regs`).
+    pub fn regs_from_stack(&self) -> bool {
+        self.task_flags & task_flags::REGS_FROM_STACK != 0
     }
 
     /// Tracks `root`, all its threads and all its descendants, and returns
@@ -383,7 +411,26 @@ impl Capture {
     fn seed_thread(&mut self, tgid: u32, tid: u32, job: u32) -> Result<(), CaptureError> {
         let now = monotonic_ns();
         let Some(st) = procfs::thread_stat(tgid, tid) else { return Ok(()) };
-        let mut t = ThreadStats { tgid, job, last_ts: now, off_nr: -1, other_nr: -1, ..Default::default() };
+        let mut t = ThreadStats {
+            tgid,
+            job,
+            last_ts: now,
+            off_nr: -1,
+            other_nr: -1,
+            seeded: 1,
+            ..Default::default()
+        };
+        // The kernel's totals so far: what it adds from now on is this job's.
+        if let Some(k) = procfs::thread_schedstat(tgid, tid) {
+            t.kclock = kclock::EXEC;
+            t.exec_base = k.exec_ns;
+            t.exec_ns = k.exec_ns;
+            if self.task_flags & task_flags::RUN_DELAY != 0 {
+                t.kclock |= kclock::DELAY;
+                t.delay_base = k.delay_ns;
+                t.delay_ns = k.delay_ns;
+            }
+        }
         if st.state == 'R' {
             t.state = run_state::RUNNING;
         } else {
@@ -592,6 +639,7 @@ impl Capture {
             lost,
             events,
             sched_gaps: self.counter_sum(counter::SCHED_GAPS),
+            sched_repaired: self.counter_sum(counter::SCHED_REPAIRED),
         }
     }
 
@@ -660,7 +708,7 @@ where
         .ok_or_else(|| CaptureError::Load(format!("program {name} missing from the object")))?
         .try_into()
         .map_err(load_err)?;
-    load(prog).map_err(load_err)?;
+    load(prog).map_err(|e| program_load_err(name, e))?;
     Ok(prog)
 }
 
@@ -673,6 +721,39 @@ where
         .ok_or_else(|| CaptureError::Load(format!("program {name} missing from the object")))?
         .try_into()
         .map_err(load_err)
+}
+
+/// What the kernel offers beyond the base stall needs, probed before
+/// loading: a missing must-have ends start-up with one line naming it.
+struct Features {
+    /// `bpf_task_pt_regs` (5.15) with `bpf_get_current_task_btf` (5.11):
+    /// else `sched_switch_stack` finds the registers from `task->stack`.
+    task_pt_regs: bool,
+}
+
+impl Features {
+    fn probe() -> Result<Self, CaptureError> {
+        let raw = ProgramType::RawTracePoint;
+        if !aya::sys::is_program_supported(raw).unwrap_or(true) {
+            return Err(CaptureError::MissingFeature("BPF raw tracepoint programs (Linux 4.17)".into()));
+        }
+        if !aya::sys::is_map_supported(MapType::RingBuf).unwrap_or(true) {
+            return Err(CaptureError::MissingFeature("the BPF ring buffer (Linux 5.8)".into()));
+        }
+        for (helper, what) in [
+            (BpfHelper::BPF_FUNC_probe_read_kernel, "the BPF helper bpf_probe_read_kernel (Linux 5.5)"),
+            (BpfHelper::BPF_FUNC_ringbuf_reserve, "the BPF helper bpf_ringbuf_reserve (Linux 5.8)"),
+        ] {
+            if !aya::sys::is_helper_supported(raw, helper).unwrap_or(true) {
+                return Err(CaptureError::MissingFeature(what.into()));
+            }
+        }
+        let has = |h| aya::sys::is_helper_supported(raw, h).unwrap_or(false);
+        Ok(Self {
+            task_pt_regs: has(BpfHelper::BPF_FUNC_task_pt_regs)
+                && has(BpfHelper::BPF_FUNC_get_current_task_btf),
+        })
+    }
 }
 
 fn take<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &str) -> Result<T, CaptureError>
@@ -716,5 +797,12 @@ mod tests {
         assert_eq!(classify_blocked(230, 'S', || None), reason::SLEEP);
         assert_eq!(classify_blocked(-1, 'D', || None), reason::IO);
         assert_eq!(classify_blocked(61, 'S', || None), reason::OTHER);
+    }
+
+    #[test]
+    fn verifier_reason_is_the_last_meaningful_line() {
+        let log = "0: R1=ctx() R10=fp0\n0: (85) call bpf_task_pt_regs#175\nunknown func bpf_task_pt_regs#175\nprocessed 1 insns (limit 1000000) max_states_per_insn 0\n\n";
+        assert_eq!(verifier_reason(log).as_deref(), Some("unknown func bpf_task_pt_regs#175"));
+        assert_eq!(verifier_reason("\n  \n"), None);
     }
 }

@@ -61,6 +61,24 @@ pub fn thread_syscall(pid: u32, tid: u32) -> Option<i64> {
     first.parse().ok()
 }
 
+/// The kernel's own scheduling totals for a thread
+/// (/proc/PID/task/TID/schedstat, CONFIG_SCHED_INFO): on-CPU and
+/// runqueue-wait time, ns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedstat {
+    pub exec_ns: u64,
+    pub delay_ns: u64,
+}
+
+pub fn parse_schedstat(text: &str) -> Option<Schedstat> {
+    let mut f = text.split_whitespace().map(|v| v.parse::<u64>().ok());
+    Some(Schedstat { exec_ns: f.next()??, delay_ns: f.next()?? })
+}
+
+pub fn thread_schedstat(pid: u32, tid: u32) -> Option<Schedstat> {
+    parse_schedstat(&fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?)
+}
+
 pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
     let text = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
     Some(text.trim_end_matches('\n').to_string())
@@ -193,6 +211,13 @@ pub fn cwd(pid: u32) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedstat_fields() {
+        assert_eq!(parse_schedstat("62105 59913 2\n"), Some(Schedstat { exec_ns: 62105, delay_ns: 59913 }));
+        assert_eq!(parse_schedstat("x 1 2"), None);
+        assert_eq!(parse_schedstat(""), None);
+    }
 
     #[test]
     fn stat_with_odd_comm() {

@@ -28,6 +28,10 @@ pub struct Record<'a> {
     /// Context switches the kernel side missed so far (0 expected): their
     /// spans are not in the on/off-CPU figures.
     pub sched_gaps: u64,
+    /// Switches the tracepoint never delivered, repaired exactly from the
+    /// kernel's own counters (nothing lost; some kernels do not trace every
+    /// switch).
+    pub sched_repaired: u64,
     pub gpu_available: bool,
     pub processes: Vec<Process>,
     pub gpus: &'a [GpuWindow],
@@ -215,6 +219,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         lost_by_cause,
         partial: w.lost_total() > 0,
         sched_gaps: w.sched_gaps,
+        sched_repaired: w.sched_repaired,
         gpu_available: !v.gpus.is_empty(),
         processes: w.procs.iter().map(|p| process(p, v.roles.of(p.tgid).as_str())).collect(),
         gpus: v.gpus,

@@ -134,7 +134,7 @@ pub fn render(v: &View) -> String {
     if w.sched_gaps > 0 {
         let _ = writeln!(
             out,
-            "note: {} context switches were missed; on/off-CPU times are short by those spans",
+            "note: {} context switches were missed; what those threads waited for in those spans is unknown",
             w.sched_gaps
         );
     }
