@@ -80,11 +80,31 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     if cfg.floor != 0 {
         return 0;
     }
-    let Some(s) = tracked_slot(&cfg, ctx.arg(0)) else {
+    let regs: u64 = ctx.arg(0);
+    let Some(s) = tracked_slot(&cfg, regs) else {
         return 0;
     };
     let what = inflight::kind(s.inflight, s.gen);
     if what == inflight::NONE {
+        s.inflight = inflight::NONE;
+        return 0;
+    }
+    // The return must be of the call that was entered: a stale in-flight
+    // mark (its exit never seen on this slot) would otherwise count, say, a
+    // futex wake's return of 1 as a 1-byte read.
+    let nr = reg(regs, cfg.regs.nr).unwrap_or(u64::MAX) as i64;
+    let hooked = if (0..i64::from(syscall_class::TABLE_LEN)).contains(&nr) {
+        HOOKS.get(nr as u32).copied().unwrap_or(hook::NONE)
+    } else {
+        hook::NONE
+    };
+    let entered = match what {
+        inflight::READ => hook::READ,
+        inflight::WRITE => hook::WRITE,
+        inflight::OPEN => hook::OPENAT,
+        _ => hook::NONE,
+    };
+    if hooked != entered || entered == hook::NONE {
         s.inflight = inflight::NONE;
         return 0;
     }
