@@ -25,7 +25,7 @@ mod task;
 mod timeline;
 
 use aya_ebpf::helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
-use stall_common::{counter, Config, ThreadStats};
+use stall_common::{counter, Config, EventHeader, ThreadStats};
 
 use crate::maps::{CGROUPS, COUNTERS, THREADS};
 
@@ -38,6 +38,12 @@ static CONFIG: Config = unsafe { core::mem::zeroed() };
 #[inline(always)]
 pub(crate) fn config() -> Config {
     unsafe { core::ptr::read_volatile(&CONFIG) }
+}
+
+/// The header every ring-buffer record starts with.
+#[inline(always)]
+pub(crate) fn header(kind: u32, tid: u32, tgid: u32, job: u32, ts: u64) -> EventHeader {
+    EventHeader { kind, tid, tgid, job, ts }
 }
 
 #[inline(always)]

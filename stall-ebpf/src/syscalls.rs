@@ -21,12 +21,11 @@ use stall_common::{
 };
 
 use crate::{
-    bump, config,
+    bump, config, header,
     maps::{EVENTS, FILES, FILE_SEQ, HOOKS},
     now,
     running::{count_read, count_write, time_this_read, tracked_slot, uncache_fd},
     submit_flags,
-    task::header,
 };
 
 #[raw_tracepoint(tracepoint = "sys_enter")]

@@ -4,12 +4,11 @@
 //! while another tracing program or a `bpf()` syscall runs on the CPU.
 use aya_ebpf::{helpers::bpf_get_current_comm, macros::raw_tracepoint, programs::RawTracePointContext};
 use stall_common::{
-    counter, event_kind, reason, run_state, slot_state, EventHeader, ExecEvent, ExitEvent, NewTaskEvent,
-    ThreadStats,
+    counter, event_kind, reason, run_state, slot_state, ExecEvent, ExitEvent, NewTaskEvent, ThreadStats,
 };
 
 use crate::{
-    bump, config, current,
+    bump, config, current, header,
     maps::{EVENTS, THREADS},
     now, running,
     sched::{kclock_flags, kernel_totals, read_u32},
@@ -142,9 +141,4 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     }
     let _ = THREADS.remove(cur.tid);
     0
-}
-
-#[inline(always)]
-pub(crate) fn header(kind: u32, tid: u32, tgid: u32, job: u32, ts: u64) -> EventHeader {
-    EventHeader { kind, tid, tgid, job, ts }
 }

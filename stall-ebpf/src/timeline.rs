@@ -2,7 +2,7 @@
 //! only for tracked threads; a full ring buffer is counted as a loss.
 use stall_common::{counter, event_kind, Config, SwitchEvent, ThreadStats};
 
-use crate::{bump, maps::EVENTS, submit_flags, task::header};
+use crate::{bump, header, maps::EVENTS, submit_flags};
 
 /// A tracked thread left the CPU (`t` already says why) or came on it (`t`
 /// still holds when it was woken).
