@@ -27,7 +27,8 @@ impl Error {
             Error::Capture(c) => match c {
                 CaptureError::MissingCaps(_)
                 | CaptureError::PerfParanoid(_)
-                | CaptureError::NotPrivileged => exit::NOT_PRIVILEGED,
+                | CaptureError::NotPrivileged
+                | CaptureError::MemlockTooLow(_) => exit::NOT_PRIVILEGED,
                 CaptureError::NoSuchProcess(_) | CaptureError::BadCgroup { .. } | CaptureError::NoCgroup2 => {
                     exit::NO_TARGET
                 }

@@ -2,7 +2,7 @@
 //! capabilities `stall --help` lists (capsh gives them as ambient ones) and
 //! gets exact results; with any one of them left out it exits 3 naming it.
 use std::{
-    os::unix::fs::PermissionsExt,
+    os::unix::{fs::PermissionsExt, process::CommandExt},
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::Duration,
@@ -53,9 +53,63 @@ impl Place {
     }
 }
 
+/// Whether the running kernel is older than `major.minor`.
+fn kernel_older_than(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(['.', '-']).map(|x| x.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) < (major, minor)
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK, whose hard
+/// limit only CAP_SYS_RESOURCE may raise: with nobody's own limit stall
+/// must say so in one line and exit 3. (The other runs here raise the limit
+/// first, as the README says to on such kernels.)
+fn memlock_named_on_an_old_kernel(p: &Place) {
+    if !kernel_older_than(5, 11) {
+        return;
+    }
+    let (code, _, err) =
+        as_nobody_limited(&CAPS, p, &["run", "-q", "--gpu", "off", "--", "true"], &[], false);
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("RLIMIT_MEMLOCK") && err.contains("CAP_SYS_RESOURCE"), "{err}");
+}
+
 /// `stall ARGS` as `nobody` with exactly `caps` (effective, permitted,
 /// inheritable and ambient), through capsh; JSON Lines to `json`.
 fn as_nobody(caps: &[&str], place: &Place, args: &[&str], env: &[(&str, &Path)]) -> (i32, String, String) {
+    as_nobody_limited(caps, place, args, env, true)
+}
+
+/// Raises the memlock limit of what `cmd` runs to unlimited, as a systemd
+/// unit's LimitMEMLOCK=infinity does, on kernels that charge BPF maps to it
+/// (before 5.11; elsewhere it takes CAP_SYS_RESOURCE, which some hosts'
+/// root lacks, and changes nothing).
+fn unlimited_memlock(cmd: &mut Command) -> &mut Command {
+    if !kernel_older_than(5, 11) {
+        return cmd;
+    }
+    let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// `as_nobody`, with the memlock limit raised to unlimited first (by root,
+/// as a systemd unit's LimitMEMLOCK does) or left as it is.
+fn as_nobody_limited(
+    caps: &[&str],
+    place: &Place,
+    args: &[&str],
+    env: &[(&str, &Path)],
+    raise_memlock: bool,
+) -> (i32, String, String) {
     assert!(
         Path::new("/usr/sbin/capsh").exists() || Path::new("/sbin/capsh").exists(),
         "capsh is missing: `cargo xtask test` installs it (Debian package libcap2-bin)"
@@ -73,6 +127,9 @@ fn as_nobody(caps: &[&str], place: &Place, args: &[&str], env: &[(&str, &Path)])
     cmd.args(["--shell=/bin/sh", "--", "-c", r#"exec "$0" "$@""#]).arg(&place.stall).args(args);
     for (k, v) in env {
         cmd.env(k, v);
+    }
+    if raise_memlock {
+        unlimited_memlock(&mut cmd);
     }
     let out = run_with_timeout(cmd, T);
     (
@@ -141,6 +198,7 @@ fn records(json: &Path) -> Run {
 #[test]
 fn exact_results_as_nobody_with_the_documented_capabilities() {
     let p = Place::new("priv-run");
+    memlock_named_on_an_old_kernel(&p);
     let _paranoid = Paranoid::at_most_2(&p);
     let size = 2_000_003;
     let data = p.data("data.bin", size);
@@ -184,6 +242,7 @@ fn exact_results_as_nobody_with_the_documented_capabilities() {
 #[test]
 fn attach_to_another_users_process_as_nobody() {
     let p = Place::new("priv-attach");
+    memlock_named_on_an_old_kernel(&p);
     let _paranoid = Paranoid::at_most_2(&p);
     let size = 1_500_007;
     let data = p.data("data.bin", size);
@@ -250,6 +309,7 @@ fn http_get(port: u16, path: &str) -> Option<String> {
 #[test]
 fn daemon_as_nobody_with_the_documented_capabilities() {
     let p = Place::new("priv-daemon");
+    memlock_named_on_an_old_kernel(&p);
     let _paranoid = Paranoid::at_most_2(&p);
     let size = 1_234_577;
     let data = p.data("data.bin", size);
@@ -265,7 +325,7 @@ fn daemon_as_nobody_with_the_documented_capabilities() {
     job_cg.add(pid);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let set = CAPS.join(",");
-    let mut daemon = Command::new("capsh")
+    let mut daemon = unlimited_memlock(&mut Command::new("capsh"))
         .arg(format!("--caps={set}+eip cap_setpcap,cap_setuid,cap_setgid+ep"))
         .args(["--keep=1", "--user=nobody"])
         .arg(format!("--addamb={set}"))

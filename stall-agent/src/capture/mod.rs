@@ -77,6 +77,10 @@ pub enum CaptureError {
     /// The kernel said EPERM although every capability was there.
     #[error("the kernel refused stall's eBPF programs: operation not permitted although {} are effective (a security module or kernel lockdown?)", crate::caps::names())]
     NotPrivileged,
+    /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK, which only
+    /// CAP_SYS_RESOURCE may raise past its hard limit.
+    #[error("the kernel refused stall's eBPF maps: kernels before 5.11 charge them to RLIMIT_MEMLOCK, which is {0} KiB here and stall may not raise; raise it (ulimit -l unlimited, LimitMEMLOCK=infinity in a systemd unit) or add CAP_SYS_RESOURCE")]
+    MemlockTooLow(u64),
     #[error("tracefs is not mounted and could not be mounted at /sys/kernel/tracing")]
     NoTracefs,
     #[error("this kernel has no tracepoint {name} (stall needs it)")]
@@ -187,13 +191,27 @@ fn verifier_reason(log: &str) -> Option<String> {
 fn program_load_err(name: &str, e: ProgramError) -> CaptureError {
     if let ProgramError::LoadError { io_error, verifier_log } = &e {
         if io_error.raw_os_error() == Some(libc::EPERM) {
-            return CaptureError::NotPrivileged;
+            return not_permitted();
         }
         let log = verifier_log.to_string();
         let reason = verifier_reason(&log).unwrap_or_else(|| io_error.to_string());
         return CaptureError::Load(format!("program {name}: {reason}"));
     }
     load_err(e)
+}
+
+/// EPERM with every capability there: on kernels before 5.11 a memlock
+/// limit stall could not raise is the likely cause.
+fn not_permitted() -> CaptureError {
+    use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+    let old_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").is_ok_and(|release| {
+        let mut parts = release.split(['.', '-']).map(|x| x.parse::<u32>().unwrap_or(0));
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) < (5, 11)
+    });
+    match getrlimit(Resource::RLIMIT_MEMLOCK) {
+        Ok((soft, _)) if old_kernel && soft != RLIM_INFINITY => CaptureError::MemlockTooLow(soft / 1024),
+        _ => CaptureError::NotPrivileged,
+    }
 }
 
 fn load_err(e: impl std::error::Error) -> CaptureError {
@@ -206,7 +224,7 @@ fn load_err(e: impl std::error::Error) -> CaptureError {
         src = s.source();
     }
     if text.contains("Operation not permitted") || text.contains("EPERM") {
-        CaptureError::NotPrivileged
+        not_permitted()
     } else {
         CaptureError::Load(text)
     }
