@@ -4,7 +4,7 @@
 //! (by their PIDs): other stalls may run on the machine meanwhile.
 use std::{
     io::{BufRead, BufReader, Write},
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
@@ -233,10 +233,11 @@ fn a_reused_pid_is_not_the_old_process() {
     assert_eq!(run.summary()["lost_events"], 0);
 }
 
-#[test]
-fn a_fork_storm_is_traced_without_losses() {
-    let s = Scratch::new("fault-storm");
-    let n = 400;
+/// `stall run -q -- jobs.py WORKLOAD DATA N` on a 4 KiB data file: the
+/// run, its truth and the data file's path (removed with the scratch by
+/// then: the run names it).
+fn run_jobs_py(tag: &str, workload: &str, n: usize) -> (Run, Value, PathBuf) {
+    let s = Scratch::new(tag);
     let data = s.file("data.bin", 4096);
     let truth_path = s.path("truth.json");
     let run = stall(
@@ -246,7 +247,7 @@ fn a_fork_storm_is_traced_without_losses() {
             "--",
             python(),
             jobs_py().to_str().unwrap(),
-            "fork-storm",
+            workload,
             data.to_str().unwrap(),
             &n.to_string(),
         ],
@@ -254,7 +255,13 @@ fn a_fork_storm_is_traced_without_losses() {
         T,
     );
     assert_eq!(run.status, 0, "{}", run.stderr);
-    let t = truth(&truth_path);
+    (run, truth(&truth_path), data)
+}
+
+#[test]
+fn a_fork_storm_is_traced_without_losses() {
+    let n = 400;
+    let (run, t, data) = run_jobs_py("fault-storm", "fork-storm", n);
     assert_eq!(t["bad"], serde_json::json!([]), "{t}");
     let children = t["children"].as_object().unwrap();
     assert_eq!(children.len(), n);
@@ -268,26 +275,8 @@ fn a_fork_storm_is_traced_without_losses() {
 
 #[test]
 fn a_process_of_1000_threads_is_traced_without_losses() {
-    let s = Scratch::new("fault-threads");
     let n = 1000;
-    let data = s.file("data.bin", 4096);
-    let truth_path = s.path("truth.json");
-    let run = stall(
-        &[
-            "run",
-            "-q",
-            "--",
-            python(),
-            jobs_py().to_str().unwrap(),
-            "threads",
-            data.to_str().unwrap(),
-            &n.to_string(),
-        ],
-        &[("TRUTH", &truth_path)],
-        T,
-    );
-    assert_eq!(run.status, 0, "{}", run.stderr);
-    let t = truth(&truth_path);
+    let (run, t, data) = run_jobs_py("fault-threads", "threads", n);
     let threads = t["threads"].as_object().unwrap();
     assert_eq!(threads.len(), n);
     assert_eq!(run.summary()["lost_events"], 0);
