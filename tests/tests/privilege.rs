@@ -101,15 +101,10 @@ fn unlimited_memlock(cmd: &mut Command) -> &mut Command {
     }
 }
 
-/// `as_nobody`, with the memlock limit raised to unlimited first (by root,
-/// as a systemd unit's LimitMEMLOCK does) or left as it is.
-fn as_nobody_limited(
-    caps: &[&str],
-    place: &Place,
-    args: &[&str],
-    env: &[(&str, &Path)],
-    raise_memlock: bool,
-) -> (i32, String, String) {
+/// A command running `place`'s stall as `nobody` with exactly `caps`
+/// (effective, permitted, inheritable and ambient), through capsh; stall's
+/// arguments to be added.
+fn nobody_stall(caps: &[&str], place: &Place) -> Command {
     assert!(
         Path::new("/usr/sbin/capsh").exists() || Path::new("/sbin/capsh").exists(),
         "capsh is missing: `cargo xtask test` installs it (Debian package libcap2-bin)"
@@ -124,7 +119,21 @@ fn as_nobody_limited(
             .args(["--keep=1", "--user=nobody"])
             .arg(format!("--addamb={set}"));
     }
-    cmd.args(["--shell=/bin/sh", "--", "-c", r#"exec "$0" "$@""#]).arg(&place.stall).args(args);
+    cmd.args(["--shell=/bin/sh", "--", "-c", r#"exec "$0" "$@""#]).arg(&place.stall);
+    cmd
+}
+
+/// `as_nobody`, with the memlock limit raised to unlimited first (by root,
+/// as a systemd unit's LimitMEMLOCK does) or left as it is.
+fn as_nobody_limited(
+    caps: &[&str],
+    place: &Place,
+    args: &[&str],
+    env: &[(&str, &Path)],
+    raise_memlock: bool,
+) -> (i32, String, String) {
+    let mut cmd = nobody_stall(caps, place);
+    cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -324,13 +333,7 @@ fn daemon_as_nobody_with_the_documented_capabilities() {
     );
     job_cg.add(pid);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let set = CAPS.join(",");
-    let mut daemon = unlimited_memlock(&mut Command::new("capsh"))
-        .arg(format!("--caps={set}+eip cap_setpcap,cap_setuid,cap_setgid+ep"))
-        .args(["--keep=1", "--user=nobody"])
-        .arg(format!("--addamb={set}"))
-        .args(["--shell=/bin/sh", "--", "-c", r#"exec "$0" "$@""#])
-        .arg(&p.stall)
+    let mut daemon = unlimited_memlock(&mut nobody_stall(&CAPS, &p))
         .args(["daemon", "--all-jobs", "--gpu", "off", "--interval", "0.5s", "--cgroup-root", &root.name])
         .arg(format!("--listen=127.0.0.1:{port}"))
         .stdout(Stdio::null())
