@@ -137,6 +137,8 @@ pub enum Event {
         file_id: u64,
         path: String,
         dfd: i32,
+        /// A dup of this descriptor (`path` is empty: the same open).
+        dup_of: Option<i32>,
     },
     NewTask {
         ts: u64,
@@ -185,6 +187,8 @@ pub struct Switch {
     pub nr: i32,
     /// In: when it was woken (0: it was preempted, or not seen).
     pub wake_ts: u64,
+    /// The kernel's on-CPU total of the thread as of the switch (0: none).
+    pub exec_ns: u64,
 }
 
 /// An event and the job (attach target, daemon cgroup) it belongs to.
@@ -226,6 +230,7 @@ pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
                 file_id: e.file_id,
                 path: String::from_utf8_lossy(&e.path[..end]).into_owned(),
                 dfd: e.dfd,
+                dup_of: (e.dup_of >= 0).then_some(e.dup_of),
             }
         }
         event_kind::NEWTASK => {
@@ -274,6 +279,7 @@ pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
                 reason: e.reason,
                 nr: e.nr,
                 wake_ts: e.wake_ts,
+                exec_ns: e.exec_ns,
             })
         }
         k => return Err(DecodeError::Kind(k)),
@@ -354,6 +360,8 @@ mod tests {
             dfd: -100,
             flags: 0,
             path_len: 9,
+            dup_of: -1,
+            _pad: 0,
             path: [0; stall_common::PATH_LEN],
         };
         e.path[..8].copy_from_slice(b"/data/x1");

@@ -70,6 +70,9 @@ pub mod inflight {
     pub const OPEN: u32 = 2;
     /// write-family: counted at exit on the descriptor's `FILES` entry.
     pub const WRITE: u32 = 3;
+    /// dup-family: the returned descriptor names the same open as
+    /// `inflight_fd`.
+    pub const DUP: u32 = 4;
     const KIND_MASK: u32 = 0xff;
 
     /// `kind` as recorded under `gen` (a `TRACK_GEN` value).
@@ -293,6 +296,10 @@ pub struct OpenEvent {
     pub flags: u32,
     /// Length of `path` including the NUL, or a negative errno.
     pub path_len: i32,
+    /// A dup of this descriptor (no path: the same open as that one); -1
+    /// for an open.
+    pub dup_of: i32,
+    pub _pad: u32,
     pub path: [u8; PATH_LEN],
 }
 
@@ -323,6 +330,9 @@ pub struct SwitchEvent {
     /// In: when the thread was woken during its off-CPU span (0: preempted,
     /// or not seen).
     pub wake_ts: u64,
+    /// The kernel's on-CPU total of the thread (`sum_exec_runtime`) as of
+    /// this switch; 0: not read.
+    pub exec_ns: u64,
     /// Out: the syscall it is in (-1: none).
     pub nr: i32,
     /// Out: why it left the CPU (`reason`).
@@ -416,6 +426,30 @@ pub mod hook {
     pub const CLOSE: u8 = 3;
     /// write, pwrite64, writev, pwritev, pwritev2 (fd is argument 0 of each).
     pub const WRITE: u8 = 4;
+    /// open(path, flags): openat without the dirfd.
+    pub const OPEN: u8 = 5;
+    /// creat(path, mode): open(path, O_CREAT | O_WRONLY | O_TRUNC).
+    pub const CREAT: u8 = 10;
+    /// openat2(dfd, path, how, size): the flags are in `how`.
+    pub const OPENAT2: u8 = 6;
+    /// dup, dup2, dup3 (the old descriptor is argument 0).
+    pub const DUP: u8 = 7;
+    /// fcntl: a dup for `F_DUPFD` and `F_DUPFD_CLOEXEC`.
+    pub const FCNTL: u8 = 8;
+    /// Reads from the descriptor in argument 1 (sendfile's in_fd).
+    pub const READ_ARG1: u8 = 9;
+
+    /// The hooks whose exit completes what `inflight` kind `k` began.
+    #[inline(always)]
+    pub fn completes(hooked: u8, k: u32) -> bool {
+        match k {
+            super::inflight::READ => hooked == READ || hooked == READ_ARG1,
+            super::inflight::WRITE => hooked == WRITE,
+            super::inflight::OPEN => matches!(hooked, OPENAT | OPEN | CREAT | OPENAT2),
+            super::inflight::DUP => hooked == DUP || hooked == FCNTL,
+            _ => false,
+        }
+    }
 }
 
 /// `CpuSlot::tracked`.

@@ -1,6 +1,8 @@
-//! File reads and writes, on the raw syscall tracepoints: `openat` names a
-//! descriptor, the read family (read, pread64, readv, preadv, preadv2)
-//! counts bytes, calls and latency on it, the write family (write,
+//! File reads and writes, on the raw syscall tracepoints: the open family
+//! (open, openat, openat2, creat) names a descriptor and the dup family
+//! (dup, dup2, dup3, fcntl F_DUPFD) copies it, the read family (read,
+//! pread64, readv, preadv, preadv2, and sendfile, splice, copy_file_range
+//! from it) counts bytes, calls and latency on it, the write family (write,
 //! pwrite64, writev, pwritev, pwritev2) bytes and calls (progress signals:
 //! a log or a checkpoint growing), `close` retires it.
 //!
@@ -11,7 +13,10 @@
 //! checks are a table lookup by number (enter) and the per-CPU slot
 //! (exit): an untracked task never reaches a hash map.
 use aya_ebpf::{
-    helpers::{bpf_get_smp_processor_id, bpf_probe_read_kernel, generated::bpf_probe_read_user_str},
+    helpers::{
+        bpf_get_smp_processor_id, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::bpf_probe_read_user_str,
+    },
     macros::raw_tracepoint,
     programs::RawTracePointContext,
 };
@@ -57,11 +62,33 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
             s.inflight_fd = arg0 as i32;
             s.inflight_ts = if time_this_read(s, &cfg) { now() } else { 0 };
         }
+        hook::READ_ARG1 => {
+            s.inflight = inflight::tag(inflight::READ, s.gen);
+            s.inflight_fd = reg(regs, r.arg1).unwrap_or(u64::MAX) as i32;
+            s.inflight_ts = if time_this_read(s, &cfg) { now() } else { 0 };
+        }
         hook::OPENAT => {
-            s.inflight = inflight::tag(inflight::OPEN, s.gen);
+            let flags = reg(regs, r.arg2).unwrap_or(0) as u32;
+            opening(s, arg0 as i32, reg(regs, r.arg1).unwrap_or(0), flags);
+        }
+        hook::OPEN => opening(s, AT_FDCWD, arg0, reg(regs, r.arg1).unwrap_or(0) as u32),
+        hook::CREAT => opening(s, AT_FDCWD, arg0, O_CREAT_WRONLY_TRUNC),
+        hook::OPENAT2 => {
+            // struct open_how starts with its u64 flags.
+            let how = reg(regs, r.arg2).unwrap_or(0);
+            let flags = unsafe { bpf_probe_read_user(how as *const u64) }.unwrap_or(0) as u32;
+            opening(s, arg0 as i32, reg(regs, r.arg1).unwrap_or(0), flags);
+        }
+        hook::DUP => {
+            s.inflight = inflight::tag(inflight::DUP, s.gen);
             s.inflight_fd = arg0 as i32;
-            s.inflight_ptr = reg(regs, r.arg1).unwrap_or(0);
-            s.inflight_kind = reg(regs, r.arg2).unwrap_or(0) as u32;
+        }
+        hook::FCNTL => {
+            let cmd = reg(regs, r.arg1).unwrap_or(0);
+            if cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC {
+                s.inflight = inflight::tag(inflight::DUP, s.gen);
+                s.inflight_fd = arg0 as i32;
+            }
         }
         hook::WRITE => {
             s.inflight = inflight::tag(inflight::WRITE, s.gen);
@@ -97,13 +124,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     } else {
         hook::NONE
     };
-    let entered = match what {
-        inflight::READ => hook::READ,
-        inflight::WRITE => hook::WRITE,
-        inflight::OPEN => hook::OPENAT,
-        _ => hook::NONE,
-    };
-    if hooked != entered || entered == hook::NONE {
+    if !hook::completes(hooked, what) {
         s.inflight = inflight::NONE;
         return 0;
     }
@@ -117,7 +138,13 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     } else if what == inflight::OPEN {
         s.inflight = inflight::NONE;
         if ret >= 0 {
-            opened(&cfg, s, ret as i32);
+            opened(&cfg, s, ret as i32, -1, fd_kind::UNKNOWN);
+        }
+    } else if what == inflight::DUP {
+        s.inflight = inflight::NONE;
+        // dup2(fd, fd) returns fd and changes nothing.
+        if ret >= 0 && ret as i32 != s.inflight_fd {
+            duplicated(&cfg, s, s.inflight_fd, ret as i32);
         }
     }
     0
@@ -129,8 +156,37 @@ fn reg(regs: u64, off: u16) -> Option<u64> {
     unsafe { bpf_probe_read_kernel((regs + u64::from(off)) as *const u64) }.ok()
 }
 
+const AT_FDCWD: i32 = -100;
+const O_CREAT_WRONLY_TRUNC: u32 = 0o1101;
+const F_DUPFD: u64 = 0;
+const F_DUPFD_CLOEXEC: u64 = 1030;
+
+/// An open-family call entered: where its path is relative to, the path
+/// (user memory, read at exit) and its flags.
 #[inline(always)]
-fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32) {
+fn opening(s: &mut CpuSlot, dfd: i32, path: u64, flags: u32) {
+    s.inflight = inflight::tag(inflight::OPEN, s.gen);
+    s.inflight_fd = dfd;
+    s.inflight_ptr = path;
+    s.inflight_kind = flags;
+}
+
+/// `fd` now names the same open as `old`: a new entry of the same kind (a
+/// file read through either is a file read), announced with no path.
+#[inline(always)]
+fn duplicated(cfg: &Config, s: &mut CpuSlot, old: i32, fd: i32) {
+    let kind = unsafe { FILES.get(FdKey { tgid: s.tgid, fd: old }) }.map(|f| f.kind);
+    match kind {
+        Some(kind) => opened(cfg, s, fd, old, kind),
+        // Not a descriptor stall follows: only what the new number named
+        // before (dup2 closes it) is retired.
+        None => close(cfg, s, fd),
+    }
+}
+
+/// `fd` was opened (`dup_of` -1), or made a copy of `dup_of`.
+#[inline(always)]
+fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32, dup_of: i32, kind: u32) {
     let key = FdKey { tgid: s.tgid, fd };
     uncache_fd(s, fd);
     // An entry still there for this number (closed without `close`: dup2,
@@ -140,7 +196,7 @@ fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32) {
         emit_close(cfg, s, fd, old);
     }
     let file_id = next_file_id();
-    let stats = FileStats { file_id, kind: fd_kind::UNKNOWN, ..Default::default() };
+    let stats = FileStats { file_id, kind, ..Default::default() };
     if FILES.insert(key, stats, 0).is_err() {
         bump(counter::LOST_FD_MAP);
     }
@@ -155,6 +211,14 @@ fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32) {
         (*ev).fd = fd;
         (*ev).dfd = s.inflight_fd;
         (*ev).flags = s.inflight_kind;
+        (*ev).dup_of = dup_of;
+        (*ev)._pad = 0;
+        if dup_of >= 0 {
+            (*ev).path_len = 0;
+            (*ev).path[0] = 0;
+            e.submit(submit_flags(cfg));
+            return;
+        }
         let n = bpf_probe_read_user_str(
             (*ev).path.as_mut_ptr().cast(),
             PATH_LEN as u32,

@@ -16,6 +16,7 @@ pub(crate) fn record(cfg: &Config, t: &ThreadStats, tid: u32, on: bool, ts: u64)
             e.write(SwitchEvent {
                 hdr: header(event_kind::SWITCH, tid, t.tgid, t.job, ts),
                 wake_ts: if on { t.wake_ts } else { 0 },
+                exec_ns: t.exec_ns,
                 nr: if on { -1 } else { t.off_nr },
                 reason: if on { 0 } else { t.off_reason },
                 on: u8::from(on),

@@ -352,3 +352,41 @@ fn read_latency_is_timed_on_the_sampled_reads() {
     let bad = stall(&["run", "--latency-sample", "3", "--", "true"], &[], T);
     assert_eq!(bad.status, 2, "not a power of two is a usage error: {}", bad.stderr);
 }
+
+/// Files named by open, openat2 and creat, read through dup, dup2, dup3
+/// and fcntl(F_DUPFD) copies (the original closed before some of them
+/// read), and by sendfile, copy_file_range and splice: each file's bytes
+/// exact, under its path; splice's pipe is IPC, not a file.
+#[test]
+fn every_way_to_name_and_read_a_file_is_counted() {
+    require_root();
+    let s = Scratch::new("read-paths");
+    let truth_path = s.path("truth.json");
+    let dir = s.path("files");
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = run_job(&[], &["read-paths", dir.to_str().unwrap()], &truth_path);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    let pid = t["pid"].as_u64().unwrap();
+    let mut total = 0;
+    for (path, want) in t["read"].as_object().unwrap() {
+        let f = run.file(pid, Path::new(path));
+        assert_eq!(f["read_bytes"], *want, "{path}: {f}");
+        total += want.as_u64().unwrap();
+    }
+    for (path, want) in t["written"].as_object().unwrap() {
+        let f = run.file(pid, Path::new(path));
+        assert_eq!(f["write_bytes"], *want, "{path}: {f}");
+    }
+    // Written when made, then opened once to read: the copies are not opens.
+    let dup = run.file(pid, &dir.join("by-dup.bin"));
+    assert_eq!(dup["opens"], 2, "{dup}");
+    let p = run.process(pid);
+    // The files above, and what Python itself reads (its modules).
+    assert!(p["read_bytes"].as_u64().unwrap() >= total, "{p}");
+    assert!(
+        p["ipc_read_bytes"].as_u64().unwrap()
+            >= t["read"][dir.join("by-splice.bin").to_str().unwrap()].as_u64().unwrap(),
+        "{p}"
+    );
+}

@@ -21,6 +21,27 @@ fn slice_secs(v: &Value, tid: u64, name: &str) -> f64 {
         .sum()
 }
 
+/// What to look at when a thread's slices and the summary disagree.
+fn diagnosis(run: &Run, v: &Value, tid: u64) -> String {
+    let sum = run.summary();
+    let slices: Vec<String> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"] == tid)
+        .map(|e| format!("{}@{}+{}", e["name"].as_str().unwrap_or("?"), e["ts"], e["dur"]))
+        .collect();
+    format!(
+        "sched_gaps {} sched_repaired {} lost {} {}; thread {}; slices {}",
+        sum["sched_gaps"],
+        sum["sched_repaired"],
+        sum["lost_events"],
+        sum["lost_by_cause"],
+        run.thread(tid),
+        slices.join(" ")
+    )
+}
+
 /// The waits workload: a futex thread, a poll thread and a burner, with
 /// their own measured times; every slice well formed, and each thread's
 /// slices adding up to the JSON summary's numbers.
@@ -70,13 +91,17 @@ fn slices_match_ground_truth_and_the_summary() {
         let th = run.thread(tid(k));
         let on = slice_secs(&v, tid(k), "on-cpu");
         let want = secs(&th["on_cpu_s"]);
-        // The summary's on-CPU time is the kernel's own counter, the slices
-        // are switch timestamps: a thread on CPU for a millisecond can differ
-        // by more than 2 % in a few microseconds.
+        // Both are the kernel's own counter; a thread's last slice ends at
+        // its exit event's timestamp, and microseconds are 2 % of a thread
+        // on CPU for a millisecond.
         if want > 0.05 {
             assert_close(&format!("{k} on-cpu slices vs summary"), on, want, 0.02);
         } else {
-            assert!((on - want).abs() < 0.001, "{k} on-cpu slices {on:.6} vs summary {want:.6}");
+            assert!(
+                (on - want).abs() < 0.001,
+                "{k} on-cpu slices {on:.6} vs summary {want:.6}; {}",
+                diagnosis(&run, &v, tid(k))
+            );
         }
         for reason in ["futex", "poll", "runqueue"] {
             let want = secs(&th["off_cpu_by_reason"][reason]);

@@ -608,6 +608,114 @@ def job_deny_memory_reads(args):
     os.execvp(cmd[0], cmd)
 
 
+def job_read_paths(args):
+    """Names files every way but openat, and reads them every way but the
+    read family: open(2), openat2(2) and creat(2) by raw syscall; reads
+    through dup, dup2, dup3 and fcntl(F_DUPFD) copies of a descriptor
+    (the original closed first for one); sendfile, copy_file_range and
+    splice from files. Each file is read by one path, in odd amounts.
+    Writes per path the bytes read (or written, for creat's)."""
+    d = args[0]
+    truth = {"pid": os.getpid(), "read": {}, "written": {}}
+    sys_open, sys_creat, sys_openat2 = 2, 85, 437
+    at_fdcwd = -100
+
+    def make(name, size):
+        path = os.path.join(d, name)
+        with open(path, "wb") as f:
+            f.write(os.urandom(size))
+        return path
+
+    def checked(fd, what):
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), what)
+        return fd
+
+    def drain(fd, chunk):
+        n = 0
+        while True:
+            b = os.read(fd, chunk)
+            if not b:
+                return n
+            n += len(b)
+
+    # open(2): Python and glibc use openat.
+    p = make("by-open.bin", 10_007)
+    fd = checked(libc.syscall(sys_open, p.encode(), os.O_RDONLY), "open")
+    truth["read"][p] = drain(fd, 999)
+    os.close(fd)
+
+    # openat2(2): struct open_how {u64 flags, mode, resolve}.
+    p = make("by-openat2.bin", 20_011)
+    how = (ctypes.c_uint64 * 3)(os.O_RDONLY, 0, 0)
+    fd = checked(libc.syscall(sys_openat2, at_fdcwd, p.encode(), ctypes.byref(how), 24), "openat2")
+    truth["read"][p] = drain(fd, 1001)
+    os.close(fd)
+
+    # creat(2), then writes.
+    p = os.path.join(d, "by-creat.bin")
+    fd = checked(libc.syscall(sys_creat, p.encode(), 0o644), "creat")
+    truth["written"][p] = os.write(fd, b"c" * 3_001) + os.write(fd, b"d" * 4_003)
+    os.close(fd)
+
+    # Copies of one descriptor: each reads a part; the original is closed
+    # before the last copies read.
+    p = make("by-dup.bin", 50_021)
+    fd = os.open(p, os.O_RDONLY)
+    copies = [os.dup(fd), os.dup2(fd, 60), os.dup2(fd, 61, inheritable=False)]
+    import fcntl
+
+    copies.append(fcntl.fcntl(fd, fcntl.F_DUPFD, 70))
+    n = len(os.read(fd, 5_003))
+    os.close(fd)
+    for i, c in enumerate(copies):
+        n += len(os.read(c, 7_001 + i))
+    for c in copies:
+        n += drain(c, 3_333)
+        os.close(c)
+    truth["read"][p] = n
+
+    sink = os.open(os.path.join(d, "sink.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    p = make("by-sendfile.bin", 30_013)
+    fd = os.open(p, os.O_RDONLY)
+    n = 0
+    while True:
+        k = os.sendfile(sink, fd, None, 8_191)
+        if k == 0:
+            break
+        n += k
+    truth["read"][p] = n
+    os.close(fd)
+
+    p = make("by-copy-file-range.bin", 40_009)
+    fd = os.open(p, os.O_RDONLY)
+    n = 0
+    while True:
+        k = os.copy_file_range(fd, sink, 6_007)
+        if k == 0:
+            break
+        n += k
+    truth["read"][p] = n
+    os.close(fd)
+
+    p = make("by-splice.bin", 25_013)
+    fd = os.open(p, os.O_RDONLY)
+    r, w = os.pipe()
+    n = 0
+    while True:
+        k = os.splice(fd, w, 4_093)
+        if k == 0:
+            break
+        n += k
+        # Emptied, so the pipe never fills (read: IPC bytes, not the file's).
+        os.read(r, k)
+    truth["read"][p] = n
+    for x in (fd, r, w, sink):
+        os.close(x)
+    write_truth(truth)
+
+
 JOBS = {
     "deny-memory-reads": job_deny_memory_reads,
     "log-then-hang": job_log_then_hang,
@@ -630,6 +738,7 @@ JOBS = {
     "take-pid": job_take_pid,
     "fork-storm": job_fork_storm,
     "threads": job_threads,
+    "read-paths": job_read_paths,
 }
 
 if __name__ == "__main__":

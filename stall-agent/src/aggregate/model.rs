@@ -53,6 +53,9 @@ pub struct File {
     /// Absolute path, when `path` was given relative.
     pub resolved: Option<String>,
     pub kind: u32,
+    /// A copy of another descriptor (dup): its reads count, it is not
+    /// another open.
+    pub dup: bool,
     pub total: FileCounters,
     mark: FileCounters,
     pub open: bool,
@@ -167,17 +170,27 @@ impl Model {
 
     pub fn apply(&mut self, ev: &Event) {
         match ev {
-            Event::Open { ts, tgid, fd, file_id, path, .. } => {
+            Event::Open { ts, tgid, fd, file_id, path, dup_of, .. } => {
                 self.proc_mut(*tgid);
-                self.opened.insert(*file_id);
+                // A dup is not another open; it names what the original names.
+                if dup_of.is_none() {
+                    self.opened.insert(*file_id);
+                }
+                let original = dup_of.and_then(|old| self.open_file(*tgid, old));
+                let (path, resolved, kind) = match original {
+                    Some(f) => (f.path.clone(), f.resolved.clone(), f.kind),
+                    None => (path.clone(), None, fd_kind::UNKNOWN),
+                };
                 self.files.insert(
                     *file_id,
                     File {
                         file_id: *file_id,
                         tgid: *tgid,
                         fd: *fd,
-                        path: path.clone(),
-                        kind: fd_kind::UNKNOWN,
+                        path,
+                        resolved,
+                        kind,
+                        dup: dup_of.is_some(),
                         open: true,
                         open_ts: *ts,
                         ..Default::default()
@@ -275,15 +288,26 @@ impl Model {
     }
 
     /// What the agent learnt about a descriptor (regular file or not).
+    /// The open file `fd` of process `tgid` names.
+    pub fn open_file(&self, tgid: u32, fd: i32) -> Option<&File> {
+        self.files.values().find(|f| f.tgid == tgid && f.fd == fd && f.open)
+    }
+
     pub fn set_file_kind(&mut self, file_id: u64, kind: u32) {
         if let Some(f) = self.files.get_mut(&file_id) {
             f.kind = kind;
         }
     }
 
+    /// Where a file given relative (or as a dup of an unknown descriptor:
+    /// no path at all) points.
     pub fn set_file_resolved(&mut self, file_id: u64, resolved: &str) {
         if let Some(f) = self.files.get_mut(&file_id) {
-            f.resolved = Some(resolved.to_string());
+            if f.path.is_empty() {
+                f.path = resolved.to_string();
+            } else {
+                f.resolved = Some(resolved.to_string());
+            }
         }
     }
 
@@ -344,11 +368,14 @@ impl Model {
         let c = self.closing.entry(key.clone()).or_insert_with(fresh);
         c.opens += u64::from(opened_now);
         c.add_counters(&f.total.saturating_sub(&f.mark));
-        c.open_ns += close.saturating_sub(f.open_ts.max(self.mark_ns));
         let a = self.archived.entry(key).or_insert_with(fresh);
-        a.opens += 1;
         a.add_counters(&f.total);
-        a.open_ns += close.saturating_sub(f.open_ts);
+        // Open time is per open: a copy's is the original's.
+        if !f.dup {
+            c.open_ns += close.saturating_sub(f.open_ts.max(self.mark_ns));
+            a.opens += 1;
+            a.open_ns += close.saturating_sub(f.open_ts);
+        }
     }
 
     /// Descriptors of processes that ended (closed by exit, not `close`):
@@ -493,7 +520,7 @@ impl Model {
                 continue;
             }
             let d = if since_mark { f.total.saturating_sub(&f.mark) } else { f.total };
-            let opened_now = !since_mark || self.opened.contains(&f.file_id);
+            let opened_now = (!since_mark && !f.dup) || self.opened.contains(&f.file_id);
             if since_mark && d.read_calls == 0 && d.write_calls == 0 && !opened_now {
                 continue;
             }
@@ -503,9 +530,11 @@ impl Model {
                 ..Default::default()
             });
             e.opens += u64::from(opened_now);
-            let from = f.open_ts.max(start_ns);
-            let to = f.close_ts.unwrap_or(end_ns).min(end_ns);
-            e.open_ns += to.saturating_sub(from);
+            if !f.dup {
+                let from = f.open_ts.max(start_ns);
+                let to = f.close_ts.unwrap_or(end_ns).min(end_ns);
+                e.open_ns += to.saturating_sub(from);
+            }
             e.add_counters(&d);
         }
         for ((i, _), fw) in by_path {
@@ -565,7 +594,20 @@ mod tests {
     use crate::decode::{ThreadSnap, WakeSnap};
 
     fn open(tgid: u32, fd: i32, id: u64, path: &str) -> Event {
-        Event::Open { ts: 0, tid: tgid, tgid, fd, file_id: id, path: path.into(), dfd: -100 }
+        Event::Open { ts: 0, tid: tgid, tgid, fd, file_id: id, path: path.into(), dfd: -100, dup_of: None }
+    }
+
+    fn dup(tgid: u32, fd: i32, id: u64, of: i32) -> Event {
+        Event::Open {
+            ts: 0,
+            tid: tgid,
+            tgid,
+            fd,
+            file_id: id,
+            path: String::new(),
+            dfd: of,
+            dup_of: Some(of),
+        }
     }
 
     fn file_snap(tgid: u32, fd: i32, id: u64, bytes: u64, calls: u64) -> FileSnap {
@@ -601,6 +643,36 @@ mod tests {
         let p = w.proc(10).unwrap();
         let get = |path: &str| p.files.iter().find(|f| f.path == path).unwrap().read_bytes;
         assert_eq!((get("/a"), get("/b")), (100, 7));
+    }
+
+    /// A dup names the original's file: its reads add to that path, and it
+    /// is not another open (nor more open time), even once the original is
+    /// closed.
+    #[test]
+    fn a_dup_reads_as_its_original() {
+        let mut m = Model::new(0);
+        m.apply(&open(10, 3, 1, "data/a.bin"));
+        m.set_file_resolved(1, "/work/data/a.bin");
+        m.apply(&dup(10, 60, 2, 3));
+        let f = &m.files[&2];
+        assert_eq!(
+            (f.path.as_str(), f.resolved.as_deref(), f.dup),
+            ("data/a.bin", Some("/work/data/a.bin"), true)
+        );
+        m.apply_snapshot(&Snapshot {
+            ts: 1_000,
+            files: vec![file_snap(10, 3, 1, 100, 1), file_snap(10, 60, 2, 50, 2)],
+            ..Default::default()
+        });
+        let w = m.interval(1_000);
+        let files = &w.proc(10).unwrap().files;
+        assert_eq!(files.len(), 1, "{files:?}");
+        assert_eq!((files[0].read_bytes, files[0].read_calls, files[0].opens), (150, 3, 1));
+        assert_eq!(files[0].open_ns, 1_000);
+        // A dup of a descriptor stall does not know gets a path later.
+        m.apply(&dup(10, 61, 3, 9));
+        m.set_file_resolved(3, "/work/other.bin");
+        assert_eq!(m.files[&3].path, "/work/other.bin");
     }
 
     #[test]
@@ -725,6 +797,7 @@ mod tests {
                 file_id: k,
                 path: "/shard".into(),
                 dfd: -100,
+                dup_of: None,
             });
             let counters = FileCounters {
                 read_bytes: 10,

@@ -489,6 +489,7 @@ impl Capture {
                     file_id,
                     path: f.target,
                     dfd: -100,
+                    dup_of: None,
                 };
                 out.push((job, open));
             }

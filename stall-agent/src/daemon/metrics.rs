@@ -427,6 +427,7 @@ mod tests {
             file_id: 1,
             path: "/d".into(),
             dfd: -100,
+            dup_of: None,
         });
         model.apply_snapshot(&Snapshot {
             ts: 1_000_000_000,

@@ -152,7 +152,18 @@ impl Job {
         for ev in events {
             self.model.apply(&ev);
             match &ev {
-                Event::Open { tgid, fd, file_id, path, .. } => {
+                Event::Open { tgid, fd, file_id, path, dup_of, .. } => {
+                    // A dup of a descriptor already classified is the same;
+                    // the kernel copied its kind, which may predate the
+                    // original's classification.
+                    let known =
+                        self.model.files.get(file_id).map(|f| f.kind).filter(|k| *k != fd_kind::UNKNOWN);
+                    if let (Some(_), Some(kind)) = (dup_of, known) {
+                        if kind == fd_kind::OTHER {
+                            host.mark_not_file(*tgid, *fd, *file_id);
+                        }
+                        continue;
+                    }
                     let Some((target, regular)) = host.classify_open(*tgid, *fd, path) else { continue };
                     if regular {
                         // The kernel counts UNKNOWN as a file already; no map

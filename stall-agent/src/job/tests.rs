@@ -103,6 +103,7 @@ impl Sim {
             file_id: u64::from(w),
             path: shard(w),
             dfd: -100,
+            dup_of: None,
         });
         job.observe(&mut host, events);
         host.regular.insert(LOG.into());
@@ -114,6 +115,7 @@ impl Sim {
             file_id: LOG_ID,
             path: LOG.into(),
             dfd: -100,
+            dup_of: None,
         };
         job.observe(&mut host, [log]);
         let alive = std::iter::once(TRAINER).chain(WORKERS).collect();
@@ -364,6 +366,7 @@ fn non_files_are_told_to_the_kernel_side() {
         file_id: 77,
         path: "/tmp/fifo".into(),
         dfd: -100,
+        dup_of: None,
     };
     sim.job.observe(&mut sim.host, [pipe]);
     assert_eq!(sim.host.marked_not_file, vec![(TRAINER, 9)]);

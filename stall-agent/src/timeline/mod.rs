@@ -75,6 +75,10 @@ struct Line {
     pid: u32,
     /// The state since when, once a switch was seen.
     now: Option<(State, u64)>,
+    /// The kernel's on-CPU total at the last record that had it.
+    exec: u64,
+    /// The timestamp of the last switch-in.
+    on_ts: u64,
     /// Short slices gathered since `pending_start`.
     pending: Vec<(State, u64)>,
     pending_start: u64,
@@ -173,37 +177,83 @@ impl<W: Write> Timeline<W> {
         Ok(())
     }
 
-    /// Takes one switch record.
+    /// Takes one switch record. On-CPU slices last what the kernel's counter
+    /// says (as the summary does), laid from the switch-in's timestamp: the
+    /// counter stops when the scheduler starts switching, the record is
+    /// taken once it has picked the next task, which can take long (an idle
+    /// CPU balances first), and starts at the pick, before the record.
+    /// Where the two part, the off-CPU slices around give or take it.
     pub fn switch(&mut self, s: &Switch) -> std::io::Result<()> {
         let line = self.lines.entry(s.tid).or_insert_with(|| Line { pid: s.tgid, ..Default::default() });
         let prev = line.now.take();
+        // On CPU since the last record, by the kernel (None: not read).
+        let ran = if s.exec_ns != 0 { s.exec_ns.checked_sub(line.exec) } else { None };
+        if s.exec_ns != 0 {
+            line.exec = s.exec_ns;
+        }
         if s.on {
-            line.now = Some((State::OnCpu, s.ts));
+            let mut at = s.ts;
             if let Some((state, since)) = prev.filter(|(st, _)| *st != State::OnCpu) {
+                at = at.max(since);
                 // Blocked until woken, then waiting for a CPU.
-                if s.wake_ts > since && s.wake_ts < s.ts && state != State::Off(reason::RUNQUEUE) {
+                if s.wake_ts > since && s.wake_ts < at && state != State::Off(reason::RUNQUEUE) {
                     self.slice(s.tid, state, since, s.wake_ts)?;
-                    self.slice(s.tid, State::Off(reason::RUNQUEUE), s.wake_ts, s.ts)?;
+                    self.slice(s.tid, State::Off(reason::RUNQUEUE), s.wake_ts, at)?;
                 } else {
-                    self.slice(s.tid, state, since, s.ts)?;
+                    self.slice(s.tid, state, since, at)?;
                 }
             }
-        } else {
-            line.now = Some((State::off(s.reason, s.nr), s.ts));
-            if let Some((State::OnCpu, since)) = prev {
-                self.slice(s.tid, State::OnCpu, since, s.ts)?;
-            }
+            let line = self.line(s.tid);
+            line.now = Some((State::OnCpu, at));
+            line.on_ts = s.ts;
+            return Ok(());
         }
+        let mut off_since = s.ts;
+        match prev {
+            Some((State::OnCpu, since)) => {
+                let on_ts = self.line(s.tid).on_ts;
+                let ran = ran.unwrap_or(s.ts.saturating_sub(on_ts));
+                off_since = since + ran;
+                self.slice(s.tid, State::OnCpu, since, off_since)?;
+            }
+            Some((state, since)) => {
+                // Its switch-in never came: it ran, for what the counter says,
+                // just before this switch-out (as the summary repairs it).
+                let ran = ran.unwrap_or(0);
+                let start = s.ts.saturating_sub(ran).max(since);
+                off_since = start + ran;
+                self.slice(s.tid, state, since, start)?;
+                self.slice(s.tid, State::OnCpu, start, off_since)?;
+            }
+            None => {}
+        }
+        self.line(s.tid).now = Some((State::off(s.reason, s.nr), off_since));
         Ok(())
+    }
+
+    /// The end of `tid`'s current state at `ts` (exit, or the end of the
+    /// run): on CPU, for as long as since its switch-in (what the summary
+    /// adds for a running thread), from where its slice began.
+    fn close_line(&mut self, tid: u32, ts: u64) -> std::io::Result<()> {
+        let Some(line) = self.lines.get_mut(&tid) else { return Ok(()) };
+        match line.now.take() {
+            Some((State::OnCpu, since)) => {
+                let ran = ts.saturating_sub(line.on_ts);
+                self.slice(tid, State::OnCpu, since, since + ran)
+            }
+            Some((state, since)) => self.slice(tid, state, since, ts.max(since)),
+            None => Ok(()),
+        }
+    }
+
+    fn line(&mut self, tid: u32) -> &mut Line {
+        self.lines.get_mut(&tid).expect("a line per switching thread")
     }
 
     /// A traced thread exited at `ts`: its last slice ends there (its final
     /// switch comes after the kernel side stopped tracking it).
     pub fn exit(&mut self, tid: u32, ts: u64) -> std::io::Result<()> {
-        if let Some((state, since)) = self.lines.get_mut(&tid).and_then(|l| l.now.take()) {
-            self.slice(tid, state, since, ts.max(since))?;
-        }
-        Ok(())
+        self.close_line(tid, ts)
     }
 
     /// A slice of `tid` in `state` over [start, end): written, or gathered
@@ -215,7 +265,7 @@ impl<W: Write> Timeline<W> {
         }
         let res = self.resolution_ns;
         let origin = self.origin_ns;
-        let line = self.lines.get_mut(&tid).expect("a line per switching thread");
+        let line = self.line(tid);
         line.sums[state.index()] += dur;
         add_buckets(
             &mut line.buckets,
@@ -315,9 +365,7 @@ impl<W: Write> Timeline<W> {
     pub fn finish(mut self, end_ns: u64, names: &Names) -> std::io::Result<Picture> {
         let tids: Vec<u32> = self.lines.keys().copied().collect();
         for tid in &tids {
-            if let Some((state, since)) = self.lines.get_mut(tid).and_then(|l| l.now.take()) {
-                self.slice(*tid, state, since, end_ns.max(since))?;
-            }
+            self.close_line(*tid, end_ns)?;
             if !self.lines[tid].pending.is_empty() {
                 self.flush(*tid)?;
             }

@@ -8,11 +8,11 @@ use super::*;
 const MS: u64 = 1_000_000;
 
 fn out(ts: u64, tid: u32, why: u8, nr: i32) -> Switch {
-    Switch { ts, tid, tgid: 100, on: false, reason: why, nr, wake_ts: 0 }
+    Switch { ts, tid, tgid: 100, on: false, reason: why, nr, wake_ts: 0, exec_ns: 0 }
 }
 
 fn on(ts: u64, tid: u32, wake_ts: u64) -> Switch {
-    Switch { ts, tid, tgid: 100, on: true, reason: 0, nr: -1, wake_ts }
+    Switch { ts, tid, tgid: 100, on: true, reason: 0, nr: -1, wake_ts, exec_ns: 0 }
 }
 
 fn parse(bytes: &[u8]) -> serde_json::Value {
@@ -68,6 +68,44 @@ fn slices_tile_a_threads_life_by_state() {
         }
     }
     assert_eq!(v["metadata"]["lost_switch_records"], 0);
+}
+
+/// On-CPU slices last what the kernel's counter says: 8 of the 10 ms
+/// between the first two records (the scheduler spent 2 ms picking what
+/// came next: the futex wait starts there), 6 of 5 ms next (the counter
+/// started at the pick, before the record: the next state starts that much
+/// later), and a switch-out with no switch-in seen ran for the counter's
+/// 3 ms just before it.
+#[test]
+fn on_cpu_slices_are_the_kernels_counter() {
+    let mut buf = Vec::new();
+    let mut t = Timeline::new(&mut buf, 0, 0).unwrap();
+    let with_exec = |s: Switch, exec_ns| Switch { exec_ns, ..s };
+    for s in [
+        with_exec(on(0, 7, 0), 0),
+        with_exec(out(10 * MS, 7, reason::FUTEX, 202), 8 * MS),
+        with_exec(on(20 * MS, 7, 0), 8 * MS),
+        with_exec(out(25 * MS, 7, reason::FUTEX, 202), 14 * MS),
+        with_exec(out(40 * MS, 7, reason::POLL, 7), 17 * MS),
+    ] {
+        t.switch(&s).unwrap();
+    }
+    let sums = t.sums(7).unwrap();
+    t.finish(50 * MS, &Names::default()).unwrap();
+    let got = slices(&parse(&buf), 7);
+    let want = [
+        ("on-cpu", 0.0, 8_000.0),
+        ("futex", 8_000.0, 12_000.0),
+        ("on-cpu", 20_000.0, 6_000.0),
+        ("futex", 26_000.0, 11_000.0),
+        ("on-cpu", 37_000.0, 3_000.0),
+        ("poll", 40_000.0, 10_000.0),
+    ];
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!((g.0.as_str(), g.1, g.2), w);
+    }
+    assert_eq!(sums[State::OnCpu.index()], 17 * MS);
 }
 
 #[test]

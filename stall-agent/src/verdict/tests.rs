@@ -79,6 +79,7 @@ impl Job {
             file_id: id,
             path: format!("/data/rows_{pid}.pt"),
             dfd: -100,
+            dup_of: None,
         });
         self.files.push(FileSnap {
             tgid: pid,
@@ -239,6 +240,7 @@ fn trainer_reading_its_own_data_is_io_bound() {
         file_id: 1,
         path: "/d".into(),
         dfd: -100,
+        dup_of: None,
     });
     job.files.push(FileSnap {
         tgid: 100,

@@ -20,6 +20,10 @@ mount -t proc proc /proc || finish "FAIL cannot mount /proc"
 mount -t sysfs sysfs /sys || finish "FAIL cannot mount /sys"
 mount -t devtmpfs devtmpfs /dev || finish "FAIL cannot mount /dev"
 echo "STALL-VM-INIT: $(uname -r), $(nproc) CPUs, harness arguments: $*"
+# The clocks behind the on-CPU numbers: the kernel's counter is on the
+# scheduler clock, stall's timestamps on the clocksource (KERNELS.md).
+echo "STALL-VM: clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource);" \
+    "$(dmesg 2>/dev/null | grep -i -e 'sched_clock' -e 'tsc' | sed 's/^\[[^]]*\] //' | tr '\n' ';')"
 mkdir -p /dev/shm /dev/pts
 # stall reads formats from tracefs, pins nothing but aya may probe bpffs,
 # the cgroup tests look for a cgroup2 mount in /proc/self/mountinfo,
