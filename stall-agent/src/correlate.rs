@@ -226,7 +226,7 @@ fn helper_kind(child: &ProcWindow, parent: &ProcWindow) -> Option<Helper> {
 /// Did this process do anything: read a file, or use the CPU (>1%)?
 fn busy(p: &ProcWindow, secs: f64) -> bool {
     let c = p.sum();
-    p.file_read_bytes() > 0 || c.file_read_calls > 0 || (c.on_cpu_ns as f64 / 1e9) / secs > 0.01
+    p.input_bytes() > 0 || c.file_read_calls > 0 || (c.on_cpu_ns as f64 / 1e9) / secs > 0.01
 }
 
 #[cfg(test)]

@@ -501,6 +501,33 @@ pub struct Snapshot {
     /// Switches the tracepoint never delivered, repaired from the kernel's
     /// counters (see `stall_common::counter::SCHED_REPAIRED`), cumulative.
     pub sched_repaired: u64,
+    /// Bytes read from storage per process and file, cumulative; None where
+    /// the kernel does not let stall see page-cache fills.
+    pub storage: Option<Vec<StorageSnap>>,
+}
+
+/// A file as the page cache knows it: the kernel's device number (major
+/// << 20 | minor) and inode number.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Inode {
+    pub dev: u32,
+    pub ino: u64,
+}
+
+impl Inode {
+    /// From `stat`'s `st_dev` (glibc's encoding) and `st_ino`.
+    pub fn from_stat(st_dev: u64, st_ino: u64) -> Self {
+        let (major, minor) = (libc::major(st_dev), libc::minor(st_dev));
+        Self { dev: (major << 20) | (minor & 0xf_ffff), ino: st_ino }
+    }
+}
+
+/// What one process caused to be read from storage for one file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StorageSnap {
+    pub tgid: u32,
+    pub inode: Inode,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -191,7 +191,7 @@ fn blamed(w: &Window, roles: &Roles, kind: Kind) -> Vec<Blamed> {
         out.push(Blamed { pid: trainer.tgid, tid: m.tid, what: "trainer main thread" });
     }
     let mut workers: Vec<&ProcWindow> = w.procs.iter().filter(|p| roles.workers.contains(&p.tgid)).collect();
-    workers.sort_by_key(|p| (std::cmp::Reverse(p.file_read_bytes()), p.tgid));
+    workers.sort_by_key(|p| (std::cmp::Reverse(p.input_bytes()), p.tgid));
     workers.truncate(MAX_WORKER_LINES);
     for p in &workers {
         if let Some(t) = p.main_thread() {
@@ -253,7 +253,7 @@ fn judge_kind(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &Progress
     evidence.push(thread_line("trainer main thread", trainer, main, &tm));
     // The busiest readers first; a handful is evidence, thousands is noise.
     let mut shown: Vec<&&ProcWindow> = workers.iter().collect();
-    shown.sort_by_key(|p| (std::cmp::Reverse(p.file_read_bytes()), p.tgid));
+    shown.sort_by_key(|p| (std::cmp::Reverse(p.input_bytes()), p.tgid));
     if shown.len() > MAX_WORKER_LINES {
         evidence.push(format!("{} workers; the {MAX_WORKER_LINES} that read most:", shown.len()));
         shown.truncate(MAX_WORKER_LINES);
@@ -264,12 +264,12 @@ fn judge_kind(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &Progress
             evidence.push(format!(
                 "{}; read {} at {}",
                 thread_line("worker", wp, t, &s),
-                units::bytes(wp.file_read_bytes()),
-                units::rate(wp.file_read_bytes(), secs)
+                units::bytes(wp.input_bytes()),
+                units::rate(wp.input_bytes(), secs)
             ));
         }
     }
-    let file_bytes: u64 = w.procs.iter().map(ProcWindow::file_read_bytes).sum();
+    let file_bytes: u64 = w.procs.iter().map(ProcWindow::input_bytes).sum();
     evidence.extend(top_files(w, secs));
     if let Some(o) = &progress.last_output {
         evidence.push(format!("output {} (pid {}) last written {} ago", o.path, o.pid, units::span(o.ago_s)));
@@ -289,7 +289,7 @@ fn judge_kind(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &Progress
     let own_io = tm.r(reason::IO);
     let (wio, wcpu) = worker_shares(&workers, secs);
     let feeders = wakers_of(main, &workers);
-    let reader_bytes: u64 = workers.iter().map(|p| p.file_read_bytes()).sum();
+    let reader_bytes: u64 = workers.iter().map(|p| p.input_bytes()).sum();
     if waits + own_io >= rules::TRAINER_WAITS {
         let waiting = format!(
             "Trainer main thread blocked {} of {} ({}){}",
@@ -319,7 +319,7 @@ fn judge_kind(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &Progress
             return done(Kind::InputCpuBound, text, evidence);
         }
         if own_io >= rules::WORKER_SHARE {
-            let own = trainer.file_read_bytes();
+            let own = trainer.input_bytes();
             let text = format!(
                 "Trainer main thread {} off-CPU in file reads of {} ({} at {}), no workers: input is I/O-bound",
                 units::pct(own_io),
@@ -508,12 +508,13 @@ fn top_files(w: &Window, secs: f64) -> Vec<String> {
         .filter(|(_, f)| !is_code_file(f.resolved.as_deref().unwrap_or(&f.path)))
         .take(5)
         .map(|(pid, f)| {
+            let source = f.source().map(|s| format!(", {s}")).unwrap_or_default();
             format!(
-                "file {}: {} in {} reads by pid {pid} ({} while open)",
+                "file {}: {} in {} reads by pid {pid} ({} while open{source})",
                 f.path,
-                units::bytes(f.read_bytes),
+                units::bytes(f.bytes_in()),
                 f.read_calls,
-                units::rate(f.read_bytes, f.rate_secs(secs))
+                units::rate(f.bytes_in(), f.rate_secs(secs))
             )
         })
         .collect()

@@ -124,8 +124,10 @@ pub mod counter {
     pub const LOST_FD_MAP: u32 = 2;
     pub const LOST_WAKE_MAP: u32 = 3;
     pub const LOST_PATH: u32 = 4;
+    /// A page-cache fill of a tracked process found `STORAGE` full.
+    pub const LOST_INODE_MAP: u32 = 5;
     /// How many loss causes there are: `LOST_*` run from 0 to this.
-    pub const LOST_CAUSES: usize = 5;
+    pub const LOST_CAUSES: usize = 6;
     /// Events handled for tracked threads (all hooks): the agent's event rate.
     pub const EVENTS: u32 = 8;
     /// A switch that did not match the state seen before (switched in while
@@ -139,8 +141,14 @@ pub mod counter {
     /// Some kernels do not trace every switch (docs/KERNELS.md).
     pub const SCHED_REPAIRED: u32 = 10;
     pub const COUNT: u32 = 16;
-    pub const LOST_NAMES: [&str; LOST_CAUSES] =
-        ["ringbuf_full", "thread_map_full", "fd_map_full", "wake_map_full", "path_unreadable"];
+    pub const LOST_NAMES: [&str; LOST_CAUSES] = [
+        "ringbuf_full",
+        "thread_map_full",
+        "fd_map_full",
+        "wake_map_full",
+        "path_unreadable",
+        "inode_map_full",
+    ];
 }
 
 /// Value of the `THREADS` map, keyed by tid. Presence in the map is what
@@ -218,6 +226,40 @@ pub mod kclock {
     /// `delay_base`/`delay_ns` are valid: a span whose switch-in was never
     /// delivered is split into runqueue and blocked time with them.
     pub const DELAY: u8 = 2;
+}
+
+/// Key of the `STORAGE` map: one file (the kernel's device and inode
+/// number, as the page cache knows it) read by one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct InodeKey {
+    pub tgid: u32,
+    /// The kernel's `dev_t`: major << 20 | minor.
+    pub dev: u32,
+    pub ino: u64,
+}
+
+/// Where the page-cache fill program finds a filled folio's file and size
+/// (byte offsets from BTF). `mapping == 0`: not found, the program is not
+/// attached.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageCacheOffsets {
+    /// `page.flags` (a folio starts with its head page).
+    pub flags: u32,
+    /// `page.mapping`: the `address_space`.
+    pub mapping: u32,
+    /// `address_space.host`: the inode.
+    pub host: u32,
+    pub ino: u32,
+    /// `inode.i_sb`, and `super_block.s_dev` in it.
+    pub sb: u32,
+    pub dev: u32,
+    /// `PG_head`: the folio is large, its order is in `order_byte`.
+    pub head_bit: u32,
+    /// The byte holding a large folio's order (`_folio_order`, or the low
+    /// byte of `_flags_1`); 0: folios are single pages here (5.10).
+    pub order_byte: u32,
 }
 
 /// Key of the `FILES` map: one open descriptor of one process.
@@ -540,6 +582,7 @@ pub struct Config {
     /// (it also drains on a short timer): a wakeup per record would cost
     /// more than the record on fork and open storms.
     pub ringbuf_wake_bytes: u32,
+    pub page: PageCacheOffsets,
 }
 
 impl ThreadStats {
@@ -610,6 +653,7 @@ mod pod {
     unsafe impl aya::Pod for FileStats {}
     unsafe impl aya::Pod for WakeKey {}
     unsafe impl aya::Pod for WakeStats {}
+    unsafe impl aya::Pod for InodeKey {}
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for CpuSlot {}
 }

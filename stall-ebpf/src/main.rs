@@ -18,6 +18,7 @@
 #![feature(asm_experimental_arch)]
 
 mod maps;
+mod pagecache;
 mod running;
 mod sched;
 mod syscalls;

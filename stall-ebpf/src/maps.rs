@@ -4,7 +4,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use stall_common::{counter, syscall_class, CpuSlot, FdKey, FileStats, ThreadStats, WakeKey, WakeStats};
+use stall_common::{
+    counter, syscall_class, CpuSlot, FdKey, FileStats, InodeKey, ThreadStats, WakeKey, WakeStats,
+};
 
 /// Tracked threads by tid. Being here is what "tracked" means.
 #[map]
@@ -18,6 +20,10 @@ pub static CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1024, 0);
 /// were open at attach), with their read and write counters.
 #[map]
 pub static FILES: HashMap<FdKey, FileStats> = HashMap::with_max_entries(32768, 0);
+
+/// Bytes each tracked process caused to be read from storage, per file.
+#[map]
+pub static STORAGE: HashMap<InodeKey, u64> = HashMap::with_max_entries(32768, 0);
 
 /// Who woke a tracked thread, and how often.
 #[map]

@@ -390,3 +390,38 @@ fn every_way_to_name_and_read_a_file_is_counted() {
         "{p}"
     );
 }
+
+/// Files on a block device, two evicted from the page cache and two left
+/// in it, one of each read with read() and one of each mapped with every
+/// page touched: what came from storage is each cold file's size (pages
+/// rounded up, 2 %), a warm file's nearly nothing, and the mapped files'
+/// bytes count though read() never ran on them.
+#[test]
+fn storage_bytes_tell_cold_files_from_cached_ones_for_reads_and_mappings() {
+    require_root();
+    let s = disk_scratch("storage");
+    let truth_path = s.path("truth.json");
+    let run = run_job(&[], &["storage", s.0.to_str().unwrap()], &truth_path);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    let pid = t["pid"].as_u64().unwrap();
+    let mut cold = 0;
+    for (path, f) in t["files"].as_object().unwrap() {
+        let size = f["size"].as_u64().unwrap();
+        let got = run.file(pid, Path::new(path));
+        let storage = got["storage_bytes"].as_u64().unwrap_or_else(|| panic!("no storage_bytes: {got}"));
+        if f["cold"] == true {
+            cold += size;
+            assert!(
+                storage >= size && storage as f64 <= size as f64 * 1.02,
+                "{path}: {storage} of {size}: {got}"
+            );
+        } else {
+            assert!((storage as f64) < size as f64 * 0.02, "{path}: {storage} of {size} while cached: {got}");
+        }
+        let read = if f["mapped"] == true { 0 } else { size };
+        assert_eq!(got["read_bytes"], read, "{path}: {got}");
+    }
+    let p = run.process(pid);
+    assert!(p["storage_bytes"].as_u64().unwrap() >= cold, "{p}");
+}

@@ -309,6 +309,65 @@ fn io_bound_job_under_run() {
     assert_eq!(run.summary()["lost_events"], 0);
 }
 
+/// 1b. The same job with workers that map their shards and copy batches
+///     out of the mappings (torch.load(mmap=True), safetensors, Arrow):
+///     no read(2), the bytes arrive by page faults from throttled storage.
+///     input-io-bound, the bytes within 5 % of the shards, the shards named
+///     with where their bytes came from, and exactly the workers as workers.
+#[test]
+fn mapped_shards_are_read_from_storage() {
+    let _t = Timed::start("mapped_shards_are_read_from_storage");
+    let s = disk_scratch("mmap");
+    let cache = s.path("cache");
+    let truth_path = s.path("truth.json");
+    let mut args = shards(&cache, 8, 12, 12);
+    args.extend(
+        ["--mode", "mmap", "--workers", "4", "--start-delay", "0", "--truth", truth_path.to_str().unwrap()]
+            .map(String::from),
+    );
+    let run = stall_run(&args);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = finished_truth(&truth_path, "mmap");
+    assert_throttled(&t);
+    assert_eq!(kind(run.summary()), "input-io-bound", "{}", verdict_summary(&run));
+    assert_trainer(&run, &t);
+    let want: Vec<u64> = workers(&t).iter().map(|w| u(&w["pid"])).collect();
+    let mut got: Vec<u64> =
+        run.processes().iter().filter(|p| p["role"] == "worker").map(|p| u(&p["pid"])).collect();
+    got.sort_unstable();
+    let mut sorted = want.clone();
+    sorted.sort_unstable();
+    assert_eq!(got, sorted, "the DataLoader's workers, and only they, are workers");
+    let mut total = 0;
+    for w in workers(&t) {
+        let pid = u(&w["pid"]);
+        for f in w["files"].as_array().unwrap() {
+            let path = Path::new(f["path"].as_str().unwrap());
+            let f_run = run.file(pid, path);
+            assert_eq!(f_run["read_bytes"], 0, "worker {pid}: no read(2) of {}: {f_run}", path.display());
+            let storage = u(&f_run["storage_bytes"]);
+            assert_close(
+                &format!("worker {pid}: {} from storage", path.display()),
+                storage as f64,
+                u(&f["bytes"]) as f64,
+                0.05,
+            );
+        }
+        total += u(&w["read_bytes"]);
+    }
+    let line = verdict_summary(&run);
+    let read = number_before(line, "workers read ", "MB");
+    assert_close("MB in the verdict vs the shards' bytes", read, total as f64 / 1e6, 0.05);
+    let files: Vec<&str> = t["files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    let ev = evidence(&run);
+    assert!(
+        ev.iter().any(|e| e.starts_with("file ")
+            && files.iter().any(|f| e.contains(f))
+            && e.contains("through a mapping, from storage")),
+        "no evidence names the shards: {ev:?}"
+    );
+}
+
 /// The demo job's cpu mode: 4 workers decoding `batches` batches of 50 ms.
 fn cpu_job(batches: u32, truth: &Path, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = ["--mode", "cpu", "--workers", "4", "--decode-ms", "50", "--start-delay", "0"]

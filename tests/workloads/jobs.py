@@ -716,6 +716,47 @@ def job_read_paths(args):
     write_truth(truth)
 
 
+def job_storage(args):
+    """Four files in `dir` (on a block device): two evicted from the page
+    cache (written, synced, POSIX_FADV_DONTNEED), two left cached; one of
+    each read with read(), one of each mapped with every page touched.
+    Writes per path its size and how it was read."""
+    import mmap
+
+    d = args[0]
+    files = {"cold-read.bin": 4_000_037, "warm-read.bin": 3_000_029, "cold-map.bin": 5_000_011, "warm-map.bin": 2_000_003}
+    truth = {"pid": os.getpid(), "files": {}}
+    for name, size in files.items():
+        path = os.path.join(d, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        left = size
+        while left:
+            left -= os.write(fd, os.urandom(min(left, 1 << 20)))
+        os.fsync(fd)
+        if name.startswith("cold"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        truth["files"][path] = {"size": size, "cold": name.startswith("cold"), "mapped": "map" in name}
+    for path, f in truth["files"].items():
+        fd = os.open(path, os.O_RDONLY)
+        if f["mapped"]:
+            m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            os.close(fd)
+            touched = sum(m[i] for i in range(0, f["size"], mmap.PAGESIZE))
+            m.close()
+            f["touched"] = touched >= 0
+        else:
+            n = 0
+            while True:
+                b = os.read(fd, 65_537)
+                if not b:
+                    break
+                n += len(b)
+            os.close(fd)
+            f["read"] = n
+    write_truth(truth)
+
+
 JOBS = {
     "deny-memory-reads": job_deny_memory_reads,
     "log-then-hang": job_log_then_hang,
@@ -739,6 +780,7 @@ JOBS = {
     "fork-storm": job_fork_storm,
     "threads": job_threads,
     "read-paths": job_read_paths,
+    "storage": job_storage,
 }
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use stall_common::{counter::LOST_CAUSES, fd_kind};
 
 use super::window::{fold_small_ended, FileWindow, ProcWindow, ThreadWindow, Waker, Window};
-use crate::decode::{Event, FileCounters, FileSnap, Snapshot, ThreadCounters, ThreadNow};
+use crate::decode::{Event, FileCounters, FileSnap, Inode, Snapshot, ThreadCounters, ThreadNow};
 
 #[derive(Debug, Clone, Default)]
 pub struct Proc {
@@ -56,11 +56,20 @@ pub struct File {
     /// A copy of another descriptor (dup): its reads count, it is not
     /// another open.
     pub dup: bool,
+    /// Which file it is, for the page cache's fills of it.
+    pub inode: Option<Inode>,
     pub total: FileCounters,
     mark: FileCounters,
     pub open: bool,
     pub open_ts: u64,
     pub close_ts: Option<u64>,
+}
+
+/// Bytes one process caused to be read from storage for one file.
+#[derive(Debug, Clone, Default)]
+struct Storage {
+    total: u64,
+    mark: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -80,6 +89,11 @@ pub struct Model {
     pub threads: BTreeMap<u32, Thread>,
     pub files: HashMap<u64, File>,
     wakes: HashMap<(u32, u32), Wake>,
+    /// Storage bytes per (process, file); None: not seen on this kernel.
+    storage: Option<HashMap<(u32, Inode), Storage>>,
+    /// The path a process opened each file by (kept after it closes: the
+    /// page cache fills a mapping long after its descriptor is gone).
+    inode_paths: HashMap<(u32, Inode), (String, Option<String>)>,
     /// Closed files, folded per (process, path) once an interval has counted
     /// them: memory follows distinct paths, not opens (a job that opens the
     /// same shards a million times keeps one entry per shard).
@@ -111,6 +125,7 @@ struct Folded {
     procs: u64,
     counters: ThreadCounters,
     files: HashMap<String, FileWindow>,
+    storage_bytes: u64,
 }
 
 impl Model {
@@ -177,9 +192,9 @@ impl Model {
                     self.opened.insert(*file_id);
                 }
                 let original = dup_of.and_then(|old| self.open_file(*tgid, old));
-                let (path, resolved, kind) = match original {
-                    Some(f) => (f.path.clone(), f.resolved.clone(), f.kind),
-                    None => (path.clone(), None, fd_kind::UNKNOWN),
+                let (path, resolved, kind, inode) = match original {
+                    Some(f) => (f.path.clone(), f.resolved.clone(), f.kind, f.inode),
+                    None => (path.clone(), None, fd_kind::UNKNOWN, None),
                 };
                 self.files.insert(
                     *file_id,
@@ -191,6 +206,7 @@ impl Model {
                         resolved,
                         kind,
                         dup: dup_of.is_some(),
+                        inode,
                         open: true,
                         open_ts: *ts,
                         ..Default::default()
@@ -265,6 +281,14 @@ impl Model {
             self.proc_mut(tgid);
         }
         self.apply_files(&snap.files);
+        if let Some(fills) = &snap.storage {
+            let storage = self.storage.get_or_insert_with(HashMap::new);
+            for s in fills {
+                // Cumulative in the kernel until the process is retired.
+                let e = storage.entry((s.tgid, s.inode)).or_default();
+                e.total = e.total.max(s.bytes);
+            }
+        }
         for w in &snap.wakes {
             let e = self.wakes.entry((w.wakee, w.waker)).or_default();
             e.total = e.total.max(w.count);
@@ -301,6 +325,15 @@ impl Model {
 
     /// Where a file given relative (or as a dup of an unknown descriptor:
     /// no path at all) points.
+    /// Which file a descriptor is (device and inode), so that what the
+    /// page cache fills for it lands on its path.
+    pub fn set_file_inode(&mut self, file_id: u64, inode: Inode) {
+        if let Some(f) = self.files.get_mut(&file_id) {
+            f.inode = Some(inode);
+            self.inode_paths.insert((f.tgid, inode), (f.path.clone(), f.resolved.clone()));
+        }
+    }
+
     pub fn set_file_resolved(&mut self, file_id: u64, resolved: &str) {
         if let Some(f) = self.files.get_mut(&file_id) {
             if f.path.is_empty() {
@@ -404,6 +437,9 @@ impl Model {
         for w in self.wakes.values_mut() {
             w.mark = w.total;
         }
+        for s in self.storage.iter_mut().flat_map(|m| m.values_mut()) {
+            s.mark = s.total;
+        }
         self.opened.clear();
         self.lost_mark = self.lost;
         self.events_mark = self.events;
@@ -435,8 +471,27 @@ impl Model {
             gone_tgids.insert(tgid);
             self.folded.procs += 1;
         }
-        // One pass over the wakers and the folded files for the whole batch.
+        // One pass over the wakers, storage and folded files for the batch.
         self.wakes.retain(|(wakee, waker), _| !gone_tids.contains(wakee) && !gone_tids.contains(waker));
+        if let Some(storage) = self.storage.as_mut() {
+            let folded = &mut self.folded;
+            let paths = &self.inode_paths;
+            storage.retain(|key, s| {
+                if !gone_tgids.contains(&key.0) {
+                    return true;
+                }
+                folded.storage_bytes += s.total;
+                if let Some((path, _)) = paths.get(key) {
+                    let f = folded
+                        .files
+                        .entry(path.clone())
+                        .or_insert_with(|| FileWindow { path: path.clone(), ..Default::default() });
+                    f.storage_bytes = Some(f.storage_bytes.unwrap_or(0) + s.total);
+                }
+                false
+            });
+        }
+        self.inode_paths.retain(|(tgid, _), _| !gone_tgids.contains(tgid));
         let keys: Vec<(u32, String)> =
             self.archived.keys().filter(|k| gone_tgids.contains(&k.0)).cloned().collect();
         for k in keys {
@@ -537,6 +592,31 @@ impl Model {
             }
             e.add_counters(&d);
         }
+        if let Some(storage) = &self.storage {
+            for p in &mut procs {
+                p.storage_bytes = Some(0);
+            }
+            for f in by_path.values_mut() {
+                f.storage_bytes = Some(0);
+            }
+            for ((tgid, inode), s) in storage {
+                let Some(&i) = index.get(tgid) else { continue };
+                let n = if since_mark { s.total.saturating_sub(s.mark) } else { s.total };
+                if n == 0 {
+                    continue;
+                }
+                *procs[i].storage_bytes.get_or_insert(0) += n;
+                // Files it opened under a path; others (mapped before stall
+                // came) count for the process only.
+                let Some((path, resolved)) = self.inode_paths.get(&(*tgid, *inode)) else { continue };
+                let e = by_path.entry((i, path.as_str())).or_insert_with(|| FileWindow {
+                    path: path.clone(),
+                    resolved: resolved.clone(),
+                    ..Default::default()
+                });
+                *e.storage_bytes.get_or_insert(0) += n;
+            }
+        }
         for ((i, _), fw) in by_path {
             procs[i].files.push(fw);
         }
@@ -555,6 +635,7 @@ impl Model {
                     ..Default::default()
                 }],
                 files,
+                storage_bytes: self.storage.as_ref().map(|_| self.folded.storage_bytes),
                 ..Default::default()
             });
         }
@@ -591,7 +672,7 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::{ThreadSnap, WakeSnap};
+    use crate::decode::{StorageSnap, ThreadSnap, WakeSnap};
 
     fn open(tgid: u32, fd: i32, id: u64, path: &str) -> Event {
         Event::Open { ts: 0, tid: tgid, tgid, fd, file_id: id, path: path.into(), dfd: -100, dup_of: None }
@@ -643,6 +724,48 @@ mod tests {
         let p = w.proc(10).unwrap();
         let get = |path: &str| p.files.iter().find(|f| f.path == path).unwrap().read_bytes;
         assert_eq!((get("/a"), get("/b")), (100, 7));
+    }
+
+    /// Storage bytes land on the path the process opened the file by, in
+    /// the window they were filled in, also after the descriptor closed (a
+    /// mapping outlives it); a file stall never saw opened counts for the
+    /// process only; a kernel without the hook says nothing (None).
+    #[test]
+    fn storage_bytes_follow_the_inode_to_its_path() {
+        let mut m = Model::new(0);
+        m.apply(&open(10, 3, 1, "/data/shard.arrow"));
+        let shard = Inode { dev: 8 << 20 | 1, ino: 42 };
+        m.set_file_inode(1, shard);
+        m.apply(&Event::Close { ts: 10, tgid: 10, fd: 3, file_id: 1, counters: FileCounters::default() });
+        let lib = Inode { dev: 8 << 20 | 1, ino: 7 };
+        let fills = |shard_bytes, lib_bytes| Snapshot {
+            ts: 1_000,
+            storage: Some(vec![
+                StorageSnap { tgid: 10, inode: shard, bytes: shard_bytes },
+                StorageSnap { tgid: 10, inode: lib, bytes: lib_bytes },
+            ]),
+            ..Default::default()
+        };
+        m.apply_snapshot(&fills(4096, 8192));
+        let w1 = m.interval(1_000);
+        m.apply_snapshot(&fills(3 * 4096, 8192));
+        let w2 = m.interval(2_000);
+        let storage = |w: &Window| {
+            let p = w.proc(10).unwrap();
+            let f = p.files.iter().find(|f| f.path == "/data/shard.arrow").and_then(|f| f.storage_bytes);
+            (p.storage_bytes, f)
+        };
+        assert_eq!(storage(&w1), (Some(4096 + 8192), Some(4096)));
+        assert_eq!(storage(&w2), (Some(2 * 4096), Some(2 * 4096)));
+        assert_eq!(storage(&m.summary(2_000)), (Some(3 * 4096 + 8192), Some(3 * 4096)));
+        let mut none = Model::new(0);
+        none.apply(&open(10, 3, 1, "/data/shard.arrow"));
+        none.apply_snapshot(&Snapshot { ts: 1, ..Default::default() });
+        let w = none.summary(1);
+        assert_eq!(
+            (w.proc(10).unwrap().storage_bytes, w.proc(10).unwrap().files[0].storage_bytes),
+            (None, None)
+        );
     }
 
     /// A dup names the original's file: its reads add to that path, and it

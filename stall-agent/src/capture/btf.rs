@@ -12,7 +12,7 @@
 //! does not expose struct members; btf-rs is LGPL.
 use std::path::Path;
 
-use stall_common::{task_flags, TaskOffsets};
+use stall_common::{task_flags, PageCacheOffsets, TaskOffsets};
 
 use super::CaptureError;
 
@@ -212,6 +212,57 @@ impl KernelBtf {
         self.size(self.struct_id(name)?)
     }
 
+    /// The value of enumerator `name` (`PG_head`), in whichever enum has it.
+    pub fn enumerator(&self, name: &str) -> Option<i64> {
+        for id in 1..=self.starts.len() as u32 {
+            let h = self.head(id)?;
+            let width = match h.kind {
+                KIND_ENUM => 8,
+                KIND_ENUM64 => 12,
+                _ => continue,
+            };
+            for i in 0..h.vlen as usize {
+                let at = h.data + width * i;
+                if self.name(self.u32_at(at)?) == name.as_bytes() {
+                    let lo = self.u32_at(at + 4)?;
+                    return Some(if width == 8 {
+                        i64::from(lo as i32)
+                    } else {
+                        (i64::from(self.u32_at(at + 8)?) << 32) | i64::from(lo)
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    /// Where a page-cache folio's file and size are; None where a field is
+    /// missing (the page-cache fill program is then not attached).
+    pub fn page_cache_offsets(&self) -> Option<PageCacheOffsets> {
+        let at = |strukt: &str, path: &str, sizes: &[usize]| {
+            self.field(strukt, path).filter(|(_, n)| sizes.contains(n)).map(|(off, _)| off)
+        };
+        // Large folios keep their order in the second page: `_folio_order`
+        // (6.1, where `_flags_1` is that page's own flags), else the low byte
+        // of `_flags_1` (6.6 on); 5.10 has no folios.
+        let order_byte =
+            at("folio", "_folio_order", &[1]).or_else(|| at("folio", "_flags_1", &[8])).unwrap_or(0);
+        let head_bit = match order_byte {
+            0 => 0,
+            _ => u32::try_from(self.enumerator("PG_head")?).ok().filter(|b| *b < 64)?,
+        };
+        Some(PageCacheOffsets {
+            flags: at("page", "flags", &[8])?,
+            mapping: at("page", "mapping", &[8])?,
+            host: at("address_space", "host", &[8])?,
+            ino: at("inode", "i_ino", &[8])?,
+            sb: at("inode", "i_sb", &[8])?,
+            dev: at("super_block", "s_dev", &[4])?,
+            head_bit,
+            order_byte,
+        })
+    }
+
     /// The `task_struct` offsets the programs need. `regs_from_stack`: the
     /// kernel lacks `bpf_task_pt_regs`, so the saved registers are found
     /// from `task->stack`, and that field is needed too.
@@ -280,6 +331,17 @@ mod tests {
         // and a member of a member.
         assert!(btf.field("task_struct", "sched_info.run_delay").is_some());
         assert_eq!(btf.field("list_head", "prev"), Some((8, 8)));
+    }
+
+    /// The page cache's fields on this kernel, where it has BTF (every
+    /// kernel the VMs boot runs the integration tests that use them).
+    #[test]
+    fn finds_page_cache_fields_on_this_kernel() {
+        let Ok(btf) = KernelBtf::open() else { return };
+        let off = btf.page_cache_offsets().expect("page cache offsets");
+        assert_eq!((off.flags, off.mapping), (0, 24), "{off:?}");
+        assert!(off.head_bit < 64 && off.ino > 0 && off.dev > 0, "{off:?}");
+        assert!(btf.enumerator("PG_locked") == Some(0));
     }
 
     /// A hand-made blob: struct s { int a; union { long b; }; } with a

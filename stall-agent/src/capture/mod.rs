@@ -23,13 +23,13 @@ use aya::{
 };
 use stall_common::{
     counter, fd_kind, kclock, reason, run_state, slot_state, syscall_class, task_flags, track_gen, Config,
-    CpuSlot, FdKey, FileStats, Regs, ThreadStats, WakeKey, WakeStats,
+    CpuSlot, FdKey, FileStats, InodeKey, Regs, ThreadStats, WakeKey, WakeStats,
 };
 use tokio::io::unix::AsyncFd;
 
 use crate::{
     clock::monotonic_ns,
-    decode::{self, Event, FileSnap, JobEvent, Snapshot, ThreadSnap, WakeSnap},
+    decode::{self, Event, FileSnap, Inode, JobEvent, Snapshot, StorageSnap, ThreadSnap, WakeSnap},
     pystack::PyStacks,
 };
 
@@ -44,6 +44,10 @@ const ATTACH: [(&str, &str, &str); 5] = [
     ("sched_process_exec", "sched", "sched_process_exec"),
     ("sched_process_exit", "sched", "sched_process_exit"),
 ];
+
+/// (program, category, tracepoint) for page-cache fills (storage bytes per
+/// file); attached where the kernel's BTF has the fields it reads.
+const PAGE_CACHE_FILL: (&str, &str, &str) = ("page_cache_fill", "filemap", "mm_filemap_add_to_page_cache");
 
 /// (program, tracepoint) for the raw syscall tracepoints: every syscall's
 /// entry and exit (the programs pick the ones in the `HOOKS` table).
@@ -148,6 +152,8 @@ pub struct Capture {
     files: HashMap<MapData, FdKey, FileStats>,
     wakes: HashMap<MapData, WakeKey, WakeStats>,
     cgroups: HashMap<MapData, u64, u32>,
+    /// Storage bytes per process and file (None: no page-cache hook here).
+    storage: Option<HashMap<MapData, InodeKey, u64>>,
     counters: PerCpuArray<MapData, u64>,
     cpu_slot: PerCpuArray<MapData, CpuSlot>,
     track_gen: Array<MapData, u32>,
@@ -155,9 +161,6 @@ pub struct Capture {
     ring: AsyncFd<RingBuf<MapData>>,
     seed_seq: u64,
     decode_errors: u64,
-    /// Absolute paths already seen to be regular files: an open storm on
-    /// the same shards needs no /proc lookup per open.
-    regular_paths: HashSet<String>,
     /// `TaskOffsets::flags` as loaded.
     task_flags: u32,
     // Last: programs detach when this drops.
@@ -260,6 +263,10 @@ impl Capture {
             timeline: u8::from(opts.timeline),
             latency_mask: latency_mask(opts.latency_sample)?,
             ringbuf_wake_bytes: opts.ringbuf_bytes.unwrap_or(DEFAULT_RINGBUF_BYTES) / 8,
+            page: match tracefs.has(PAGE_CACHE_FILL.1, PAGE_CACHE_FILL.2) {
+                true => kernel_btf.page_cache_offsets().unwrap_or_default(),
+                false => Default::default(),
+            },
         };
         // Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
         let _ = nix::sys::resource::setrlimit(
@@ -277,6 +284,11 @@ impl Capture {
         for (prog, _, name) in ATTACH {
             let prog =
                 if prog == "sched_switch" && !features.task_pt_regs { "sched_switch_stack" } else { prog };
+            program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
+        }
+        let storage_known = config.page.mapping != 0;
+        if storage_known {
+            let (prog, _, name) = PAGE_CACHE_FILL;
             program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
         }
         // The tables first: a program attached before them would see every
@@ -305,6 +317,7 @@ impl Capture {
             files: take(&mut ebpf, "FILES")?,
             wakes: take(&mut ebpf, "WAKES")?,
             cgroups: take(&mut ebpf, "CGROUPS")?,
+            storage: if storage_known { Some(take(&mut ebpf, "STORAGE")?) } else { None },
             counters: take(&mut ebpf, "COUNTERS")?,
             cpu_slot: take(&mut ebpf, "CPU_SLOT")?,
             track_gen: take(&mut ebpf, "TRACK_GEN")?,
@@ -312,7 +325,6 @@ impl Capture {
             ring,
             seed_seq: 0,
             decode_errors: 0,
-            regular_paths: HashSet::new(),
             syscall_links,
             py_stacks: PyStacks::new(),
             task_flags: config.task.flags,
@@ -457,7 +469,7 @@ impl Capture {
                 let text = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/syscall")).ok()?;
                 let arg0 = text.split_whitespace().nth(1)?;
                 let fd = i32::from_str_radix(arg0.trim_start_matches("0x"), 16).ok()?;
-                procfs::fd_info(tgid, fd).map(|(_, regular)| regular)
+                procfs::fd_info(tgid, fd).map(|o| o.regular)
             };
             t.state = run_state::OFF;
             t.off_reason = classify_blocked(nr, st.state, fd_regular);
@@ -531,21 +543,17 @@ impl Capture {
         self.changed();
     }
 
-    /// What an opened descriptor is: (where it points, is it a regular
-    /// file). Absolute paths known to be regular files are answered from a
-    /// cache (bounded); anything else is looked up in /proc.
-    pub fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<(String, bool)> {
-        if path.starts_with('/') && self.regular_paths.contains(path) {
-            return Some((path.to_string(), true));
-        }
-        let (target, regular) = procfs::fd_info(tgid, fd)?;
-        if regular && path.starts_with('/') {
-            if self.regular_paths.len() >= 65536 {
-                self.regular_paths.clear();
+    /// What an opened descriptor is. An absolute path is `stat`ed (the
+    /// descriptor may be closed, or its number reused, by the time the
+    /// event is read: a file mapped and closed at once); a relative one is
+    /// looked up in /proc, where the descriptor says what it points to.
+    pub fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<procfs::Opened> {
+        if path.starts_with('/') {
+            if let Some(opened) = procfs::path_info(path) {
+                return Some(opened);
             }
-            self.regular_paths.insert(path.to_string());
         }
-        Some((target, regular))
+        procfs::fd_info(tgid, fd)
     }
 
     /// Records that an opened descriptor is not a regular file (FIFO,
@@ -659,6 +667,16 @@ impl Capture {
             events,
             sched_gaps: self.counter_sum(counter::SCHED_GAPS),
             sched_repaired: self.counter_sum(counter::SCHED_REPAIRED),
+            storage: self.storage.as_ref().map(|m| {
+                m.iter()
+                    .filter_map(Result::ok)
+                    .map(|(k, bytes)| StorageSnap {
+                        tgid: k.tgid,
+                        inode: Inode { dev: k.dev, ino: k.ino },
+                        bytes,
+                    })
+                    .collect()
+            }),
         }
     }
 
@@ -694,6 +712,14 @@ impl Capture {
                     });
                 }
                 let _ = self.files.remove(&k);
+            }
+        }
+        if let (Some(storage), false) = (self.storage.as_mut(), tgids.is_empty()) {
+            // Their last counts were in the snapshot just taken.
+            let keys: Vec<InodeKey> =
+                storage.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
+            for k in keys {
+                let _ = storage.remove(&k);
             }
         }
         if !tids.is_empty() {

@@ -21,8 +21,9 @@ pub struct ProcInfo {
 }
 
 pub trait Host {
-    /// Where an opened descriptor points, and whether it is a regular file.
-    fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<(String, bool)>;
+    /// Where an opened descriptor points, whether it is a regular file,
+    /// and which.
+    fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<procfs::Opened>;
     /// Tells the kernel side that a descriptor is not a file (its reads are
     /// not file throughput).
     fn mark_not_file(&mut self, tgid: u32, fd: i32, file_id: u64);
@@ -52,7 +53,7 @@ pub trait Host {
 }
 
 impl Host for Capture {
-    fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<(String, bool)> {
+    fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<procfs::Opened> {
         Capture::classify_open(self, tgid, fd, path)
     }
 

@@ -164,13 +164,16 @@ impl Job {
                         }
                         continue;
                     }
-                    let Some((target, regular)) = host.classify_open(*tgid, *fd, path) else { continue };
-                    if regular {
+                    let Some(opened) = host.classify_open(*tgid, *fd, path) else { continue };
+                    if opened.regular {
                         // The kernel counts UNKNOWN as a file already; no map
                         // write, so no read-modify-write race with its counters.
                         self.model.set_file_kind(*file_id, fd_kind::REGULAR);
                         if !path.starts_with('/') {
-                            self.model.set_file_resolved(*file_id, &target);
+                            self.model.set_file_resolved(*file_id, &opened.target);
+                        }
+                        if let Some(inode) = opened.inode {
+                            self.model.set_file_inode(*file_id, inode);
                         }
                     } else {
                         host.mark_not_file(*tgid, *fd, *file_id);
@@ -286,7 +289,7 @@ impl Job {
         }
         let workers_ran = roles.workers.iter().filter_map(|w| interval.proc(*w)).any(|p| {
             let c = p.sum();
-            c.on_cpu_ns > 0 || c.file_read_bytes > 0 || p.file_read_bytes() > 0
+            c.on_cpu_ns > 0 || c.file_read_bytes > 0 || p.input_bytes() > 0
         });
         let fed = roles.trainers.iter().filter_map(|t| interval.proc(*t)).any(|p| {
             p.threads

@@ -6,7 +6,8 @@ use stall_common::reason;
 
 use super::*;
 use crate::{
-    decode::{FileCounters, FileSnap, JobEvent, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
+    capture::procfs::Opened,
+    decode::{FileCounters, FileSnap, Inode, JobEvent, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
     gpu::{FakeGpu, GpuProcUse, GpuSample, GpuSnapshot},
     pystack::PyStack,
 };
@@ -31,8 +32,15 @@ struct ScriptedHost {
 }
 
 impl Host for ScriptedHost {
-    fn classify_open(&mut self, _tgid: u32, _fd: i32, path: &str) -> Option<(String, bool)> {
-        Some((path.to_string(), self.regular.contains(path)))
+    fn classify_open(&mut self, _tgid: u32, _fd: i32, path: &str) -> Option<Opened> {
+        let regular = self.regular.contains(path);
+        // Inode numbers from the path, so that page-cache fills can name it.
+        let ino = path.bytes().fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        Some(Opened {
+            target: path.to_string(),
+            regular,
+            inode: regular.then_some(Inode { dev: 8 << 20, ino }),
+        })
     }
     fn mark_not_file(&mut self, tgid: u32, fd: i32, _file_id: u64) {
         self.marked_not_file.push((tgid, fd));

@@ -81,6 +81,9 @@ pub struct Process {
     pub files_opened: u64,
     /// Bytes read from pipes, sockets and other non-files (never file throughput).
     pub ipc_read_bytes: u64,
+    /// Bytes it caused to be read from storage, any file (null: this kernel
+    /// does not show page-cache fills).
+    pub storage_bytes: Option<u64>,
     /// Bytes written to regular files, to anything else, and to stdout or
     /// stderr whatever they are (also in one of the two before).
     pub file_write_bytes: u64,
@@ -137,6 +140,10 @@ pub struct File {
     pub write_calls: u64,
     /// Time it was open during the window (the per-file rate's divisor).
     pub open_s: f64,
+    /// Of it, bytes this process caused to be read from storage (by reads
+    /// or through a mapping); the rest of what it read came from the page
+    /// cache. Null where the kernel does not show page-cache fills.
+    pub storage_bytes: Option<u64>,
 }
 
 fn thread(t: &ThreadWindow) -> Thread {
@@ -180,6 +187,7 @@ fn process(p: &ProcWindow, role: &'static str) -> Process {
         read_calls: p.files.iter().map(|f| f.read_calls).sum(),
         files_opened: p.files.iter().map(|f| f.opens).sum(),
         ipc_read_bytes: p.other_read_bytes,
+        storage_bytes: p.storage_bytes,
         file_write_bytes: sum.file_write_bytes,
         other_write_bytes: sum.other_write_bytes,
         stdio_write_bytes: sum.stdio_write_bytes,
@@ -201,6 +209,7 @@ fn process(p: &ProcWindow, role: &'static str) -> Process {
                 write_bytes: f.write_bytes,
                 write_calls: f.write_calls,
                 open_s: f.open_ns as f64 / 1e9,
+                storage_bytes: f.storage_bytes,
             })
             .collect(),
     }

@@ -93,7 +93,7 @@ fn notable(v: &View, p: &crate::aggregate::ProcWindow) -> bool {
     let secs = v.window.secs().max(1e-9);
     v.roles.of(p.tgid) != Role::Other
         || p.sum().on_cpu_ns as f64 / 1e9 / secs > 0.01
-        || p.file_read_bytes() > 1_000_000
+        || p.input_bytes() > 1_000_000
 }
 
 pub fn render(v: &View) -> String {
@@ -157,13 +157,14 @@ pub fn render(v: &View) -> String {
             None => "untimed".to_string(),
         };
         let resolved = f.resolved.as_deref().map(|r| format!(" (= {r})")).unwrap_or_default();
+        let source = f.source().map(|s| format!(", {s}")).unwrap_or_default();
         let _ = writeln!(
             out,
-            "  {}{resolved}: {} in {} reads, {lat}, {} while open [{} pid {pid}]",
+            "  {}{resolved}: {} in {} reads, {lat}, {} while open{source} [{} pid {pid}]",
             f.path,
-            units::bytes(f.read_bytes),
+            units::bytes(f.bytes_in()),
             f.read_calls,
-            units::rate(f.read_bytes, f.rate_secs(secs)),
+            units::rate(f.bytes_in(), f.rate_secs(secs)),
             v.roles.of(*pid).as_str()
         );
     }

@@ -9,7 +9,10 @@ use crate::progress::OutputAge;
 use crate::{
     aggregate::Model,
     correlate,
-    decode::{Event, FileCounters, FileSnap, Snapshot, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
+    decode::{
+        Event, FileCounters, FileSnap, Inode, Snapshot, StorageSnap, ThreadCounters, ThreadNow, ThreadSnap,
+        WakeSnap,
+    },
 };
 
 const S: u64 = 1_000_000_000;
@@ -35,6 +38,7 @@ struct Job {
     secs: u64,
     threads: Vec<ThreadSnap>,
     files: Vec<FileSnap>,
+    storage: Option<Vec<StorageSnap>>,
     wakes: Vec<WakeSnap>,
     gpu_pids: HashSet<u32>,
     lost: [u64; LOST_CAUSES],
@@ -50,6 +54,7 @@ impl Job {
             secs,
             threads: vec![],
             files: vec![],
+            storage: None,
             wakes: vec![],
             gpu_pids: HashSet::new(),
             lost: [0; LOST_CAUSES],
@@ -99,6 +104,37 @@ impl Job {
         self.thread(pid, pid, c, now)
     }
 
+    /// A worker that maps its shard (opened, mapped, closed) and faults
+    /// `bytes` of it in from storage: no read() at all.
+    fn mapping_worker(mut self, pid: u32, on: f64, off: [f64; 6], bytes: u64) -> Self {
+        self.model.note_process(pid, Some(100), "pt_data_worker", None);
+        let id = u64::from(pid);
+        self.model.apply(&Event::Open {
+            ts: 0,
+            tid: pid,
+            tgid: pid,
+            fd: 5,
+            file_id: id,
+            path: format!("/data/shard_{pid}.safetensors"),
+            dfd: -100,
+            dup_of: None,
+        });
+        let inode = Inode { dev: 8 << 20, ino: id };
+        self.model.set_file_kind(id, fd_kind::REGULAR);
+        self.model.set_file_inode(id, inode);
+        self.model.apply(&Event::Close {
+            ts: 1,
+            tgid: pid,
+            fd: 5,
+            file_id: id,
+            counters: FileCounters::default(),
+        });
+        self.storage.get_or_insert_with(Vec::new).push(StorageSnap { tgid: pid, inode, bytes });
+        let c = counters(self.secs, on, off, 0);
+        let now = ThreadNow { running: false, reason: reason::IO, syscall: -1, for_ns: 1000 };
+        self.thread(pid, pid, c, now)
+    }
+
     fn woken_by(mut self, wakee: u32, waker: u32, count: u64) -> Self {
         self.wakes.push(WakeSnap {
             wakee,
@@ -118,6 +154,7 @@ impl Job {
             files: self.files.clone(),
             wakes: self.wakes.clone(),
             lost: self.lost,
+            storage: self.storage.clone(),
             ..Default::default()
         });
         let w = self.model.summary(end);
@@ -208,6 +245,28 @@ fn input_io_bound_with_numbers() {
     assert!(v.summary.contains("woken 1200 times by 4 workers (most by pid 101 ×300)"), "{}", v.summary);
     assert!(v.summary.contains("no GPU data"), "{}", v.summary);
     assert!(v.evidence.iter().any(|e| e.starts_with("file /data/rows_10")), "{:?}", v.evidence);
+}
+
+/// Workers that take their samples through mappings (safetensors, Arrow,
+/// `torch.load(mmap=True)`) read nothing with read(): their bytes are what
+/// the page cache brought in from storage for them, and the evidence names
+/// the shards.
+#[test]
+fn input_io_bound_through_mappings_counts_what_storage_brought_in() {
+    let mut job = Job::new(10).trainer(0.03, TRAINER_WAITS, blocked(reason::FUTEX));
+    for pid in 101..=104 {
+        job = job.mapping_worker(pid, 0.1, IO_WORKER, 200_000_000).woken_by(100, pid, 300);
+    }
+    let v = job.judge(&[]);
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    assert!(v.summary.contains("4 workers read 800 MB at 80.0 MB/s"), "{}", v.summary);
+    assert!(
+        v.evidence.iter().any(|e| e.starts_with("file /data/shard_10")
+            && e.contains("200 MB in 0 reads")
+            && e.contains("through a mapping, from storage")),
+        "{:?}",
+        v.evidence
+    );
 }
 
 #[test]
@@ -359,7 +418,7 @@ fn nvml_sample_gaps_are_reported_and_do_not_skew_idle() {
 #[test]
 fn lost_events_mark_the_verdict_partial() {
     let mut job = io_bound_job();
-    job.lost = [3, 0, 0, 0, 0];
+    job.lost = [3, 0, 0, 0, 0, 0];
     let v = job.judge(&[]);
     assert!(v.summary.contains("partial"), "{}", v.summary);
     assert!(v.evidence.iter().any(|e| e.contains("3 events lost")));
