@@ -327,6 +327,8 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
         if quick { (131_072u64, 6u64, 50_000u64, 2_000u64) } else { (262_144, 12, 100_000, 5_000) };
     let pread = |n: u64| strs(&["pread", "--file", &small, "--ops", &n.to_string()]);
     let loader = |p: u64| strs(&["loader", "--files", &shards.join(","), "--passes", &p.to_string()]);
+    let cold_loader =
+        |p: u64| strs(&["loader", "--files", &shards.join(","), "--passes", &p.to_string(), "--cold", "1"]);
     let futex = |n: u64| strs(&["futex", "--iters", &n.to_string(), "--cpu", "1"]);
     let fork = |n: u64| strs(&["fork", "--n", &n.to_string()]);
     let w = |key, title, what: String, unit, args, strace_args, neighbour| Workload {
@@ -363,6 +365,19 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
             "1 MiB read",
             loader(passes),
             loader(passes),
+            false,
+        ),
+        w(
+            "loader-cold",
+            "DataLoader-like from storage: the same, page cache evicted",
+            format!(
+                "as loader, but each pass evicts its file first (POSIX_FADV_DONTNEED): every read goes to \
+                 storage and fills the page cache, which stall counts as storage bytes; {} passes",
+                passes / 4
+            ),
+            "1 MiB read",
+            cold_loader(passes / 4),
+            cold_loader(passes / 4),
             false,
         ),
         w(
