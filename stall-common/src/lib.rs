@@ -719,19 +719,23 @@ mod tests {
         assert_eq!(size_of::<WakeKey>(), 8);
         assert_eq!(size_of::<WakeStats>(), 32);
         assert_eq!(size_of::<EventHeader>(), 24);
-        assert_eq!(size_of::<OpenEvent>(), 24 + 8 + 16 + PATH_LEN);
+        assert_eq!(size_of::<OpenEvent>(), 24 + 8 + 16 + 8 + PATH_LEN);
+        assert_eq!(size_of::<SwitchEvent>(), 24 + 8 + 8 + 8);
+        assert_eq!(size_of::<InodeKey>(), 16);
+        assert_eq!(size_of::<PageCacheOffsets>(), 32);
         assert_eq!(size_of::<NewTaskEvent>(), 24 + 8 + 8 + 16);
         assert_eq!(size_of::<ExitEvent>(), 24 + size_of::<ThreadStats>() + 16);
         assert_eq!(size_of::<CloseEvent>(), 24 + 8 + 64);
         assert_eq!(size_of::<TaskOffsets>(), 40);
         assert_eq!(size_of::<Regs>(), 16);
-        assert_eq!(size_of::<Config>(), 64);
+        assert_eq!(size_of::<Config>(), 64 + size_of::<PageCacheOffsets>());
         assert_eq!(size_of::<CpuSlot>(), 208);
         for s in [
             size_of::<ThreadStats>(),
             size_of::<OpenEvent>(),
             size_of::<ExitEvent>(),
             size_of::<CloseEvent>(),
+            size_of::<SwitchEvent>(),
         ] {
             assert_eq!(s % 8, 0);
         }
