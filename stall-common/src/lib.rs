@@ -294,8 +294,16 @@ pub struct FileStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct WakeKey {
     pub wakee: u32,
+    /// The waking thread, or (in `WAKES_BY_PROC`, with [`WAKER_ANY_THREAD`])
+    /// its process.
     pub waker: u32,
 }
+
+/// Set in [`WakeKey::waker`] over a process id: some thread of that process
+/// (PIDs stay below 2^22). `WAKES` holds a pair per waking thread; a
+/// many-threaded job can wake itself in more pairs than it has room for,
+/// and the rest are counted per waking process instead of lost.
+pub const WAKER_ANY_THREAD: u32 = 1 << 31;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

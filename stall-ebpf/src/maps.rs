@@ -29,6 +29,10 @@ pub static STORAGE: HashMap<InodeKey, u64> = HashMap::with_max_entries(32768, 0)
 #[map]
 pub static WAKES: HashMap<WakeKey, WakeStats> = HashMap::with_max_entries(32768, 0);
 
+/// What `WAKES` has no room for, per waking process (`WAKER_ANY_THREAD`).
+#[map]
+pub static WAKES_BY_PROC: HashMap<WakeKey, WakeStats> = HashMap::with_max_entries(16384, 0);
+
 /// Syscall number → wait class, filled by the agent for its architecture.
 #[map]
 pub static SYSCALL_CLASS: Array<u8> = Array::with_max_entries(syscall_class::TABLE_LEN, 0);

@@ -19,12 +19,12 @@ use aya_ebpf::{
 };
 use stall_common::{
     counter, fd_kind, inflight, kclock, reason, run_state, slot_state, syscall_class, task_flags, Config,
-    FdKey, ThreadStats, WakeKey, WakeStats,
+    FdKey, ThreadStats, WakeKey, WakeStats, WAKER_ANY_THREAD,
 };
 
 use crate::{
     adopt, atomic_add, bump, config, ids,
-    maps::{FILES, SYSCALL_CLASS, THREADS, WAKES},
+    maps::{FILES, SYSCALL_CLASS, THREADS, WAKES, WAKES_BY_PROC},
     now, running, tracked,
 };
 
@@ -363,13 +363,17 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
         unsafe { atomic_add(&mut (*w).count, 1) };
         return 0;
     }
-    let fresh = WakeStats {
-        count: 1,
-        waker_tgid: (pid_tgid >> 32) as u32,
-        _pad: 0,
-        waker_comm: bpf_get_current_comm().unwrap_or_default(),
-    };
-    if WAKES.insert(key, fresh, 0).is_err() {
+    let waker_tgid = (pid_tgid >> 32) as u32;
+    let fresh =
+        WakeStats { count: 1, waker_tgid, _pad: 0, waker_comm: bpf_get_current_comm().unwrap_or_default() };
+    if WAKES.insert(key, fresh, 0).is_ok() {
+        return 0;
+    }
+    // Full (a thousand threads waking one another): count it per process.
+    let key = WakeKey { wakee: wakee as u32, waker: waker_tgid | WAKER_ANY_THREAD };
+    if let Some(w) = WAKES_BY_PROC.get_ptr_mut(key) {
+        unsafe { atomic_add(&mut (*w).count, 1) };
+    } else if WAKES_BY_PROC.insert(key, fresh, 0).is_err() {
         bump(counter::LOST_WAKE_MAP);
     }
     0

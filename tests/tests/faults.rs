@@ -265,7 +265,7 @@ fn a_fork_storm_is_traced_without_losses() {
     assert_eq!(t["bad"], serde_json::json!([]), "{t}");
     let children = t["children"].as_object().unwrap();
     assert_eq!(children.len(), n);
-    assert_eq!(run.summary()["lost_events"], 0);
+    assert_eq!(run.summary()["lost_events"], 0, "{}", run.summary()["lost_by_cause"]);
     for (pid, k) in children {
         let f = run.file(pid.parse().unwrap(), &data);
         assert_eq!(f["read_bytes"], *k, "child {pid}: {f}");
@@ -279,7 +279,7 @@ fn a_process_of_1000_threads_is_traced_without_losses() {
     let (run, t, data) = run_jobs_py("fault-threads", "threads", n);
     let threads = t["threads"].as_object().unwrap();
     assert_eq!(threads.len(), n);
-    assert_eq!(run.summary()["lost_events"], 0);
+    assert_eq!(run.summary()["lost_events"], 0, "{}", run.summary()["lost_by_cause"]);
     let pid = t["pid"].as_u64().unwrap();
     let mut sum = 0;
     let mut off = Vec::new();

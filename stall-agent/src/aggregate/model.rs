@@ -8,7 +8,7 @@
 //! counted twice. Pure: no kernel, no /proc; unit-tested on synthetic streams.
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
-use stall_common::{counter::LOST_CAUSES, fd_kind};
+use stall_common::{counter::LOST_CAUSES, fd_kind, WAKER_ANY_THREAD};
 
 use super::window::{fold_small_ended, FileWindow, ProcWindow, ThreadWindow, Waker, Window};
 use crate::decode::{Event, FileCounters, FileSnap, Inode, Snapshot, ThreadCounters, ThreadNow};
@@ -531,8 +531,13 @@ impl Model {
             let n = if since_mark { w.total - w.mark.min(w.total) } else { w.total };
             if n > 0 {
                 // A traced waker's current name (the kernel's is from its
-                // first wakeup, maybe before it renamed itself).
-                let comm = self.threads.get(&waker).map_or(&w.waker_comm, |t| &t.comm).clone();
+                // first wakeup, maybe before it renamed itself); a process's
+                // for wakes counted per process.
+                let comm = match waker & WAKER_ANY_THREAD {
+                    0 => self.threads.get(&waker).map(|t| &t.comm),
+                    _ => self.procs.get(&w.waker_tgid).map(|p| &p.comm),
+                };
+                let comm = comm.filter(|c| !c.is_empty()).unwrap_or(&w.waker_comm).clone();
                 woken.entry(wakee).or_default().push(Waker {
                     tid: waker,
                     tgid: w.waker_tgid,
@@ -1019,5 +1024,33 @@ mod tests {
         let w = m.summary(10);
         let by = &w.thread(10).unwrap().1.woken_by;
         assert_eq!(by.iter().map(|b| (b.tid, b.count)).collect::<Vec<_>>(), vec![(22, 30), (21, 3)]);
+    }
+
+    /// Wakes the kernel counted per waking process (its pair table full)
+    /// stay apart from the waking threads', under the process's name and
+    /// with no thread.
+    #[test]
+    fn wakes_counted_per_process_name_no_thread() {
+        let mut m = Model::new(0);
+        m.note_process(20, Some(1), "python3", None);
+        m.apply_snapshot(&Snapshot {
+            ts: 10,
+            threads: vec![ThreadSnap { tid: 10, tgid: 10, ..Default::default() }],
+            wakes: vec![
+                WakeSnap { wakee: 10, waker: 21, waker_tgid: 20, waker_comm: "w1".into(), count: 3 },
+                WakeSnap {
+                    wakee: 10,
+                    waker: 20 | WAKER_ANY_THREAD,
+                    waker_tgid: 20,
+                    waker_comm: "w7".into(),
+                    count: 40,
+                },
+            ],
+            ..Default::default()
+        });
+        let w = m.summary(10);
+        let by = &w.thread(10).unwrap().1.woken_by;
+        let got: Vec<_> = by.iter().map(|b| (b.thread(), b.tgid, b.comm.as_str(), b.count)).collect();
+        assert_eq!(got, vec![(None, 20, "python3", 40), (Some(21), 20, "w1", 3)]);
     }
 }

@@ -315,6 +315,8 @@ pub struct ThreadWindow {
 /// A thread that woke another, and how often in the window.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Waker {
+    /// The waking thread, or its process with `WAKER_ANY_THREAD` set (the
+    /// kernel counted it per process: see [`Waker::thread`]).
     pub tid: u32,
     pub tgid: u32,
     pub comm: String,
@@ -322,6 +324,11 @@ pub struct Waker {
 }
 
 impl Waker {
+    /// The waking thread, where the kernel kept it.
+    pub fn thread(&self) -> Option<u32> {
+        (self.tid & stall_common::WAKER_ANY_THREAD == 0).then_some(self.tid)
+    }
+
     /// Most frequent first (ties by tid, so the order is stable), at most
     /// [`MAX_WAKERS`].
     pub fn rank(wakers: &mut Vec<Waker>) {

@@ -23,7 +23,7 @@ use aya::{
 };
 use stall_common::{
     counter, fd_kind, kclock, reason, run_state, slot_state, syscall_class, task_flags, track_gen, Config,
-    CpuSlot, FdKey, FileStats, InodeKey, Regs, ThreadStats, WakeKey, WakeStats,
+    CpuSlot, FdKey, FileStats, InodeKey, Regs, ThreadStats, WakeKey, WakeStats, WAKER_ANY_THREAD,
 };
 use tokio::io::unix::AsyncFd;
 
@@ -151,6 +151,8 @@ pub struct Capture {
     threads: HashMap<MapData, u32, ThreadStats>,
     files: HashMap<MapData, FdKey, FileStats>,
     wakes: HashMap<MapData, WakeKey, WakeStats>,
+    /// What `wakes` had no room for, per waking process.
+    wakes_by_proc: HashMap<MapData, WakeKey, WakeStats>,
     cgroups: HashMap<MapData, u64, u32>,
     /// Storage bytes per process and file (None: no page-cache hook here).
     storage: Option<HashMap<MapData, InodeKey, u64>>,
@@ -316,6 +318,7 @@ impl Capture {
             threads: take(&mut ebpf, "THREADS")?,
             files: take(&mut ebpf, "FILES")?,
             wakes: take(&mut ebpf, "WAKES")?,
+            wakes_by_proc: take(&mut ebpf, "WAKES_BY_PROC")?,
             cgroups: take(&mut ebpf, "CGROUPS")?,
             storage: if storage_known { Some(take(&mut ebpf, "STORAGE")?) } else { None },
             counters: take(&mut ebpf, "COUNTERS")?,
@@ -644,6 +647,7 @@ impl Capture {
         let wakes = self
             .wakes
             .iter()
+            .chain(self.wakes_by_proc.iter())
             .filter_map(Result::ok)
             .map(|(k, w)| WakeSnap {
                 wakee: k.wakee,
@@ -733,6 +737,17 @@ impl Capture {
                 .collect();
             for k in keys {
                 let _ = self.wakes.remove(&k);
+            }
+        }
+        if !tids.is_empty() || !tgids.is_empty() {
+            let keys: Vec<WakeKey> = self
+                .wakes_by_proc
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| tids.contains(&k.wakee) || tgids.contains(&(k.waker & !WAKER_ANY_THREAD)))
+                .collect();
+            for k in keys {
+                let _ = self.wakes_by_proc.remove(&k);
             }
         }
         out

@@ -117,7 +117,9 @@ pub struct Thread {
 
 #[derive(Serialize)]
 pub struct Waker {
-    pub tid: u32,
+    /// Null where the kernel counted this process's wakes of the thread
+    /// without naming the waking thread (its wake table was full).
+    pub tid: Option<u32>,
     pub pid: u32,
     pub comm: String,
     pub count: u64,
@@ -169,7 +171,7 @@ fn thread(t: &ThreadWindow) -> Thread {
         woken_by: t
             .woken_by
             .iter()
-            .map(|b| Waker { tid: b.tid, pid: b.tgid, comm: b.comm.clone(), count: b.count })
+            .map(|b| Waker { tid: b.thread(), pid: b.tgid, comm: b.comm.clone(), count: b.count })
             .collect(),
     }
 }
