@@ -558,8 +558,10 @@ def job_threads(args):
         io = os.open("/proc/thread-self/io", os.O_RDONLY)
         text = os.read(io, 4096)
         os.close(io)
-        rchar = int(next(l for l in text.split(b"\n") if l.startswith(b"rchar:")).split()[1])
-        tids[threading.get_native_id()] = {"data": k, "read": rchar + len(text)}
+        fields = dict(l.split(b": ") for l in text.split(b"\n") if b": " in l)
+        rchar, syscr = int(fields[b"rchar"]), int(fields[b"syscr"])
+        # syscr: its read calls (this one included), for when bytes disagree.
+        tids[threading.get_native_id()] = {"data": k, "read": rchar + len(text), "calls": syscr + 1}
         done.wait()
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
