@@ -142,7 +142,7 @@ impl Progress {
 /// A file that says the job got somewhere (a log, a checkpoint), not a
 /// kernel interface it writes to (a cgroup's procs, a /proc knob).
 pub fn is_output(path: &str) -> bool {
-    !["/sys/", "/proc/", "/dev/"].iter().any(|p| path.starts_with(p))
+    !crate::aggregate::is_kernel_file(path)
 }
 
 #[cfg(test)]

@@ -29,6 +29,12 @@ fn unknown_pid() {
     let (code, err) = stall_raw(&["attach", "--pid", "999999999"]);
     assert_eq!(code, 4, "{err}");
     assert_eq!(one_line(&err), "stall: no process with PID 999999999");
+    // A --json file the failed run never wrote to is not left behind.
+    let s = Scratch::new("unknown-pid");
+    let json = s.path("out.json");
+    let (code, err) = stall_raw(&["attach", "--pid", "999999999", "--json", json.to_str().unwrap()]);
+    assert_eq!(code, 4, "{err}");
+    assert!(!json.exists(), "an empty {} was left behind", json.display());
 }
 
 #[test]

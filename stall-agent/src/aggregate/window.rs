@@ -61,6 +61,12 @@ impl Window {
     }
 }
 
+/// A file the kernel makes up as it is read (/proc, /sys, /dev): no page
+/// cache, no storage, and no progress when written.
+pub fn is_kernel_file(path: &str) -> bool {
+    ["/sys/", "/proc/", "/dev/"].iter().any(|p| path.starts_with(p))
+}
+
 /// A sum of counts that some windows may not have (None + None is None).
 fn add_known(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
@@ -370,6 +376,9 @@ impl FileWindow {
     /// page cache", "82 % from storage", "from storage (page cache cold)",
     /// or "through a mapping, from storage".
     pub fn source(&self) -> Option<String> {
+        if is_kernel_file(self.resolved.as_deref().unwrap_or(&self.path)) {
+            return None;
+        }
         let storage = self.storage_bytes?;
         if self.read_bytes == 0 {
             return (storage > 0).then(|| "through a mapping, from storage".to_string());
@@ -524,6 +533,8 @@ mod tests {
         assert_eq!(f(1000, Some(0)).source().as_deref(), Some("from the page cache"));
         assert_eq!(f(1000, Some(1000)).source().as_deref(), Some("from storage (page cache cold)"));
         assert_eq!(f(1000, Some(400)).source().as_deref(), Some("40 % from storage"));
+        let proc_file = FileWindow { path: "/proc/self/maps".into(), ..f(1000, Some(0)) };
+        assert_eq!(proc_file.source(), None, "no page cache behind /proc");
         let mapped = f(0, Some(4096));
         assert_eq!(mapped.source().as_deref(), Some("through a mapping, from storage"));
         assert_eq!(mapped.bytes_in(), 4096);

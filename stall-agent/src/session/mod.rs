@@ -58,10 +58,54 @@ pub struct Outcome {
 
 struct Sinks {
     json: Option<Box<dyn Write>>,
+    /// The --json file this run created (None: none, or stdout).
+    json_file: Option<PathBuf>,
     /// Human output: stdout, or stderr when JSON goes to stdout.
     human: Box<dyn Write>,
     live_tty: bool,
     quiet: bool,
+}
+
+/// Standard output or error, where a reader that went away (`stall run ...
+/// | head`) ends the output, not the run: the job is traced to its end and
+/// stall exits with its status, as a pipeline expects.
+struct UntilClosed<W: Write> {
+    out: W,
+    closed: bool,
+}
+
+impl<W: Write> UntilClosed<W> {
+    fn new(out: W) -> Self {
+        Self { out, closed: false }
+    }
+
+    fn check(&mut self, r: std::io::Result<usize>, len: usize) -> std::io::Result<usize> {
+        match r {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(len)
+            }
+            r => r,
+        }
+    }
+}
+
+impl<W: Write> Write for UntilClosed<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.closed {
+            return Ok(buf.len());
+        }
+        let r = self.out.write(buf);
+        self.check(r, buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        let r = self.out.flush().map(|()| 0);
+        self.check(r, 0).map(|_| ())
+    }
 }
 
 impl Sinks {
@@ -71,15 +115,27 @@ impl Sinks {
         let json_stdout = opts.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
         let json: Option<Box<dyn Write>> = match &opts.json {
             None => None,
-            Some(_) if json_stdout => Some(Box::new(std::io::stdout())),
+            Some(_) if json_stdout => Some(Box::new(UntilClosed::new(std::io::stdout()))),
             Some(p) => Some(Box::new(std::io::BufWriter::new(create_json(p)?))),
         };
+        let json_file = opts.json.clone().filter(|_| !json_stdout);
         let (human, tty): (Box<dyn Write>, bool) = if json_stdout {
-            (Box::new(std::io::stderr()), std::io::stderr().is_terminal())
+            (Box::new(UntilClosed::new(std::io::stderr())), std::io::stderr().is_terminal())
         } else {
-            (Box::new(std::io::stdout()), std::io::stdout().is_terminal())
+            (Box::new(UntilClosed::new(std::io::stdout())), std::io::stdout().is_terminal())
         };
-        Ok(Self { json, human, live_tty: tty && !opts.quiet, quiet: opts.quiet })
+        Ok(Self { json, json_file, human, live_tty: tty && !opts.quiet, quiet: opts.quiet })
+    }
+
+    /// After a failed run: a --json file it created and never wrote to is
+    /// removed (an empty file would read as a run that said nothing).
+    fn remove_unwritten_json(&mut self) {
+        self.json = None;
+        if let Some(p) = &self.json_file {
+            if std::fs::metadata(p).is_ok_and(|m| m.len() == 0) {
+                let _ = std::fs::remove_file(p);
+            }
+        }
     }
 }
 
@@ -99,6 +155,14 @@ fn create_json(p: &std::path::Path) -> Result<std::fs::File, Error> {
 
 pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
     let mut sinks = Sinks::open(&opts)?;
+    let outcome = run_with(target, opts, &mut sinks).await;
+    if outcome.is_err() {
+        sinks.remove_unwritten_json();
+    }
+    outcome
+}
+
+async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Outcome> {
     let mut timeline = match (&opts.timeline, &opts.timeline_svg) {
         (None, None) => None,
         (trace, svg) => Some(Recording::create(trace.as_deref(), svg.as_deref(), monotonic_ns())?),
@@ -174,7 +238,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
                 }
                 Wake::Tick => {
                     let tick = interval(&mut job, &mut capture, &mut feed, &mut gpus, timeline.as_mut())?;
-                    emit_interval(&mut sinks, &tick, &out)?;
+                    emit_interval(sinks, &tick, &out)?;
                     if let Some(dir) = &cgroup_dir {
                         if !dir.exists() {
                             break;
@@ -221,7 +285,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         progress: &report.progress,
         startup_s: report.startup_s,
     };
-    if let Some(j) = &mut sinks.json {
+    if let Some(j) = sinks.json.as_mut() {
         writeln!(j, "{}", output::json::line("summary", &view))?;
         j.flush()?;
     }
