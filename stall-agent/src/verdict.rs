@@ -300,10 +300,11 @@ fn judge_kind(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &Progress
         );
         if !workers.is_empty() && wio >= rules::WORKER_SHARE && wio >= wcpu {
             let text = format!(
-                "{waiting}; {} read {} at {}, {} off-CPU in file reads: input pipeline is I/O-bound",
+                "{waiting}; {} read {} at {}{}, {} off-CPU in file reads: input pipeline is I/O-bound",
                 workers_word(workers.len()),
                 units::bytes(reader_bytes),
                 units::rate(reader_bytes, secs),
+                from_storage(&workers, reader_bytes),
                 units::pct(wio)
             );
             return done(Kind::InputIoBound, text, evidence);
@@ -321,11 +322,12 @@ fn judge_kind(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &Progress
         if own_io >= rules::WORKER_SHARE {
             let own = trainer.input_bytes();
             let text = format!(
-                "Trainer main thread {} off-CPU in file reads of {} ({} at {}), no workers: input is I/O-bound",
+                "Trainer main thread {} off-CPU in file reads of {} ({} at {}{}), no workers: input is I/O-bound",
                 units::pct(own_io),
                 units::secs(secs),
                 units::bytes(own),
-                units::rate(own, secs)
+                units::rate(own, secs),
+                from_storage(&[trainer], own)
             );
             return done(Kind::InputIoBound, text, evidence);
         }
@@ -500,6 +502,23 @@ fn is_code_file(path: &str) -> bool {
             .iter()
             .any(|d| path.contains(d))
         || path == "/etc/ld.so.cache"
+}
+
+/// " (98 % from storage, page cache cold)": how much of what `procs` took
+/// in (`bytes`) the page cache had to bring from storage; empty where the
+/// kernel does not show it.
+fn from_storage(procs: &[&ProcWindow], bytes: u64) -> String {
+    let known: Vec<u64> = procs.iter().filter_map(|p| p.storage_bytes).collect();
+    if known.is_empty() || bytes == 0 {
+        return String::new();
+    }
+    let share = (known.iter().sum::<u64>() as f64 / bytes as f64).min(1.0);
+    let cache = match share {
+        s if s > 0.98 => ", page cache cold",
+        s if s < 0.02 => ", from the page cache",
+        _ => "",
+    };
+    format!(" ({:.0} % from storage{cache})", share * 100.0)
 }
 
 fn top_files(w: &Window, secs: f64) -> Vec<String> {

@@ -259,7 +259,11 @@ fn input_io_bound_through_mappings_counts_what_storage_brought_in() {
     }
     let v = job.judge(&[]);
     assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
-    assert!(v.summary.contains("4 workers read 800 MB at 80.0 MB/s"), "{}", v.summary);
+    assert!(
+        v.summary.contains("4 workers read 800 MB at 80.0 MB/s (100 % from storage, page cache cold)"),
+        "{}",
+        v.summary
+    );
     assert!(
         v.evidence.iter().any(|e| e.starts_with("file /data/shard_10")
             && e.contains("200 MB in 0 reads")
