@@ -425,3 +425,27 @@ fn storage_bytes_tell_cold_files_from_cached_ones_for_reads_and_mappings() {
     let p = run.process(pid);
     assert!(p["storage_bytes"].as_u64().unwrap() >= cold, "{p}");
 }
+
+/// A shell that redirects its own stdout (`exec >FILE`: open, dup2 onto 1,
+/// close) writes to that file through fd 1: the bytes are the file's (and
+/// stdio's), under its path.
+#[test]
+fn a_stdout_redirected_inside_the_job_writes_to_its_file() {
+    require_root();
+    let s = Scratch::new("dup2-stdout");
+    let out = s.path("out.txt");
+    let script = format!("exec >{}; echo hello world; echo again", out.display());
+    let run = stall(&["run", "-q", "--", "sh", "-c", &script], &[], T);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let want = std::fs::metadata(&out).unwrap().len();
+    assert_eq!(want, 18);
+    let p = run
+        .processes()
+        .iter()
+        .find(|p| p["comm"] == "sh")
+        .unwrap_or_else(|| panic!("no sh: {:?}", run.processes()));
+    let f = run.file(p["pid"].as_u64().unwrap(), &out);
+    assert_eq!((f["write_bytes"].as_u64(), f["write_calls"].as_u64()), (Some(want), Some(2)), "{f}");
+    assert_eq!(p["file_write_bytes"], want, "{p}");
+    assert_eq!(p["stdio_write_bytes"], want, "{p}");
+}
