@@ -64,6 +64,9 @@ pub(crate) fn bump_by(idx: u32, n: u64) {
     }
 }
 
+/// Map update flag: insert only if the key is not there yet.
+pub(crate) const BPF_NOEXIST: u64 = 1;
+
 /// `lock *(u64 *)(p) += v`: core's atomics are not available on the BPF
 /// target, and counters shared by threads of one process need this.
 #[inline(always)]
@@ -140,8 +143,8 @@ pub(crate) fn adopt(cfg: &Config, tid: u32, tgid: u32) -> Option<Current> {
         delay_ns: delay,
         ..Default::default()
     };
-    // BPF_NOEXIST: never reset a thread another CPU inserted meanwhile.
-    if THREADS.insert(tid, fresh, 1).is_err() && THREADS.get_ptr(tid).is_none() {
+    // Never reset a thread another CPU inserted meanwhile.
+    if THREADS.insert(tid, fresh, BPF_NOEXIST).is_err() && THREADS.get_ptr(tid).is_none() {
         bump(counter::LOST_THREAD_MAP);
         return None;
     }

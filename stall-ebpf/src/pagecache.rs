@@ -12,6 +12,7 @@ use crate::{
     maps::STORAGE,
     running,
     sched::{read_u32, read_u64},
+    BPF_NOEXIST,
 };
 
 /// x86-64's page size.
@@ -75,5 +76,3 @@ pub fn page_cache_fill(ctx: RawTracePointContext) -> i32 {
     }
     0
 }
-
-const BPF_NOEXIST: u64 = 1;

@@ -39,11 +39,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     if cfg.floor != 0 {
         return 0;
     }
-    let nr: i64 = ctx.arg(1);
-    if !(0..i64::from(syscall_class::TABLE_LEN)).contains(&nr) {
-        return 0;
-    }
-    let what = HOOKS.get(nr as u32).copied().unwrap_or(hook::NONE);
+    let what = hook_of(ctx.arg(1));
     if what == hook::NONE {
         return 0;
     }
@@ -57,16 +53,8 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     };
     s.events += 1;
     match what {
-        hook::READ => {
-            s.inflight = inflight::tag(inflight::READ, s.gen);
-            s.inflight_fd = arg0 as i32;
-            s.inflight_ts = if time_this_read(s, &cfg) { now() } else { 0 };
-        }
-        hook::READ_ARG1 => {
-            s.inflight = inflight::tag(inflight::READ, s.gen);
-            s.inflight_fd = reg(regs, r.arg1).unwrap_or(u64::MAX) as i32;
-            s.inflight_ts = if time_this_read(s, &cfg) { now() } else { 0 };
-        }
+        hook::READ => reading(s, &cfg, arg0 as i32),
+        hook::READ_ARG1 => reading(s, &cfg, reg(regs, r.arg1).unwrap_or(u64::MAX) as i32),
         hook::OPENAT => {
             let flags = reg(regs, r.arg2).unwrap_or(0) as u32;
             opening(s, arg0 as i32, reg(regs, r.arg1).unwrap_or(0), flags);
@@ -79,15 +67,11 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
             let flags = unsafe { bpf_probe_read_user(how as *const u64) }.unwrap_or(0) as u32;
             opening(s, arg0 as i32, reg(regs, r.arg1).unwrap_or(0), flags);
         }
-        hook::DUP => {
-            s.inflight = inflight::tag(inflight::DUP, s.gen);
-            s.inflight_fd = arg0 as i32;
-        }
+        hook::DUP => duplicating(s, arg0 as i32),
         hook::FCNTL => {
             let cmd = reg(regs, r.arg1).unwrap_or(0);
             if cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC {
-                s.inflight = inflight::tag(inflight::DUP, s.gen);
-                s.inflight_fd = arg0 as i32;
+                duplicating(s, arg0 as i32);
             }
         }
         hook::WRITE => {
@@ -118,12 +102,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     // The return must be of the call that was entered: a stale in-flight
     // mark (its exit never seen on this slot) would otherwise count, say, a
     // futex wake's return of 1 as a 1-byte read.
-    let nr = reg(regs, cfg.regs.nr).unwrap_or(u64::MAX) as i64;
-    let hooked = if (0..i64::from(syscall_class::TABLE_LEN)).contains(&nr) {
-        HOOKS.get(nr as u32).copied().unwrap_or(hook::NONE)
-    } else {
-        hook::NONE
-    };
+    let hooked = hook_of(reg(regs, cfg.regs.nr).unwrap_or(u64::MAX) as i64);
     if !hook::completes(hooked, what) {
         s.inflight = inflight::NONE;
         return 0;
@@ -160,6 +139,30 @@ const AT_FDCWD: i32 = -100;
 const O_CREAT_WRONLY_TRUNC: u32 = 0o1101;
 const F_DUPFD: u64 = 0;
 const F_DUPFD_CLOEXEC: u64 = 1030;
+
+/// What the programs do with syscall `nr` (`hook::NONE`: nothing).
+#[inline(always)]
+fn hook_of(nr: i64) -> u8 {
+    if !(0..i64::from(syscall_class::TABLE_LEN)).contains(&nr) {
+        return hook::NONE;
+    }
+    HOOKS.get(nr as u32).copied().unwrap_or(hook::NONE)
+}
+
+/// A read-family call entered on `fd`; one in `latency_mask + 1` is timed.
+#[inline(always)]
+fn reading(s: &mut CpuSlot, cfg: &Config, fd: i32) {
+    s.inflight = inflight::tag(inflight::READ, s.gen);
+    s.inflight_fd = fd;
+    s.inflight_ts = if time_this_read(s, cfg) { now() } else { 0 };
+}
+
+/// A dup-family call entered: the copy will name what `fd` names.
+#[inline(always)]
+fn duplicating(s: &mut CpuSlot, fd: i32) {
+    s.inflight = inflight::tag(inflight::DUP, s.gen);
+    s.inflight_fd = fd;
+}
 
 /// An open-family call entered: where its path is relative to, the path
 /// (user memory, read at exit) and its flags.
