@@ -207,6 +207,12 @@ impl KernelBtf {
         Some((bits / 8, self.size(id)?))
     }
 
+    /// Byte offset of `path` in struct `strukt`, if it is one of `sizes`
+    /// bytes long (what the program reads it as).
+    pub fn offset(&self, strukt: &str, path: &str, sizes: &[usize]) -> Option<u32> {
+        self.field(strukt, path).filter(|(_, n)| sizes.contains(n)).map(|(off, _)| off)
+    }
+
     /// Size of struct `name`.
     pub fn struct_size(&self, name: &str) -> Option<usize> {
         self.size(self.struct_id(name)?)
@@ -239,25 +245,24 @@ impl KernelBtf {
     /// Where a page-cache folio's file and size are; None where a field is
     /// missing (the page-cache fill program is then not attached).
     pub fn page_cache_offsets(&self) -> Option<PageCacheOffsets> {
-        let at = |strukt: &str, path: &str, sizes: &[usize]| {
-            self.field(strukt, path).filter(|(_, n)| sizes.contains(n)).map(|(off, _)| off)
-        };
         // Large folios keep their order in the second page: `_folio_order`
         // (6.1, where `_flags_1` is that page's own flags), else the low byte
         // of `_flags_1` (6.6 on); 5.10 has no folios.
-        let order_byte =
-            at("folio", "_folio_order", &[1]).or_else(|| at("folio", "_flags_1", &[8])).unwrap_or(0);
+        let order_byte = self
+            .offset("folio", "_folio_order", &[1])
+            .or_else(|| self.offset("folio", "_flags_1", &[8]))
+            .unwrap_or(0);
         let head_bit = match order_byte {
             0 => 0,
             _ => u32::try_from(self.enumerator("PG_head")?).ok().filter(|b| *b < 64)?,
         };
         Some(PageCacheOffsets {
-            flags: at("page", "flags", &[8])?,
-            mapping: at("page", "mapping", &[8])?,
-            host: at("address_space", "host", &[8])?,
-            ino: at("inode", "i_ino", &[8])?,
-            sb: at("inode", "i_sb", &[8])?,
-            dev: at("super_block", "s_dev", &[4])?,
+            flags: self.offset("page", "flags", &[8])?,
+            mapping: self.offset("page", "mapping", &[8])?,
+            host: self.offset("address_space", "host", &[8])?,
+            ino: self.offset("inode", "i_ino", &[8])?,
+            sb: self.offset("inode", "i_sb", &[8])?,
+            dev: self.offset("super_block", "s_dev", &[4])?,
             head_bit,
             order_byte,
         })
@@ -267,11 +272,9 @@ impl KernelBtf {
     /// kernel lacks `bpf_task_pt_regs`, so the saved registers are found
     /// from `task->stack`, and that field is needed too.
     pub fn task_offsets(&self, regs_from_stack: bool) -> Result<TaskOffsets, CaptureError> {
-        let need = |path: &str, size: &[usize]| -> Result<u32, CaptureError> {
-            match self.field("task_struct", path) {
-                Some((off, n)) if size.contains(&n) => Ok(off),
-                _ => Err(CaptureError::MissingKernelField { field: format!("task_struct.{path}") }),
-            }
+        let need = |path: &str, sizes: &[usize]| -> Result<u32, CaptureError> {
+            self.offset("task_struct", path, sizes)
+                .ok_or_else(|| CaptureError::MissingKernelField { field: format!("task_struct.{path}") })
         };
         // 5.14 renamed `long state` to `unsigned int __state`.
         let state = need("__state", &[4]).or_else(|_| need("state", &[8, 4])).map_err(|_| {

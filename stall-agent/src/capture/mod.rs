@@ -265,9 +265,10 @@ impl Capture {
             timeline: u8::from(opts.timeline),
             latency_mask: latency_mask(opts.latency_sample)?,
             ringbuf_wake_bytes: opts.ringbuf_bytes.unwrap_or(DEFAULT_RINGBUF_BYTES) / 8,
-            page: match tracefs.has(PAGE_CACHE_FILL.1, PAGE_CACHE_FILL.2) {
-                true => kernel_btf.page_cache_offsets().unwrap_or_default(),
-                false => Default::default(),
+            page: if tracefs.has(PAGE_CACHE_FILL.1, PAGE_CACHE_FILL.2) {
+                kernel_btf.page_cache_offsets().unwrap_or_default()
+            } else {
+                Default::default()
             },
         };
         // Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
@@ -703,55 +704,54 @@ impl Capture {
     pub fn retire(&mut self, tgids: &HashSet<u32>, tids: &HashSet<u32>) -> Vec<FileSnap> {
         let mut out = Vec::new();
         if !tgids.is_empty() {
-            let keys: Vec<FdKey> =
-                self.files.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
-            for k in keys {
-                if let Ok(s) = self.files.get(&k, 0) {
-                    out.push(FileSnap {
-                        tgid: k.tgid,
-                        fd: k.fd,
-                        file_id: s.file_id,
-                        kind: s.kind,
-                        counters: (&s).into(),
-                    });
+            out = remove_where(&mut self.files, |k| tgids.contains(&k.tgid))
+                .into_iter()
+                .map(|(k, s)| FileSnap {
+                    tgid: k.tgid,
+                    fd: k.fd,
+                    file_id: s.file_id,
+                    kind: s.kind,
+                    counters: (&s).into(),
+                })
+                .collect();
+            if let Some(storage) = self.storage.as_mut() {
+                // Their last counts were in the snapshot just taken.
+                remove_where(storage, |k| tgids.contains(&k.tgid));
+            }
+        }
+        if tids.is_empty() && tgids.is_empty() {
+            return out;
+        }
+        // Dead wakers too: a parent woken by each of a million short-lived
+        // children would otherwise fill the map (the model keeps the counts).
+        let gone = |k: &WakeKey| {
+            tids.contains(&k.wakee)
+                || match k.waker & WAKER_ANY_THREAD {
+                    0 => tids.contains(&k.waker),
+                    _ => tgids.contains(&(k.waker & !WAKER_ANY_THREAD)),
                 }
-                let _ = self.files.remove(&k);
-            }
-        }
-        if let (Some(storage), false) = (self.storage.as_mut(), tgids.is_empty()) {
-            // Their last counts were in the snapshot just taken.
-            let keys: Vec<InodeKey> =
-                storage.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
-            for k in keys {
-                let _ = storage.remove(&k);
-            }
-        }
-        if !tids.is_empty() {
-            // Dead wakers too: a parent woken by each of a million short-lived
-            // children would otherwise fill the map (the model keeps the counts).
-            let keys: Vec<WakeKey> = self
-                .wakes
-                .keys()
-                .filter_map(Result::ok)
-                .filter(|k| tids.contains(&k.wakee) || tids.contains(&k.waker))
-                .collect();
-            for k in keys {
-                let _ = self.wakes.remove(&k);
-            }
-        }
-        if !tids.is_empty() || !tgids.is_empty() {
-            let keys: Vec<WakeKey> = self
-                .wakes_by_proc
-                .keys()
-                .filter_map(Result::ok)
-                .filter(|k| tids.contains(&k.wakee) || tgids.contains(&(k.waker & !WAKER_ANY_THREAD)))
-                .collect();
-            for k in keys {
-                let _ = self.wakes_by_proc.remove(&k);
-            }
-        }
+        };
+        remove_where(&mut self.wakes, gone);
+        remove_where(&mut self.wakes_by_proc, gone);
         out
     }
+}
+
+/// Removes the entries of `map` whose key is `gone`; returns them as they
+/// stood just before (a process's last counts).
+fn remove_where<K: aya::Pod, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    gone: impl Fn(&K) -> bool,
+) -> Vec<(K, V)> {
+    let keys: Vec<K> = map.keys().filter_map(Result::ok).filter(|k| gone(k)).collect();
+    let mut removed = Vec::with_capacity(keys.len());
+    for k in keys {
+        if let Ok(v) = map.get(&k, 0) {
+            removed.push((k, v));
+        }
+        let _ = map.remove(&k);
+    }
+    removed
 }
 
 /// A program of the object, loaded (`load` is the type's own).
