@@ -5,7 +5,7 @@ use serde::Serialize;
 use stall_common::reason;
 
 use crate::{
-    aggregate::{ProcWindow, ThreadWindow, Waker, Window},
+    aggregate::{storage_share, PageCache, ProcWindow, ThreadWindow, Waker, Window},
     capture::syscalls,
     correlate::Roles,
     progress::ProgressView,
@@ -512,11 +512,11 @@ fn from_storage(procs: &[&ProcWindow], bytes: u64) -> String {
     if known.is_empty() || bytes == 0 {
         return String::new();
     }
-    let share = (known.iter().sum::<u64>() as f64 / bytes as f64).min(1.0);
-    let cache = match share {
-        s if s > 0.98 => ", page cache cold",
-        s if s < 0.02 => ", from the page cache",
-        _ => "",
+    let share = storage_share(known.iter().sum(), bytes);
+    let cache = match PageCache::of(share) {
+        Some(PageCache::Cold) => ", page cache cold",
+        Some(PageCache::Warm) => ", from the page cache",
+        None => "",
     };
     format!(" ({:.0} % from storage{cache})", share * 100.0)
 }

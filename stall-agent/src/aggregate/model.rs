@@ -65,19 +65,40 @@ pub struct File {
     pub close_ts: Option<u64>,
 }
 
-/// Bytes one process caused to be read from storage for one file.
-#[derive(Debug, Clone, Default)]
-struct Storage {
+/// One count the kernel keeps cumulative (wakes of a pair, storage bytes
+/// of a file): `total` as last read, `mark` at the end of the previous
+/// interval window.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
     total: u64,
     mark: u64,
+}
+
+impl Tally {
+    /// A reading of the kernel's count (never taken back).
+    fn see(&mut self, count: u64) {
+        self.total = self.total.max(count);
+    }
+
+    /// Since the last mark, or the whole run.
+    fn since(&self, since_mark: bool) -> u64 {
+        if since_mark {
+            self.total.saturating_sub(self.mark)
+        } else {
+            self.total
+        }
+    }
+
+    fn set_mark(&mut self) {
+        self.mark = self.total;
+    }
 }
 
 #[derive(Debug, Clone, Default)]
 struct Wake {
     waker_tgid: u32,
     waker_comm: String,
-    total: u64,
-    mark: u64,
+    count: Tally,
 }
 
 #[derive(Debug, Default)]
@@ -90,7 +111,7 @@ pub struct Model {
     pub files: HashMap<u64, File>,
     wakes: HashMap<(u32, u32), Wake>,
     /// Storage bytes per (process, file); None: not seen on this kernel.
-    storage: Option<HashMap<(u32, Inode), Storage>>,
+    storage: Option<HashMap<(u32, Inode), Tally>>,
     /// The path a process opened each file by (kept after it closes: the
     /// page cache fills a mapping long after its descriptor is gone).
     inode_paths: HashMap<(u32, Inode), (String, Option<String>)>,
@@ -285,13 +306,12 @@ impl Model {
             let storage = self.storage.get_or_insert_with(HashMap::new);
             for s in fills {
                 // Cumulative in the kernel until the process is retired.
-                let e = storage.entry((s.tgid, s.inode)).or_default();
-                e.total = e.total.max(s.bytes);
+                storage.entry((s.tgid, s.inode)).or_default().see(s.bytes);
             }
         }
         for w in &snap.wakes {
             let e = self.wakes.entry((w.wakee, w.waker)).or_default();
-            e.total = e.total.max(w.count);
+            e.count.see(w.count);
             e.waker_tgid = w.waker_tgid;
             e.waker_comm.clone_from(&w.waker_comm);
         }
@@ -435,10 +455,10 @@ impl Model {
             f.mark = f.total;
         }
         for w in self.wakes.values_mut() {
-            w.mark = w.total;
+            w.count.set_mark();
         }
         for s in self.storage.iter_mut().flat_map(|m| m.values_mut()) {
-            s.mark = s.total;
+            s.set_mark();
         }
         self.opened.clear();
         self.lost_mark = self.lost;
@@ -528,7 +548,7 @@ impl Model {
 
         let mut woken: HashMap<u32, Vec<Waker>> = HashMap::new();
         for (&(wakee, waker), w) in &self.wakes {
-            let n = if since_mark { w.total - w.mark.min(w.total) } else { w.total };
+            let n = w.count.since(since_mark);
             if n > 0 {
                 // A traced waker's current name (the kernel's is from its
                 // first wakeup, maybe before it renamed itself); a process's
@@ -606,7 +626,7 @@ impl Model {
             }
             for ((tgid, inode), s) in storage {
                 let Some(&i) = index.get(tgid) else { continue };
-                let n = if since_mark { s.total.saturating_sub(s.mark) } else { s.total };
+                let n = s.since(since_mark);
                 if n == 0 {
                     continue;
                 }

@@ -67,6 +67,29 @@ pub fn is_kernel_file(path: &str) -> bool {
     ["/sys/", "/proc/", "/dev/"].iter().any(|p| path.starts_with(p))
 }
 
+/// The part of `bytes` that came from storage (`storage` of them), at most 1.
+pub fn storage_share(storage: u64, bytes: u64) -> f64 {
+    (storage as f64 / bytes as f64).min(1.0)
+}
+
+/// What a share read from storage says of the page cache, where it says
+/// something: it served nearly all (warm) or nearly none (cold).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageCache {
+    Warm,
+    Cold,
+}
+
+impl PageCache {
+    pub fn of(storage_share: f64) -> Option<Self> {
+        match storage_share {
+            s if s < 0.02 => Some(Self::Warm),
+            s if s > 0.98 => Some(Self::Cold),
+            _ => None,
+        }
+    }
+}
+
 /// A sum of counts that some windows may not have (None + None is None).
 fn add_known(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
@@ -383,10 +406,11 @@ impl FileWindow {
         if self.read_bytes == 0 {
             return (storage > 0).then(|| "through a mapping, from storage".to_string());
         }
-        Some(match storage as f64 / self.read_bytes as f64 {
-            s if s < 0.02 => "from the page cache".to_string(),
-            s if s > 0.98 => "from storage (page cache cold)".to_string(),
-            s => format!("{:.0} % from storage", s * 100.0),
+        let share = storage_share(storage, self.read_bytes);
+        Some(match PageCache::of(share) {
+            Some(PageCache::Warm) => "from the page cache".to_string(),
+            Some(PageCache::Cold) => "from storage (page cache cold)".to_string(),
+            None => format!("{:.0} % from storage", share * 100.0),
         })
     }
 

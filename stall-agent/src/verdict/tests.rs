@@ -72,8 +72,9 @@ impl Job {
         self.thread(100, 100, c, now)
     }
 
-    /// A worker process (child of the trainer) reading `bytes` from its own file.
-    fn worker(mut self, pid: u32, on: f64, off: [f64; 6], bytes: u64) -> Self {
+    /// A worker process (child of the trainer) that opened `path` as fd 5;
+    /// the file's id is the pid.
+    fn worker_opening(&mut self, pid: u32, path: String) -> u64 {
         self.model.note_process(pid, Some(100), "pt_data_worker", None);
         let id = u64::from(pid);
         self.model.apply(&Event::Open {
@@ -82,10 +83,16 @@ impl Job {
             tgid: pid,
             fd: 5,
             file_id: id,
-            path: format!("/data/rows_{pid}.pt"),
+            path,
             dfd: -100,
             dup_of: None,
         });
+        id
+    }
+
+    /// A worker process (child of the trainer) reading `bytes` from its own file.
+    fn worker(mut self, pid: u32, on: f64, off: [f64; 6], bytes: u64) -> Self {
+        let id = self.worker_opening(pid, format!("/data/rows_{pid}.pt"));
         self.files.push(FileSnap {
             tgid: pid,
             fd: 5,
@@ -107,18 +114,7 @@ impl Job {
     /// A worker that maps its shard (opened, mapped, closed) and faults
     /// `bytes` of it in from storage: no read() at all.
     fn mapping_worker(mut self, pid: u32, on: f64, off: [f64; 6], bytes: u64) -> Self {
-        self.model.note_process(pid, Some(100), "pt_data_worker", None);
-        let id = u64::from(pid);
-        self.model.apply(&Event::Open {
-            ts: 0,
-            tid: pid,
-            tgid: pid,
-            fd: 5,
-            file_id: id,
-            path: format!("/data/shard_{pid}.safetensors"),
-            dfd: -100,
-            dup_of: None,
-        });
+        let id = self.worker_opening(pid, format!("/data/shard_{pid}.safetensors"));
         let inode = Inode { dev: 8 << 20, ino: id };
         self.model.set_file_kind(id, fd_kind::REGULAR);
         self.model.set_file_inode(id, inode);
