@@ -421,47 +421,31 @@ class TimeUp(Exception):
     """--max-seconds has passed."""
 
 
-def mapped_worker_loop(worker_id, paths, batch_bytes, index_queue, result_queue):
-    """An mmap-mode DataLoader worker: maps each shard (the descriptor is
-    closed at once, as numpy and torch do) and copies its batches out of the
-    mapping; the pages come from the disk by page faults and read-ahead.
-    Messages as in worker_loop, the bytes being those copied."""
-    import mmap
-
+def file_worker_loop(worker_id, paths, batches, index_queue, result_queue):
+    """An io- or mmap-mode DataLoader worker: file indices in, batch
+    summaries out. `batches(path)` yields (bytes, crc) per batch of the
+    file; each batch message carries those bytes, and after a file a "file"
+    message carries the file's bytes and when it was open."""
     while True:
         idx = index_queue.get()
         if idx is None:
             break
         opened = time.monotonic()
         file_bytes = 0
-        with open(paths[idx], "rb", buffering=0) as f:
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-        with m:
-            size = len(m)
-            while file_bytes < size:
-                batch = m[file_bytes:file_bytes + batch_bytes]  # the copy faults the pages in
-                crc = zlib.crc32(batch)
-                file_bytes += len(batch)
-                result_queue.put(("batch", worker_id, idx, len(batch), crc))
+        for got, crc in batches(paths[idx]):
+            file_bytes += got
+            result_queue.put(("batch", worker_id, idx, got, crc))
         result_queue.put(("file", worker_id, idx, file_bytes, (opened, time.monotonic())))
 
 
-def worker_loop(worker_id, paths, batch_bytes, index_queue, result_queue):
-    """An io-mode DataLoader worker: file indices in, batch summaries out.
-
-    Each batch message carries the bytes its read(2) calls returned; after a
-    file, a "file" message carries the file's bytes and when it was open."""
+def read_batches(batch_bytes):
+    """io mode: a file's batches by read(2), the bytes being what the calls
+    returned; the file is evicted first so that the reads go to the disk."""
     buf = bytearray(CHUNK)
     view = memoryview(buf)
-    while True:
-        idx = index_queue.get()
-        if idx is None:
-            break
-        opened = time.monotonic()
-        file_bytes = 0
-        with open(paths[idx], "rb", buffering=0) as f:
-            # Evict the file so that this read goes to the disk.
+
+    def batches(path):
+        with open(path, "rb", buffering=0) as f:
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             while True:
                 got, crc = 0, 0
@@ -472,10 +456,30 @@ def worker_loop(worker_id, paths, batch_bytes, index_queue, result_queue):
                     crc = zlib.crc32(view[:n], crc)  # "decode" the batch, cheaply
                     got += n
                 if got == 0:
-                    break
-                file_bytes += got
-                result_queue.put(("batch", worker_id, idx, got, crc))
-        result_queue.put(("file", worker_id, idx, file_bytes, (opened, time.monotonic())))
+                    return
+                yield got, crc
+
+    return batches
+
+
+def mapped_batches(batch_bytes):
+    """mmap mode: maps the (evicted) file, closes the descriptor at once, as
+    numpy and torch do, and copies the batches out of the mapping; the pages
+    come from the disk by page faults and read-ahead."""
+    import mmap
+
+    def batches(path):
+        with open(path, "rb", buffering=0) as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        with m:
+            done = 0
+            while done < len(m):
+                batch = m[done:done + batch_bytes]  # the copy faults the pages in
+                done += len(batch)
+                yield len(batch), zlib.crc32(batch)
+
+    return batches
 
 
 def decode(data, ms, seed):
@@ -509,10 +513,9 @@ def worker_main(worker_id, args, paths, data, never, index_queue, result_queue):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if args.mode == "hang":
         never.wait()  # never set: blocks in futex, before reading anything
-    if args.mode == "io":
-        worker_loop(worker_id, paths, args.batch_kb * 1024, index_queue, result_queue)
-    elif args.mode == "mmap":
-        mapped_worker_loop(worker_id, paths, args.batch_kb * 1024, index_queue, result_queue)
+    if args.mode in FILE_MODES:
+        batches = (read_batches if args.mode == "io" else mapped_batches)(args.batch_kb * 1024)
+        file_worker_loop(worker_id, paths, batches, index_queue, result_queue)
     else:
         memory_loop(worker_id, data, args.decode_ms, index_queue, result_queue)
 

@@ -633,13 +633,15 @@ def job_read_paths(args):
             raise OSError(ctypes.get_errno(), what)
         return fd
 
-    def drain(fd, chunk):
+    def until_eof(step):
+        """Calls `step` (bytes moved by one call) until it moves none; the sum."""
         n = 0
-        while True:
-            b = os.read(fd, chunk)
-            if not b:
-                return n
-            n += len(b)
+        while k := step():
+            n += k
+        return n
+
+    def drain(fd, chunk):
+        return until_eof(lambda: len(os.read(fd, chunk)))
 
     # open(2): Python and glibc use openat.
     p = make("by-open.bin", 10_007)
@@ -681,38 +683,26 @@ def job_read_paths(args):
 
     p = make("by-sendfile.bin", 30_013)
     fd = os.open(p, os.O_RDONLY)
-    n = 0
-    while True:
-        k = os.sendfile(sink, fd, None, 8_191)
-        if k == 0:
-            break
-        n += k
-    truth["read"][p] = n
+    truth["read"][p] = until_eof(lambda: os.sendfile(sink, fd, None, 8_191))
     os.close(fd)
 
     p = make("by-copy-file-range.bin", 40_009)
     fd = os.open(p, os.O_RDONLY)
-    n = 0
-    while True:
-        k = os.copy_file_range(fd, sink, 6_007)
-        if k == 0:
-            break
-        n += k
-    truth["read"][p] = n
+    truth["read"][p] = until_eof(lambda: os.copy_file_range(fd, sink, 6_007))
     os.close(fd)
 
     p = make("by-splice.bin", 25_013)
     fd = os.open(p, os.O_RDONLY)
     r, w = os.pipe()
-    n = 0
-    while True:
+
+    def spliced():
         k = os.splice(fd, w, 4_093)
-        if k == 0:
-            break
-        n += k
-        # Emptied, so the pipe never fills (read: IPC bytes, not the file's).
-        os.read(r, k)
-    truth["read"][p] = n
+        if k:
+            # Emptied, so the pipe never fills (read: IPC bytes, not the file's).
+            os.read(r, k)
+        return k
+
+    truth["read"][p] = until_eof(spliced)
     for x in (fd, r, w, sink):
         os.close(x)
     write_truth(truth)
