@@ -40,6 +40,10 @@ goes to stdout at the end. Exit status 0 on success (also when stopped by
 Other input pipelines (--mode), for stall's scenario tests:
 
   io       the above (default): the workers wait on the disk -> input-io-bound
+  mmap     as io, but the workers map each shard and copy batches out of the
+           mapping (what torch.load(mmap=True), safetensors and Hugging Face
+           datasets' Arrow files do): no read(2) at all, the bytes come by
+           page faults -> input-io-bound
   cpu      no files: each worker "decodes/augments" every batch from memory
            with --decode-ms of CPU (zlib + Python) -> input-cpu-bound
   hang     the workers block forever on a multiprocessing Event that is never
@@ -91,10 +95,12 @@ def log(msg):
     print(f"{TAG} {msg}", file=sys.stderr, flush=True)
 
 
-MODES = ("io", "cpu", "hang", "healthy")
+MODES = ("io", "mmap", "cpu", "hang", "healthy")
+# The modes whose workers read shard files.
+FILE_MODES = ("io", "mmap")
 # Per-mode defaults of --compute-ms and --decode-ms.
-COMPUTE_MS = {"io": 2.0, "cpu": 2.0, "hang": 2.0, "healthy": 200.0}
-DECODE_MS = {"io": 0.0, "cpu": 50.0, "hang": 0.0, "healthy": 30.0}
+COMPUTE_MS = {"io": 2.0, "mmap": 2.0, "cpu": 2.0, "hang": 2.0, "healthy": 200.0}
+DECODE_MS = {"io": 0.0, "mmap": 0.0, "cpu": 50.0, "hang": 0.0, "healthy": 30.0}
 
 
 def parse_args(argv=None):
@@ -308,20 +314,32 @@ def remove_stale(parent):
 
 
 def setup_v2(parent, name, back, major, minor, bps, description):
-    control = os.path.join(parent, "cgroup.subtree_control")
-    with open(control) as f:
-        enable = "io" not in f.read().split()
-    if enable:
-        write(control, "+io")
+    # io must be passed down from the root to `parent`: enable it on every
+    # level that does not yet (each holds no processes, the root excepted).
+    mnt = cgroup2_mount()
+    levels, p = [], parent.rstrip("/")
+    while True:
+        levels.append(p)
+        if p == mnt.rstrip("/") or p in ("", "/"):
+            break
+        p = os.path.dirname(p)
+    enabled = []
 
     def undo():
-        if enable:
+        for control in reversed(enabled):
             try:
                 write(control, "-io")
             except OSError:
                 pass
 
     try:
+        for level in reversed(levels):
+            control = os.path.join(level, "cgroup.subtree_control")
+            with open(control) as f:
+                if "io" in f.read().split():
+                    continue
+            write(control, "+io")
+            enabled.append(control)
         remove_stale(parent)
         path = os.path.join(parent, name)
         os.mkdir(path)
@@ -403,21 +421,31 @@ class TimeUp(Exception):
     """--max-seconds has passed."""
 
 
-def worker_loop(worker_id, paths, batch_bytes, index_queue, result_queue):
-    """An io-mode DataLoader worker: file indices in, batch summaries out.
-
-    Each batch message carries the bytes its read(2) calls returned; after a
-    file, a "file" message carries the file's bytes and when it was open."""
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
+def file_worker_loop(worker_id, paths, batches, index_queue, result_queue):
+    """An io- or mmap-mode DataLoader worker: file indices in, batch
+    summaries out. `batches(path)` yields (bytes, crc) per batch of the
+    file; each batch message carries those bytes, and after a file a "file"
+    message carries the file's bytes and when it was open."""
     while True:
         idx = index_queue.get()
         if idx is None:
             break
         opened = time.monotonic()
         file_bytes = 0
-        with open(paths[idx], "rb", buffering=0) as f:
-            # Evict the file so that this read goes to the disk.
+        for got, crc in batches(paths[idx]):
+            file_bytes += got
+            result_queue.put(("batch", worker_id, idx, got, crc))
+        result_queue.put(("file", worker_id, idx, file_bytes, (opened, time.monotonic())))
+
+
+def read_batches(batch_bytes):
+    """io mode: a file's batches by read(2), the bytes being what the calls
+    returned; the file is evicted first so that the reads go to the disk."""
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+
+    def batches(path):
+        with open(path, "rb", buffering=0) as f:
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             while True:
                 got, crc = 0, 0
@@ -428,10 +456,30 @@ def worker_loop(worker_id, paths, batch_bytes, index_queue, result_queue):
                     crc = zlib.crc32(view[:n], crc)  # "decode" the batch, cheaply
                     got += n
                 if got == 0:
-                    break
-                file_bytes += got
-                result_queue.put(("batch", worker_id, idx, got, crc))
-        result_queue.put(("file", worker_id, idx, file_bytes, (opened, time.monotonic())))
+                    return
+                yield got, crc
+
+    return batches
+
+
+def mapped_batches(batch_bytes):
+    """mmap mode: maps the (evicted) file, closes the descriptor at once, as
+    numpy and torch do, and copies the batches out of the mapping; the pages
+    come from the disk by page faults and read-ahead."""
+    import mmap
+
+    def batches(path):
+        with open(path, "rb", buffering=0) as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        with m:
+            done = 0
+            while done < len(m):
+                batch = m[done:done + batch_bytes]  # the copy faults the pages in
+                done += len(batch)
+                yield len(batch), zlib.crc32(batch)
+
+    return batches
 
 
 def decode(data, ms, seed):
@@ -465,8 +513,9 @@ def worker_main(worker_id, args, paths, data, never, index_queue, result_queue):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if args.mode == "hang":
         never.wait()  # never set: blocks in futex, before reading anything
-    if args.mode == "io":
-        worker_loop(worker_id, paths, args.batch_kb * 1024, index_queue, result_queue)
+    if args.mode in FILE_MODES:
+        batches = (read_batches if args.mode == "io" else mapped_batches)(args.batch_kb * 1024)
+        file_worker_loop(worker_id, paths, batches, index_queue, result_queue)
     else:
         memory_loop(worker_id, data, args.decode_ms, index_queue, result_queue)
 
@@ -637,8 +686,8 @@ class Job:
 
     def run(self):
         a = self.args
-        what = (f"read {a.epochs} x {len(self.paths)} files, {a.batch_kb} KiB batches" if a.mode == "io"
-                else f"make {a.epochs} x {a.batches} batches ({a.mode} mode)")
+        what = (f"read {a.epochs} x {len(self.paths)} files, {a.batch_kb} KiB batches ({a.mode} mode)"
+                if a.mode in FILE_MODES else f"make {a.epochs} x {a.batches} batches ({a.mode} mode)")
         # Progress goes out before the PID line: once stall is attached, its
         # screen is the demo's output.
         log(f"trainer pid {os.getpid()} (comm 'trainer') starts {a.workers} workers (comm 'pt_data_worker') "
@@ -651,7 +700,7 @@ class Job:
             if a.start_after:
                 while not os.path.exists(a.start_after):
                     self.pause(0.02)
-            epoch_fn = self.file_epoch if a.mode == "io" else self.batch_epoch
+            epoch_fn = self.file_epoch if a.mode in FILE_MODES else self.batch_epoch
             for epoch in range(a.epochs):
                 if a.respawn or epoch == 0:
                     self.start_workers(epoch)
@@ -679,7 +728,7 @@ class Job:
 
     def report(self):
         secs = max(self.t_end - (self.t0 or self.t_end), 1e-9)
-        if self.args.mode == "io":
+        if self.args.mode in FILE_MODES:
             rate = self.total_bytes / 1e6 / secs
             shares = " ".join(f"{b / 1e6 / secs:.0f}" for b in self.per_worker)
             print(f"workload: read {self.total_bytes / 1e9:.2f} GB in {self.batches} batches in {secs:.1f} s = "
@@ -698,7 +747,7 @@ def main(argv=None):
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)
     throttle = None
-    if args.mode == "io":
+    if args.mode in FILE_MODES:
         name = args.cgroup_name or f"stall-demo-{os.getpid()}"
         paths = generate(args.cache_dir, file_names(args.files), args.file_mb * 1_000_000)
         if args.prepare_only:

@@ -248,6 +248,9 @@ fn pipe_pair() -> Res<(i32, i32)> {
 fn loader(o: &Opts) -> Res<String> {
     let files: Vec<String> = o.req("files")?.split(',').map(str::to_string).collect();
     let passes = o.num::<u64>("passes")?.unwrap_or(1);
+    // --cold 1: each pass evicts its file from the page cache first, so the
+    // reads go to storage (and fill the cache: the storage hook's cost).
+    let cold = o.num::<u8>("cold")?.unwrap_or(0) != 0;
     let mut chunks = 0u64;
     for f in &files {
         let len = std::fs::metadata(f).map_err(|e| format!("{f}: {e}"))?.len();
@@ -282,6 +285,9 @@ fn loader(o: &Opts) -> Res<String> {
                     let fd = libc::open(cpath.as_ptr(), libc::O_RDONLY);
                     if fd < 0 {
                         libc::_exit(1);
+                    }
+                    if cold {
+                        libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
                     }
                     while libc::read(fd, buf, CHUNK) > 0 {}
                     libc::close(fd);

@@ -5,19 +5,47 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::{capture::SyscallHooks, gpu::GpuSelect};
 
-pub const EXIT_CODES: &str = "\
+macro_rules! privileges {
+    () => {
+        "\
+PRIVILEGES (run, attach, daemon): root, or these capabilities, all of them:
+    CAP_BPF              create BPF maps and load the programs
+    CAP_PERFMON          load tracing programs and attach them to tracepoints
+    CAP_DAC_READ_SEARCH  read tracefs (mode 700: tracepoint layouts and ids) and other
+                         users' /proc/PID/fd and /proc/PID/task/TID/syscall
+    CAP_SYS_PTRACE       see which file each descriptor of the job is and which syscall
+                         its threads wait in (/proc's ptrace checks)
+    Missing one, stall exits 3 naming it. CAP_SYS_ADMIN is needed only where tracefs
+    is not mounted (stall mounts it), or where kernel.perf_event_paranoid is above 2
+    on Debian's and Ubuntu's kernels (Debian's default is 3): they then open perf
+    events for CAP_SYS_ADMIN only; set it to 2 instead. `stall run` starts the
+    command without stall's ambient capabilities."
+    };
+}
+
+macro_rules! exit_codes {
+    () => {
+        "\
 EXIT CODES:
     0    success (stall attach)
     N    stall run: the command's own exit status (128+signal if it was killed)
     1    internal error
-    2    usage error
-    3    not privileged: needs root, or CAP_BPF and CAP_PERFMON
+    2    usage error (bad option value, --json path not writable)
+    3    not privileged: a capability above is missing, or the kernel refused (EPERM)
     4    target not found: no such PID, or not a cgroup v2 directory
     5    kernel not supported: missing tracepoint, tracefs or BPF feature
     6    GPU asked for with --gpu, but NVML or the device is not available
     7    stall daemon: cannot listen on the --listen address (e.g. port taken)
     126  stall run: the command is not executable
-    127  stall run: the command was not found";
+    127  stall run: the command was not found"
+    };
+}
+
+/// The exit codes, as `--help` lists them.
+pub const EXIT_CODES: &str = exit_codes!();
+/// What capabilities stall needs, as `--help` lists them.
+pub const PRIVILEGES: &str = privileges!();
+const AFTER_HELP: &str = concat!(privileges!(), "\n\n", exit_codes!());
 
 pub mod exit {
     pub const INTERNAL: i32 = 1;
@@ -36,7 +64,7 @@ pub mod exit {
     name = "stall",
     version,
     about = "Why is the GPU idle? Traces a training job from the kernel (eBPF) and says what holds it back.",
-    after_help = EXIT_CODES
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -46,7 +74,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a command and trace it and everything it starts; exit with its status.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = AFTER_HELP)]
     Run {
         #[command(flatten)]
         common: Common,
@@ -55,7 +83,7 @@ pub enum Command {
         cmd: Vec<OsString>,
     },
     /// Attach to a running job: a PID and its descendants, or a cgroup.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = AFTER_HELP)]
     Attach {
         #[command(flatten)]
         target: AttachTarget,
@@ -63,7 +91,7 @@ pub enum Command {
         common: Common,
     },
     /// Watch every job on this node continuously and export Prometheus metrics.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = AFTER_HELP)]
     Daemon {
         /// A cgroup v2 whose child cgroups are the jobs (repeatable; e.g. kubepods.slice).
         #[arg(long = "cgroup-root", required = true, value_name = "PATH")]
@@ -74,8 +102,8 @@ pub enum Command {
         /// Address for /metrics and /jobs.
         #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
         listen: std::net::SocketAddr,
-        /// Seconds between updates.
-        #[arg(long, default_value = "5", value_parser = parse_secs, value_name = "SECS")]
+        /// Time between updates: seconds (5, 0.5) or with a unit (30s, 2m, 1h).
+        #[arg(long, default_value = "5", value_parser = parse_duration, value_name = "DURATION")]
         interval: Duration,
         /// GPUs to sample: `off`, `all`, or indices like `0,2`.
         #[arg(long, value_name = "off|all|0,2")]
@@ -89,16 +117,16 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "tiered")]
         capture: CaptureMode,
         /// Tiered: full capture once a job's GPU has been idle this long.
-        #[arg(long, default_value = "10", value_parser = parse_secs, value_name = "SECS")]
+        #[arg(long, default_value = "10", value_parser = parse_duration, value_name = "DURATION")]
         escalate_idle: Duration,
         /// Tiered: full capture once a job behind a busy GPU has not read or written anything this long.
-        #[arg(long, default_value = "120", value_parser = parse_secs, value_name = "SECS")]
+        #[arg(long, default_value = "120", value_parser = parse_duration, value_name = "DURATION")]
         escalate_silent: Duration,
         /// Tiered: a full capture lasts at most this long (it ends early once the GPU is busy again).
-        #[arg(long, default_value = "60", value_parser = parse_secs, value_name = "SECS")]
+        #[arg(long, default_value = "60", value_parser = parse_duration, value_name = "DURATION")]
         full_window: Duration,
         /// Tiered: after a full capture, no other for the job before this long.
-        #[arg(long, default_value = "120", value_parser = parse_secs, value_name = "SECS")]
+        #[arg(long, default_value = "120", value_parser = parse_duration, value_name = "DURATION")]
         cooldown: Duration,
         #[command(flatten)]
         hooks: HooksArg,
@@ -132,11 +160,11 @@ pub struct AttachTarget {
 
 #[derive(Args, Debug, Clone)]
 pub struct Common {
-    /// Seconds between live updates.
-    #[arg(long, default_value = "1", value_parser = parse_secs, value_name = "SECS")]
+    /// Time between live updates: seconds (1, 0.5) or with a unit (30s, 2m, 1h).
+    #[arg(long, default_value = "1", value_parser = parse_duration, value_name = "DURATION")]
     pub interval: Duration,
-    /// Stop after this many seconds (default: when the target exits, or Ctrl-C).
-    #[arg(long, value_parser = parse_secs, value_name = "SECS")]
+    /// Stop after this long: seconds (30, 0.5) or with a unit (30s, 2m, 1h). Default: when the target exits, or Ctrl-C.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub duration: Option<Duration>,
     /// Write JSON Lines here (`-`: stdout; human output then goes to stderr).
     #[arg(long, value_name = "PATH")]
@@ -160,6 +188,18 @@ pub struct Common {
     /// are always exact; timing costs more than the rest of a read's count.
     #[arg(long, value_name = "N", default_value = "8", value_parser = parse_sample)]
     pub latency_sample: u32,
+    /// Write a timeline of every traced thread's states, its file reads, the
+    /// GPUs and the verdicts as a Chrome trace (JSON; gzip if FILE ends in
+    /// .gz) that Perfetto and chrome://tracing open: docs/TIMELINE.md.
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
+    /// The same timeline as a self-contained SVG picture.
+    #[arg(long, value_name = "FILE")]
+    pub timeline_svg: Option<PathBuf>,
+    /// Read the Python stacks of the threads the verdict names this often,
+    /// whatever the verdict (the bench measures what reading costs the job).
+    #[arg(long, hide = true, value_parser = parse_duration, value_name = "DURATION")]
+    pub python_stacks_every: Option<Duration>,
     #[command(flatten)]
     pub hooks: HooksArg,
 }
@@ -183,18 +223,96 @@ fn parse_sample(s: &str) -> Result<u32, String> {
     }
 }
 
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    if !(v > 0.0 && v.is_finite()) {
-        return Err(format!("{s:?} must be a positive number of seconds"));
+/// One parser for every duration option: seconds (`30`, `0.5`) or a number
+/// with a unit (`30s`, `2m`, `1h`, `500ms`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad =
+        || format!("{s:?} is not a duration: use seconds (30, 0.5) or a number with s, m or h (30s, 2m, 1h)");
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale = match unit {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(bad()),
+    };
+    // Digits and one dot only: no signs, exponents, "inf" or "nan".
+    if num.is_empty() || !num.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err(bad());
     }
-    Ok(Duration::from_secs_f64(v))
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    let secs = v * scale;
+    if secs <= 0.0 {
+        return Err(format!("{s:?}: a duration must be more than zero"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is too long a duration"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn help_names_every_capability_checked() {
+        for n in crate::caps::NEEDED {
+            assert!(PRIVILEGES.contains(&format!("    {}  ", n.name)), "{} not in --help", n.name);
+        }
+        assert_eq!(PRIVILEGES.matches("    CAP_").count(), crate::caps::NEEDED.len());
+        assert!(EXIT_CODES.contains(&format!("    {}    not privileged", exit::NOT_PRIVILEGED)));
+    }
+
+    #[test]
+    fn exit_codes_list_every_code() {
+        use exit::*;
+        for code in
+            [INTERNAL, USAGE, NOT_PRIVILEGED, NO_TARGET, KERNEL, GPU, LISTEN, NOT_EXECUTABLE, NOT_FOUND]
+        {
+            let pad = if code < 10 { "    " } else { "  " };
+            assert!(EXIT_CODES.contains(&format!("\n    {code}{pad}")), "exit code {code} not listed");
+        }
+    }
+
+    #[test]
+    fn durations_in_seconds_or_with_a_unit() {
+        let ok = |s: &str| parse_duration(s).unwrap();
+        assert_eq!(ok("30"), Duration::from_secs(30));
+        assert_eq!(ok("30s"), Duration::from_secs(30));
+        assert_eq!(ok("2m"), Duration::from_secs(120));
+        assert_eq!(ok("1h"), Duration::from_secs(3600));
+        assert_eq!(ok("0.5"), Duration::from_millis(500));
+        assert_eq!(ok("1.5m"), Duration::from_secs(90));
+        assert_eq!(ok("250ms"), Duration::from_millis(250));
+        assert_eq!(ok(" 5s "), Duration::from_secs(5));
+        for bad in ["", "s", "2x", "-1", "+3", "1e3", "inf", "nan", "1.2.3", "3 s", "2mm", "m2", "1d"] {
+            let e = parse_duration(bad).unwrap_err();
+            assert!(e.contains("is not a duration") && !e.contains('\n'), "{bad:?}: {e}");
+        }
+        for zero in ["0", "0s", "0.0", "0m"] {
+            assert!(parse_duration(zero).unwrap_err().contains("more than zero"), "{zero}");
+        }
+        assert!(parse_duration("1e400").is_err());
+        assert!(parse_duration(&"9".repeat(30)).unwrap_err().contains("too long"));
+    }
+
+    #[test]
+    fn every_duration_option_takes_units() {
+        let c = |args: &[&str]| Cli::try_parse_from(args).map(|c| c.command);
+        match c(&["stall", "attach", "--pid", "1", "--interval", "2m", "--duration", "1h"]).unwrap() {
+            Command::Attach { common, .. } => {
+                assert_eq!(common.interval, Duration::from_secs(120));
+                assert_eq!(common.duration, Some(Duration::from_secs(3600)));
+            }
+            other => panic!("{other:?}"),
+        }
+        match c(&["stall", "daemon", "--cgroup-root", "x", "--interval", "30s"]).unwrap() {
+            Command::Daemon { interval, .. } => assert_eq!(interval, Duration::from_secs(30)),
+            other => panic!("{other:?}"),
+        }
+        assert!(c(&["stall", "run", "--duration", "2x", "--", "true"]).is_err());
+    }
 
     #[test]
     fn cli_is_consistent() {

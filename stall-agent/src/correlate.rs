@@ -54,11 +54,16 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
 
     // Who feeds whom: waking its threads, or being its child that does work.
     let mut feeders: HashMap<u32, HashSet<u32>> = HashMap::new();
+    let mut wakers: HashMap<u32, HashSet<u32>> = HashMap::new();
     for p in &w.procs {
         for t in &p.threads {
-            for waker_tgid in t.woken_by.iter().map(|b| b.tgid) {
-                if waker_tgid != p.tgid && present.contains(&waker_tgid) {
-                    feeders.entry(p.tgid).or_default().insert(waker_tgid);
+            for b in &t.woken_by {
+                if b.tgid != p.tgid && present.contains(&b.tgid) {
+                    feeders.entry(p.tgid).or_default().insert(b.tgid);
+                    // A child's exit wakes its parent once: feeding is more.
+                    if b.count >= FEEDER_MIN_WAKES {
+                        wakers.entry(p.tgid).or_default().insert(b.tgid);
+                    }
                 }
             }
         }
@@ -123,24 +128,30 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
         }
         false
     };
-    let mut by_tgid = HashMap::new();
+    // Programs run by the trainer (or by such programs), below the trainer.
+    let is_helper = |t: u32| helper_of(t, &by_tgid, &parent, &trainer_set);
+    let mut roles = HashMap::new();
     let mut workers = Vec::new();
     for p in &w.procs {
         let role = if trainer_set.contains(&p.tgid) {
             Role::Trainer
         } else {
             let feeds = trainers.iter().any(|t| feeders.get(t).is_some_and(|f| f.contains(&p.tgid)));
+            let wakes = trainers.iter().any(|t| wakers.get(t).is_some_and(|f| f.contains(&p.tgid)));
             let forked = p.ppid.is_some_and(|pp| trainer_set.contains(&pp) && worker_like(p.tgid, pp));
-            if (descends_from_trainer(p.tgid) && busy(p.tgid)) || forked || feeds {
+            let helper = is_helper(p.tgid);
+            let like_a_worker = (descends_from_trainer(p.tgid) && busy(p.tgid)) || forked || feeds;
+            let previous_program = helper == Some(Helper::BeforeExec);
+            if (like_a_worker && helper.is_none()) || (wakes && !previous_program) {
                 workers.push(p.tgid);
                 Role::Worker
             } else {
                 Role::Other
             }
         };
-        by_tgid.insert(p.tgid, role);
+        roles.insert(p.tgid, role);
     }
-    Roles { by_tgid, trainers, workers }
+    Roles { by_tgid: roles, trainers, workers }
 }
 
 /// A child that looks like a data worker of its parent even when idle (a
@@ -158,10 +169,64 @@ fn forked_worker(child: Option<&ProcWindow>, parent: Option<&ProcWindow>) -> boo
     }
 }
 
+/// Wakeups of the trainer that make a program it ran one of its feeders (a
+/// program's output read through a pipe and its exit wake the parent a few
+/// times; a feeder delivers batch after batch).
+const FEEDER_MIN_WAKES: u64 = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Helper {
+    /// Forked before its parent exec'd its present program (a pyenv shim's
+    /// helpers, before the shim became the interpreter): it belongs to the
+    /// previous program.
+    BeforeExec,
+    /// A program the parent ran: a child that exec'd something else
+    /// (`ldconfig` and `uname` at `import torch`, a launcher's shell).
+    Program,
+}
+
+/// Whether `t`, or a process between it and the trainer, is a helper of
+/// its parent rather than a data worker. Workers are forks that did not
+/// exec, or multiprocessing spawn/forkserver children.
+fn helper_of(
+    mut t: u32,
+    procs: &HashMap<u32, &ProcWindow>,
+    parent: &HashMap<u32, u32>,
+    trainers: &HashSet<u32>,
+) -> Option<Helper> {
+    for _ in 0..64 {
+        if trainers.contains(&t) {
+            return None;
+        }
+        let (Some(c), Some(&pp)) = (procs.get(&t), parent.get(&t)) else { return None };
+        if let Some(h) = procs.get(&pp).and_then(|p| helper_kind(c, p)) {
+            return Some(h);
+        }
+        t = pp;
+    }
+    None
+}
+
+fn helper_kind(child: &ProcWindow, parent: &ProcWindow) -> Option<Helper> {
+    let spawned = child
+        .cmdline
+        .as_deref()
+        .is_some_and(|c| c.contains("multiprocessing.spawn") || c.contains("multiprocessing.forkserver"));
+    if spawned {
+        return None;
+    }
+    if child.born_ns > 0 && parent.exec_ns > child.born_ns {
+        return Some(Helper::BeforeExec);
+    }
+    let other_command =
+        matches!((child.cmdline.as_deref(), parent.cmdline.as_deref()), (Some(c), Some(p)) if c != p);
+    (child.exec_ns > 0 || other_command).then_some(Helper::Program)
+}
+
 /// Did this process do anything: read a file, or use the CPU (>1%)?
 fn busy(p: &ProcWindow, secs: f64) -> bool {
     let c = p.sum();
-    p.file_read_bytes() > 0 || c.file_read_calls > 0 || (c.on_cpu_ns as f64 / 1e9) / secs > 0.01
+    p.input_bytes() > 0 || c.file_read_calls > 0 || (c.on_cpu_ns as f64 / 1e9) / secs > 0.01
 }
 
 #[cfg(test)]
@@ -251,6 +316,56 @@ mod tests {
         let w = window(vec![t, w1]);
         let r = assign(&w, &HashSet::new(), Some(2));
         assert_eq!((r.trainers.clone(), r.of(3)), (vec![2], Role::Worker));
+    }
+
+    #[test]
+    fn programs_run_at_import_are_not_workers() {
+        // `import torch` runs ldconfig (reads ld.so.cache, busy for a moment,
+        // ends); the DataLoader forks two workers that read shards.
+        let mut t = proc(2, 1, 500, 0);
+        t.cmdline = Some("python train.py".into());
+        let mut ldconfig = proc(3, 2, 40, 60_000);
+        ldconfig.cmdline = None; // gone before /proc was read
+        (ldconfig.born_ns, ldconfig.exec_ns) = (10, 11);
+        ldconfig.alive = false;
+        let mut sh = proc(4, 2, 20, 0);
+        sh.cmdline = Some("/bin/sh -c uname -p 2> /dev/null".into());
+        let mut ws = Vec::new();
+        for pid in [5, 6] {
+            let mut w = proc(pid, 2, 100, 1_000_000);
+            w.cmdline = Some("python train.py".into());
+            ws.push(w);
+        }
+        // A spawned worker execs the interpreter anew: still a worker.
+        let mut spawned = proc(7, 2, 100, 1_000_000);
+        spawned.cmdline =
+            Some("python -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)".into());
+        let w = window([vec![t, ldconfig, sh, spawned], ws].concat());
+        let r = assign(&w, &HashSet::new(), Some(2));
+        assert_eq!(r.trainers, vec![2]);
+        assert_eq!((r.of(3), r.of(4)), (Role::Other, Role::Other));
+        assert_eq!((r.of(5), r.of(6), r.of(7)), (Role::Worker, Role::Worker, Role::Worker));
+        // A shim's helper, forked before the shim exec'd the interpreter,
+        // and the subshell it forked in turn.
+        let mut shim = w.clone();
+        shim.procs[0].exec_ns = 50;
+        shim.procs[2].born_ns = 20;
+        shim.procs[2].cmdline = None;
+        let mut sub = proc(8, 4, 30, 0);
+        sub.born_ns = 25;
+        shim.procs.push(sub);
+        let r = assign(&shim, &HashSet::new(), Some(2));
+        assert_eq!((r.of(4), r.of(8)), (Role::Other, Role::Other));
+        // Its exit woke the trainer once: still not a worker.
+        let mut exited = w.clone();
+        exited.procs[0].threads[0].woken_by =
+            vec![Waker { tid: 3, tgid: 3, comm: "ldconfig".into(), count: 1 }];
+        assert_eq!(assign(&exited, &HashSet::new(), Some(2)).of(3), Role::Other);
+        // A program that feeds the trainer is a worker, exec'd or not.
+        let mut fed = w.clone();
+        fed.procs[0].threads[0].woken_by =
+            vec![Waker { tid: 3, tgid: 3, comm: "ldconfig".into(), count: 90 }];
+        assert_eq!(assign(&fed, &HashSet::new(), Some(2)).of(3), Role::Worker);
     }
 
     #[test]

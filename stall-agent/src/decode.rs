@@ -1,8 +1,8 @@
 //! Kernel records → plain values: ring-buffer events and map snapshots in
 //! the form the (pure) aggregation consumes. Nothing here touches the kernel.
 use stall_common::{
-    counter, event_kind, reason, run_state, CloseEvent, EventHeader, ExecEvent, ExitEvent, FileStats,
-    NewTaskEvent, OpenEvent, ThreadStats, COMM_LEN,
+    counter, event_kind, kclock, reason, run_state, CloseEvent, EventHeader, ExecEvent, ExitEvent, FileStats,
+    NewTaskEvent, OpenEvent, SwitchEvent, ThreadStats, COMM_LEN,
 };
 
 /// Per-thread counters, cumulative since the thread became tracked, with the
@@ -129,11 +129,66 @@ impl From<&FileStats> for FileCounters {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    Open { ts: u64, tid: u32, tgid: u32, fd: i32, file_id: u64, path: String, dfd: i32 },
-    NewTask { ts: u64, parent_tid: u32, parent_tgid: u32, child_tid: u32, child_tgid: u32, comm: String },
-    Exec { ts: u64, tid: u32, tgid: u32, comm: String },
-    Exit { ts: u64, tid: u32, tgid: u32, comm: String, counters: ThreadCounters, other_nr: i32 },
-    Close { ts: u64, tgid: u32, fd: i32, file_id: u64, counters: FileCounters },
+    Open {
+        ts: u64,
+        tid: u32,
+        tgid: u32,
+        fd: i32,
+        file_id: u64,
+        path: String,
+        dfd: i32,
+        /// A dup of this descriptor (`path` is empty: the same open).
+        dup_of: Option<i32>,
+    },
+    NewTask {
+        ts: u64,
+        parent_tid: u32,
+        parent_tgid: u32,
+        child_tid: u32,
+        child_tgid: u32,
+        comm: String,
+    },
+    Exec {
+        ts: u64,
+        tid: u32,
+        tgid: u32,
+        comm: String,
+    },
+    Exit {
+        ts: u64,
+        tid: u32,
+        tgid: u32,
+        comm: String,
+        counters: ThreadCounters,
+        other_nr: i32,
+    },
+    Close {
+        ts: u64,
+        tgid: u32,
+        fd: i32,
+        file_id: u64,
+        counters: FileCounters,
+    },
+    /// Only with `--timeline`: not part of the model.
+    Switch(Switch),
+}
+
+/// One context switch of a traced thread, from the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Switch {
+    pub ts: u64,
+    pub tid: u32,
+    pub tgid: u32,
+    /// Switched in (else out).
+    pub on: bool,
+    /// Out: why it left the CPU (`stall_common::reason`), and the syscall
+    /// it is in (-1: none).
+    pub reason: u8,
+    pub nr: i32,
+    /// In: when it was woken (0: it was preempted, or not seen).
+    pub wake_ts: u64,
+    /// The kernel's on-CPU total of the thread as of the switch (0: none).
+    pub exec_ns: u64,
 }
 
 /// An event and the job (attach target, daemon cgroup) it belongs to.
@@ -175,6 +230,7 @@ pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
                 file_id: e.file_id,
                 path: String::from_utf8_lossy(&e.path[..end]).into_owned(),
                 dfd: e.dfd,
+                dup_of: (e.dup_of >= 0).then_some(e.dup_of),
             }
         }
         event_kind::NEWTASK => {
@@ -213,6 +269,19 @@ pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
                 counters: FileCounters::from(&e.stats),
             }
         }
+        event_kind::SWITCH => {
+            let e: SwitchEvent = read(buf)?;
+            Event::Switch(Switch {
+                ts: hdr.ts,
+                tid: hdr.tid,
+                tgid: hdr.tgid,
+                on: e.on != 0,
+                reason: e.reason,
+                nr: e.nr,
+                wake_ts: e.wake_ts,
+                exec_ns: e.exec_ns,
+            })
+        }
         k => return Err(DecodeError::Kind(k)),
     };
     Ok((hdr.job, event))
@@ -220,7 +289,18 @@ pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
 
 /// The kernel's counters plus the span in progress at `now` (a thread that
 /// has been blocked since before attach has no finished span at all).
+///
+/// On-CPU time is the kernel's own (`se.sum_exec_runtime` since tracking
+/// began, see `stall_common::kclock`) where the entry carries it: a switch
+/// the programs missed then costs nothing once the next one is seen. The
+/// off-CPU reasons are stall's, from the switches, the wakeups and what
+/// each blocked in (a span whose switch-in was never delivered is split
+/// with the kernel's counters in the kernel side, `SCHED_REPAIRED`).
+/// Runqueue time is from the wakeup (`sched_waking`) to the switch-in: the
+/// kernel's `run_delay` starts at the enqueue, which a remote wakeup can
+/// delay, and would leave that part of the span under no reason.
 pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
+    let rq = usize::from(reason::RUNQUEUE);
     let mut c = ThreadCounters {
         on_cpu_ns: s.on_cpu_ns,
         off_ns: s.off_ns,
@@ -237,6 +317,9 @@ pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
         stdio_write_bytes: s.stdio_write_bytes,
         wakeups: s.wakeups,
     };
+    if s.kclock & kclock::EXEC != 0 {
+        c.on_cpu_ns = s.exec_ns.saturating_sub(s.exec_base);
+    }
     let since = now.saturating_sub(s.last_ts);
     let mut state = ThreadNow { running: false, reason: s.off_reason, syscall: s.off_nr, for_ns: since };
     match s.state {
@@ -249,7 +332,7 @@ pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
             if s.off_reason != reason::RUNQUEUE && s.wake_ts >= s.last_ts && s.wake_ts != 0 {
                 let blocked = s.wake_ts - s.last_ts;
                 c.off_ns[r] += blocked.min(since);
-                c.off_ns[usize::from(reason::RUNQUEUE)] += since.saturating_sub(blocked);
+                c.off_ns[rq] += since.saturating_sub(blocked);
             } else {
                 c.off_ns[r] += since;
             }
@@ -277,6 +360,8 @@ mod tests {
             dfd: -100,
             flags: 0,
             path_len: 9,
+            dup_of: -1,
+            _pad: 0,
             path: [0; stall_common::PATH_LEN],
         };
         e.path[..8].copy_from_slice(b"/data/x1");
@@ -368,6 +453,34 @@ mod tests {
         assert_eq!(c.off_ns[reason::FUTEX as usize], 300);
         assert_eq!(c.off_ns[reason::RUNQUEUE as usize], 100);
     }
+
+    #[test]
+    fn kernel_on_cpu_wins_over_missed_switches() {
+        let rq = reason::RUNQUEUE as usize;
+        // stall's own sums missed a slice (on-CPU 7); the kernel says 1000
+        // on-CPU since tracking began (at 5000). Runqueue time is stall's.
+        let mut off_ns = [0; reason::COUNT];
+        off_ns[rq] = 90;
+        let t = ThreadStats {
+            state: run_state::RUNNING,
+            last_ts: 100,
+            on_cpu_ns: 7,
+            off_ns,
+            kclock: kclock::EXEC | kclock::DELAY,
+            exec_base: 5000,
+            exec_ns: 6000,
+            delay_base: 100,
+            delay_ns: 400,
+            rq_at_out: 50,
+            ..Default::default()
+        };
+        let (c, _) = fold(&t, 150);
+        assert_eq!(c.on_cpu_ns, 1000 + 50);
+        assert_eq!(c.off_ns[rq], 90);
+        // Without them (an entry nobody could read them for): stall's own.
+        let (c, _) = fold(&ThreadStats { kclock: 0, ..t }, 150);
+        assert_eq!((c.on_cpu_ns, c.off_ns[rq]), (57, 90));
+    }
 }
 
 /// One read of the kernel maps.
@@ -385,6 +498,36 @@ pub struct Snapshot {
     /// Switches that did not match the state before (see
     /// `stall_common::counter::SCHED_GAPS`), cumulative.
     pub sched_gaps: u64,
+    /// Switches the tracepoint never delivered, repaired from the kernel's
+    /// counters (see `stall_common::counter::SCHED_REPAIRED`), cumulative.
+    pub sched_repaired: u64,
+    /// Bytes read from storage per process and file, cumulative; None where
+    /// the kernel does not let stall see page-cache fills.
+    pub storage: Option<Vec<StorageSnap>>,
+}
+
+/// A file as the page cache knows it: the kernel's device number (major
+/// << 20 | minor) and inode number.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Inode {
+    pub dev: u32,
+    pub ino: u64,
+}
+
+impl Inode {
+    /// From `stat`'s `st_dev` (glibc's encoding) and `st_ino`.
+    pub fn from_stat(st_dev: u64, st_ino: u64) -> Self {
+        let (major, minor) = (libc::major(st_dev), libc::minor(st_dev));
+        Self { dev: (major << 20) | (minor & 0xf_ffff), ino: st_ino }
+    }
+}
+
+/// What one process caused to be read from storage for one file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StorageSnap {
+    pub tgid: u32,
+    pub inode: Inode,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

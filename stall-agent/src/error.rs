@@ -14,6 +14,9 @@ pub enum Error {
     /// `stall run` could not start its exec gate.
     #[error("{0}")]
     Spawn(String),
+    /// A bad option found after parsing (e.g. a --json path that cannot be written).
+    #[error("{0}")]
+    Usage(String),
     #[error("cannot listen on {addr}: {reason}")]
     Listen { addr: SocketAddr, reason: String },
 }
@@ -22,13 +25,18 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Capture(c) => match c {
-                CaptureError::NotPrivileged => exit::NOT_PRIVILEGED,
+                CaptureError::MissingCaps(_)
+                | CaptureError::PerfParanoid(_)
+                | CaptureError::NotPrivileged
+                | CaptureError::MemlockTooLow(_) => exit::NOT_PRIVILEGED,
                 CaptureError::NoSuchProcess(_) | CaptureError::BadCgroup { .. } | CaptureError::NoCgroup2 => {
                     exit::NO_TARGET
                 }
                 CaptureError::NoTracefs
                 | CaptureError::MissingTracepoint { .. }
-                | CaptureError::MissingField { .. }
+                | CaptureError::NoBtf
+                | CaptureError::MissingKernelField { .. }
+                | CaptureError::MissingFeature(_)
                 | CaptureError::Load(_)
                 | CaptureError::NoTrampolines(_)
                 | CaptureError::Stub => exit::KERNEL,
@@ -37,6 +45,7 @@ impl Error {
             },
             Error::Gpu(_) => exit::GPU,
             Error::Spawn(_) => exit::INTERNAL,
+            Error::Usage(_) => exit::USAGE,
             Error::Listen { .. } => exit::LISTEN,
         }
     }

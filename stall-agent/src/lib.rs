@@ -3,6 +3,7 @@
 //! and [`progress`] → [`verdict`] → [`output`]. A [`job`] holds one traced job along that
 //! path; [`session`] (`run`, `attach`) drives one, [`daemon`] one per cgroup.
 pub mod aggregate;
+pub mod caps;
 pub mod capture;
 pub mod cli;
 pub mod clock;
@@ -14,6 +15,8 @@ pub mod gpu;
 pub mod job;
 pub mod output;
 pub mod progress;
+pub mod pystack;
 pub mod session;
+pub mod timeline;
 pub mod units;
 pub mod verdict;

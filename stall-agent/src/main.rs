@@ -12,9 +12,17 @@ use stall_agent::{
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
-        Err(e) => {
+        // --help, --version, and bare `stall` (help on stderr): as clap prints them.
+        Err(e)
+            if !e.use_stderr()
+                || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
             let _ = e.print();
             return ExitCode::from(if e.use_stderr() { exit::USAGE as u8 } else { 0 });
+        }
+        Err(e) => {
+            eprintln!("stall: {}", usage_line(&e));
+            return ExitCode::from(exit::USAGE as u8);
         }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -91,8 +99,26 @@ fn options(c: Common) -> Options {
         ringbuf_bytes: c.ringbuf_bytes,
         floor: c.floor,
         latency_sample: c.latency_sample,
+        python_stacks_every: c.python_stacks_every,
+        timeline: c.timeline,
+        timeline_svg: c.timeline_svg,
         syscall_hooks: c.hooks.syscall_hooks,
     }
+}
+
+/// A usage error on one line: clap's first line, without its "error: "
+/// prefix, usage and tips (`stall --help` has those).
+fn usage_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut lines = text.lines().skip_while(|l| l.trim().is_empty());
+    let first = lines.next().unwrap_or("usage error");
+    let mut line = first.strip_prefix("error: ").unwrap_or(first).trim().to_string();
+    // What clap lists under it, indented ("required arguments were not provided:").
+    for more in lines.take_while(|l| l.starts_with(' ') && !l.trim().is_empty()) {
+        line.push(' ');
+        line.push_str(more.trim());
+    }
+    line + " (see stall --help)"
 }
 
 /// The error and its causes on one line.

@@ -70,6 +70,9 @@ impl Progress {
     /// An output found at attach (a regular file open for writing, or
     /// stdout/stderr pointing to one), last written at `last_write_ns`.
     pub fn note_output(&mut self, path: &str, pid: u32, last_write_ns: u64) {
+        if !is_output(path) {
+            return;
+        }
         self.remember(Output { path: path.to_string(), pid, last_write_ns });
     }
 
@@ -93,7 +96,7 @@ impl Progress {
     pub fn observe(&mut self, w: &Window, roles: &Roles) {
         let counts = |tgid: u32| roles.trainers.is_empty() || roles.of(tgid) != Role::Other;
         for p in w.procs.iter().filter(|p| counts(p.tgid)) {
-            for f in p.files.iter().filter(|f| f.write_bytes > 0) {
+            for f in p.files.iter().filter(|f| f.write_bytes > 0 && is_output(&f.path)) {
                 self.remember(Output { path: f.path.clone(), pid: p.tgid, last_write_ns: w.end_ns });
             }
         }
@@ -134,6 +137,12 @@ impl Progress {
             }),
         }
     }
+}
+
+/// A file that says the job got somewhere (a log, a checkpoint), not a
+/// kernel interface it writes to (a cgroup's procs, a /proc knob).
+pub fn is_output(path: &str) -> bool {
+    !crate::aggregate::is_kernel_file(path)
 }
 
 #[cfg(test)]

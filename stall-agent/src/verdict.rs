@@ -5,16 +5,17 @@ use serde::Serialize;
 use stall_common::reason;
 
 use crate::{
-    aggregate::{ProcWindow, ThreadWindow, Waker, Window},
+    aggregate::{storage_share, PageCache, ProcWindow, ThreadWindow, Waker, Window},
     capture::syscalls,
     correlate::Roles,
     progress::ProgressView,
+    pystack::PyStack,
     units,
 };
 
 mod hang;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
     InputIoBound,
@@ -23,6 +24,7 @@ pub enum Kind {
     TrainerHostBound,
     GpuBusy,
     Idle,
+    #[default]
     Unknown,
 }
 
@@ -40,13 +42,30 @@ impl Kind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct Verdict {
     pub kind: Kind,
     pub summary: String,
     pub evidence: Vec<String>,
     /// No GPU data: the verdict is about the host side only.
     pub host_only: bool,
+    /// The threads the verdict names (whose Python stacks are worth reading).
+    #[serde(skip)]
+    pub blamed: Vec<Blamed>,
+    /// Python stacks of the blamed threads, when read (see `pystack`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub python_stacks: Vec<PyStack>,
+    /// Why some blamed processes' stacks could not be read, one line each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub python_notes: Vec<String>,
+}
+
+/// A thread a verdict names, and as what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blamed {
+    pub pid: u32,
+    pub tid: u32,
+    pub what: &'static str,
 }
 
 /// A GPU over the window.
@@ -158,6 +177,40 @@ fn reason_name(r: u8, t: &ThreadWindow) -> String {
 /// `w`: the window judged (the last few seconds live, the whole run at the
 /// end); `progress`: when the job last moved, which spans more than `w`.
 pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressView) -> Verdict {
+    let mut v = judge_kind(w, roles, gpus, progress);
+    v.blamed = blamed(w, roles, v.kind);
+    v
+}
+
+/// The trainer's main thread, the workers the evidence names, and in a
+/// hang every blocked thread of them.
+fn blamed(w: &Window, roles: &Roles, kind: Kind) -> Vec<Blamed> {
+    let Some(trainer) = roles.trainers.iter().find_map(|t| w.proc(*t)) else { return Vec::new() };
+    let mut out = Vec::new();
+    if let Some(m) = trainer.main_thread() {
+        out.push(Blamed { pid: trainer.tgid, tid: m.tid, what: "trainer main thread" });
+    }
+    let mut workers: Vec<&ProcWindow> = w.procs.iter().filter(|p| roles.workers.contains(&p.tgid)).collect();
+    workers.sort_by_key(|p| (std::cmp::Reverse(p.input_bytes()), p.tgid));
+    workers.truncate(MAX_WORKER_LINES);
+    for p in &workers {
+        if let Some(t) = p.main_thread() {
+            out.push(Blamed { pid: p.tgid, tid: t.tid, what: "worker" });
+        }
+    }
+    if kind == Kind::Hang {
+        for p in std::iter::once(trainer).chain(workers.iter().copied()) {
+            for t in p.threads.iter().filter(|t| t.alive && !t.now.running) {
+                if !out.iter().any(|b| b.tid == t.tid) {
+                    out.push(Blamed { pid: p.tgid, tid: t.tid, what: "blocked thread" });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn judge_kind(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressView) -> Verdict {
     let secs = w.secs();
     let host_only = gpus.is_empty();
     let gpu_line = gpu_prefix(gpus, secs);
@@ -177,7 +230,7 @@ pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressV
             summary.push_str(" [partial: events were lost]");
         }
         evidence.dedup();
-        Verdict { kind, summary, evidence, host_only }
+        Verdict { kind, summary, evidence, host_only, ..Default::default() }
     };
 
     let busy = gpus.iter().find(|g| g.util_mean_pct >= rules::GPU_BUSY_PCT);
@@ -200,7 +253,7 @@ pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressV
     evidence.push(thread_line("trainer main thread", trainer, main, &tm));
     // The busiest readers first; a handful is evidence, thousands is noise.
     let mut shown: Vec<&&ProcWindow> = workers.iter().collect();
-    shown.sort_by_key(|p| (std::cmp::Reverse(p.file_read_bytes()), p.tgid));
+    shown.sort_by_key(|p| (std::cmp::Reverse(p.input_bytes()), p.tgid));
     if shown.len() > MAX_WORKER_LINES {
         evidence.push(format!("{} workers; the {MAX_WORKER_LINES} that read most:", shown.len()));
         shown.truncate(MAX_WORKER_LINES);
@@ -211,12 +264,12 @@ pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressV
             evidence.push(format!(
                 "{}; read {} at {}",
                 thread_line("worker", wp, t, &s),
-                units::bytes(wp.file_read_bytes()),
-                units::rate(wp.file_read_bytes(), secs)
+                units::bytes(wp.input_bytes()),
+                units::rate(wp.input_bytes(), secs)
             ));
         }
     }
-    let file_bytes: u64 = w.procs.iter().map(ProcWindow::file_read_bytes).sum();
+    let file_bytes: u64 = w.procs.iter().map(ProcWindow::input_bytes).sum();
     evidence.extend(top_files(w, secs));
     if let Some(o) = &progress.last_output {
         evidence.push(format!("output {} (pid {}) last written {} ago", o.path, o.pid, units::span(o.ago_s)));
@@ -236,7 +289,7 @@ pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressV
     let own_io = tm.r(reason::IO);
     let (wio, wcpu) = worker_shares(&workers, secs);
     let feeders = wakers_of(main, &workers);
-    let reader_bytes: u64 = workers.iter().map(|p| p.file_read_bytes()).sum();
+    let reader_bytes: u64 = workers.iter().map(|p| p.input_bytes()).sum();
     if waits + own_io >= rules::TRAINER_WAITS {
         let waiting = format!(
             "Trainer main thread blocked {} of {} ({}){}",
@@ -247,10 +300,11 @@ pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressV
         );
         if !workers.is_empty() && wio >= rules::WORKER_SHARE && wio >= wcpu {
             let text = format!(
-                "{waiting}; {} read {} at {}, {} off-CPU in file reads: input pipeline is I/O-bound",
+                "{waiting}; {} read {} at {}{}, {} off-CPU in file reads: input pipeline is I/O-bound",
                 workers_word(workers.len()),
                 units::bytes(reader_bytes),
                 units::rate(reader_bytes, secs),
+                from_storage(&workers, reader_bytes),
                 units::pct(wio)
             );
             return done(Kind::InputIoBound, text, evidence);
@@ -266,13 +320,14 @@ pub fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressV
             return done(Kind::InputCpuBound, text, evidence);
         }
         if own_io >= rules::WORKER_SHARE {
-            let own = trainer.file_read_bytes();
+            let own = trainer.input_bytes();
             let text = format!(
-                "Trainer main thread {} off-CPU in file reads of {} ({} at {}), no workers: input is I/O-bound",
+                "Trainer main thread {} off-CPU in file reads of {} ({} at {}{}), no workers: input is I/O-bound",
                 units::pct(own_io),
                 units::secs(secs),
                 units::bytes(own),
-                units::rate(own, secs)
+                units::rate(own, secs),
+                from_storage(&[trainer], own)
             );
             return done(Kind::InputIoBound, text, evidence);
         }
@@ -436,17 +491,49 @@ fn wakers_of(main: &ThreadWindow, workers: &[&ProcWindow]) -> String {
     format!(", woken {n} times by {} (most by pid {top_pid} ×{top_n})", workers_word(procs.len()))
 }
 
+/// Files that are the interpreter's and its libraries' own (modules,
+/// bytecode, shared objects, the loader's cache), not the job's data: the
+/// evidence names data files.
+fn is_code_file(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    [".py", ".pyc", ".pyi", ".pth", ".so"].iter().any(|ext| name.ends_with(ext))
+        || name.contains(".so.")
+        || ["/__pycache__/", "/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3"]
+            .iter()
+            .any(|d| path.contains(d))
+        || path == "/etc/ld.so.cache"
+}
+
+/// " (98 % from storage, page cache cold)": how much of what `procs` took
+/// in (`bytes`) the page cache had to bring from storage; empty where the
+/// kernel does not show it.
+fn from_storage(procs: &[&ProcWindow], bytes: u64) -> String {
+    let known: Vec<u64> = procs.iter().filter_map(|p| p.storage_bytes).collect();
+    if known.is_empty() || bytes == 0 {
+        return String::new();
+    }
+    let share = storage_share(known.iter().sum(), bytes);
+    let cache = match PageCache::of(share) {
+        Some(PageCache::Cold) => ", page cache cold",
+        Some(PageCache::Warm) => ", from the page cache",
+        None => "",
+    };
+    format!(" ({:.0} % from storage{cache})", share * 100.0)
+}
+
 fn top_files(w: &Window, secs: f64) -> Vec<String> {
     w.files_by_bytes()
         .iter()
+        .filter(|(_, f)| !is_code_file(f.resolved.as_deref().unwrap_or(&f.path)))
         .take(5)
         .map(|(pid, f)| {
+            let source = f.source().map(|s| format!(", {s}")).unwrap_or_default();
             format!(
-                "file {}: {} in {} reads by pid {pid} ({} while open)",
+                "file {}: {} in {} reads by pid {pid} ({} while open{source})",
                 f.path,
-                units::bytes(f.read_bytes),
+                units::bytes(f.bytes_in()),
                 f.read_calls,
-                units::rate(f.read_bytes, f.rate_secs(secs))
+                units::rate(f.bytes_in(), f.rate_secs(secs))
             )
         })
         .collect()

@@ -70,6 +70,9 @@ pub mod inflight {
     pub const OPEN: u32 = 2;
     /// write-family: counted at exit on the descriptor's `FILES` entry.
     pub const WRITE: u32 = 3;
+    /// dup-family: the returned descriptor names the same open as
+    /// `inflight_fd`.
+    pub const DUP: u32 = 4;
     const KIND_MASK: u32 = 0xff;
 
     /// `kind` as recorded under `gen` (a `TRACK_GEN` value).
@@ -121,17 +124,31 @@ pub mod counter {
     pub const LOST_FD_MAP: u32 = 2;
     pub const LOST_WAKE_MAP: u32 = 3;
     pub const LOST_PATH: u32 = 4;
+    /// A page-cache fill of a tracked process found `STORAGE` full.
+    pub const LOST_INODE_MAP: u32 = 5;
     /// How many loss causes there are: `LOST_*` run from 0 to this.
-    pub const LOST_CAUSES: usize = 5;
+    pub const LOST_CAUSES: usize = 6;
     /// Events handled for tracked threads (all hooks): the agent's event rate.
     pub const EVENTS: u32 = 8;
     /// A switch that did not match the state seen before (switched in while
-    /// marked running, or out while marked off): a switch was missed and
-    /// that span's time is unaccounted. Should stay 0.
+    /// marked running, or out while marked off without the kernel's counters
+    /// to repair it, see `SCHED_REPAIRED`): a switch was missed and part of
+    /// that span's attribution is unknown. Should stay 0.
     pub const SCHED_GAPS: u32 = 9;
+    /// A switch-in the tracepoint never delivered, found at the next
+    /// switch-out and repaired from the kernel's own counters (the span's
+    /// on-CPU, runqueue and blocked parts are exact): nothing is lost.
+    /// Some kernels do not trace every switch (docs/KERNELS.md).
+    pub const SCHED_REPAIRED: u32 = 10;
     pub const COUNT: u32 = 16;
-    pub const LOST_NAMES: [&str; LOST_CAUSES] =
-        ["ringbuf_full", "thread_map_full", "fd_map_full", "wake_map_full", "path_unreadable"];
+    pub const LOST_NAMES: [&str; LOST_CAUSES] = [
+        "ringbuf_full",
+        "thread_map_full",
+        "fd_map_full",
+        "wake_map_full",
+        "path_unreadable",
+        "inode_map_full",
+    ];
 }
 
 /// Value of the `THREADS` map, keyed by tid. Presence in the map is what
@@ -170,7 +187,12 @@ pub struct ThreadStats {
     pub wake_ts: u64,
     pub state: u8,
     pub off_reason: u8,
-    pub _pad0: [u8; 2],
+    /// [`kclock`]: which of the kernel's own totals below are kept.
+    pub kclock: u8,
+    /// Non-zero: `state` was inferred from /proc by the agent (which cannot
+    /// tell running from runnable, and races the thread): the first switch
+    /// seen settles it and is never counted as a gap.
+    pub seeded: u8,
     /// Syscall number at switch-out (-1: not in a syscall).
     pub off_nr: i32,
     /// Last syscall counted as OTHER, to name it.
@@ -182,6 +204,62 @@ pub struct ThreadStats {
     pub inflight_kind: u32,
     /// filename pointer for openat.
     pub inflight_ptr: u64,
+    /// The kernel's `se.sum_exec_runtime` when tracking began, and as of
+    /// `last_ts` (read at every switch in and out): on-CPU time is their
+    /// difference, plus the span in progress, so a missed switch can never
+    /// skew it (see [`kclock::EXEC`]).
+    pub exec_base: u64,
+    pub exec_ns: u64,
+    /// The kernel's `sched_info.run_delay` when tracking began, and as of
+    /// the last switch-out (see [`kclock::DELAY`]); `rq_at_out` is
+    /// `off_ns[RUNQUEUE]` then.
+    pub delay_base: u64,
+    pub delay_ns: u64,
+    pub rq_at_out: u64,
+}
+
+/// `ThreadStats::kclock`: the kernel's totals that an entry carries (set by
+/// whoever created it, from a base it read at that moment).
+pub mod kclock {
+    /// `exec_base`/`exec_ns` are valid: on-CPU time comes from them.
+    pub const EXEC: u8 = 1;
+    /// `delay_base`/`delay_ns` are valid: a span whose switch-in was never
+    /// delivered is split into runqueue and blocked time with them.
+    pub const DELAY: u8 = 2;
+}
+
+/// Key of the `STORAGE` map: one file (the kernel's device and inode
+/// number, as the page cache knows it) read by one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct InodeKey {
+    pub tgid: u32,
+    /// The kernel's `dev_t`: major << 20 | minor.
+    pub dev: u32,
+    pub ino: u64,
+}
+
+/// Where the page-cache fill program finds a filled folio's file and size
+/// (byte offsets from BTF). `mapping == 0`: not found, the program is not
+/// attached.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageCacheOffsets {
+    /// `page.flags` (a folio starts with its head page).
+    pub flags: u32,
+    /// `page.mapping`: the `address_space`.
+    pub mapping: u32,
+    /// `address_space.host`: the inode.
+    pub host: u32,
+    pub ino: u32,
+    /// `inode.i_sb`, and `super_block.s_dev` in it.
+    pub sb: u32,
+    pub dev: u32,
+    /// `PG_head`: the folio is large, its order is in `order_byte`.
+    pub head_bit: u32,
+    /// The byte holding a large folio's order (`_folio_order`, or the low
+    /// byte of `_flags_1`); 0: folios are single pages here (5.10).
+    pub order_byte: u32,
 }
 
 /// Key of the `FILES` map: one open descriptor of one process.
@@ -216,8 +294,16 @@ pub struct FileStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct WakeKey {
     pub wakee: u32,
+    /// The waking thread, or (in `WAKES_BY_PROC`, with [`WAKER_ANY_THREAD`])
+    /// its process.
     pub waker: u32,
 }
+
+/// Set in [`WakeKey::waker`] over a process id: some thread of that process
+/// (PIDs stay below 2^22). `WAKES` holds a pair per waking thread; a
+/// many-threaded job can wake itself in more pairs than it has room for,
+/// and the rest are counted per waking process instead of lost.
+pub const WAKER_ANY_THREAD: u32 = 1 << 31;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -235,6 +321,8 @@ pub mod event_kind {
     pub const EXEC: u32 = 3;
     pub const EXIT: u32 = 4;
     pub const CLOSE: u32 = 5;
+    /// A context switch of a tracked thread: only with `Config::timeline`.
+    pub const SWITCH: u32 = 6;
 }
 
 #[repr(C)]
@@ -258,6 +346,10 @@ pub struct OpenEvent {
     pub flags: u32,
     /// Length of `path` including the NUL, or a negative errno.
     pub path_len: i32,
+    /// A dup of this descriptor (no path: the same open as that one); -1
+    /// for an open.
+    pub dup_of: i32,
+    pub _pad: u32,
     pub path: [u8; PATH_LEN],
 }
 
@@ -279,6 +371,26 @@ pub struct ExecEvent {
     pub comm: [u8; COMM_LEN],
 }
 
+/// A tracked thread switched in (`on` 1) or out (`on` 0): the timeline's
+/// raw material, sent only when it is asked for (`Config::timeline`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SwitchEvent {
+    pub hdr: EventHeader,
+    /// In: when the thread was woken during its off-CPU span (0: preempted,
+    /// or not seen).
+    pub wake_ts: u64,
+    /// The kernel's on-CPU total of the thread (`sum_exec_runtime`) as of
+    /// this switch; 0: not read.
+    pub exec_ns: u64,
+    /// Out: the syscall it is in (-1: none).
+    pub nr: i32,
+    /// Out: why it left the CPU (`reason`).
+    pub reason: u8,
+    pub on: u8,
+    pub _pad: [u8; 2],
+}
+
 /// A tracked thread exited; its final counters (the map entry is gone).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -298,20 +410,41 @@ pub struct CloseEvent {
     pub stats: FileStats,
 }
 
-/// Byte offsets of the tracepoint fields the programs read, taken from
-/// tracefs `format` files at start-up (they move between kernels).
+/// Byte offsets of the `struct task_struct` fields the scheduler and task
+/// programs read, taken from the running kernel's BTF (/sys/kernel/btf/vmlinux)
+/// at start-up: the layout moves between kernels and builds.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Offsets {
-    pub switch_prev_pid: u16,
-    pub switch_prev_state: u16,
-    pub switch_next_pid: u16,
-    pub waking_pid: u16,
-    pub newtask_pid: u16,
-    pub newtask_clone_flags: u16,
-    /// Size in bytes of `prev_state` (4 or 8).
-    pub switch_prev_state_size: u16,
-    pub _pad: u16,
+pub struct TaskOffsets {
+    pub pid: u32,
+    pub tgid: u32,
+    /// `__state` (5.14 and later, `unsigned int`) or `state` (before, `long`:
+    /// its low 32 bits are read).
+    pub state: u32,
+    pub exit_state: u32,
+    /// `se.sum_exec_runtime`: the kernel's own on-CPU total, ns.
+    pub sum_exec: u32,
+    /// `sched_info.run_delay`: the kernel's own runqueue-wait total, ns;
+    /// meaningful only with [`task_flags::RUN_DELAY`].
+    pub run_delay: u32,
+    /// `stack`: the task's kernel stack, for kernels without
+    /// `bpf_task_pt_regs` (see [`task_flags::REGS_FROM_STACK`]).
+    pub stack: u32,
+    /// Where the saved user registers sit from `stack`:
+    /// `THREAD_SIZE - sizeof(struct pt_regs)`.
+    pub regs_in_stack: u32,
+    /// [`task_flags`].
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// `TaskOffsets::flags`.
+pub mod task_flags {
+    /// The kernel keeps `sched_info.run_delay` (CONFIG_SCHED_INFO).
+    pub const RUN_DELAY: u32 = 1;
+    /// No `bpf_task_pt_regs` (before 5.15): the saved user registers are
+    /// found from `task->stack` (the `sched_switch_stack` program).
+    pub const REGS_FROM_STACK: u32 = 2;
 }
 
 /// Where the syscall number, arguments and code segment sit in the
@@ -343,6 +476,30 @@ pub mod hook {
     pub const CLOSE: u8 = 3;
     /// write, pwrite64, writev, pwritev, pwritev2 (fd is argument 0 of each).
     pub const WRITE: u8 = 4;
+    /// open(path, flags): openat without the dirfd.
+    pub const OPEN: u8 = 5;
+    /// creat(path, mode): open(path, O_CREAT | O_WRONLY | O_TRUNC).
+    pub const CREAT: u8 = 10;
+    /// openat2(dfd, path, how, size): the flags are in `how`.
+    pub const OPENAT2: u8 = 6;
+    /// dup, dup2, dup3 (the old descriptor is argument 0).
+    pub const DUP: u8 = 7;
+    /// fcntl: a dup for `F_DUPFD` and `F_DUPFD_CLOEXEC`.
+    pub const FCNTL: u8 = 8;
+    /// Reads from the descriptor in argument 1 (sendfile's in_fd).
+    pub const READ_ARG1: u8 = 9;
+
+    /// The hooks whose exit completes what `inflight` kind `k` began.
+    #[inline(always)]
+    pub fn completes(hooked: u8, k: u32) -> bool {
+        match k {
+            super::inflight::READ => hooked == READ || hooked == READ_ARG1,
+            super::inflight::WRITE => hooked == WRITE,
+            super::inflight::OPEN => matches!(hooked, OPENAT | OPEN | CREAT | OPENAT2),
+            super::inflight::DUP => hooked == DUP || hooked == FCNTL,
+            _ => false,
+        }
+    }
 }
 
 /// `CpuSlot::tracked`.
@@ -418,13 +575,14 @@ pub struct CpuSlot {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
-    pub offsets: Offsets,
+    pub task: TaskOffsets,
     pub regs: Regs,
     /// Non-zero: also track any task whose cgroup is in `CGROUPS`.
     pub cgroup_filter: u8,
     /// Non-zero: every program returns at once (the benchmark's floor).
     pub floor: u8,
-    pub _pad: u8,
+    /// Non-zero: send a `SwitchEvent` for every switch of a tracked thread.
+    pub timeline: u8,
     /// A read is timed when the random draw has none of these bits set
     /// (0: every read; 7: one in 8).
     pub latency_mask: u8,
@@ -432,6 +590,7 @@ pub struct Config {
     /// (it also drains on a short timer): a wakeup per record would cost
     /// more than the record on fork and open storms.
     pub ringbuf_wake_bytes: u32,
+    pub page: PageCacheOffsets,
 }
 
 impl ThreadStats {
@@ -502,6 +661,7 @@ mod pod {
     unsafe impl aya::Pod for FileStats {}
     unsafe impl aya::Pod for WakeKey {}
     unsafe impl aya::Pod for WakeStats {}
+    unsafe impl aya::Pod for InodeKey {}
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for CpuSlot {}
 }
@@ -558,25 +718,32 @@ mod tests {
     // and every struct is a multiple of 8 (ring-buffer reservations need it).
     #[test]
     fn layouts_have_no_hidden_padding() {
-        assert_eq!(size_of::<ThreadStats>(), 4 * 2 + 8 + 8 * 6 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8);
+        assert_eq!(
+            size_of::<ThreadStats>(),
+            4 * 2 + 8 + 8 * 6 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 5
+        );
         assert_eq!(size_of::<FdKey>(), 8);
         assert_eq!(size_of::<FileStats>(), 64);
         assert_eq!(size_of::<WakeKey>(), 8);
         assert_eq!(size_of::<WakeStats>(), 32);
         assert_eq!(size_of::<EventHeader>(), 24);
-        assert_eq!(size_of::<OpenEvent>(), 24 + 8 + 16 + PATH_LEN);
+        assert_eq!(size_of::<OpenEvent>(), 24 + 8 + 16 + 8 + PATH_LEN);
+        assert_eq!(size_of::<SwitchEvent>(), 24 + 8 + 8 + 8);
+        assert_eq!(size_of::<InodeKey>(), 16);
+        assert_eq!(size_of::<PageCacheOffsets>(), 32);
         assert_eq!(size_of::<NewTaskEvent>(), 24 + 8 + 8 + 16);
         assert_eq!(size_of::<ExitEvent>(), 24 + size_of::<ThreadStats>() + 16);
         assert_eq!(size_of::<CloseEvent>(), 24 + 8 + 64);
-        assert_eq!(size_of::<Offsets>(), 16);
+        assert_eq!(size_of::<TaskOffsets>(), 40);
         assert_eq!(size_of::<Regs>(), 16);
-        assert_eq!(size_of::<Config>(), 40);
+        assert_eq!(size_of::<Config>(), 64 + size_of::<PageCacheOffsets>());
         assert_eq!(size_of::<CpuSlot>(), 208);
         for s in [
             size_of::<ThreadStats>(),
             size_of::<OpenEvent>(),
             size_of::<ExitEvent>(),
             size_of::<CloseEvent>(),
+            size_of::<SwitchEvent>(),
         ] {
             assert_eq!(s % 8, 0);
         }

@@ -1,6 +1,9 @@
 //! stall's kernel side.
 //!
-//! Every program starts with the target filter. The scheduler and task
+//! Every program starts with the target filter; all but the syscall
+//! trampolines are raw tracepoint programs (never skipped while another
+//! tracing program or a `bpf()` syscall holds the CPU's `bpf_prog_active`;
+//! trampolines have per-program recursion guards too). The scheduler and task
 //! programs look the current tid up in `THREADS` (plus, in cgroup mode, the
 //! current cgroup id in `CGROUPS`). The syscall programs (raw tracepoints
 //! that run for every syscall of the machine, or fentry/fexit trampolines
@@ -18,14 +21,16 @@
 #![feature(asm_experimental_arch)]
 
 mod maps;
+mod pagecache;
 mod running;
 mod sched;
 mod syscalls;
 mod task;
+mod timeline;
 mod trampoline;
 
 use aya_ebpf::helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
-use stall_common::{counter, Config, ThreadStats};
+use stall_common::{counter, Config, EventHeader, ThreadStats};
 
 use crate::maps::{CGROUPS, COUNTERS, THREADS};
 
@@ -38,6 +43,12 @@ static CONFIG: Config = unsafe { core::mem::zeroed() };
 #[inline(always)]
 pub(crate) fn config() -> Config {
     unsafe { core::ptr::read_volatile(&CONFIG) }
+}
+
+/// The header every ring-buffer record starts with.
+#[inline(always)]
+pub(crate) fn header(kind: u32, tid: u32, tgid: u32, job: u32, ts: u64) -> EventHeader {
+    EventHeader { kind, tid, tgid, job, ts }
 }
 
 #[inline(always)]
@@ -56,6 +67,9 @@ pub(crate) fn bump_by(idx: u32, n: u64) {
         unsafe { *p += n };
     }
 }
+
+/// Map update flag: insert only if the key is not there yet.
+pub(crate) const BPF_NOEXIST: u64 = 1;
 
 /// `lock *(u64 *)(p) += v`: core's atomics are not available on the BPF
 /// target, and counters shared by threads of one process need this.
@@ -120,9 +134,21 @@ pub(crate) fn adopt(cfg: &Config, tid: u32, tgid: u32) -> Option<Current> {
     }
     let cgid = unsafe { bpf_get_current_cgroup_id() };
     let job = unsafe { CGROUPS.get(cgid) }.copied()?;
-    let fresh = ThreadStats { tgid, job, off_nr: -1, other_nr: -1, ..Default::default() };
-    // BPF_NOEXIST: never reset a thread another CPU inserted meanwhile.
-    if THREADS.insert(tid, fresh, 1).is_err() && THREADS.get_ptr(tid).is_none() {
+    let (exec, delay) = sched::kernel_totals(sched::current_task(), cfg);
+    let fresh = ThreadStats {
+        tgid,
+        job,
+        off_nr: -1,
+        other_nr: -1,
+        kclock: sched::kclock_flags(cfg),
+        exec_base: exec,
+        exec_ns: exec,
+        delay_base: delay,
+        delay_ns: delay,
+        ..Default::default()
+    };
+    // Never reset a thread another CPU inserted meanwhile.
+    if THREADS.insert(tid, fresh, BPF_NOEXIST).is_err() && THREADS.get_ptr(tid).is_none() {
         bump(counter::LOST_THREAD_MAP);
         return None;
     }

@@ -4,7 +4,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use stall_common::{counter, syscall_class, CpuSlot, FdKey, FileStats, ThreadStats, WakeKey, WakeStats};
+use stall_common::{
+    counter, syscall_class, CpuSlot, FdKey, FileStats, InodeKey, ThreadStats, WakeKey, WakeStats,
+};
 
 /// Tracked threads by tid. Being here is what "tracked" means.
 #[map]
@@ -19,9 +21,17 @@ pub static CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1024, 0);
 #[map]
 pub static FILES: HashMap<FdKey, FileStats> = HashMap::with_max_entries(32768, 0);
 
+/// Bytes each tracked process caused to be read from storage, per file.
+#[map]
+pub static STORAGE: HashMap<InodeKey, u64> = HashMap::with_max_entries(32768, 0);
+
 /// Who woke a tracked thread, and how often.
 #[map]
 pub static WAKES: HashMap<WakeKey, WakeStats> = HashMap::with_max_entries(32768, 0);
+
+/// What `WAKES` has no room for, per waking process (`WAKER_ANY_THREAD`).
+#[map]
+pub static WAKES_BY_PROC: HashMap<WakeKey, WakeStats> = HashMap::with_max_entries(16384, 0);
 
 /// Syscall number → wait class, filled by the agent for its architecture.
 #[map]

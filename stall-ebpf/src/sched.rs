@@ -1,39 +1,108 @@
-//! Off-CPU time by reason (`sched:sched_switch`) and who wakes whom
-//! (`sched:sched_waking`).
+//! Off-CPU time by reason (`sched_switch`) and who wakes whom
+//! (`sched_waking`), on raw tracepoints: a perf-event tracepoint program is
+//! skipped while `bpf_prog_active` is held on its CPU (another tracing
+//! program, or any process's `bpf()` map syscall), which loses switches; a
+//! raw tracepoint program is not. Raw tracepoints hand the programs the
+//! tracepoint's arguments (task pointers), whose fields are read at the
+//! offsets the agent took from the kernel's BTF (`Config::task`).
+//!
+//! On-CPU and runqueue totals come from the kernel's own counters
+//! (`se.sum_exec_runtime`, `sched_info.run_delay`), read at every switch:
+//! a missed event can delay them, never skew them.
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_kernel,
-        bpf_task_pt_regs,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_task_btf,
+        bpf_probe_read_kernel, bpf_task_pt_regs,
     },
-    macros::tracepoint,
-    programs::TracePointContext,
+    macros::raw_tracepoint,
+    programs::RawTracePointContext,
 };
 use stall_common::{
-    counter, fd_kind, inflight, reason, run_state, slot_state, syscall_class, Config, FdKey, ThreadStats,
-    WakeKey, WakeStats,
+    counter, fd_kind, inflight, kclock, reason, run_state, slot_state, syscall_class, task_flags, Config,
+    FdKey, ThreadStats, WakeKey, WakeStats, WAKER_ANY_THREAD,
 };
 
 use crate::{
     adopt, atomic_add, bump, config, ids,
-    maps::{FILES, SYSCALL_CLASS, THREADS, WAKES},
+    maps::{FILES, SYSCALL_CLASS, THREADS, WAKES, WAKES_BY_PROC},
     now, running, tracked,
 };
 
-/// `prev_state` as the tracepoint reports it: the low byte is the
-/// `TASK_REPORT` bit (0 = running, 1 = S, 2 = D, ...); 0x100
-/// (`TASK_REPORT_MAX`) marks a preemption.
-const STATE_PREEMPTED: u64 = 0x100;
-const STATE_UNINTERRUPTIBLE: u64 = 0x2;
-/// `X` (EXIT_DEAD) and `Z` (EXIT_ZOMBIE) in the report bits.
-const STATE_EXITING: u64 = 0x10 | 0x20;
+/// What the task going off-CPU is doing (from `preempt` and its state).
+const RUNNABLE: u8 = 0;
+const SLEEPING: u8 = 1;
+const UNINTERRUPTIBLE: u8 = 2;
+const EXITING: u8 = 3;
 
-#[tracepoint]
-pub fn sched_switch(ctx: TracePointContext) -> u32 {
+/// `task_struct::__state` bits (stable since long before 5.10).
+const TASK_UNINTERRUPTIBLE: u32 = 0x2;
+const TASK_DEAD: u32 = 0x80;
+const TASK_NOLOAD: u32 = 0x400;
+
+/// A `u32` field of a kernel object, 0 if unreadable.
+#[inline(always)]
+pub(crate) fn read_u32(base: u64, off: u32) -> u32 {
+    unsafe { bpf_probe_read_kernel((base + u64::from(off)) as *const u32) }.unwrap_or(0)
+}
+
+#[inline(always)]
+pub(crate) fn read_u64(base: u64, off: u32) -> u64 {
+    unsafe { bpf_probe_read_kernel((base + u64::from(off)) as *const u64) }.unwrap_or(0)
+}
+
+/// Where the kernel's totals stand for `task` now: (`sum_exec_runtime`,
+/// `run_delay` or 0).
+#[inline(always)]
+pub(crate) fn kernel_totals(task: u64, cfg: &Config) -> (u64, u64) {
+    let exec = read_u64(task, cfg.task.sum_exec);
+    let delay =
+        if cfg.task.flags & task_flags::RUN_DELAY != 0 { read_u64(task, cfg.task.run_delay) } else { 0 };
+    (exec, delay)
+}
+
+/// Which kernel totals a thread entry created now carries.
+#[inline(always)]
+pub(crate) fn kclock_flags(cfg: &Config) -> u8 {
+    if cfg.task.flags & task_flags::RUN_DELAY != 0 {
+        kclock::EXEC | kclock::DELAY
+    } else {
+        kclock::EXEC
+    }
+}
+
+/// The current task, as a plain address (`bpf_get_current_task`, any kernel).
+#[inline(always)]
+pub(crate) fn current_task() -> u64 {
+    unsafe { bpf_get_current_task() }
+}
+
+/// Kernels with `bpf_task_pt_regs` (5.15 and later): the saved user
+/// registers come from the helper.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
+    switch::<false>(&ctx)
+}
+
+/// Kernels without it: from `task->stack` (`TaskOffsets::regs_in_stack`).
+/// The agent loads one of the two.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn sched_switch_stack(ctx: RawTracePointContext) -> i32 {
+    switch::<true>(&ctx)
+}
+
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct
+/// *next[, unsigned int prev_state])`: only the first three, which every
+/// kernel has (a raw tracepoint program may not read past the arguments).
+#[inline(always)]
+fn switch<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
     let cfg = config();
     if cfg.floor != 0 {
         return 0;
     }
     let ts = now();
+    let preempt: u64 = ctx.arg(0);
+    let prev: u64 = ctx.arg(1);
+    let next: u64 = ctx.arg(2);
     // prev is the current task: the filter needs no field read.
     let (tid, tgid) = ids();
     let mut slot = running::slot();
@@ -47,8 +116,9 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
                 }
             }
         }
-        let state = read_prev_state(&ctx, &cfg);
-        switch_out(cur.stats, cur.tgid, state, ts, &cfg);
+        let state = prev_state(preempt, prev, &cfg);
+        switch_out::<STACK>(cur.stats, cur.tgid, state, ts, prev, &cfg);
+        crate::timeline::record(&cfg, cur.stats, tid, false, ts);
     } else {
         if let Some(s) = slot.as_mut() {
             if s.tracked == slot_state::TRACKED {
@@ -58,68 +128,92 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         if cfg.cgroup_filter != 0 {
             // A task's last switch comes after its exit event (which removed it):
             // it must not be adopted again, or it would linger as a zombie.
-            let state = read_prev_state(&ctx, &cfg);
-            if state & STATE_EXITING == 0 {
+            let state = prev_state(preempt, prev, &cfg);
+            if state != EXITING {
                 if let Some(cur) = adopt(&cfg, tid, tgid) {
-                    switch_out(cur.stats, cur.tgid, state, ts, &cfg);
+                    switch_out::<STACK>(cur.stats, cur.tgid, state, ts, prev, &cfg);
+                    crate::timeline::record(&cfg, cur.stats, tid, false, ts);
                 }
             }
         }
     }
-    let next: i32 = match unsafe { ctx.read_at(usize::from(cfg.offsets.switch_next_pid)) } {
-        Ok(pid) => pid,
-        Err(_) => return 0,
-    };
+    let next_pid = read_u32(next, cfg.task.pid) as i32;
     let gen = running::generation();
-    let next_stats = if next > 0 { THREADS.get_ptr_mut(next as u32) } else { None };
+    let next_stats = if next_pid > 0 { THREADS.get_ptr_mut(next_pid as u32) } else { None };
     match (next_stats, slot) {
         (Some(p), slot) => {
             let t = unsafe { &mut *p };
-            switch_in(t, ts);
+            crate::timeline::record(&cfg, t, next_pid as u32, true, ts);
+            switch_in(t, ts, next, &cfg);
             if let Some(s) = slot {
-                running::load(s, next as u32, 0, t, gen);
+                running::load(s, next_pid as u32, 0, t, gen);
             }
         }
         (None, Some(s)) => {
             // In cgroup mode the task may still be adopted on its first syscall.
             let state = if cfg.cgroup_filter != 0 { slot_state::UNCHECKED } else { slot_state::UNTRACKED };
-            running::set_untracked(s, next.max(0) as u32, gen, state);
+            running::set_untracked(s, next_pid.max(0) as u32, gen, state);
         }
         (None, None) => {}
     }
     0
 }
 
+/// What `prev` goes off-CPU for, as `__trace_sched_switch_state` reports
+/// it: preempted (or still running: a signal cancelled its sleep) is
+/// runnable; `TASK_IDLE` (uninterruptible without load) is not I/O.
 #[inline(always)]
-fn read_prev_state(ctx: &TracePointContext, cfg: &Config) -> u64 {
-    let off = usize::from(cfg.offsets.switch_prev_state);
-    let v = if cfg.offsets.switch_prev_state_size == 8 {
-        unsafe { ctx.read_at::<u64>(off) }
+fn prev_state(preempt: u64, prev: u64, cfg: &Config) -> u8 {
+    if preempt & 0xff != 0 {
+        return RUNNABLE;
+    }
+    let state = read_u32(prev, cfg.task.state);
+    if state & TASK_DEAD != 0 || read_u32(prev, cfg.task.exit_state) != 0 {
+        EXITING
+    } else if state & 0xff == 0 {
+        RUNNABLE
+    } else if state & 0xff == TASK_UNINTERRUPTIBLE && state & TASK_NOLOAD == 0 {
+        UNINTERRUPTIBLE
     } else {
-        unsafe { ctx.read_at::<u32>(off) }.map(u64::from)
-    };
-    v.unwrap_or(0)
+        SLEEPING
+    }
 }
 
 #[inline(always)]
-fn switch_out(t: &mut ThreadStats, tgid: u32, state: u64, ts: u64, cfg: &Config) {
+fn switch_out<const STACK: bool>(
+    t: &mut ThreadStats,
+    tgid: u32,
+    state: u8,
+    ts: u64,
+    prev: u64,
+    cfg: &Config,
+) {
+    // The kernel's totals are current for prev here: pick_next_task has
+    // accounted its last slice, and its run_delay last moved at its switch-in.
+    let (exec, delay) = kernel_totals(prev, cfg);
     if t.state == run_state::RUNNING {
         t.on_cpu_ns += ts.saturating_sub(t.last_ts);
-    } else if t.state == run_state::OFF {
-        bump(counter::SCHED_GAPS);
+    } else if t.state == run_state::OFF && t.seeded == 0 {
+        missed_switch_in(t, ts, exec, delay);
     }
+    t.seeded = 0;
+    if exec != 0 {
+        t.exec_ns = exec;
+    }
+    t.delay_ns = delay;
+    t.rq_at_out = t.off_ns[usize::from(reason::RUNQUEUE)];
     if t.tgid == 0 {
         t.tgid = tgid;
     }
     t.state = run_state::OFF;
     t.last_ts = ts;
     t.wake_ts = 0;
-    if state & STATE_PREEMPTED != 0 || state & 0xff == 0 {
+    if state == RUNNABLE {
         t.off_reason = reason::RUNQUEUE;
         t.off_nr = -1;
         return;
     }
-    let nr = syscall_nr(cfg);
+    let nr = syscall_nr::<STACK>(prev, cfg);
     t.off_nr = nr;
     let class = if nr >= 0 {
         SYSCALL_CLASS.get(nr as u32).copied().unwrap_or(syscall_class::OTHER)
@@ -144,30 +238,75 @@ fn switch_out(t: &mut ThreadStats, tgid: u32, state: u64, ts: u64, cfg: &Config)
         }
         // Uninterruptible sleep outside the known waits: disk I/O (page
         // faults on mapped files, metadata reads), rarely a kernel lock.
-        _ if state & 0xff == STATE_UNINTERRUPTIBLE => reason::IO,
+        _ if state == UNINTERRUPTIBLE => reason::IO,
         _ => reason::OTHER,
     };
 }
 
-/// The syscall the current task is in, from its saved user registers
-/// (`orig_ax` on x86-64); -1 when it is not in one.
+/// The syscall the current task (`prev`) is in, from its saved user
+/// registers (`orig_ax` on x86-64); -1 when it is not in one. `STACK`:
+/// the registers sit at the top of its kernel stack (`task_pt_regs`).
 #[inline(always)]
-fn syscall_nr(cfg: &Config) -> i32 {
-    unsafe {
-        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as usize;
-        if regs == 0 {
+fn syscall_nr<const STACK: bool>(prev: u64, cfg: &Config) -> i32 {
+    let regs = if STACK {
+        let stack = read_u64(prev, cfg.task.stack);
+        if stack == 0 {
             return -1;
         }
-        let p = (regs + usize::from(cfg.regs.nr)) as *const i64;
-        bpf_probe_read_kernel(p).map(|v| v as i32).unwrap_or(-1)
+        stack + u64::from(cfg.task.regs_in_stack)
+    } else {
+        unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as u64 }
+    };
+    if regs == 0 {
+        return -1;
     }
+    unsafe { bpf_probe_read_kernel((regs + u64::from(cfg.regs.nr)) as *const i64) }
+        .map(|v| v as i32)
+        .unwrap_or(-1)
+}
+
+/// prev goes off-CPU while marked off: its switch-in was never delivered
+/// (some kernels do not trace every switch). Since its last switch-out the
+/// kernel's counters moved by exactly its time on-CPU and in the runqueue;
+/// the rest of the span it was blocked for the reason seen then.
+#[inline(always)]
+fn missed_switch_in(t: &mut ThreadStats, ts: u64, exec: u64, delay: u64) {
+    if t.kclock & kclock::EXEC == 0 || exec < t.exec_ns {
+        bump(counter::SCHED_GAPS);
+        return;
+    }
+    let span = ts.saturating_sub(t.last_ts);
+    let ran = (exec - t.exec_ns).min(span);
+    t.on_cpu_ns += ran;
+    let off = span - ran;
+    let rq =
+        if t.kclock & kclock::DELAY != 0 && delay >= t.delay_ns { (delay - t.delay_ns).min(off) } else { 0 };
+    let r = t.off_reason;
+    if r == reason::RUNQUEUE {
+        add_off(t, r, off);
+    } else {
+        add_off(t, reason::RUNQUEUE, rq);
+        add_off(t, r, off - rq);
+        if r == reason::OTHER {
+            t.other_nr = t.off_nr;
+        }
+    }
+    bump(counter::SCHED_REPAIRED);
 }
 
 #[inline(always)]
-fn switch_in(t: &mut ThreadStats, ts: u64) {
-    if t.state == run_state::RUNNING {
+fn switch_in(t: &mut ThreadStats, ts: u64, next: u64, cfg: &Config) {
+    // Current for next: its last slice was accounted when it went out.
+    let exec = read_u64(next, cfg.task.sum_exec);
+    if t.state == run_state::RUNNING && t.seeded == 0 {
+        // Its switch-out was never delivered: on-CPU time stays exact (the
+        // kernel's counter), but what it waited for meanwhile is unknown.
         bump(counter::SCHED_GAPS);
     }
+    if exec != 0 {
+        t.exec_ns = exec;
+    }
+    t.seeded = 0;
     if t.state == run_state::OFF {
         let r = t.off_reason;
         let woke = t.wake_ts;
@@ -194,16 +333,15 @@ fn add_off(t: &mut ThreadStats, r: u8, ns: u64) {
     }
 }
 
-#[tracepoint]
-pub fn sched_waking(ctx: TracePointContext) -> u32 {
+/// `sched_waking(struct task_struct *p)`.
+#[raw_tracepoint(tracepoint = "sched_waking")]
+pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
     let cfg = config();
     if cfg.floor != 0 {
         return 0;
     }
-    let wakee: i32 = match unsafe { ctx.read_at(usize::from(cfg.offsets.waking_pid)) } {
-        Ok(pid) => pid,
-        Err(_) => return 0,
-    };
+    let p: u64 = ctx.arg(0);
+    let wakee = read_u32(p, cfg.task.pid) as i32;
     if wakee <= 0 {
         return 0;
     }
@@ -225,13 +363,17 @@ pub fn sched_waking(ctx: TracePointContext) -> u32 {
         unsafe { atomic_add(&mut (*w).count, 1) };
         return 0;
     }
-    let fresh = WakeStats {
-        count: 1,
-        waker_tgid: (pid_tgid >> 32) as u32,
-        _pad: 0,
-        waker_comm: bpf_get_current_comm().unwrap_or_default(),
-    };
-    if WAKES.insert(key, fresh, 0).is_err() {
+    let waker_tgid = (pid_tgid >> 32) as u32;
+    let fresh =
+        WakeStats { count: 1, waker_tgid, _pad: 0, waker_comm: bpf_get_current_comm().unwrap_or_default() };
+    if WAKES.insert(key, fresh, 0).is_ok() {
+        return 0;
+    }
+    // Full (a thousand threads waking one another): count it per process.
+    let key = WakeKey { wakee: wakee as u32, waker: waker_tgid | WAKER_ANY_THREAD };
+    if let Some(w) = WAKES_BY_PROC.get_ptr_mut(key) {
+        unsafe { atomic_add(&mut (*w).count, 1) };
+    } else if WAKES_BY_PROC.insert(key, fresh, 0).is_err() {
         bump(counter::LOST_WAKE_MAP);
     }
     0

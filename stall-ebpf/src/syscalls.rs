@@ -1,6 +1,8 @@
-//! File reads and writes, on the raw syscall tracepoints: `openat` names a
-//! descriptor, the read family (read, pread64, readv, preadv, preadv2)
-//! counts bytes, calls and latency on it, the write family (write,
+//! File reads and writes, on the raw syscall tracepoints: the open family
+//! (open, openat, openat2, creat) names a descriptor and the dup family
+//! (dup, dup2, dup3, fcntl F_DUPFD) copies it, the read family (read,
+//! pread64, readv, preadv, preadv2, and sendfile, splice, copy_file_range
+//! from it) counts bytes, calls and latency on it, the write family (write,
 //! pwrite64, writev, pwritev, pwritev2) bytes and calls (progress signals:
 //! a log or a checkpoint growing), `close` retires it.
 //!
@@ -18,7 +20,10 @@
 //! checks are a table lookup by number (enter) and the per-CPU slot
 //! (exit): an untracked task never reaches a hash map.
 use aya_ebpf::{
-    helpers::{bpf_get_smp_processor_id, bpf_probe_read_kernel, generated::bpf_probe_read_user_str},
+    helpers::{
+        bpf_get_smp_processor_id, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::bpf_probe_read_user_str,
+    },
     macros::raw_tracepoint,
     programs::RawTracePointContext,
 };
@@ -28,12 +33,11 @@ use stall_common::{
 };
 
 use crate::{
-    bump, config,
+    bump, config, header,
     maps::{EVENTS, FILES, FILE_SEQ, HOOKS},
     now,
     running::{count_read, count_write, time_this_read, tracked_slot, uncache_fd},
     submit_flags,
-    task::header,
 };
 
 #[raw_tracepoint(tracepoint = "sys_enter")]
@@ -42,11 +46,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     if cfg.floor != 0 {
         return 0;
     }
-    let nr: i64 = ctx.arg(1);
-    if !(0..i64::from(syscall_class::TABLE_LEN)).contains(&nr) {
-        return 0;
-    }
-    let what = HOOKS.get(nr as u32).copied().unwrap_or(hook::NONE);
+    let what = hook_of(ctx.arg(1));
     if what == hook::NONE {
         return 0;
     }
@@ -63,8 +63,10 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     if cfg.floor != 0 {
         return 0;
     }
-    if let Some(s) = tracked_slot(&cfg, ctx.arg(0)) {
-        exit(&cfg, s, ctx.arg(1));
+    let regs: u64 = ctx.arg(0);
+    if let Some(s) = tracked_slot(&cfg, regs) {
+        let hooked = hook_of(reg(regs, cfg.regs.nr).unwrap_or(u64::MAX) as i64);
+        exit(&cfg, s, hooked, ctx.arg(1));
     }
     0
 }
@@ -82,16 +84,26 @@ pub(crate) fn enter(cfg: &Config, s: &mut CpuSlot, what: u8, regs: u64) {
     };
     s.events += 1;
     match what {
-        hook::READ => {
-            s.inflight = inflight::tag(inflight::READ, s.gen);
-            s.inflight_fd = arg0 as i32;
-            s.inflight_ts = if time_this_read(s, cfg) { now() } else { 0 };
-        }
+        hook::READ => reading(s, cfg, arg0 as i32),
+        hook::READ_ARG1 => reading(s, cfg, reg(regs, r.arg1).unwrap_or(u64::MAX) as i32),
         hook::OPENAT => {
-            s.inflight = inflight::tag(inflight::OPEN, s.gen);
-            s.inflight_fd = arg0 as i32;
-            s.inflight_ptr = reg(regs, r.arg1).unwrap_or(0);
-            s.inflight_kind = reg(regs, r.arg2).unwrap_or(0) as u32;
+            let flags = reg(regs, r.arg2).unwrap_or(0) as u32;
+            opening(s, arg0 as i32, reg(regs, r.arg1).unwrap_or(0), flags);
+        }
+        hook::OPEN => opening(s, AT_FDCWD, arg0, reg(regs, r.arg1).unwrap_or(0) as u32),
+        hook::CREAT => opening(s, AT_FDCWD, arg0, O_CREAT_WRONLY_TRUNC),
+        hook::OPENAT2 => {
+            // struct open_how starts with its u64 flags.
+            let how = reg(regs, r.arg2).unwrap_or(0);
+            let flags = unsafe { bpf_probe_read_user(how as *const u64) }.unwrap_or(0) as u32;
+            opening(s, arg0 as i32, reg(regs, r.arg1).unwrap_or(0), flags);
+        }
+        hook::DUP => duplicating(s, arg0 as i32),
+        hook::FCNTL => {
+            let cmd = reg(regs, r.arg1).unwrap_or(0);
+            if cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC {
+                duplicating(s, arg0 as i32);
+            }
         }
         hook::WRITE => {
             s.inflight = inflight::tag(inflight::WRITE, s.gen);
@@ -103,11 +115,19 @@ pub(crate) fn enter(cfg: &Config, s: &mut CpuSlot, what: u8, regs: u64) {
 }
 
 /// What the return of a hooked syscall does: counts what `enter` recorded
-/// with the syscall's return value `ret`. Shared by both backends.
+/// with the syscall's return value `ret`. `hooked` is the `hook` kind of
+/// the syscall returning. Shared by both backends.
 #[inline(always)]
-pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, ret: i64) {
+pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, hooked: u8, ret: i64) {
     let what = inflight::kind(s.inflight, s.gen);
     if what == inflight::NONE {
+        s.inflight = inflight::NONE;
+        return;
+    }
+    // The return must be of the call that was entered: a stale in-flight
+    // mark (its exit never seen on this slot) would otherwise count, say, a
+    // futex wake's return of 1 as a 1-byte read.
+    if !hook::completes(hooked, what) {
         s.inflight = inflight::NONE;
         return;
     }
@@ -120,7 +140,13 @@ pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, ret: i64) {
     } else if what == inflight::OPEN {
         s.inflight = inflight::NONE;
         if ret >= 0 {
-            opened(cfg, s, ret as i32);
+            opened(cfg, s, ret as i32, -1, fd_kind::UNKNOWN);
+        }
+    } else if what == inflight::DUP {
+        s.inflight = inflight::NONE;
+        // dup2(fd, fd) returns fd and changes nothing.
+        if ret >= 0 && ret as i32 != s.inflight_fd {
+            duplicated(cfg, s, s.inflight_fd, ret as i32);
         }
     }
 }
@@ -131,8 +157,61 @@ fn reg(regs: u64, off: u16) -> Option<u64> {
     unsafe { bpf_probe_read_kernel((regs + u64::from(off)) as *const u64) }.ok()
 }
 
+const AT_FDCWD: i32 = -100;
+const O_CREAT_WRONLY_TRUNC: u32 = 0o1101;
+const F_DUPFD: u64 = 0;
+const F_DUPFD_CLOEXEC: u64 = 1030;
+
+/// What the programs do with syscall `nr` (`hook::NONE`: nothing).
 #[inline(always)]
-fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32) {
+fn hook_of(nr: i64) -> u8 {
+    if !(0..i64::from(syscall_class::TABLE_LEN)).contains(&nr) {
+        return hook::NONE;
+    }
+    HOOKS.get(nr as u32).copied().unwrap_or(hook::NONE)
+}
+
+/// A read-family call entered on `fd`; one in `latency_mask + 1` is timed.
+#[inline(always)]
+fn reading(s: &mut CpuSlot, cfg: &Config, fd: i32) {
+    s.inflight = inflight::tag(inflight::READ, s.gen);
+    s.inflight_fd = fd;
+    s.inflight_ts = if time_this_read(s, cfg) { now() } else { 0 };
+}
+
+/// A dup-family call entered: the copy will name what `fd` names.
+#[inline(always)]
+fn duplicating(s: &mut CpuSlot, fd: i32) {
+    s.inflight = inflight::tag(inflight::DUP, s.gen);
+    s.inflight_fd = fd;
+}
+
+/// An open-family call entered: where its path is relative to, the path
+/// (user memory, read at exit) and its flags.
+#[inline(always)]
+fn opening(s: &mut CpuSlot, dfd: i32, path: u64, flags: u32) {
+    s.inflight = inflight::tag(inflight::OPEN, s.gen);
+    s.inflight_fd = dfd;
+    s.inflight_ptr = path;
+    s.inflight_kind = flags;
+}
+
+/// `fd` now names the same open as `old`: a new entry of the same kind (a
+/// file read through either is a file read), announced with no path.
+#[inline(always)]
+fn duplicated(cfg: &Config, s: &mut CpuSlot, old: i32, fd: i32) {
+    let kind = unsafe { FILES.get(FdKey { tgid: s.tgid, fd: old }) }.map(|f| f.kind);
+    match kind {
+        Some(kind) => opened(cfg, s, fd, old, kind),
+        // Not a descriptor stall follows: only what the new number named
+        // before (dup2 closes it) is retired.
+        None => close(cfg, s, fd),
+    }
+}
+
+/// `fd` was opened (`dup_of` -1), or made a copy of `dup_of`.
+#[inline(always)]
+fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32, dup_of: i32, kind: u32) {
     let key = FdKey { tgid: s.tgid, fd };
     uncache_fd(s, fd);
     // An entry still there for this number (closed without `close`: dup2,
@@ -142,7 +221,7 @@ fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32) {
         emit_close(cfg, s, fd, old);
     }
     let file_id = next_file_id();
-    let stats = FileStats { file_id, kind: fd_kind::UNKNOWN, ..Default::default() };
+    let stats = FileStats { file_id, kind, ..Default::default() };
     if FILES.insert(key, stats, 0).is_err() {
         bump(counter::LOST_FD_MAP);
     }
@@ -157,6 +236,14 @@ fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32) {
         (*ev).fd = fd;
         (*ev).dfd = s.inflight_fd;
         (*ev).flags = s.inflight_kind;
+        (*ev).dup_of = dup_of;
+        (*ev)._pad = 0;
+        if dup_of >= 0 {
+            (*ev).path_len = 0;
+            (*ev).path[0] = 0;
+            e.submit(submit_flags(cfg));
+            return;
+        }
         let n = bpf_probe_read_user_str(
             (*ev).path.as_mut_ptr().cast(),
             PATH_LEN as u32,

@@ -1,21 +1,25 @@
-//! Following the job's tasks: creation (`task:task_newtask`, in the parent's
+//! Following the job's tasks: creation (`task_newtask`, in the parent's
 //! context, before the child can run, so no fork escapes), exec and exit.
-use aya_ebpf::{helpers::bpf_get_current_comm, macros::tracepoint, programs::TracePointContext};
+//! Raw tracepoints, like the scheduler's (see sched.rs): never skipped
+//! while another tracing program or a `bpf()` syscall runs on the CPU.
+use aya_ebpf::{helpers::bpf_get_current_comm, macros::raw_tracepoint, programs::RawTracePointContext};
 use stall_common::{
-    counter, event_kind, reason, run_state, slot_state, EventHeader, ExecEvent, ExitEvent, NewTaskEvent,
-    ThreadStats,
+    counter, event_kind, reason, run_state, slot_state, ExecEvent, ExitEvent, NewTaskEvent, ThreadStats,
 };
 
 use crate::{
-    bump, config, current,
+    bump, config, current, header,
     maps::{EVENTS, THREADS},
-    now, running, submit_flags,
+    now, running,
+    sched::{kclock_flags, kernel_totals, read_u32},
+    submit_flags,
 };
 
 const CLONE_THREAD: u64 = 0x0001_0000;
 
-#[tracepoint]
-pub fn task_newtask(ctx: TracePointContext) -> u32 {
+/// `task_newtask(struct task_struct *task, unsigned long clone_flags)`.
+#[raw_tracepoint(tracepoint = "task_newtask")]
+pub fn task_newtask(ctx: RawTracePointContext) -> i32 {
     let cfg = config();
     if cfg.floor != 0 {
         return 0;
@@ -23,14 +27,16 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
     let Some(parent) = current(&cfg) else {
         return 0;
     };
-    let o = &cfg.offsets;
-    let child: i32 = unsafe { ctx.read_at(usize::from(o.newtask_pid)) }.unwrap_or(0);
-    let flags: u64 = unsafe { ctx.read_at(usize::from(o.newtask_clone_flags)) }.unwrap_or(0);
+    let task: u64 = ctx.arg(0);
+    let flags: u64 = ctx.arg(1);
+    let child = read_u32(task, cfg.task.pid) as i32;
     if child <= 0 {
         return 0;
     }
     let child = child as u32;
     let child_tgid = if flags & CLONE_THREAD != 0 { parent.tgid } else { child };
+    // Zero for a task this new (sched_fork cleared them); read all the same.
+    let (exec, delay) = kernel_totals(task, &cfg);
     let ts = now();
     // A new task is runnable from its creation until it first runs.
     let fresh = ThreadStats {
@@ -41,6 +47,11 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
         off_nr: -1,
         other_nr: -1,
         last_ts: ts,
+        kclock: kclock_flags(&cfg),
+        exec_base: exec,
+        exec_ns: exec,
+        delay_base: delay,
+        delay_ns: delay,
         ..Default::default()
     };
     if THREADS.insert(child, fresh, 0).is_err() {
@@ -62,8 +73,10 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+/// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct
+/// linux_binprm *bprm)`: p is the current task.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn sched_process_exec(_ctx: RawTracePointContext) -> i32 {
     let cfg = config();
     if cfg.floor != 0 {
         return 0;
@@ -84,8 +97,10 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
+/// `sched_process_exit(struct task_struct *p[, bool group_dead])`: p is
+/// the current task.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     let cfg = config();
     if cfg.floor != 0 {
         return 0;
@@ -103,7 +118,11 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
         }
     }
     if t.state == run_state::RUNNING {
-        t.on_cpu_ns += ts.saturating_sub(t.last_ts);
+        let span = ts.saturating_sub(t.last_ts);
+        t.on_cpu_ns += span;
+        // exec_ns stays "the kernel's total as of last_ts" (its own
+        // counter lags by up to a tick here).
+        t.exec_ns += span;
         t.last_ts = ts;
     }
     if t.tgid == 0 {
@@ -122,9 +141,4 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     }
     let _ = THREADS.remove(cur.tid);
     0
-}
-
-#[inline(always)]
-pub(crate) fn header(kind: u32, tid: u32, tgid: u32, job: u32, ts: u64) -> EventHeader {
-    EventHeader { kind, tid, tgid, job, ts }
 }

@@ -12,11 +12,13 @@
 //! return value come from differs. Each program serves one function (a
 //! trampoline program is loaded for one attach target), hence one program
 //! per function and side:
-//! - the read family: fentry (the read in flight, and its start when it is
-//!   timed) and fexit (the bytes);
-//! - the write family and openat: fexit alone, which still sees the
-//!   arguments (the saved registers do not change) and the result: the
-//!   entry would only record what the exit can read itself;
+//! - the read family and the calls that read a descriptor into another
+//!   (sendfile, splice, copy_file_range): fentry (the read in flight, and
+//!   its start when it is timed) and fexit (the bytes);
+//! - the write, open and dup families and fcntl: fexit alone, which still
+//!   sees the arguments (the saved registers do not change, and a path or
+//!   `open_how` in user memory is still there) and the result: the entry
+//!   would only record what the exit can read itself;
 //! - close: fentry alone (the descriptor is retired before the number can
 //!   be reused).
 //!
@@ -46,15 +48,15 @@ fn on_entry(regs: u64, what: u8) -> i32 {
     0
 }
 
-/// Return of a function whose entry ran `on_entry`.
+/// Return of a function whose entry ran `on_entry` with `what`.
 #[inline(always)]
-fn on_exit(regs: u64, ret: i64) -> i32 {
+fn on_exit(regs: u64, ret: i64, what: u8) -> i32 {
     let cfg = config();
     if cfg.floor != 0 {
         return 0;
     }
     if let Some(s) = tracked_slot(&cfg, regs) {
-        exit(&cfg, s, ret);
+        exit(&cfg, s, what, ret);
     }
     0
 }
@@ -68,7 +70,7 @@ fn on_return(regs: u64, ret: i64, what: u8) -> i32 {
     }
     if let Some(s) = tracked_slot(&cfg, regs) {
         enter(&cfg, s, what, regs);
-        exit(&cfg, s, ret);
+        exit(&cfg, s, what, ret);
     }
     0
 }
@@ -83,11 +85,11 @@ macro_rules! entries {
 }
 
 macro_rules! exits {
-    ($($name:ident),* $(,)?) => {$(
+    ($($name:ident => $what:expr),* $(,)?) => {$(
         #[fexit]
         pub fn $name(ctx: FExitContext) -> i32 {
             // One argument: the return value is the next slot.
-            on_exit(ctx.arg(0), ctx.arg(1))
+            on_exit(ctx.arg(0), ctx.arg(1), $what)
         }
     )*};
 }
@@ -101,16 +103,29 @@ macro_rules! returns {
     )*};
 }
 
+// Names are cut to the kernel's 15 characters: copy_file_range is "cfr".
 entries! {
     fentry_read => hook::READ,
     fentry_pread64 => hook::READ,
     fentry_readv => hook::READ,
     fentry_preadv => hook::READ,
     fentry_preadv2 => hook::READ,
+    fentry_sendfile => hook::READ_ARG1,
+    fentry_splice => hook::READ,
+    fentry_cfr => hook::READ,
     fentry_close => hook::CLOSE,
 }
 
-exits! { fexit_read, fexit_pread64, fexit_readv, fexit_preadv, fexit_preadv2 }
+exits! {
+    fexit_read => hook::READ,
+    fexit_pread64 => hook::READ,
+    fexit_readv => hook::READ,
+    fexit_preadv => hook::READ,
+    fexit_preadv2 => hook::READ,
+    fexit_sendfile => hook::READ_ARG1,
+    fexit_splice => hook::READ,
+    fexit_cfr => hook::READ,
+}
 
 returns! {
     fexit_write => hook::WRITE,
@@ -118,5 +133,12 @@ returns! {
     fexit_writev => hook::WRITE,
     fexit_pwritev => hook::WRITE,
     fexit_pwritev2 => hook::WRITE,
+    fexit_open => hook::OPEN,
     fexit_openat => hook::OPENAT,
+    fexit_openat2 => hook::OPENAT2,
+    fexit_creat => hook::CREAT,
+    fexit_dup => hook::DUP,
+    fexit_dup2 => hook::DUP,
+    fexit_dup3 => hook::DUP,
+    fexit_fcntl => hook::FCNTL,
 }

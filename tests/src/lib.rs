@@ -5,12 +5,18 @@
 //! They need root (to load eBPF programs). Without it they fail loudly:
 //! a skipped kernel test would hide exactly what CI is for.
 use std::{
+    io::Read,
     path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    process::{Child, Command, ExitStatus, Output, Stdio},
     sync::OnceLock,
-    time::Duration,
+    thread::{sleep, JoinHandle},
+    time::{Duration, Instant},
 };
 
+use nix::{
+    sys::signal::{kill, Signal},
+    unistd::Pid,
+};
 use serde_json::Value;
 
 /// The stall binary: $STALL_BIN (set by `cargo xtask test`), else the
@@ -202,6 +208,79 @@ pub fn stall_with_stdout(
     }
 }
 
+/// A stall started in the background (JSON Lines into a file), for tests
+/// whose workload must wait until stall has attached: [`Self::wait_attached`]
+/// returns once stall wrote its first interval record, which it does only
+/// after the target is tracked (pass a short `--interval`).
+pub struct Background {
+    child: std::process::Child,
+    json: PathBuf,
+}
+
+impl Background {
+    pub fn start(args: &[&str]) -> Self {
+        require_root();
+        let json = tempfile_path("json");
+        let (sub, rest) = args.split_first().expect("a subcommand");
+        let child = Command::new(stall_bin())
+            .arg(sub)
+            .arg("--json")
+            .arg(&json)
+            .args(["--gpu", "off"])
+            .args(rest)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start stall");
+        Self { child, json }
+    }
+
+    pub fn wait_attached(&mut self, timeout: Duration) {
+        let json = self.json.clone();
+        let child = &mut self.child;
+        wait_until("stall's first interval record", timeout, || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("stall exited before attaching: {status}");
+            }
+            std::fs::read_to_string(&json).is_ok_and(|t| t.contains('\n'))
+        });
+    }
+
+    /// Waits for stall to end (killing it after `timeout`) and reads its output.
+    pub fn finish(self, timeout: Duration) -> Run {
+        let pid = self.child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let child = self.child;
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let out = match rx.recv_timeout(timeout) {
+            Ok(out) => out.expect("wait"),
+            Err(_) => {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                panic!("stall did not finish within {timeout:?}");
+            }
+        };
+        let text = std::fs::read_to_string(&self.json).unwrap_or_default();
+        let _ = std::fs::remove_file(&self.json);
+        Run {
+            status: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            records: text.lines().map(|l| serde_json::from_str(l).expect("each JSON line parses")).collect(),
+        }
+    }
+}
+
+/// Lets a workload waiting on `go` (see jobs.py `wait_go`) proceed.
+pub fn release(go: &Path) {
+    std::fs::write(go, b"go").unwrap();
+}
+
 pub fn tempfile_path(tag: &str) -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
@@ -249,6 +328,17 @@ pub fn secs(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
+/// A wait's time as the `waits` workload measured it, less the kernel's
+/// runqueue wait over the same span (`NAME_blocked_s`, where the kernel
+/// keeps schedstats; else the wall time `NAME_s`): what stall counts as
+/// that wait, the rest being runqueue time.
+pub fn blocked_s(truth: &Value, name: &str) -> f64 {
+    match truth.get(format!("{name}_blocked_s")) {
+        Some(v) => secs(v),
+        None => secs(&truth[format!("{name}_s")]),
+    }
+}
+
 /// |got - want| <= tol * want
 pub fn assert_close(what: &str, got: f64, want: f64, tol: f64) {
     assert!(
@@ -275,11 +365,11 @@ pub fn cgroup2_mount() -> PathBuf {
 
 /// Ids of the BPF programs process `pid` holds (from /proc/PID/fdinfo), to
 /// check later that exactly these are gone — whatever else is loaded.
-/// How many BPF programs a running stall holds at least: five tracepoint
-/// programs (sched_switch, sched_waking, task_newtask,
-/// sched_process_exec/exit) and the syscall hooks: two raw syscall
-/// tracepoint programs (sys_enter, sys_exit), or 17 fentry/fexit programs
-/// on the trampoline backend.
+/// How many BPF programs a running stall holds at least: five scheduler
+/// and task raw tracepoint programs (sched_switch or sched_switch_stack,
+/// sched_waking, task_newtask, sched_process_exec/exit) and the syscall
+/// hooks: two raw syscall tracepoint programs (sys_enter, sys_exit), or 30
+/// fentry/fexit programs on the trampoline backend.
 pub const STALL_PROGRAMS: usize = 7;
 
 pub fn bpf_programs_of(pid: u32) -> Vec<u32> {
@@ -312,15 +402,6 @@ pub fn spawn_announcing(cmd: &mut Command) -> (std::process::Child, u32) {
     let pid =
         line.trim().trim_start_matches("PID ").parse().unwrap_or_else(|_| panic!("no PID line: {line:?}"));
     (child, pid)
-}
-
-/// How long (seconds, as the workloads take it) an attach test's target
-/// idles before it reads: `default`, or `STALL_TEST_ATTACH_PAUSE` where
-/// stall starts slowly (the VMs: attaching 17 trampolines under emulation
-/// takes seconds on 6.1), so the target is still there and still idle when
-/// stall has attached.
-pub fn attach_pause(default: f64) -> f64 {
-    std::env::var("STALL_TEST_ATTACH_PAUSE").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// Polls `ready` every 20 ms until it holds; fails the test after `timeout`.
@@ -509,4 +590,106 @@ pub fn shards(cache: &Path, files: u32, mb: u32, mbps: u32) -> Vec<String> {
     let mut args = shard.to_vec();
     args.extend(["--throttle-mbps".to_string(), mbps.to_string()]);
     args
+}
+
+pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        sleep(Duration::from_millis(20));
+    }
+}
+
+/// Stops a child we started, by its PID: `sig` first, SIGKILL if it lingers.
+pub fn stop(child: &mut Child, sig: Signal) {
+    if child.try_wait().ok().flatten().is_some() {
+        return;
+    }
+    let _ = kill(Pid::from_raw(child.id() as i32), sig);
+    if wait_child(child, Duration::from_secs(5)).is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Collects a pipe's text in the background.
+pub fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    })
+}
+
+/// `stall attach` running in the background, JSON Lines into a file; killed
+/// (by its PID) if the test gives up on it.
+pub struct Attached {
+    child: Child,
+    json: PathBuf,
+    out: Option<(JoinHandle<String>, JoinHandle<String>)>,
+}
+
+impl Attached {
+    pub fn start(args: &[&str]) -> Self {
+        require_root();
+        let json = tempfile_path("scn-json");
+        let mut child = Command::new(stall_bin())
+            .arg("attach")
+            .arg("--json")
+            .arg(&json)
+            .args(["--gpu", "off", "-q"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting stall");
+        let out = Some((drain(child.stdout.take().unwrap()), drain(child.stderr.take().unwrap())));
+        Self { child, json, out }
+    }
+
+    /// Waits for its first JSON record: by then it is attached and tracing.
+    pub fn wait_tracing(&mut self) {
+        let json = self.json.clone();
+        let child = &mut self.child;
+        wait_until("stall's first JSON record", Duration::from_secs(120), || {
+            if let Some(s) = child.try_wait().unwrap() {
+                panic!("stall exited ({s}) before its first record");
+            }
+            std::fs::read_to_string(&json).is_ok_and(|t| t.contains('\n'))
+        });
+    }
+
+    /// Ctrl-C (it reports and exits), then [`Self::finish`].
+    pub fn interrupt_and_finish(self, timeout: Duration) -> Run {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
+        self.finish(timeout)
+    }
+
+    pub fn finish(mut self, timeout: Duration) -> Run {
+        let Some(status) = wait_child(&mut self.child, timeout) else {
+            stop(&mut self.child, Signal::SIGKILL);
+            panic!("stall attach did not finish within {timeout:?}");
+        };
+        let (o, e) = self.out.take().unwrap();
+        let text = std::fs::read_to_string(&self.json).unwrap_or_default();
+        Run {
+            status: status.code().unwrap_or(-1),
+            stdout: o.join().unwrap(),
+            stderr: e.join().unwrap(),
+            records: text.lines().map(|l| serde_json::from_str(l).expect("each JSON line parses")).collect(),
+        }
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        stop(&mut self.child, Signal::SIGKILL);
+        let _ = std::fs::remove_file(&self.json);
+    }
 }

@@ -255,12 +255,16 @@ fn a_gpu_job_gets_the_full_capture_while_its_gpu_idles() {
     let mut guard = Killer(vec![daemon.spawn().unwrap()]);
     wait_until("the daemon's /metrics", Duration::from_secs(20), || http_get(port, "/metrics").is_some());
 
-    let mut cmd = Command::new(python());
-    cmd.args(&workload(&args)[1..]);
+    // Started inside its cgroup: the job sets up its read throttle (a
+    // cgroup beside its own, on cgroup v2) as it starts.
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(r#"echo $$ > "$0" && exec "$@""#)
+        .arg(main_cg.dir.join("cgroup.procs"))
+        .args(workload(&args));
     let (job, pid) = spawn_announcing(&mut cmd);
     guard.0.push(job);
     std::fs::write(&pid_file, pid.to_string()).unwrap();
-    main_cg.add(pid);
     std::fs::write(&start, "").unwrap();
     let job_labels = [("cgroup", rel.as_str())];
     let scrape = || http_get(port, "/metrics").unwrap_or_default();

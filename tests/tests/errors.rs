@@ -12,8 +12,9 @@ fn stall_raw(args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// An error exit prints the error and nothing else: no notes, no usage.
 fn one_line(stderr: &str) -> &str {
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.contains("no NVML")).collect();
+    let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "expected one line, got: {stderr}");
     lines[0]
 }
@@ -23,6 +24,69 @@ fn unknown_pid() {
     let (code, err) = stall_raw(&["attach", "--pid", "999999999", "--gpu", "off"]);
     assert_eq!(code, 4, "{err}");
     assert!(one_line(&err).contains("no process with PID 999999999"), "{err}");
+    // With the GPU side on by default: the "no NVML" note is for runs that
+    // proceed, not for this one.
+    let (code, err) = stall_raw(&["attach", "--pid", "999999999"]);
+    assert_eq!(code, 4, "{err}");
+    assert_eq!(one_line(&err), "stall: no process with PID 999999999");
+    // A --json file the failed run never wrote to is not left behind.
+    let s = Scratch::new("unknown-pid");
+    let json = s.path("out.json");
+    let (code, err) = stall_raw(&["attach", "--pid", "999999999", "--json", json.to_str().unwrap()]);
+    assert_eq!(code, 4, "{err}");
+    assert!(!json.exists(), "an empty {} was left behind", json.display());
+}
+
+#[test]
+fn json_path_problems_are_usage_errors_before_attaching() {
+    let s = Scratch::new("json-errors");
+    let cases = [(s.path("no-such-dir/out.json"), "no directory"), (s.0.clone(), "it is a directory")];
+    for (path, why) in cases {
+        // A command that would leave a trace if it ran: it must not.
+        let marker = s.path("ran");
+        let (code, err) =
+            stall_raw(&["run", "--json", path.to_str().unwrap(), "--", "touch", marker.to_str().unwrap()]);
+        assert_eq!(code, 2, "{err}");
+        assert!(one_line(&err).starts_with(&format!("stall: --json {}: {why}", path.display())), "{err}");
+        assert!(!marker.exists(), "the command ran");
+        let (code, err) = stall_raw(&["attach", "--pid", "1", "--json", path.to_str().unwrap()]);
+        assert_eq!(code, 2, "{err}");
+        one_line(&err);
+    }
+    // Not writable: a read-only directory, as nobody (root writes anywhere).
+    let ro = s.path("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let out = run_with_timeout(
+        {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(stall_bin())
+                .args(["run", "--json"])
+                .arg(ro.join("x.json"))
+                .args(["--", "true"]);
+            c
+        },
+        Duration::from_secs(30),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(one_line(&err).ends_with("not writable (permission denied)"), "{err}");
+}
+
+#[test]
+fn durations_take_units_and_bad_ones_are_one_line() {
+    let (code, err) =
+        stall_raw(&["run", "-q", "--gpu", "off", "--interval", "0.5s", "--duration", "1m", "--", "true"]);
+    assert_eq!(code, 0, "{err}");
+    for (opt, bad) in [("--duration", "2x"), ("--interval", "-1"), ("--interval", "0")] {
+        let (code, err) = stall_raw(&["run", opt, bad, "--", "true"]);
+        assert_eq!(code, 2, "{err}");
+        let line = one_line(&err);
+        assert!(line.starts_with(&format!("stall: invalid value '{bad}' for '{opt}")), "{err}");
+    }
+    let (code, err) = stall_raw(&["daemon", "--cgroup-root", "x", "--interval", "5 min"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(one_line(&err).contains("is not a duration"), "{err}");
 }
 
 #[test]
@@ -45,7 +109,7 @@ fn not_root() {
     let out = run_with_timeout(cmd, Duration::from_secs(30));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(one_line(&err).contains("needs root, or CAP_BPF and CAP_PERFMON"), "{err}");
+    assert!(one_line(&err).starts_with("stall: missing capabilities CAP_BPF (to "), "{err}");
 }
 
 #[test]
@@ -64,8 +128,16 @@ fn explicit_gpu_without_nvml_is_an_error_but_default_is_not() {
 
 #[test]
 fn usage_errors_exit_2() {
-    let (code, _) = stall_raw(&["attach"]);
+    let (code, err) = stall_raw(&["attach"]);
     assert_eq!(code, 2);
-    let (code, _) = stall_raw(&["run", "--interval", "-1", "--", "true"]);
+    assert!(
+        one_line(&err).contains("required arguments were not provided: <--pid <PID>|--cgroup <PATH>>"),
+        "{err}"
+    );
+    let (code, err) = stall_raw(&["run", "--interval", "-1", "--", "true"]);
     assert_eq!(code, 2);
+    one_line(&err);
+    let (code, err) = stall_raw(&["attach", "--pid", "1", "--bogus"]);
+    assert_eq!(code, 2);
+    assert!(one_line(&err).contains("unexpected argument '--bogus'"), "{err}");
 }

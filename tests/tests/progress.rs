@@ -89,17 +89,18 @@ fn a_job_hung_behind_a_busy_gpu_is_a_hang_naming_its_stale_log() {
         now - last_write
     );
     assert!((secs(&progress["last_output"]["ago_s"]) - silent).abs() < 0.5, "{progress}");
-    // Called out soon after the silence passed 10 s, and not before.
+    // Called out once the silence passed 10 s (within two intervals), and
+    // not before: until then the busy GPU is believed.
     let intervals: Vec<&Value> = recs.iter().filter(|r| r["type"] == "interval").collect();
-    assert_eq!(
-        kind(intervals[0]),
-        "gpu-busy",
-        "first interval, silent {}",
-        intervals[0]["progress"]["silent_s"]
-    );
+    for r in &intervals {
+        let silent = secs(&r["progress"]["silent_s"]);
+        if silent < 10.0 {
+            assert_eq!(kind(r), "gpu-busy", "silent {silent} s: {}", r["verdict"]);
+        }
+    }
     let first_hang = intervals.iter().find(|r| kind(r) == "hang").expect("a live hang verdict");
     let at = secs(&first_hang["progress"]["silent_s"]);
-    assert!((10.0..12.5).contains(&at), "hang called at {at} s of silence");
+    assert!((10.0..13.0).contains(&at), "hang called at {at} s of silence");
     // The GPU's power is in the JSON.
     let g = &summary["gpus"][0];
     assert!((secs(&g["power_w"]) - 95.0).abs() < 1.0 && secs(&g["power_limit_w"]) == 700.0, "{g}");

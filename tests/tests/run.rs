@@ -66,6 +66,25 @@ fn missing_command_exits_127_with_one_line() {
     assert_eq!(lines.len(), 1, "{}", run.stderr);
 }
 
+/// `stall run CMD | head`: the reader going away ends stall's output, not
+/// the run; stall still exits with the command's status, without an error.
+#[test]
+fn a_closed_stdout_ends_the_output_not_the_run() {
+    require_root();
+    let mut child = std::process::Command::new(stall_bin())
+        .args(["run", "--gpu", "off", "--interval", "0.2", "--", "sh", "-c", "sleep 1; exit 7"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let err = drain(child.stderr.take().unwrap());
+    let status = wait_child(&mut child, T).expect("stall ended");
+    let err = err.join().unwrap();
+    assert_eq!(status.code(), Some(7), "{err}");
+    assert!(!err.contains("Broken pipe") && !err.contains("internal error"), "{err}");
+}
+
 #[test]
 fn help_lists_exit_codes() {
     let out = std::process::Command::new(stall_bin()).arg("--help").output().unwrap();

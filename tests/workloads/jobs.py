@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import select
+import signal
 import sys
 import threading
 import time
@@ -26,6 +27,26 @@ def write_truth(obj):
         with open(path + ".tmp", "w") as f:
             json.dump(obj, f)
         os.rename(path + ".tmp", path)
+
+
+def cap_eff():
+    """This process's effective capabilities (CapEff of /proc/self/status)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return None
+
+
+def run_together(start, *fns):
+    """Runs `fns` on threads of their own, released together by the barrier
+    `start` (one party each, plus this thread), and waits for them."""
+    threads = [threading.Thread(target=f) for f in fns]
+    for t in threads:
+        t.start()
+    start.wait()
+    for t in threads:
+        t.join()
 
 
 def make_file(path, size):
@@ -73,7 +94,7 @@ def job_exact(args):
     """Reads one file fully in odd-sized chunks; exits with the given code."""
     path, chunk, code = args[0], int(args[1]), int(args[2])
     total = read_with(path, "read", chunk)
-    write_truth({"pid": os.getpid(), "bytes": total})
+    write_truth({"pid": os.getpid(), "bytes": total, "uid": os.getuid(), "cap_eff": cap_eff()})
     sys.exit(code)
 
 
@@ -135,13 +156,37 @@ def job_waits(args):
     r, w = os.pipe()
     start = threading.Barrier(4)
 
+    def run_delay():
+        """This thread's runqueue-wait total so far (kernel schedstat), s."""
+        try:
+            with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+                return int(f.read().split()[1]) / 1e9
+        except OSError:
+            return None
+
+    def blocked(key, t0, rd0):
+        # The wall time of a wait includes the wait for a CPU after the
+        # wakeup (long when the CPUs are busy), which stall counts as
+        # runqueue: the kernel's own runqueue total over the same span says
+        # how much.
+        truth[key + "_s"] = time.monotonic() - t0
+        rd1 = run_delay()
+        # 6.12's delayed dequeue can leave a sleeping task queued, and its
+        # run_delay then grows through the sleep itself (seen: 1.99 s of a
+        # 2 s futex wait): a total above half the wait is not a CPU wait.
+        if rd0 is not None and rd1 is not None and rd1 - rd0 <= truth[key + "_s"] / 2:
+            truth[key + "_blocked_s"] = truth[key + "_s"] - (rd1 - rd0)
+
     def futexer():
         name_thread("futexer")
         truth["futex_tid"] = threading.get_native_id()
-        start.wait()
+        # The barrier is a futex wait too (long when the CPUs are busy and
+        # the other threads are slow to start): counted from before it.
+        rd0 = run_delay()
         t0 = time.monotonic()
+        start.wait()
         lock.acquire(timeout=secs)
-        truth["futex_s"] = time.monotonic() - t0
+        blocked("futex", t0, rd0)
 
     def poller():
         name_thread("poller")
@@ -149,9 +194,10 @@ def job_waits(args):
         p = select.poll()
         p.register(r, select.POLLIN)
         start.wait()
+        rd0 = run_delay()
         t0 = time.monotonic()
         p.poll(secs * 1000)
-        truth["poll_s"] = time.monotonic() - t0
+        blocked("poll", t0, rd0)
 
     def burner():
         name_thread("burner")
@@ -163,15 +209,23 @@ def job_waits(args):
         while time.monotonic() - t0 < secs:
             for i in range(10000):
                 x += i
-        truth["burn_cpu_s"] = time.thread_time() - c0
+        # The thread's whole CPU time (it is cumulative from the thread's
+        # start), as stall counts it, not just the loop's: under emulation
+        # the thread's start-up is a few percent of it.
+        truth["burn_cpu_s"] = time.thread_time()
+        truth["burn_loop_cpu_s"] = time.thread_time() - c0
         truth["burn_wall_s"] = time.monotonic() - t0
+        # The kernel's own totals for this thread since it was created
+        # (on-CPU and runqueue-wait ns), when it keeps them.
+        try:
+            with open(f"/proc/self/task/{truth['burn_tid']}/schedstat") as f:
+                run_ns, wait_ns = f.read().split()[:2]
+            truth["burn_sched_s"] = int(run_ns) / 1e9
+            truth["burn_runq_s"] = int(wait_ns) / 1e9
+        except OSError:
+            pass
 
-    threads = [threading.Thread(target=f) for f in (futexer, poller, burner)]
-    for t in threads:
-        t.start()
-    start.wait()
-    for t in threads:
-        t.join()
+    run_together(start, futexer, poller, burner)
     write_truth(truth)
 
 
@@ -216,11 +270,26 @@ def job_many_opens(args):
         os.close(os.open(path, os.O_RDONLY))
 
 
+def wait_go(arg):
+    """A number: sleep that long. A path: wait until it exists (the test
+    creates it once stall has attached, however long its start-up took)."""
+    try:
+        time.sleep(float(arg))
+        return
+    except ValueError:
+        pass
+    deadline = time.monotonic() + 300
+    while not os.path.exists(arg):
+        if time.monotonic() > deadline:
+            sys.exit(f"{arg} never appeared")
+        time.sleep(0.01)
+
+
 def job_idle_then_read(args):
-    """Announces itself, sleeps (attach happens now), then forks a reader."""
-    path, pause = args[0], float(args[1])
+    """Announces itself, waits (attach happens now), then forks a reader."""
+    path, pause = args[0], args[1]
     print(os.getpid(), flush=True)
-    time.sleep(pause)
+    wait_go(pause)
     pid = os.fork()
     if pid == 0:
         total = read_with(path, "pread", 9999)
@@ -241,10 +310,10 @@ def job_reader_loop(args):
 
 def job_open_before(args):
     """Opens the file, announces itself (attach happens now), then reads it."""
-    path, pause = args[0], float(args[1])
+    path, pause = args[0], args[1]
     fd = os.open(path, os.O_RDONLY)
     print(os.getpid(), flush=True)
-    time.sleep(pause)
+    wait_go(pause)
     total = read_fd(fd, 8191)
     os.close(fd)
     write_truth({"pid": os.getpid(), "bytes": total, "fd": fd})
@@ -332,12 +401,7 @@ def job_writes(args):
         truth["stdout_bytes"] = out
         truth["stderr_bytes"] = err
 
-    threads = [threading.Thread(target=f) for f in (writer, printer)]
-    for t in threads:
-        t.start()
-    start.wait()
-    for t in threads:
-        t.join()
+    run_together(start, writer, printer)
     write_truth(truth)
 
 
@@ -363,7 +427,7 @@ def job_log_then_hang(args):
             log_line(log, step)
             stuck.wait(every)
         write_truth({"last_write": time.time(), "pid": os.getpid()})
-        stuck.wait()
+        stuck.wait()  # the hang: Python stack tests look for this line
 
 
 def job_log_every(args):
@@ -385,7 +449,308 @@ def job_log_every(args):
     write_truth({"steps": step})
 
 
+def job_signals(args):
+    """Counts SIGINT, SIGTERM and SIGHUP; exits with status 3 once 0.7 s
+    have passed since the first SIGINT or SIGTERM (time for a second
+    delivery to show). Creates $TRUTH.ready once its handlers are in."""
+    counts = {"INT": 0, "TERM": 0, "HUP": 0}
+    first = []
+
+    def on(sig, _frame):
+        name = signal.Signals(sig).name[3:]
+        counts[name] += 1
+        if name != "HUP" and not first:
+            first.append(time.monotonic())
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, on)
+    open(os.environ["TRUTH"] + ".ready", "w").close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (first and time.monotonic() - first[0] > 0.7):
+        time.sleep(0.05)
+    write_truth({"pid": os.getpid(), "pgid": os.getpgrp(), "counts": counts})
+    sys.exit(3)
+
+
+def job_brief(args):
+    """Forks three children that live half as long, lives `secs`, exits:
+    a target that may be gone while stall attaches."""
+    secs = float(args[0])
+    for _ in range(3):
+        if os.fork() == 0:
+            time.sleep(secs / 2)
+            os._exit(0)
+    time.sleep(secs)
+    os._exit(0)
+
+
+def job_fork_on_cue(args):
+    """Announces itself; on "fork" from stdin forks a child that reads the
+    file and exits, reaps it and prints its PID; on "exit" exits."""
+    path = args[0]
+    print(os.getpid(), flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "fork":
+            pid = os.fork()
+            if pid == 0:
+                read_with(path, "read", 4096)
+                os._exit(0)
+            os.waitpid(pid, 0)
+            print(pid, flush=True)
+        elif cmd == "exit":
+            return
+
+
+def job_take_pid(args):
+    """Gets PID `want` for a child (writing want-1 to ns_last_pid before
+    each fork) which reads the file; writes whether it got it."""
+    want, path = int(args[0]), args[1]
+    for attempt in range(2000):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(want - 1))
+        pid = os.fork()
+        if pid == 0:
+            if os.getpid() == want:
+                total = read_with(path, "read", 4096)
+                write_truth({"pid": want, "bytes": total, "attempts": attempt + 1})
+            os._exit(0)
+        os.waitpid(pid, 0)
+        if pid == want:
+            return
+    write_truth({"pid": None})
+
+
+def job_fork_storm(args):
+    """Forks `n` children at once; child i reads the first 1000 + i bytes
+    of the file in one read and exits. Writes {pid: bytes}."""
+    path, n = args[0], int(args[1])
+    want = {}
+    for i in range(n):
+        k = 1000 + i
+        pid = os.fork()
+        if pid == 0:
+            fd = os.open(path, os.O_RDONLY)
+            got = len(os.read(fd, k))
+            os._exit(0 if got == k else 1)
+        want[pid] = k
+    bad = [pid for pid in want if os.waitpid(pid, 0)[1] != 0]
+    write_truth({"children": {str(p): k for p, k in want.items()}, "bad": bad})
+
+
+def job_threads(args):
+    """`n` threads, all alive at once; thread i preads the first 100 + i
+    bytes of the file once. Writes per tid the bytes it read of the file
+    and of every file: its own I/O accounting (rchar, before the read of
+    /proc/thread-self/io, plus that read), since glibc reads too (a new
+    malloc arena reads /sys/devices/system/cpu/online)."""
+    path, n = args[0], int(args[1])
+    threading.stack_size(256 * 1024)
+    fd = os.open(path, os.O_RDONLY)
+    start = threading.Barrier(n + 1)
+    done = threading.Barrier(n + 1)
+    tids = {}
+
+    def worker(i):
+        start.wait()
+        k = 100 + i
+        assert len(os.pread(fd, k, 0)) == k
+        io = os.open("/proc/thread-self/io", os.O_RDONLY)
+        text = os.read(io, 4096)
+        os.close(io)
+        fields = dict(l.split(b": ") for l in text.split(b"\n") if b": " in l)
+        rchar, syscr = int(fields[b"rchar"]), int(fields[b"syscr"])
+        # syscr: its read calls (this one included), for when bytes disagree.
+        tids[threading.get_native_id()] = {"data": k, "read": rchar + len(text), "calls": syscr + 1}
+        done.wait()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    done.wait()
+    for t in threads:
+        t.join()
+    write_truth({"pid": os.getpid(), "threads": {str(t): v for t, v in tids.items()}})
+
+
+def job_deny_memory_reads(args):
+    """Execs `args` under a seccomp filter that fails process_vm_readv with
+    EACCES: what a hardened host's policy does to a process that would read
+    another's memory (stall's Python stacks), whatever its capabilities.
+    (EACCES, not EPERM: on EPERM readers fall back to /proc/PID/mem.)"""
+    import struct
+
+    if os.uname().machine != "x86_64":
+        sys.exit("deny-memory-reads: x86-64 only")
+    nr_process_vm_readv = 310
+    audit_arch_x86_64 = 0xC000003E
+    bpf = lambda code, jt, jf, k: struct.pack("HBBI", code, jt, jf, k)
+    ld_w_abs, jeq_k, ret_k = 0x20, 0x15, 0x06
+    allow, errno_eacces = 0x7FFF0000, 0x00050000 | 13
+    prog = b"".join([
+        bpf(ld_w_abs, 0, 0, 4),  # seccomp_data.arch
+        bpf(jeq_k, 1, 0, audit_arch_x86_64),
+        bpf(ret_k, 0, 0, allow),
+        bpf(ld_w_abs, 0, 0, 0),  # seccomp_data.nr
+        bpf(jeq_k, 0, 1, nr_process_vm_readv),
+        bpf(ret_k, 0, 0, errno_eacces),
+        bpf(ret_k, 0, 0, allow),
+    ])
+    buf = ctypes.create_string_buffer(prog)
+    fprog = struct.pack("HxxxxxxQ", len(prog) // 8, ctypes.addressof(buf))
+    fbuf = ctypes.create_string_buffer(fprog)
+    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+    ul = ctypes.c_ulong
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, ul(1), ul(0), ul(0), ul(0)) != 0:
+        sys.exit("deny-memory-reads: PR_SET_NO_NEW_PRIVS failed")
+    if libc.prctl(PR_SET_SECCOMP, ul(SECCOMP_MODE_FILTER), ul(ctypes.addressof(fbuf)), ul(0), ul(0)) != 0:
+        sys.exit(f"deny-memory-reads: seccomp failed (errno {ctypes.get_errno()})")
+    cmd = args[1:] if args[:1] == ["--"] else args
+    os.execvp(cmd[0], cmd)
+
+
+def job_read_paths(args):
+    """Names files every way but openat, and reads them every way but the
+    read family: open(2), openat2(2) and creat(2) by raw syscall; reads
+    through dup, dup2, dup3 and fcntl(F_DUPFD) copies of a descriptor
+    (the original closed first for one); sendfile, copy_file_range and
+    splice from files. Each file is read by one path, in odd amounts.
+    Writes per path the bytes read (or written, for creat's)."""
+    d = args[0]
+    truth = {"pid": os.getpid(), "read": {}, "written": {}}
+    sys_open, sys_creat, sys_openat2 = 2, 85, 437
+    at_fdcwd = -100
+
+    def make(name, size):
+        path = os.path.join(d, name)
+        with open(path, "wb") as f:
+            f.write(os.urandom(size))
+        return path
+
+    def checked(fd, what):
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), what)
+        return fd
+
+    def until_eof(step):
+        """Calls `step` (bytes moved by one call) until it moves none; the sum."""
+        n = 0
+        while k := step():
+            n += k
+        return n
+
+    def drain(fd, chunk):
+        return until_eof(lambda: len(os.read(fd, chunk)))
+
+    # open(2): Python and glibc use openat.
+    p = make("by-open.bin", 10_007)
+    fd = checked(libc.syscall(sys_open, p.encode(), os.O_RDONLY), "open")
+    truth["read"][p] = drain(fd, 999)
+    os.close(fd)
+
+    # openat2(2): struct open_how {u64 flags, mode, resolve}.
+    p = make("by-openat2.bin", 20_011)
+    how = (ctypes.c_uint64 * 3)(os.O_RDONLY, 0, 0)
+    fd = checked(libc.syscall(sys_openat2, at_fdcwd, p.encode(), ctypes.byref(how), 24), "openat2")
+    truth["read"][p] = drain(fd, 1001)
+    os.close(fd)
+
+    # creat(2), then writes.
+    p = os.path.join(d, "by-creat.bin")
+    fd = checked(libc.syscall(sys_creat, p.encode(), 0o644), "creat")
+    truth["written"][p] = os.write(fd, b"c" * 3_001) + os.write(fd, b"d" * 4_003)
+    os.close(fd)
+
+    # Copies of one descriptor: each reads a part; the original is closed
+    # before the last copies read.
+    p = make("by-dup.bin", 50_021)
+    fd = os.open(p, os.O_RDONLY)
+    copies = [os.dup(fd), os.dup2(fd, 60), os.dup2(fd, 61, inheritable=False)]
+    import fcntl
+
+    copies.append(fcntl.fcntl(fd, fcntl.F_DUPFD, 70))
+    n = len(os.read(fd, 5_003))
+    os.close(fd)
+    for i, c in enumerate(copies):
+        n += len(os.read(c, 7_001 + i))
+    for c in copies:
+        n += drain(c, 3_333)
+        os.close(c)
+    truth["read"][p] = n
+
+    sink = os.open(os.path.join(d, "sink.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    p = make("by-sendfile.bin", 30_013)
+    fd = os.open(p, os.O_RDONLY)
+    truth["read"][p] = until_eof(lambda: os.sendfile(sink, fd, None, 8_191))
+    os.close(fd)
+
+    p = make("by-copy-file-range.bin", 40_009)
+    fd = os.open(p, os.O_RDONLY)
+    truth["read"][p] = until_eof(lambda: os.copy_file_range(fd, sink, 6_007))
+    os.close(fd)
+
+    p = make("by-splice.bin", 25_013)
+    fd = os.open(p, os.O_RDONLY)
+    r, w = os.pipe()
+
+    def spliced():
+        k = os.splice(fd, w, 4_093)
+        if k:
+            # Emptied, so the pipe never fills (read: IPC bytes, not the file's).
+            os.read(r, k)
+        return k
+
+    truth["read"][p] = until_eof(spliced)
+    for x in (fd, r, w, sink):
+        os.close(x)
+    write_truth(truth)
+
+
+def job_storage(args):
+    """Four files in `dir` (on a block device): two evicted from the page
+    cache (written, synced, POSIX_FADV_DONTNEED), two left cached; one of
+    each read with read(), one of each mapped with every page touched.
+    Writes per path its size and how it was read."""
+    import mmap
+
+    d = args[0]
+    files = {"cold-read.bin": 4_000_037, "warm-read.bin": 3_000_029, "cold-map.bin": 5_000_011, "warm-map.bin": 2_000_003}
+    truth = {"pid": os.getpid(), "files": {}}
+    for name, size in files.items():
+        path = os.path.join(d, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        left = size
+        while left:
+            left -= os.write(fd, os.urandom(min(left, 1 << 20)))
+        os.fsync(fd)
+        if name.startswith("cold"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        truth["files"][path] = {"size": size, "cold": name.startswith("cold"), "mapped": "map" in name}
+    for path, f in truth["files"].items():
+        fd = os.open(path, os.O_RDONLY)
+        if f["mapped"]:
+            m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            os.close(fd)
+            touched = sum(m[i] for i in range(0, f["size"], mmap.PAGESIZE))
+            m.close()
+            f["touched"] = touched >= 0
+        else:
+            n = 0
+            while True:
+                b = os.read(fd, 65_537)
+                if not b:
+                    break
+                n += len(b)
+            os.close(fd)
+            f["read"] = n
+    write_truth(truth)
+
+
 JOBS = {
+    "deny-memory-reads": job_deny_memory_reads,
     "log-then-hang": job_log_then_hang,
     "log-every": job_log_every,
     "writes": job_writes,
@@ -400,6 +765,14 @@ JOBS = {
     "many-opens": job_many_opens,
     "idle-then-read": job_idle_then_read,
     "reader-loop": job_reader_loop,
+    "signals": job_signals,
+    "brief": job_brief,
+    "fork-on-cue": job_fork_on_cue,
+    "take-pid": job_take_pid,
+    "fork-storm": job_fork_storm,
+    "threads": job_threads,
+    "read-paths": job_read_paths,
+    "storage": job_storage,
 }
 
 if __name__ == "__main__":

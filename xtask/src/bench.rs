@@ -10,6 +10,7 @@
 
 mod daemon;
 mod profile;
+mod pystacks;
 mod report;
 
 use std::{
@@ -44,17 +45,20 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 pub enum Mode {
     Baseline,
     Stall,
+    /// `stall run --timeline`: a record per context switch on top.
+    Timeline,
     Strace,
     Floor,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 4] = [Mode::Baseline, Mode::Stall, Mode::Strace, Mode::Floor];
+    pub const ALL: [Mode; 5] = [Mode::Baseline, Mode::Stall, Mode::Timeline, Mode::Strace, Mode::Floor];
 
     pub fn label(self) -> &'static str {
         match self {
             Mode::Baseline => "baseline (no tracer)",
             Mode::Stall => "stall",
+            Mode::Timeline => "stall --timeline",
             Mode::Strace => "strace -f",
             Mode::Floor => "floor (stall --floor)",
         }
@@ -248,6 +252,9 @@ pub fn run(opts: &Options) -> Result<()> {
     println!("xtask bench: stall daemon on a node (a watched GPU job's reads and an untraced neighbour's)");
     let daemon = daemon::run(&env, &files.small, &env.nvml_lib, runs, opts.quick)?;
 
+    println!("xtask bench: Python stacks (a tight Python loop's iterations per second)");
+    let py = pystacks::run(&env, runs, opts.quick)?;
+
     let meta = report::Meta {
         quick: opts.quick,
         runs,
@@ -256,7 +263,7 @@ pub fn run(opts: &Options) -> Result<()> {
         quiet: env.quiet.get(),
         load: (load_before, loadavg()),
     };
-    let doc = report::render(&meta, &workloads, &profiles, &cost, &daemon);
+    let doc = report::render(&meta, &workloads, &profiles, &cost, &daemon, &py);
     let path = cmd::workspace_root().join("docs/PERFORMANCE.md");
     fs::write(&path, &doc).with_context(|| format!("writing {}", path.display()))?;
     println!("{}", report::targets_text(&workloads, &cost, &daemon));
@@ -320,6 +327,8 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
         if quick { (131_072u64, 6u64, 50_000u64, 2_000u64) } else { (262_144, 12, 100_000, 5_000) };
     let pread = |n: u64| strs(&["pread", "--file", &small, "--ops", &n.to_string()]);
     let loader = |p: u64| strs(&["loader", "--files", &shards.join(","), "--passes", &p.to_string()]);
+    let cold_loader =
+        |p: u64| strs(&["loader", "--files", &shards.join(","), "--passes", &p.to_string(), "--cold", "1"]);
     let futex = |n: u64| strs(&["futex", "--iters", &n.to_string(), "--cpu", "1"]);
     let fork = |n: u64| strs(&["fork", "--n", &n.to_string()]);
     let w = |key, title, what: String, unit, args, strace_args, neighbour| Workload {
@@ -356,6 +365,19 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
             "1 MiB read",
             loader(passes),
             loader(passes),
+            false,
+        ),
+        w(
+            "loader-cold",
+            "DataLoader-like from storage: the same, page cache evicted",
+            format!(
+                "as loader, but each pass evicts its file first (POSIX_FADV_DONTNEED): every read goes to \
+                 storage and fills the page cache, which stall counts as storage bytes; {} passes",
+                passes / 4
+            ),
+            "1 MiB read",
+            cold_loader(passes / 4),
+            cold_loader(passes / 4),
             false,
         ),
         w(
@@ -402,11 +424,14 @@ fn wrap(env: &Env, mode: Mode, args: &[String], out: &Path) -> Command {
     all.push(out.into());
     let mut c = match mode {
         Mode::Baseline => return with_args(Command::new(&env.wl), all),
-        Mode::Stall | Mode::Floor => {
+        Mode::Stall | Mode::Floor | Mode::Timeline => {
             let mut c = Command::new(&env.stall);
             c.arg("run");
             if mode == Mode::Floor {
                 c.arg("--floor");
+            }
+            if mode == Mode::Timeline {
+                c.arg("--timeline").arg(env.dir.join("timeline.json.gz"));
             }
             c.args(["--gpu", "off", "-q", "--"]);
             c

@@ -171,8 +171,10 @@ fn installed_packages() -> Result<HashMap<String, String>> {
 }
 
 /// Debian packages the integration tests use besides the toolchain: a real
-/// Prometheus server (and promtool) for the daemon's test.
-const TEST_PACKAGES: [&str; 1] = ["prometheus"];
+/// Prometheus server (and promtool) for the daemon's test, capsh to run
+/// stall as `nobody` with exact capabilities (privilege.rs), bpftool to
+/// list what stall leaves loaded (faults.rs).
+const TEST_PACKAGES: [&str; 3] = ["prometheus", "libcap2-bin", "bpftool"];
 
 /// Installs [`TEST_PACKAGES`] if any is missing (quiet when all are there).
 pub fn ensure_test_packages() -> Result<()> {

@@ -8,10 +8,10 @@
 //! counted twice. Pure: no kernel, no /proc; unit-tested on synthetic streams.
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
-use stall_common::{counter::LOST_CAUSES, fd_kind};
+use stall_common::{counter::LOST_CAUSES, fd_kind, WAKER_ANY_THREAD};
 
 use super::window::{fold_small_ended, FileWindow, ProcWindow, ThreadWindow, Waker, Window};
-use crate::decode::{Event, FileCounters, FileSnap, Snapshot, ThreadCounters, ThreadNow};
+use crate::decode::{Event, FileCounters, FileSnap, Inode, Snapshot, ThreadCounters, ThreadNow};
 
 #[derive(Debug, Clone, Default)]
 pub struct Proc {
@@ -23,6 +23,10 @@ pub struct Proc {
     /// Its threads (an index: exits and folding touch one process, not
     /// every thread of the job).
     pub tids: Vec<u32>,
+    /// When it was forked and when it last exec'd, if seen (0: not seen;
+    /// it ran before tracing started).
+    pub born_ns: u64,
+    pub exec_ns: u64,
     /// Ended and its kernel entries freed (see [`Model::dead`]).
     retired: bool,
 }
@@ -49,6 +53,11 @@ pub struct File {
     /// Absolute path, when `path` was given relative.
     pub resolved: Option<String>,
     pub kind: u32,
+    /// A copy of another descriptor (dup): its reads count, it is not
+    /// another open.
+    pub dup: bool,
+    /// Which file it is, for the page cache's fills of it.
+    pub inode: Option<Inode>,
     pub total: FileCounters,
     mark: FileCounters,
     pub open: bool,
@@ -56,12 +65,40 @@ pub struct File {
     pub close_ts: Option<u64>,
 }
 
+/// One count the kernel keeps cumulative (wakes of a pair, storage bytes
+/// of a file): `total` as last read, `mark` at the end of the previous
+/// interval window.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    total: u64,
+    mark: u64,
+}
+
+impl Tally {
+    /// A reading of the kernel's count (never taken back).
+    fn see(&mut self, count: u64) {
+        self.total = self.total.max(count);
+    }
+
+    /// Since the last mark, or the whole run.
+    fn since(&self, since_mark: bool) -> u64 {
+        if since_mark {
+            self.total.saturating_sub(self.mark)
+        } else {
+            self.total
+        }
+    }
+
+    fn set_mark(&mut self) {
+        self.mark = self.total;
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 struct Wake {
     waker_tgid: u32,
     waker_comm: String,
-    total: u64,
-    mark: u64,
+    count: Tally,
 }
 
 #[derive(Debug, Default)]
@@ -73,6 +110,11 @@ pub struct Model {
     pub threads: BTreeMap<u32, Thread>,
     pub files: HashMap<u64, File>,
     wakes: HashMap<(u32, u32), Wake>,
+    /// Storage bytes per (process, file); None: not seen on this kernel.
+    storage: Option<HashMap<(u32, Inode), Tally>>,
+    /// The path a process opened each file by (kept after it closes: the
+    /// page cache fills a mapping long after its descriptor is gone).
+    inode_paths: HashMap<(u32, Inode), (String, Option<String>)>,
     /// Closed files, folded per (process, path) once an interval has counted
     /// them: memory follows distinct paths, not opens (a job that opens the
     /// same shards a million times keeps one entry per shard).
@@ -89,6 +131,7 @@ pub struct Model {
     events: u64,
     events_mark: u64,
     sched_gaps: u64,
+    sched_repaired: u64,
     /// Processes in the order they ended, for folding the oldest.
     ended: VecDeque<u32>,
     /// Ended processes beyond [`MAX_ENDED`], summed (fork storms).
@@ -103,6 +146,7 @@ struct Folded {
     procs: u64,
     counters: ThreadCounters,
     files: HashMap<String, FileWindow>,
+    storage_bytes: u64,
 }
 
 impl Model {
@@ -162,28 +206,40 @@ impl Model {
 
     pub fn apply(&mut self, ev: &Event) {
         match ev {
-            Event::Open { ts, tgid, fd, file_id, path, .. } => {
+            Event::Open { ts, tgid, fd, file_id, path, dup_of, .. } => {
                 self.proc_mut(*tgid);
-                self.opened.insert(*file_id);
+                // A dup is not another open; it names what the original names.
+                if dup_of.is_none() {
+                    self.opened.insert(*file_id);
+                }
+                let original = dup_of.and_then(|old| self.open_file(*tgid, old));
+                let (path, resolved, kind, inode) = match original {
+                    Some(f) => (f.path.clone(), f.resolved.clone(), f.kind, f.inode),
+                    None => (path.clone(), None, fd_kind::UNKNOWN, None),
+                };
                 self.files.insert(
                     *file_id,
                     File {
                         file_id: *file_id,
                         tgid: *tgid,
                         fd: *fd,
-                        path: path.clone(),
-                        kind: fd_kind::UNKNOWN,
+                        path,
+                        resolved,
+                        kind,
+                        dup: dup_of.is_some(),
+                        inode,
                         open: true,
                         open_ts: *ts,
                         ..Default::default()
                     },
                 );
             }
-            Event::NewTask { parent_tgid, child_tid, child_tgid, comm, .. } => {
+            Event::NewTask { ts, parent_tgid, child_tid, child_tgid, comm, .. } => {
                 self.proc_mut(*parent_tgid);
                 if child_tgid != parent_tgid {
                     let p = self.proc_mut(*child_tgid);
                     p.ppid = Some(*parent_tgid);
+                    p.born_ns = *ts;
                     if p.comm.is_empty() {
                         p.comm = comm.clone();
                     }
@@ -193,8 +249,10 @@ impl Model {
                     t.comm = comm.clone();
                 }
             }
-            Event::Exec { tid, tgid, comm, .. } => {
-                self.proc_mut(*tgid).comm = comm.clone();
+            Event::Exec { ts, tid, tgid, comm } => {
+                let p = self.proc_mut(*tgid);
+                p.comm = comm.clone();
+                p.exec_ns = *ts;
                 self.thread_mut(*tid, *tgid).comm = comm.clone();
             }
             Event::Exit { tid, tgid, comm, counters, other_nr, ts } => {
@@ -218,6 +276,8 @@ impl Model {
                     }
                 }
             }
+            // The timeline's, not the model's.
+            Event::Switch(_) => {}
             Event::Close { ts, file_id, counters, .. } => {
                 if let Some(mut f) = self.files.remove(file_id) {
                     f.total = *counters;
@@ -242,15 +302,23 @@ impl Model {
             self.proc_mut(tgid);
         }
         self.apply_files(&snap.files);
+        if let Some(fills) = &snap.storage {
+            let storage = self.storage.get_or_insert_with(HashMap::new);
+            for s in fills {
+                // Cumulative in the kernel until the process is retired.
+                storage.entry((s.tgid, s.inode)).or_default().see(s.bytes);
+            }
+        }
         for w in &snap.wakes {
             let e = self.wakes.entry((w.wakee, w.waker)).or_default();
-            e.total = e.total.max(w.count);
+            e.count.see(w.count);
             e.waker_tgid = w.waker_tgid;
             e.waker_comm.clone_from(&w.waker_comm);
         }
         self.lost = snap.lost;
         self.events = snap.events;
         self.sched_gaps = self.sched_gaps.max(snap.sched_gaps);
+        self.sched_repaired = self.sched_repaired.max(snap.sched_repaired);
     }
 
     /// Counters of descriptors read from the kernel (snapshot or retire).
@@ -264,15 +332,35 @@ impl Model {
     }
 
     /// What the agent learnt about a descriptor (regular file or not).
+    /// The open file `fd` of process `tgid` names.
+    pub fn open_file(&self, tgid: u32, fd: i32) -> Option<&File> {
+        self.files.values().find(|f| f.tgid == tgid && f.fd == fd && f.open)
+    }
+
     pub fn set_file_kind(&mut self, file_id: u64, kind: u32) {
         if let Some(f) = self.files.get_mut(&file_id) {
             f.kind = kind;
         }
     }
 
+    /// Where a file given relative (or as a dup of an unknown descriptor:
+    /// no path at all) points.
+    /// Which file a descriptor is (device and inode), so that what the
+    /// page cache fills for it lands on its path.
+    pub fn set_file_inode(&mut self, file_id: u64, inode: Inode) {
+        if let Some(f) = self.files.get_mut(&file_id) {
+            f.inode = Some(inode);
+            self.inode_paths.insert((f.tgid, inode), (f.path.clone(), f.resolved.clone()));
+        }
+    }
+
     pub fn set_file_resolved(&mut self, file_id: u64, resolved: &str) {
         if let Some(f) = self.files.get_mut(&file_id) {
-            f.resolved = Some(resolved.to_string());
+            if f.path.is_empty() {
+                f.path = resolved.to_string();
+            } else {
+                f.resolved = Some(resolved.to_string());
+            }
         }
     }
 
@@ -333,11 +421,14 @@ impl Model {
         let c = self.closing.entry(key.clone()).or_insert_with(fresh);
         c.opens += u64::from(opened_now);
         c.add_counters(&f.total.saturating_sub(&f.mark));
-        c.open_ns += close.saturating_sub(f.open_ts.max(self.mark_ns));
         let a = self.archived.entry(key).or_insert_with(fresh);
-        a.opens += 1;
         a.add_counters(&f.total);
-        a.open_ns += close.saturating_sub(f.open_ts);
+        // Open time is per open: a copy's is the original's.
+        if !f.dup {
+            c.open_ns += close.saturating_sub(f.open_ts.max(self.mark_ns));
+            a.opens += 1;
+            a.open_ns += close.saturating_sub(f.open_ts);
+        }
     }
 
     /// Descriptors of processes that ended (closed by exit, not `close`):
@@ -364,7 +455,10 @@ impl Model {
             f.mark = f.total;
         }
         for w in self.wakes.values_mut() {
-            w.mark = w.total;
+            w.count.set_mark();
+        }
+        for s in self.storage.iter_mut().flat_map(|m| m.values_mut()) {
+            s.set_mark();
         }
         self.opened.clear();
         self.lost_mark = self.lost;
@@ -397,8 +491,27 @@ impl Model {
             gone_tgids.insert(tgid);
             self.folded.procs += 1;
         }
-        // One pass over the wakers and the folded files for the whole batch.
+        // One pass over the wakers, storage and folded files for the batch.
         self.wakes.retain(|(wakee, waker), _| !gone_tids.contains(wakee) && !gone_tids.contains(waker));
+        if let Some(storage) = self.storage.as_mut() {
+            let folded = &mut self.folded;
+            let paths = &self.inode_paths;
+            storage.retain(|key, s| {
+                if !gone_tgids.contains(&key.0) {
+                    return true;
+                }
+                folded.storage_bytes += s.total;
+                if let Some((path, _)) = paths.get(key) {
+                    let f = folded
+                        .files
+                        .entry(path.clone())
+                        .or_insert_with(|| FileWindow { path: path.clone(), ..Default::default() });
+                    f.storage_bytes = Some(f.storage_bytes.unwrap_or(0) + s.total);
+                }
+                false
+            });
+        }
+        self.inode_paths.retain(|(tgid, _), _| !gone_tgids.contains(tgid));
         let keys: Vec<(u32, String)> =
             self.archived.keys().filter(|k| gone_tgids.contains(&k.0)).cloned().collect();
         for k in keys {
@@ -426,6 +539,8 @@ impl Model {
                 comm: p.comm.clone(),
                 cmdline: p.cmdline.clone(),
                 alive: p.alive,
+                born_ns: p.born_ns,
+                exec_ns: p.exec_ns,
                 ..Default::default()
             })
             .collect();
@@ -433,11 +548,16 @@ impl Model {
 
         let mut woken: HashMap<u32, Vec<Waker>> = HashMap::new();
         for (&(wakee, waker), w) in &self.wakes {
-            let n = if since_mark { w.total - w.mark.min(w.total) } else { w.total };
+            let n = w.count.since(since_mark);
             if n > 0 {
                 // A traced waker's current name (the kernel's is from its
-                // first wakeup, maybe before it renamed itself).
-                let comm = self.threads.get(&waker).map_or(&w.waker_comm, |t| &t.comm).clone();
+                // first wakeup, maybe before it renamed itself); a process's
+                // for wakes counted per process.
+                let comm = match waker & WAKER_ANY_THREAD {
+                    0 => self.threads.get(&waker).map(|t| &t.comm),
+                    _ => self.procs.get(&w.waker_tgid).map(|p| &p.comm),
+                };
+                let comm = comm.filter(|c| !c.is_empty()).unwrap_or(&w.waker_comm).clone();
                 woken.entry(wakee).or_default().push(Waker {
                     tid: waker,
                     tgid: w.waker_tgid,
@@ -480,7 +600,7 @@ impl Model {
                 continue;
             }
             let d = if since_mark { f.total.saturating_sub(&f.mark) } else { f.total };
-            let opened_now = !since_mark || self.opened.contains(&f.file_id);
+            let opened_now = (!since_mark && !f.dup) || self.opened.contains(&f.file_id);
             if since_mark && d.read_calls == 0 && d.write_calls == 0 && !opened_now {
                 continue;
             }
@@ -490,10 +610,37 @@ impl Model {
                 ..Default::default()
             });
             e.opens += u64::from(opened_now);
-            let from = f.open_ts.max(start_ns);
-            let to = f.close_ts.unwrap_or(end_ns).min(end_ns);
-            e.open_ns += to.saturating_sub(from);
+            if !f.dup {
+                let from = f.open_ts.max(start_ns);
+                let to = f.close_ts.unwrap_or(end_ns).min(end_ns);
+                e.open_ns += to.saturating_sub(from);
+            }
             e.add_counters(&d);
+        }
+        if let Some(storage) = &self.storage {
+            for p in &mut procs {
+                p.storage_bytes = Some(0);
+            }
+            for f in by_path.values_mut() {
+                f.storage_bytes = Some(0);
+            }
+            for ((tgid, inode), s) in storage {
+                let Some(&i) = index.get(tgid) else { continue };
+                let n = s.since(since_mark);
+                if n == 0 {
+                    continue;
+                }
+                *procs[i].storage_bytes.get_or_insert(0) += n;
+                // Files it opened under a path; others (mapped before stall
+                // came) count for the process only.
+                let Some((path, resolved)) = self.inode_paths.get(&(*tgid, *inode)) else { continue };
+                let e = by_path.entry((i, path.as_str())).or_insert_with(|| FileWindow {
+                    path: path.clone(),
+                    resolved: resolved.clone(),
+                    ..Default::default()
+                });
+                *e.storage_bytes.get_or_insert(0) += n;
+            }
         }
         for ((i, _), fw) in by_path {
             procs[i].files.push(fw);
@@ -513,6 +660,7 @@ impl Model {
                     ..Default::default()
                 }],
                 files,
+                storage_bytes: self.storage.as_ref().map(|_| self.folded.storage_bytes),
                 ..Default::default()
             });
         }
@@ -534,17 +682,38 @@ impl Model {
         } else {
             (self.lost, self.events)
         };
-        Window { start_ns, end_ns, procs, lost, events, sched_gaps: self.sched_gaps }
+        Window {
+            start_ns,
+            end_ns,
+            procs,
+            lost,
+            events,
+            sched_gaps: self.sched_gaps,
+            sched_repaired: self.sched_repaired,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::{ThreadSnap, WakeSnap};
+    use crate::decode::{StorageSnap, ThreadSnap, WakeSnap};
 
     fn open(tgid: u32, fd: i32, id: u64, path: &str) -> Event {
-        Event::Open { ts: 0, tid: tgid, tgid, fd, file_id: id, path: path.into(), dfd: -100 }
+        Event::Open { ts: 0, tid: tgid, tgid, fd, file_id: id, path: path.into(), dfd: -100, dup_of: None }
+    }
+
+    fn dup(tgid: u32, fd: i32, id: u64, of: i32) -> Event {
+        Event::Open {
+            ts: 0,
+            tid: tgid,
+            tgid,
+            fd,
+            file_id: id,
+            path: String::new(),
+            dfd: of,
+            dup_of: Some(of),
+        }
     }
 
     fn file_snap(tgid: u32, fd: i32, id: u64, bytes: u64, calls: u64) -> FileSnap {
@@ -580,6 +749,78 @@ mod tests {
         let p = w.proc(10).unwrap();
         let get = |path: &str| p.files.iter().find(|f| f.path == path).unwrap().read_bytes;
         assert_eq!((get("/a"), get("/b")), (100, 7));
+    }
+
+    /// Storage bytes land on the path the process opened the file by, in
+    /// the window they were filled in, also after the descriptor closed (a
+    /// mapping outlives it); a file stall never saw opened counts for the
+    /// process only; a kernel without the hook says nothing (None).
+    #[test]
+    fn storage_bytes_follow_the_inode_to_its_path() {
+        let mut m = Model::new(0);
+        m.apply(&open(10, 3, 1, "/data/shard.arrow"));
+        let shard = Inode { dev: 8 << 20 | 1, ino: 42 };
+        m.set_file_inode(1, shard);
+        m.apply(&Event::Close { ts: 10, tgid: 10, fd: 3, file_id: 1, counters: FileCounters::default() });
+        let lib = Inode { dev: 8 << 20 | 1, ino: 7 };
+        let fills = |shard_bytes, lib_bytes| Snapshot {
+            ts: 1_000,
+            storage: Some(vec![
+                StorageSnap { tgid: 10, inode: shard, bytes: shard_bytes },
+                StorageSnap { tgid: 10, inode: lib, bytes: lib_bytes },
+            ]),
+            ..Default::default()
+        };
+        m.apply_snapshot(&fills(4096, 8192));
+        let w1 = m.interval(1_000);
+        m.apply_snapshot(&fills(3 * 4096, 8192));
+        let w2 = m.interval(2_000);
+        let storage = |w: &Window| {
+            let p = w.proc(10).unwrap();
+            let f = p.files.iter().find(|f| f.path == "/data/shard.arrow").and_then(|f| f.storage_bytes);
+            (p.storage_bytes, f)
+        };
+        assert_eq!(storage(&w1), (Some(4096 + 8192), Some(4096)));
+        assert_eq!(storage(&w2), (Some(2 * 4096), Some(2 * 4096)));
+        assert_eq!(storage(&m.summary(2_000)), (Some(3 * 4096 + 8192), Some(3 * 4096)));
+        let mut none = Model::new(0);
+        none.apply(&open(10, 3, 1, "/data/shard.arrow"));
+        none.apply_snapshot(&Snapshot { ts: 1, ..Default::default() });
+        let w = none.summary(1);
+        assert_eq!(
+            (w.proc(10).unwrap().storage_bytes, w.proc(10).unwrap().files[0].storage_bytes),
+            (None, None)
+        );
+    }
+
+    /// A dup names the original's file: its reads add to that path, and it
+    /// is not another open (nor more open time), even once the original is
+    /// closed.
+    #[test]
+    fn a_dup_reads_as_its_original() {
+        let mut m = Model::new(0);
+        m.apply(&open(10, 3, 1, "data/a.bin"));
+        m.set_file_resolved(1, "/work/data/a.bin");
+        m.apply(&dup(10, 60, 2, 3));
+        let f = &m.files[&2];
+        assert_eq!(
+            (f.path.as_str(), f.resolved.as_deref(), f.dup),
+            ("data/a.bin", Some("/work/data/a.bin"), true)
+        );
+        m.apply_snapshot(&Snapshot {
+            ts: 1_000,
+            files: vec![file_snap(10, 3, 1, 100, 1), file_snap(10, 60, 2, 50, 2)],
+            ..Default::default()
+        });
+        let w = m.interval(1_000);
+        let files = &w.proc(10).unwrap().files;
+        assert_eq!(files.len(), 1, "{files:?}");
+        assert_eq!((files[0].read_bytes, files[0].read_calls, files[0].opens), (150, 3, 1));
+        assert_eq!(files[0].open_ns, 1_000);
+        // A dup of a descriptor stall does not know gets a path later.
+        m.apply(&dup(10, 61, 3, 9));
+        m.set_file_resolved(3, "/work/other.bin");
+        assert_eq!(m.files[&3].path, "/work/other.bin");
     }
 
     #[test]
@@ -704,6 +945,7 @@ mod tests {
                 file_id: k,
                 path: "/shard".into(),
                 dfd: -100,
+                dup_of: None,
             });
             let counters = FileCounters {
                 read_bytes: 10,
@@ -802,5 +1044,33 @@ mod tests {
         let w = m.summary(10);
         let by = &w.thread(10).unwrap().1.woken_by;
         assert_eq!(by.iter().map(|b| (b.tid, b.count)).collect::<Vec<_>>(), vec![(22, 30), (21, 3)]);
+    }
+
+    /// Wakes the kernel counted per waking process (its pair table full)
+    /// stay apart from the waking threads', under the process's name and
+    /// with no thread.
+    #[test]
+    fn wakes_counted_per_process_name_no_thread() {
+        let mut m = Model::new(0);
+        m.note_process(20, Some(1), "python3", None);
+        m.apply_snapshot(&Snapshot {
+            ts: 10,
+            threads: vec![ThreadSnap { tid: 10, tgid: 10, ..Default::default() }],
+            wakes: vec![
+                WakeSnap { wakee: 10, waker: 21, waker_tgid: 20, waker_comm: "w1".into(), count: 3 },
+                WakeSnap {
+                    wakee: 10,
+                    waker: 20 | WAKER_ANY_THREAD,
+                    waker_tgid: 20,
+                    waker_comm: "w7".into(),
+                    count: 40,
+                },
+            ],
+            ..Default::default()
+        });
+        let w = m.summary(10);
+        let by = &w.thread(10).unwrap().1.woken_by;
+        let got: Vec<_> = by.iter().map(|b| (b.thread(), b.tgid, b.comm.as_str(), b.count)).collect();
+        assert_eq!(got, vec![(None, 20, "python3", 40), (Some(21), 20, "w1", 3)]);
     }
 }

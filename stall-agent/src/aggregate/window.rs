@@ -19,6 +19,9 @@ pub struct Window {
     pub events: u64,
     /// Missed switches seen so far (cumulative; should be 0).
     pub sched_gaps: u64,
+    /// Switches the tracepoint never delivered, repaired from the kernel's
+    /// counters (cumulative; nothing lost).
+    pub sched_repaired: u64,
 }
 
 impl Window {
@@ -33,31 +36,70 @@ impl Window {
     }
     /// The files that were read, most bytes first, with their reader's pid.
     pub fn files_by_bytes(&self) -> Vec<(u32, &FileWindow)> {
-        let mut files: Vec<(u32, &FileWindow)> = self
-            .procs
-            .iter()
-            .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f)))
-            .filter(|(_, f)| f.read_bytes > 0)
-            .collect();
-        files.sort_by_key(|(_, f)| std::cmp::Reverse(f.read_bytes));
-        files
+        self.files_by(FileWindow::bytes_in)
     }
 
     /// The files that were written, most bytes first, with the writer's pid.
     pub fn files_by_written(&self) -> Vec<(u32, &FileWindow)> {
+        self.files_by(|f| f.write_bytes)
+    }
+
+    /// The files with some `bytes`, most first, with their process's pid.
+    fn files_by(&self, bytes: impl Fn(&FileWindow) -> u64) -> Vec<(u32, &FileWindow)> {
         let mut files: Vec<(u32, &FileWindow)> = self
             .procs
             .iter()
             .flat_map(|p| p.files.iter().map(move |f| (p.tgid, f)))
-            .filter(|(_, f)| f.write_bytes > 0)
+            .filter(|(_, f)| bytes(f) > 0)
             .collect();
-        files.sort_by_key(|(_, f)| std::cmp::Reverse(f.write_bytes));
+        files.sort_by_key(|(_, f)| std::cmp::Reverse(bytes(f)));
         files
     }
 
     pub fn thread(&self, tid: u32) -> Option<(&ProcWindow, &ThreadWindow)> {
         self.procs.iter().find_map(|p| p.threads.iter().find(|t| t.tid == tid).map(|t| (p, t)))
     }
+}
+
+/// A file the kernel makes up as it is read (/proc, /sys, /dev): no page
+/// cache, no storage, and no progress when written.
+pub fn is_kernel_file(path: &str) -> bool {
+    ["/sys/", "/proc/", "/dev/"].iter().any(|p| path.starts_with(p))
+}
+
+/// The part of `bytes` that came from storage (`storage` of them), at most 1.
+pub fn storage_share(storage: u64, bytes: u64) -> f64 {
+    (storage as f64 / bytes as f64).min(1.0)
+}
+
+/// What a share read from storage says of the page cache, where it says
+/// something: it served nearly all (warm) or nearly none (cold).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageCache {
+    Warm,
+    Cold,
+}
+
+impl PageCache {
+    pub fn of(storage_share: f64) -> Option<Self> {
+        match storage_share {
+            s if s < 0.02 => Some(Self::Warm),
+            s if s > 0.98 => Some(Self::Cold),
+            _ => None,
+        }
+    }
+}
+
+/// A sum of counts that some windows may not have (None + None is None).
+fn add_known(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        _ => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+    }
+}
+
+fn sub_known(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    a.map(|a| a.saturating_sub(b.unwrap_or(0)))
 }
 
 impl Window {
@@ -71,6 +113,7 @@ impl Window {
             end_ns: self.end_ns,
             events: self.events.saturating_sub(before.events),
             sched_gaps: self.sched_gaps,
+            sched_repaired: self.sched_repaired,
             ..Default::default()
         };
         for (i, l) in out.lost.iter_mut().enumerate() {
@@ -83,6 +126,7 @@ impl Window {
             };
             let mut q = ProcWindow {
                 other_read_bytes: p.other_read_bytes.saturating_sub(b.other_read_bytes),
+                storage_bytes: sub_known(p.storage_bytes, b.storage_bytes),
                 threads: Vec::with_capacity(p.threads.len()),
                 files: Vec::with_capacity(p.files.len()),
                 ..p.clone()
@@ -122,9 +166,10 @@ impl Window {
                     write_bytes: f.write_bytes.saturating_sub(bf.write_bytes),
                     write_calls: f.write_calls.saturating_sub(bf.write_calls),
                     open_ns: f.open_ns.saturating_sub(bf.open_ns),
+                    storage_bytes: sub_known(f.storage_bytes, bf.storage_bytes),
                     ..f.clone()
                 };
-                if d.read_calls + d.write_calls + d.opens > 0 || d.open_ns > 0 {
+                if d.read_calls + d.write_calls + d.opens > 0 || d.open_ns > 0 || d.storage_bytes > Some(0) {
                     q.files.push(d);
                 }
             }
@@ -156,6 +201,7 @@ impl Window {
             }
             out.events += w.events;
             out.sched_gaps = out.sched_gaps.max(w.sched_gaps);
+            out.sched_repaired = out.sched_repaired.max(w.sched_repaired);
             for p in &w.procs {
                 let pi = *proc_at.entry(p.tgid).or_insert_with(|| {
                     out.procs.push(ProcWindow {
@@ -164,6 +210,8 @@ impl Window {
                         comm: p.comm.clone(),
                         cmdline: p.cmdline.clone(),
                         alive: p.alive,
+                        born_ns: p.born_ns,
+                        exec_ns: p.exec_ns,
                         ..Default::default()
                     });
                     thread_at.push(HashMap::new());
@@ -172,8 +220,10 @@ impl Window {
                 });
                 let op = &mut out.procs[pi];
                 op.alive = p.alive;
+                op.exec_ns = op.exec_ns.max(p.exec_ns);
                 op.comm.clone_from(&p.comm);
                 op.other_read_bytes += p.other_read_bytes;
+                op.storage_bytes = add_known(op.storage_bytes, p.storage_bytes);
                 for t in &p.threads {
                     let ti = match thread_at[pi].get(&t.tid) {
                         Some(&ti) => {
@@ -235,6 +285,13 @@ pub struct ProcWindow {
     pub files: Vec<FileWindow>,
     /// Reads of pipes, sockets and other non-files.
     pub other_read_bytes: u64,
+    /// Bytes it caused to be read from storage (page-cache fills by its
+    /// reads, faults on mappings and read-ahead), whatever the file; None:
+    /// not seen on this kernel.
+    pub storage_bytes: Option<u64>,
+    /// When it was forked and last exec'd, if seen while traced (0: not).
+    pub born_ns: u64,
+    pub exec_ns: u64,
 }
 
 impl ProcWindow {
@@ -247,6 +304,15 @@ impl ProcWindow {
     }
     pub fn file_read_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.read_bytes).sum()
+    }
+
+    /// What it took in from files: per file the read bytes or, where more,
+    /// what it had read from storage (a mapping's pages), and storage bytes
+    /// of files it was not seen opening.
+    pub fn input_bytes(&self) -> u64 {
+        let attributed: u64 = self.files.iter().filter_map(|f| f.storage_bytes).sum();
+        let unattributed = self.storage_bytes.unwrap_or(0).saturating_sub(attributed);
+        self.files.iter().map(FileWindow::bytes_in).sum::<u64>() + unattributed
     }
     /// Did it move in the window: read or write a file, or write to its
     /// stdout/stderr (whatever they point to)?
@@ -278,6 +344,8 @@ pub struct ThreadWindow {
 /// A thread that woke another, and how often in the window.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Waker {
+    /// The waking thread, or its process with `WAKER_ANY_THREAD` set (the
+    /// kernel counted it per process: see [`Waker::thread`]).
     pub tid: u32,
     pub tgid: u32,
     pub comm: String,
@@ -285,6 +353,11 @@ pub struct Waker {
 }
 
 impl Waker {
+    /// The waking thread, where the kernel kept it.
+    pub fn thread(&self) -> Option<u32> {
+        (self.tid & stall_common::WAKER_ANY_THREAD == 0).then_some(self.tid)
+    }
+
     /// Most frequent first (ties by tid, so the order is stable), at most
     /// [`MAX_WAKERS`].
     pub fn rank(wakers: &mut Vec<Waker>) {
@@ -310,9 +383,37 @@ pub struct FileWindow {
     /// Time the file was open within the window, summed over its opens:
     /// the per-file rate is over this, not over the whole window.
     pub open_ns: u64,
+    /// Bytes of it this process caused to be read from storage (the rest of
+    /// what it read came from the page cache); None: not seen here.
+    pub storage_bytes: Option<u64>,
 }
 
 impl FileWindow {
+    /// The bytes of it the process took in: read, or where more (pages of a
+    /// mapping, which read() never saw), brought in from storage.
+    pub fn bytes_in(&self) -> u64 {
+        self.read_bytes.max(self.storage_bytes.unwrap_or(0))
+    }
+
+    /// Where those bytes came from, where the kernel shows it: "from the
+    /// page cache", "82 % from storage", "from storage (page cache cold)",
+    /// or "through a mapping, from storage".
+    pub fn source(&self) -> Option<String> {
+        if is_kernel_file(self.resolved.as_deref().unwrap_or(&self.path)) {
+            return None;
+        }
+        let storage = self.storage_bytes?;
+        if self.read_bytes == 0 {
+            return (storage > 0).then(|| "through a mapping, from storage".to_string());
+        }
+        let share = storage_share(storage, self.read_bytes);
+        Some(match PageCache::of(share) {
+            Some(PageCache::Warm) => "from the page cache".to_string(),
+            Some(PageCache::Cold) => "from storage (page cache cold)".to_string(),
+            None => format!("{:.0} % from storage", share * 100.0),
+        })
+    }
+
     /// Adds another window's counts for the same path.
     pub fn add(&mut self, o: &FileWindow) {
         self.opens += o.opens;
@@ -323,6 +424,7 @@ impl FileWindow {
         self.write_bytes += o.write_bytes;
         self.write_calls += o.write_calls;
         self.open_ns += o.open_ns;
+        self.storage_bytes = add_known(self.storage_bytes, o.storage_bytes);
     }
 
     /// Adds one descriptor's counters (an interval's delta, or its total).
@@ -346,9 +448,11 @@ impl FileWindow {
     }
 
     /// Seconds to divide its bytes by: the time it was open in a window of
-    /// `window_s` (the whole window for files open throughout or unknown).
+    /// `window_s` (the whole window for files open throughout or unknown,
+    /// and for bytes through a mapping).
     pub fn rate_secs(&self, window_s: f64) -> f64 {
-        if self.open_ns > 0 {
+        // A mapping is read long after its descriptor closed.
+        if self.open_ns > 0 && self.read_bytes >= self.bytes_in() {
             (self.open_ns as f64 / 1e9).min(window_s)
         } else {
             window_s
@@ -438,6 +542,36 @@ pub(super) fn fold_small_ended(procs: &mut Vec<ProcWindow>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where a file's bytes came from, as the report words it, and what a
+    /// mapping's bytes count as.
+    #[test]
+    fn a_files_source_and_its_bytes() {
+        let f = |read_bytes, storage_bytes| FileWindow {
+            read_bytes,
+            storage_bytes,
+            open_ns: 1,
+            ..Default::default()
+        };
+        assert_eq!(f(1000, None).source(), None);
+        assert_eq!(f(1000, Some(0)).source().as_deref(), Some("from the page cache"));
+        assert_eq!(f(1000, Some(1000)).source().as_deref(), Some("from storage (page cache cold)"));
+        assert_eq!(f(1000, Some(400)).source().as_deref(), Some("40 % from storage"));
+        let proc_file = FileWindow { path: "/proc/self/maps".into(), ..f(1000, Some(0)) };
+        assert_eq!(proc_file.source(), None, "no page cache behind /proc");
+        let mapped = f(0, Some(4096));
+        assert_eq!(mapped.source().as_deref(), Some("through a mapping, from storage"));
+        assert_eq!(mapped.bytes_in(), 4096);
+        assert_eq!(mapped.rate_secs(10.0), 10.0, "a mapping's rate is over the window");
+        assert_eq!(f(1000, Some(400)).rate_secs(10.0), 1e-9);
+        let p = ProcWindow {
+            files: vec![f(1000, Some(400)), mapped],
+            storage_bytes: Some(10_000),
+            ..Default::default()
+        };
+        // Per file the larger of the two, plus what no opened file accounts for.
+        assert_eq!(p.input_bytes(), 1000 + 4096 + (10_000 - 4496));
+    }
 
     #[test]
     fn a_window_lists_at_most_so_many_ended_processes_and_sums_the_rest() {

@@ -70,11 +70,12 @@ impl Side {
     }
 }
 
-/// (program, side, syscall) for the trampolines: the read family at entry
-/// (the read in flight, its start) and exit (its bytes); the write family
-/// and openat at exit only (the saved registers still hold the arguments);
-/// close at entry only (retired before the number can be reused).
-const TRAMPOLINES: [(&str, Side, &str); 17] = [
+/// (program, side, syscall) for the trampolines: the reading calls at
+/// entry (the read in flight, its start) and exit (its bytes); the write,
+/// open and dup families and fcntl at exit only (the saved registers still
+/// hold the arguments); close at entry only (retired before the number can
+/// be reused). Program names fit the kernel's 15 characters.
+const TRAMPOLINES: [(&str, Side, &str); 30] = [
     ("fentry_read", Side::Entry, "read"),
     ("fexit_read", Side::Exit, "read"),
     ("fentry_pread64", Side::Entry, "pread64"),
@@ -85,12 +86,25 @@ const TRAMPOLINES: [(&str, Side, &str); 17] = [
     ("fexit_preadv", Side::Exit, "preadv"),
     ("fentry_preadv2", Side::Entry, "preadv2"),
     ("fexit_preadv2", Side::Exit, "preadv2"),
+    ("fentry_sendfile", Side::Entry, "sendfile"),
+    ("fexit_sendfile", Side::Exit, "sendfile"),
+    ("fentry_splice", Side::Entry, "splice"),
+    ("fexit_splice", Side::Exit, "splice"),
+    ("fentry_cfr", Side::Entry, "copy_file_range"),
+    ("fexit_cfr", Side::Exit, "copy_file_range"),
     ("fexit_write", Side::Exit, "write"),
     ("fexit_pwrite64", Side::Exit, "pwrite64"),
     ("fexit_writev", Side::Exit, "writev"),
     ("fexit_pwritev", Side::Exit, "pwritev"),
     ("fexit_pwritev2", Side::Exit, "pwritev2"),
+    ("fexit_open", Side::Exit, "open"),
     ("fexit_openat", Side::Exit, "openat"),
+    ("fexit_openat2", Side::Exit, "openat2"),
+    ("fexit_creat", Side::Exit, "creat"),
+    ("fexit_dup", Side::Exit, "dup"),
+    ("fexit_dup2", Side::Exit, "dup2"),
+    ("fexit_dup3", Side::Exit, "dup3"),
+    ("fexit_fcntl", Side::Exit, "fcntl"),
     ("fentry_close", Side::Entry, "close"),
 ];
 
@@ -98,6 +112,8 @@ const TRAMPOLINES: [(&str, Side, &str); 17] = [
 /// wrapper, whose one argument is the task's `struct pt_regs *`).
 #[cfg(target_arch = "x86_64")]
 fn syscall_function(name: &str) -> String {
+    // x86-64's sendfile is the 64-bit-offset one.
+    let name = if name == "sendfile" { "sendfile64" } else { name };
     format!("__x64_sys_{name}")
 }
 
@@ -298,23 +314,26 @@ mod tests {
             let name = syscalls::name(i64::from(nr));
             let sides: Vec<Side> = TRAMPOLINES.iter().filter(|t| t.2 == name).map(|t| t.1).collect();
             let want = match what {
-                hook::READ => vec![Side::Entry, Side::Exit],
-                hook::WRITE | hook::OPENAT => vec![Side::Exit],
+                hook::READ | hook::READ_ARG1 => vec![Side::Entry, Side::Exit],
                 hook::CLOSE => vec![Side::Entry],
-                _ => unreachable!(),
+                _ => vec![Side::Exit],
             };
             assert_eq!(sides, want, "{name}");
         }
+        assert_eq!(
+            TRAMPOLINES.len(),
+            TRAMPOLINES.iter().map(|t| t.0).collect::<std::collections::HashSet<_>>().len()
+        );
         assert_eq!(syscall_function("pread64"), "__x64_sys_pread64");
+        assert_eq!(syscall_function("sendfile"), "__x64_sys_sendfile64");
     }
 
     #[test]
     fn program_names_fit_the_kernel() {
         // BPF_OBJ_NAME_LEN is 16 with the NUL: longer names are cut.
-        for (prog, side, syscall) in TRAMPOLINES {
+        for (prog, side, _) in TRAMPOLINES {
             assert!(prog.len() < 16, "{prog}");
-            let prefix = if side == Side::Entry { "fentry_" } else { "fexit_" };
-            assert_eq!(prog, format!("{prefix}{syscall}"));
+            assert!(prog.starts_with(side.label()), "{prog}");
         }
     }
 }

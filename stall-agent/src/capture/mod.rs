@@ -4,6 +4,7 @@
 //! detaches and unloads everything; nothing is pinned, so nothing outlives
 //! the agent, even when it is killed.
 pub mod backend;
+pub mod btf;
 pub mod cgroup;
 pub mod procfs;
 pub mod syscalls;
@@ -16,22 +17,27 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{Program, ProgramError, TracePoint},
+    maps::{Array, HashMap, MapData, MapType, PerCpuArray, RingBuf},
+    programs::{Program, ProgramError, ProgramType, RawTracePoint},
+    sys::BpfHelper,
     Btf, Ebpf, EbpfLoader,
 };
 use stall_common::{
-    counter, fd_kind, reason, run_state, slot_state, syscall_class, track_gen, Config, CpuSlot, FdKey,
-    FileStats, Regs, ThreadStats, WakeKey, WakeStats,
+    counter, fd_kind, kclock, reason, run_state, slot_state, syscall_class, task_flags, track_gen, Config,
+    CpuSlot, FdKey, FileStats, InodeKey, Regs, ThreadStats, WakeKey, WakeStats, WAKER_ANY_THREAD,
 };
 use tokio::io::unix::AsyncFd;
 
 use crate::{
     clock::monotonic_ns,
-    decode::{self, Event, FileSnap, JobEvent, Snapshot, ThreadSnap, WakeSnap},
+    decode::{self, Event, FileSnap, Inode, JobEvent, Snapshot, StorageSnap, ThreadSnap, WakeSnap},
+    pystack::PyStacks,
 };
 
-/// (program, category, tracepoint) for every tracepoint attachment.
+/// (program, category, tracepoint) for the scheduler and task hooks, all
+/// raw tracepoints (never skipped while `bpf_prog_active` is held, unlike
+/// perf-event tracepoint programs). `sched_switch` is replaced by
+/// `sched_switch_stack` on kernels without `bpf_task_pt_regs`.
 const ATTACH: [(&str, &str, &str); 5] = [
     ("sched_switch", "sched", "sched_switch"),
     ("sched_waking", "sched", "sched_waking"),
@@ -39,6 +45,10 @@ const ATTACH: [(&str, &str, &str); 5] = [
     ("sched_process_exec", "sched", "sched_process_exec"),
     ("sched_process_exit", "sched", "sched_process_exit"),
 ];
+
+/// (program, category, tracepoint) for page-cache fills (storage bytes per
+/// file); attached where the kernel's BTF has the fields it reads.
+const PAGE_CACHE_FILL: (&str, &str, &str) = ("page_cache_fill", "filemap", "mm_filemap_add_to_page_cache");
 
 pub use backend::{Backend, SyscallHooks};
 
@@ -59,14 +69,31 @@ static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("STALL_BPF_OBJ"));
 /// Errors callers branch on (each has its own exit code).
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("stall needs root, or CAP_BPF and CAP_PERFMON, to load eBPF programs")]
+    /// Capabilities stall needs are not effective (see `caps`).
+    #[error("{}", crate::caps::explain(.0))]
+    MissingCaps(Vec<crate::caps::Need>),
+    /// Debian's and Ubuntu's kernels add perf_event_paranoid levels above 2
+    /// at which only CAP_SYS_ADMIN may call perf_event_open (tracepoint
+    /// programs attach through it); Debian's default is 3.
+    #[error("the kernel refused to open the perf events tracepoint programs attach through (EACCES): kernel.perf_event_paranoid is {0}, at which Debian's and Ubuntu's kernels admit CAP_SYS_ADMIN only, not CAP_PERFMON; set it to 2 (sysctl kernel.perf_event_paranoid=2) or add CAP_SYS_ADMIN")]
+    PerfParanoid(i32),
+    /// The kernel said EPERM although every capability was there.
+    #[error("the kernel refused stall's eBPF programs: operation not permitted although {} are effective (a security module or kernel lockdown?)", crate::caps::names())]
     NotPrivileged,
+    /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK, which only
+    /// CAP_SYS_RESOURCE may raise past its hard limit.
+    #[error("the kernel refused stall's eBPF maps: kernels before 5.11 charge them to RLIMIT_MEMLOCK, which is {0} KiB here and stall may not raise; raise it (ulimit -l unlimited, LimitMEMLOCK=infinity in a systemd unit) or add CAP_SYS_RESOURCE")]
+    MemlockTooLow(u64),
     #[error("tracefs is not mounted and could not be mounted at /sys/kernel/tracing")]
     NoTracefs,
     #[error("this kernel has no tracepoint {name} (stall needs it)")]
     MissingTracepoint { name: String },
-    #[error("tracepoint {tracepoint} has no usable field {field}")]
-    MissingField { tracepoint: String, field: String },
+    #[error("this kernel has no BTF at {} (stall needs CONFIG_DEBUG_INFO_BTF)", btf::VMLINUX)]
+    NoBtf,
+    #[error("this kernel's BTF has no {field} (stall reads it)")]
+    MissingKernelField { field: String },
+    #[error("this kernel lacks {0} (stall needs it)")]
+    MissingFeature(String),
     #[error("no cgroup v2 hierarchy is mounted")]
     NoCgroup2,
     #[error("{} is not a cgroup v2 directory (cgroup2 is mounted at {})", path.display(), mount.display())]
@@ -101,6 +128,8 @@ pub struct CaptureOptions {
     /// Time one read in this many (a power of two up to 128; 0: the
     /// default, [`DEFAULT_LATENCY_SAMPLE`]).
     pub latency_sample: u32,
+    /// Send a record of every switch of a tracked thread (`--timeline`).
+    pub timeline: bool,
     /// Leave the syscall hooks detached at load, until
     /// [`Capture::set_syscall_hooks`] (the daemon's cheap tier).
     pub syscall_hooks_on_demand: bool,
@@ -128,7 +157,11 @@ pub struct Capture {
     threads: HashMap<MapData, u32, ThreadStats>,
     files: HashMap<MapData, FdKey, FileStats>,
     wakes: HashMap<MapData, WakeKey, WakeStats>,
+    /// What `wakes` had no room for, per waking process.
+    wakes_by_proc: HashMap<MapData, WakeKey, WakeStats>,
     cgroups: HashMap<MapData, u64, u32>,
+    /// Storage bytes per process and file (None: no page-cache hook here).
+    storage: Option<HashMap<MapData, InodeKey, u64>>,
     counters: PerCpuArray<MapData, u64>,
     cpu_slot: PerCpuArray<MapData, CpuSlot>,
     track_gen: Array<MapData, u32>,
@@ -136,32 +169,60 @@ pub struct Capture {
     ring: AsyncFd<RingBuf<MapData>>,
     seed_seq: u64,
     decode_errors: u64,
-    /// Absolute paths already seen to be regular files: an open storm on
-    /// the same shards needs no /proc lookup per open.
-    regular_paths: HashSet<String>,
+    /// `TaskOffsets::flags` as loaded.
+    task_flags: u32,
+    // Last: programs detach when this drops.
     /// The syscall hooks' backend and links (none: detached).
     hooks: backend::Hooks,
-    // Last: programs detach when this drops.
+    /// Python stack readers of the traced processes.
+    py_stacks: PyStacks,
     ebpf: Ebpf,
-}
-
-fn privileged() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    // CapEff bits: CAP_SYS_ADMIN 21, CAP_PERFMON 38, CAP_BPF 39.
-    let caps = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:").and_then(|v| u64::from_str_radix(v.trim(), 16).ok()))
-        })
-        .unwrap_or(0);
-    caps & (1 << 21) != 0 || (caps & (1 << 38) != 0 && caps & (1 << 39) != 0)
 }
 
 fn map_err(e: impl std::fmt::Display) -> CaptureError {
     CaptureError::Map(e.to_string())
+}
+
+/// The verifier's reason, in one line: the last line of its log that is
+/// not a statistic ("processed N insns", "verification time"...).
+fn verifier_reason(log: &str) -> Option<String> {
+    log.lines()
+        .rev()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .find(|l| {
+            !["processed ", "verification time", "stack depth", "-- END", "mark_precise", "max_states"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .map(|l| l.chars().take(200).collect())
+}
+
+/// A program the kernel refused, in one line naming it and the reason.
+fn program_load_err(name: &str, e: ProgramError) -> CaptureError {
+    if let ProgramError::LoadError { io_error, verifier_log } = &e {
+        if io_error.raw_os_error() == Some(libc::EPERM) {
+            return not_permitted();
+        }
+        let log = verifier_log.to_string();
+        let reason = verifier_reason(&log).unwrap_or_else(|| io_error.to_string());
+        return CaptureError::Load(format!("program {name}: {reason}"));
+    }
+    load_err(e)
+}
+
+/// EPERM with every capability there: on kernels before 5.11 a memlock
+/// limit stall could not raise is the likely cause.
+fn not_permitted() -> CaptureError {
+    use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+    let old_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").is_ok_and(|release| {
+        let mut parts = release.split(['.', '-']).map(|x| x.parse::<u32>().unwrap_or(0));
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) < (5, 11)
+    });
+    match getrlimit(Resource::RLIMIT_MEMLOCK) {
+        Ok((soft, _)) if old_kernel && soft != RLIM_INFINITY => CaptureError::MemlockTooLow(soft / 1024),
+        _ => CaptureError::NotPrivileged,
+    }
 }
 
 fn load_err(e: impl std::error::Error) -> CaptureError {
@@ -174,7 +235,7 @@ fn load_err(e: impl std::error::Error) -> CaptureError {
         src = s.source();
     }
     if text.contains("Operation not permitted") || text.contains("EPERM") {
-        CaptureError::NotPrivileged
+        not_permitted()
     } else {
         CaptureError::Load(text)
     }
@@ -187,22 +248,30 @@ impl Capture {
         if BPF_OBJECT.is_empty() {
             return Err(CaptureError::Stub);
         }
-        if !privileged() {
-            return Err(CaptureError::NotPrivileged);
+        let missing = crate::caps::missing(crate::caps::effective());
+        if !missing.is_empty() {
+            return Err(CaptureError::MissingCaps(missing));
         }
         let tracefs = tracefs::Tracefs::open()?;
         // The raw syscall tracepoints are checked when that backend is chosen.
         if let Some((_, c, n)) = ATTACH.iter().find(|(_, c, n)| !tracefs.has(c, n)) {
             return Err(CaptureError::MissingTracepoint { name: format!("{c}:{n}") });
         }
+        let features = Features::probe()?;
+        let kernel_btf = btf::KernelBtf::open()?;
         let config = Config {
-            offsets: tracefs.offsets()?,
+            task: kernel_btf.task_offsets(!features.task_pt_regs)?,
             regs: REGS,
             cgroup_filter: u8::from(opts.cgroup_mode),
             floor: u8::from(opts.floor),
-            _pad: 0,
+            timeline: u8::from(opts.timeline),
             latency_mask: latency_mask(opts.latency_sample)?,
             ringbuf_wake_bytes: opts.ringbuf_bytes.unwrap_or(DEFAULT_RINGBUF_BYTES) / 8,
+            page: if tracefs.has(PAGE_CACHE_FILL.1, PAGE_CACHE_FILL.2) {
+                kernel_btf.page_cache_offsets().unwrap_or_default()
+            } else {
+                Default::default()
+            },
         };
         // Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
         let _ = nix::sys::resource::setrlimit(
@@ -210,6 +279,8 @@ impl Capture {
             nix::sys::resource::RLIM_INFINITY,
             nix::sys::resource::RLIM_INFINITY,
         );
+        // aya's own reading of the kernel's BTF: trampolines are loaded
+        // against a function found in it.
         let btf = Btf::from_sys_fs().ok();
         let mut loader = EbpfLoader::new();
         loader.btf(btf.as_ref());
@@ -219,9 +290,15 @@ impl Capture {
         }
         let mut ebpf = loader.load(BPF_OBJECT).map_err(load_err)?;
 
-        for (prog, category, name) in ATTACH {
-            let tp = program(&mut ebpf, prog, TracePoint::load)?;
-            tp.attach(category, name).map_err(load_err)?;
+        for (prog, _, name) in ATTACH {
+            let prog =
+                if prog == "sched_switch" && !features.task_pt_regs { "sched_switch_stack" } else { prog };
+            program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
+        }
+        let storage_known = config.page.mapping != 0;
+        if storage_known {
+            let (prog, _, name) = PAGE_CACHE_FILL;
+            program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
         }
         // The tables first: a program attached before them would see every
         // syscall as unhooked, which is only harmless because nothing is
@@ -248,7 +325,9 @@ impl Capture {
             threads: take(&mut ebpf, "THREADS")?,
             files: take(&mut ebpf, "FILES")?,
             wakes: take(&mut ebpf, "WAKES")?,
+            wakes_by_proc: take(&mut ebpf, "WAKES_BY_PROC")?,
             cgroups: take(&mut ebpf, "CGROUPS")?,
+            storage: if storage_known { Some(take(&mut ebpf, "STORAGE")?) } else { None },
             counters: take(&mut ebpf, "COUNTERS")?,
             cpu_slot: take(&mut ebpf, "CPU_SLOT")?,
             track_gen: take(&mut ebpf, "TRACK_GEN")?,
@@ -256,10 +335,17 @@ impl Capture {
             ring,
             seed_seq: 0,
             decode_errors: 0,
-            regular_paths: HashSet::new(),
             hooks,
+            py_stacks: PyStacks::new(),
+            task_flags: config.task.flags,
             ebpf,
         })
+    }
+
+    /// Whether the programs find saved registers from the task's stack
+    /// (kernels without `bpf_task_pt_regs`).
+    pub fn regs_from_stack(&self) -> bool {
+        self.task_flags & task_flags::REGS_FROM_STACK != 0
     }
 
     /// Tracks `root`, all its threads and all its descendants, and returns
@@ -304,6 +390,14 @@ impl Capture {
     fn changed(&mut self) {
         self.gen = track_gen::next_tracking(self.gen);
         let _ = self.track_gen.set(0, self.gen, 0);
+    }
+
+    pub fn py_stacks(&mut self) -> &mut PyStacks {
+        &mut self.py_stacks
+    }
+
+    pub fn py_stacks_ref(&self) -> &PyStacks {
+        &self.py_stacks
     }
 
     /// Whether the syscall hooks (file reads, writes, opens) are attached.
@@ -376,7 +470,26 @@ impl Capture {
     fn seed_thread(&mut self, tgid: u32, tid: u32, job: u32) -> Result<(), CaptureError> {
         let now = monotonic_ns();
         let Some(st) = procfs::thread_stat(tgid, tid) else { return Ok(()) };
-        let mut t = ThreadStats { tgid, job, last_ts: now, off_nr: -1, other_nr: -1, ..Default::default() };
+        let mut t = ThreadStats {
+            tgid,
+            job,
+            last_ts: now,
+            off_nr: -1,
+            other_nr: -1,
+            seeded: 1,
+            ..Default::default()
+        };
+        // The kernel's totals so far: what it adds from now on is this job's.
+        if let Some(k) = procfs::thread_schedstat(tgid, tid) {
+            t.kclock = kclock::EXEC;
+            t.exec_base = k.exec_ns;
+            t.exec_ns = k.exec_ns;
+            if self.task_flags & task_flags::RUN_DELAY != 0 {
+                t.kclock |= kclock::DELAY;
+                t.delay_base = k.delay_ns;
+                t.delay_ns = k.delay_ns;
+            }
+        }
         if st.state == 'R' {
             t.state = run_state::RUNNING;
         } else {
@@ -385,7 +498,7 @@ impl Capture {
                 let text = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/syscall")).ok()?;
                 let arg0 = text.split_whitespace().nth(1)?;
                 let fd = i32::from_str_radix(arg0.trim_start_matches("0x"), 16).ok()?;
-                procfs::fd_info(tgid, fd).map(|(_, regular)| regular)
+                procfs::fd_info(tgid, fd).map(|o| o.regular)
             };
             t.state = run_state::OFF;
             t.off_reason = classify_blocked(nr, st.state, fd_regular);
@@ -417,6 +530,7 @@ impl Capture {
                     file_id,
                     path: f.target,
                     dfd: -100,
+                    dup_of: None,
                 };
                 out.push((job, open));
             }
@@ -458,21 +572,17 @@ impl Capture {
         self.changed();
     }
 
-    /// What an opened descriptor is: (where it points, is it a regular
-    /// file). Absolute paths known to be regular files are answered from a
-    /// cache (bounded); anything else is looked up in /proc.
-    pub fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<(String, bool)> {
-        if path.starts_with('/') && self.regular_paths.contains(path) {
-            return Some((path.to_string(), true));
-        }
-        let (target, regular) = procfs::fd_info(tgid, fd)?;
-        if regular && path.starts_with('/') {
-            if self.regular_paths.len() >= 65536 {
-                self.regular_paths.clear();
+    /// What an opened descriptor is. An absolute path is `stat`ed (the
+    /// descriptor may be closed, or its number reused, by the time the
+    /// event is read: a file mapped and closed at once); a relative one is
+    /// looked up in /proc, where the descriptor says what it points to.
+    pub fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<procfs::Opened> {
+        if path.starts_with('/') {
+            if let Some(opened) = procfs::path_info(path) {
+                return Some(opened);
             }
-            self.regular_paths.insert(path.to_string());
         }
-        Some((target, regular))
+        procfs::fd_info(tgid, fd)
     }
 
     /// Records that an opened descriptor is not a regular file (FIFO,
@@ -563,6 +673,7 @@ impl Capture {
         let wakes = self
             .wakes
             .iter()
+            .chain(self.wakes_by_proc.iter())
             .filter_map(Result::ok)
             .map(|(k, w)| WakeSnap {
                 wakee: k.wakee,
@@ -585,6 +696,17 @@ impl Capture {
             lost,
             events,
             sched_gaps: self.counter_sum(counter::SCHED_GAPS),
+            sched_repaired: self.counter_sum(counter::SCHED_REPAIRED),
+            storage: self.storage.as_ref().map(|m| {
+                m.iter()
+                    .filter_map(Result::ok)
+                    .map(|(k, bytes)| StorageSnap {
+                        tgid: k.tgid,
+                        inode: Inode { dev: k.dev, ino: k.ino },
+                        bytes,
+                    })
+                    .collect()
+            }),
         }
     }
 
@@ -607,36 +729,54 @@ impl Capture {
     pub fn retire(&mut self, tgids: &HashSet<u32>, tids: &HashSet<u32>) -> Vec<FileSnap> {
         let mut out = Vec::new();
         if !tgids.is_empty() {
-            let keys: Vec<FdKey> =
-                self.files.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
-            for k in keys {
-                if let Ok(s) = self.files.get(&k, 0) {
-                    out.push(FileSnap {
-                        tgid: k.tgid,
-                        fd: k.fd,
-                        file_id: s.file_id,
-                        kind: s.kind,
-                        counters: (&s).into(),
-                    });
-                }
-                let _ = self.files.remove(&k);
-            }
-        }
-        if !tids.is_empty() {
-            // Dead wakers too: a parent woken by each of a million short-lived
-            // children would otherwise fill the map (the model keeps the counts).
-            let keys: Vec<WakeKey> = self
-                .wakes
-                .keys()
-                .filter_map(Result::ok)
-                .filter(|k| tids.contains(&k.wakee) || tids.contains(&k.waker))
+            out = remove_where(&mut self.files, |k| tgids.contains(&k.tgid))
+                .into_iter()
+                .map(|(k, s)| FileSnap {
+                    tgid: k.tgid,
+                    fd: k.fd,
+                    file_id: s.file_id,
+                    kind: s.kind,
+                    counters: (&s).into(),
+                })
                 .collect();
-            for k in keys {
-                let _ = self.wakes.remove(&k);
+            if let Some(storage) = self.storage.as_mut() {
+                // Their last counts were in the snapshot just taken.
+                remove_where(storage, |k| tgids.contains(&k.tgid));
             }
         }
+        if tids.is_empty() && tgids.is_empty() {
+            return out;
+        }
+        // Dead wakers too: a parent woken by each of a million short-lived
+        // children would otherwise fill the map (the model keeps the counts).
+        let gone = |k: &WakeKey| {
+            tids.contains(&k.wakee)
+                || match k.waker & WAKER_ANY_THREAD {
+                    0 => tids.contains(&k.waker),
+                    _ => tgids.contains(&(k.waker & !WAKER_ANY_THREAD)),
+                }
+        };
+        remove_where(&mut self.wakes, gone);
+        remove_where(&mut self.wakes_by_proc, gone);
         out
     }
+}
+
+/// Removes the entries of `map` whose key is `gone`; returns them as they
+/// stood just before (a process's last counts).
+fn remove_where<K: aya::Pod, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    gone: impl Fn(&K) -> bool,
+) -> Vec<(K, V)> {
+    let keys: Vec<K> = map.keys().filter_map(Result::ok).filter(|k| gone(k)).collect();
+    let mut removed = Vec::with_capacity(keys.len());
+    for k in keys {
+        if let Ok(v) = map.get(&k, 0) {
+            removed.push((k, v));
+        }
+        let _ = map.remove(&k);
+    }
+    removed
 }
 
 /// A program of the object, loaded (`load` is the type's own).
@@ -653,7 +793,7 @@ where
         .ok_or_else(|| CaptureError::Load(format!("program {name} missing from the object")))?
         .try_into()
         .map_err(load_err)?;
-    load(prog).map_err(load_err)?;
+    load(prog).map_err(|e| program_load_err(name, e))?;
     Ok(prog)
 }
 
@@ -666,6 +806,39 @@ where
         .ok_or_else(|| CaptureError::Load(format!("program {name} missing from the object")))?
         .try_into()
         .map_err(load_err)
+}
+
+/// What the kernel offers beyond the base stall needs, probed before
+/// loading: a missing must-have ends start-up with one line naming it.
+struct Features {
+    /// `bpf_task_pt_regs` (5.15) with `bpf_get_current_task_btf` (5.11):
+    /// else `sched_switch_stack` finds the registers from `task->stack`.
+    task_pt_regs: bool,
+}
+
+impl Features {
+    fn probe() -> Result<Self, CaptureError> {
+        let raw = ProgramType::RawTracePoint;
+        if !aya::sys::is_program_supported(raw).unwrap_or(true) {
+            return Err(CaptureError::MissingFeature("BPF raw tracepoint programs (Linux 4.17)".into()));
+        }
+        if !aya::sys::is_map_supported(MapType::RingBuf).unwrap_or(true) {
+            return Err(CaptureError::MissingFeature("the BPF ring buffer (Linux 5.8)".into()));
+        }
+        for (helper, what) in [
+            (BpfHelper::BPF_FUNC_probe_read_kernel, "the BPF helper bpf_probe_read_kernel (Linux 5.5)"),
+            (BpfHelper::BPF_FUNC_ringbuf_reserve, "the BPF helper bpf_ringbuf_reserve (Linux 5.8)"),
+        ] {
+            if !aya::sys::is_helper_supported(raw, helper).unwrap_or(true) {
+                return Err(CaptureError::MissingFeature(what.into()));
+            }
+        }
+        let has = |h| aya::sys::is_helper_supported(raw, h).unwrap_or(false);
+        Ok(Self {
+            task_pt_regs: has(BpfHelper::BPF_FUNC_task_pt_regs)
+                && has(BpfHelper::BPF_FUNC_get_current_task_btf),
+        })
+    }
 }
 
 fn take<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &str) -> Result<T, CaptureError>
@@ -709,5 +882,12 @@ mod tests {
         assert_eq!(classify_blocked(230, 'S', || None), reason::SLEEP);
         assert_eq!(classify_blocked(-1, 'D', || None), reason::IO);
         assert_eq!(classify_blocked(61, 'S', || None), reason::OTHER);
+    }
+
+    #[test]
+    fn verifier_reason_is_the_last_meaningful_line() {
+        let log = "0: R1=ctx() R10=fp0\n0: (85) call bpf_task_pt_regs#175\nunknown func bpf_task_pt_regs#175\nprocessed 1 insns (limit 1000000) max_states_per_insn 0\n\n";
+        assert_eq!(verifier_reason(log).as_deref(), Some("unknown func bpf_task_pt_regs#175"));
+        assert_eq!(verifier_reason("\n  \n"), None);
     }
 }

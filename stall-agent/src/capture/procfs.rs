@@ -2,6 +2,8 @@
 //! threads and their current waits, and its open files.
 use std::{collections::HashMap, fs, os::unix::fs::FileTypeExt, path::PathBuf};
 
+use crate::decode::Inode;
+
 pub fn exists(pid: u32) -> bool {
     PathBuf::from(format!("/proc/{pid}")).exists()
 }
@@ -61,6 +63,24 @@ pub fn thread_syscall(pid: u32, tid: u32) -> Option<i64> {
     first.parse().ok()
 }
 
+/// The kernel's own scheduling totals for a thread
+/// (/proc/PID/task/TID/schedstat, CONFIG_SCHED_INFO): on-CPU and
+/// runqueue-wait time, ns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedstat {
+    pub exec_ns: u64,
+    pub delay_ns: u64,
+}
+
+pub fn parse_schedstat(text: &str) -> Option<Schedstat> {
+    let mut f = text.split_whitespace().map(|v| v.parse::<u64>().ok());
+    Some(Schedstat { exec_ns: f.next()??, delay_ns: f.next()?? })
+}
+
+pub fn thread_schedstat(pid: u32, tid: u32) -> Option<Schedstat> {
+    parse_schedstat(&fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?)
+}
+
 pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
     let text = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
     Some(text.trim_end_matches('\n').to_string())
@@ -110,7 +130,7 @@ pub fn open_fds(pid: u32) -> Vec<OpenFd> {
         .filter_map(|e| {
             let e = e.ok()?;
             let fd: i32 = e.file_name().to_str()?.parse().ok()?;
-            fd_info(pid, fd).map(|(target, regular)| OpenFd { fd, target, regular })
+            fd_info(pid, fd).map(|o| OpenFd { fd, target: o.target, regular: o.regular })
         })
         .collect();
     fds.sort_by_key(|f| f.fd);
@@ -119,12 +139,36 @@ pub fn open_fds(pid: u32) -> Vec<OpenFd> {
 
 /// Where a descriptor points and whether it is a regular file (the link
 /// is followed: `metadata` of /proc/PID/fd/N is the open file's).
-pub fn fd_info(pid: u32, fd: i32) -> Option<(String, bool)> {
+pub fn fd_info(pid: u32, fd: i32) -> Option<Opened> {
     let link = PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
     let target = fs::read_link(&link).ok()?.to_string_lossy().into_owned();
-    let ft = fs::metadata(&link).ok()?.file_type();
-    let regular = ft.is_file() && !ft.is_fifo() && !ft.is_socket();
-    Some((target, regular))
+    Some(Opened::from_meta(target, &fs::metadata(&link).ok()?))
+}
+
+/// What an absolute path names now (following links, as open does).
+pub fn path_info(path: &str) -> Option<Opened> {
+    Some(Opened::from_meta(path.to_string(), &fs::metadata(path).ok()?))
+}
+
+/// What an opened descriptor is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opened {
+    /// Where it points (as /proc/PID/fd/FD reads).
+    pub target: String,
+    /// A regular file (not a pipe, socket or device).
+    pub regular: bool,
+    /// Its device and inode, for what the page cache says of it.
+    pub inode: Option<Inode>,
+}
+
+impl Opened {
+    fn from_meta(target: String, meta: &fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        let ft = meta.file_type();
+        let regular = ft.is_file() && !ft.is_fifo() && !ft.is_socket();
+        let inode = regular.then(|| Inode::from_stat(meta.dev(), meta.ino()));
+        Self { target, regular, inode }
+    }
 }
 
 /// A regular file a process holds open for writing (a log, a checkpoint,
@@ -193,6 +237,13 @@ pub fn cwd(pid: u32) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedstat_fields() {
+        assert_eq!(parse_schedstat("62105 59913 2\n"), Some(Schedstat { exec_ns: 62105, delay_ns: 59913 }));
+        assert_eq!(parse_schedstat("x 1 2"), None);
+        assert_eq!(parse_schedstat(""), None);
+    }
 
     #[test]
     fn stat_with_odd_comm() {

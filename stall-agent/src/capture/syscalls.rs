@@ -54,6 +54,11 @@ const TABLE: &[(u32, &str, u8)] = &[
     (24, "sched_yield", class::OTHER),
     (247, "waitid", class::OTHER),
     (257, "openat", class::OTHER),
+    (437, "openat2", class::OTHER),
+    (85, "creat", class::OTHER),
+    (32, "dup", class::OTHER),
+    (33, "dup2", class::OTHER),
+    (292, "dup3", class::OTHER),
     (426, "io_uring_enter", class::OTHER),
     (435, "clone3", class::OTHER),
     (40, "sendfile", class::OTHER),
@@ -76,8 +81,7 @@ const TABLE: &[(u32, &str, u8)] = &[
 compile_error!("stall's syscall table covers x86-64 only so far");
 
 /// What the raw syscall programs do per syscall number: the `HOOKS` table.
-/// The read family is the `READ` wait class; the write family, openat and
-/// close are named.
+/// The read family is the `READ` wait class; the rest are named.
 pub fn hook_table() -> Vec<(u32, u8)> {
     TABLE
         .iter()
@@ -85,6 +89,14 @@ pub fn hook_table() -> Vec<(u32, u8)> {
             (_, class::READ) => Some((nr, hook::READ)),
             ("write" | "pwrite64" | "writev" | "pwritev" | "pwritev2", _) => Some((nr, hook::WRITE)),
             ("openat", _) => Some((nr, hook::OPENAT)),
+            ("open", _) => Some((nr, hook::OPEN)),
+            ("creat", _) => Some((nr, hook::CREAT)),
+            ("openat2", _) => Some((nr, hook::OPENAT2)),
+            ("dup" | "dup2" | "dup3", _) => Some((nr, hook::DUP)),
+            ("fcntl", _) => Some((nr, hook::FCNTL)),
+            // Reads of their source descriptor (a pipe's count as IPC).
+            ("splice" | "copy_file_range", _) => Some((nr, hook::READ)),
+            ("sendfile", _) => Some((nr, hook::READ_ARG1)),
             ("close", _) => Some((nr, hook::CLOSE)),
             _ => None,
         })
@@ -128,7 +140,7 @@ mod tests {
     }
 
     #[test]
-    fn hooks_cover_the_read_and_write_families_openat_and_close() {
+    fn hooks_cover_every_way_to_name_read_and_write_a_file() {
         let hooks = hook_table();
         let named = |n: &str| TABLE.iter().find(|t| t.1 == n).map(|t| t.0).unwrap();
         for f in ["read", "pread64", "readv", "preadv", "preadv2"] {
@@ -142,6 +154,19 @@ mod tests {
         assert_eq!(writes, [1, 18, 20, 296, 328]);
         assert!(hooks.contains(&(named("openat"), hook::OPENAT)));
         assert!(hooks.contains(&(named("close"), hook::CLOSE)));
-        assert_eq!(hooks.len(), 12);
+        // The other ways to name a file, and reads that are not read().
+        let by_nr = |h: u8| {
+            let mut v: Vec<u32> = hooks.iter().filter(|x| x.1 == h).map(|x| x.0).collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(by_nr(hook::OPEN), [2]);
+        assert_eq!(by_nr(hook::CREAT), [85]);
+        assert_eq!(by_nr(hook::OPENAT2), [437]);
+        assert_eq!(by_nr(hook::DUP), [32, 33, 292]);
+        assert_eq!(by_nr(hook::FCNTL), [72]);
+        assert_eq!(by_nr(hook::READ), [0, 17, 19, 275, 295, 326, 327]);
+        assert_eq!(by_nr(hook::READ_ARG1), [40]);
+        assert_eq!(hooks.len(), 22);
     }
 }

@@ -1,12 +1,12 @@
-//! Tracepoint layouts from tracefs `format` files: field offsets move between
-//! kernels (e.g. `sched_process_fork` on 6.1 vs 6.18), so they are read at
-//! start-up and handed to the programs, never compiled in.
+//! tracefs: which tracepoints this kernel has (checked at start-up, so a
+//! missing one is named), and the layouts of their `format` files (field
+//! offsets move between kernels, e.g. `sched_process_fork` on 6.1 vs 6.18).
+//! The programs themselves are raw tracepoints and read no tracepoint
+//! record: the task fields they read come from BTF (btf.rs).
 use std::{
     fs,
     path::{Path, PathBuf},
 };
-
-use stall_common::Offsets;
 
 use super::CaptureError;
 
@@ -70,14 +70,9 @@ impl Tracefs {
         self.root.join("events").join(category).join(event).join("format").exists()
     }
 
-    pub fn field(&self, category: &str, event: &str, name: &str) -> Result<Field, CaptureError> {
-        let path = self.format_path(category, event);
-        let text = fs::read_to_string(&path)
-            .map_err(|_| CaptureError::MissingTracepoint { name: format!("{category}:{event}") })?;
-        parse_field(&text, name).ok_or_else(|| CaptureError::MissingField {
-            tracepoint: format!("{category}:{event}"),
-            field: name.to_string(),
-        })
+    /// A field of a tracepoint's record, if both exist.
+    pub fn field(&self, category: &str, event: &str, name: &str) -> Option<Field> {
+        parse_field(&fs::read_to_string(self.format_path(category, event)).ok()?, name)
     }
 
     fn format_path(&self, category: &str, event: &str) -> PathBuf {
@@ -86,22 +81,6 @@ impl Tracefs {
 
     pub fn root(&self) -> &Path {
         &self.root
-    }
-
-    /// Everything the programs read, checked for consistency: one program
-    /// serves the whole read family, so its `fd` must sit at one offset.
-    pub fn offsets(&self) -> Result<Offsets, CaptureError> {
-        let switch_state = self.field("sched", "sched_switch", "prev_state")?;
-        Ok(Offsets {
-            switch_prev_pid: self.field("sched", "sched_switch", "prev_pid")?.offset,
-            switch_prev_state: switch_state.offset,
-            switch_prev_state_size: switch_state.size,
-            switch_next_pid: self.field("sched", "sched_switch", "next_pid")?.offset,
-            waking_pid: self.field("sched", "sched_waking", "pid")?.offset,
-            newtask_pid: self.field("task", "task_newtask", "pid")?.offset,
-            newtask_clone_flags: self.field("task", "task_newtask", "clone_flags")?.offset,
-            _pad: 0,
-        })
     }
 }
 

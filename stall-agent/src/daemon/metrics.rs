@@ -125,6 +125,7 @@ pub struct Metrics {
     read_bytes: Family<RoleLabels, Counter>,
     read_calls: Family<RoleLabels, Counter>,
     ipc_read_bytes: Family<RoleLabels, Counter>,
+    storage_bytes: Family<RoleLabels, Counter>,
     write_bytes: Family<RoleLabels, Counter>,
     on_cpu: Family<RoleLabels, FloatCounter>,
     off_cpu: Family<ReasonLabels, FloatCounter>,
@@ -161,6 +162,7 @@ impl Metrics {
             read_bytes: Family::default(),
             read_calls: Family::default(),
             ipc_read_bytes: Family::default(),
+            storage_bytes: Family::default(),
             write_bytes: Family::default(),
             on_cpu: Family::default(),
             off_cpu: Family::default(),
@@ -191,6 +193,12 @@ impl Metrics {
             "Bytes read from pipes, sockets and other non-files",
             Unit::Bytes,
             m.ipc_read_bytes.clone(),
+        );
+        r.register_with_unit(
+            "storage_read",
+            "Bytes the processes caused to be read from storage (page-cache fills by reads, mappings and read-ahead)",
+            Unit::Bytes,
+            m.storage_bytes.clone(),
         );
         r.register_with_unit(
             "write",
@@ -282,6 +290,9 @@ impl Metrics {
             self.read_bytes.get_or_create(&rl).inc_by(p.file_read_bytes());
             self.read_calls.get_or_create(&rl).inc_by(p.files.iter().map(|f| f.read_calls).sum());
             self.ipc_read_bytes.get_or_create(&rl).inc_by(p.other_read_bytes);
+            if let Some(bytes) = p.storage_bytes {
+                self.storage_bytes.get_or_create(&rl).inc_by(bytes);
+            }
             self.write_bytes.get_or_create(&rl).inc_by(p.file_write_bytes());
             self.on_cpu.get_or_create(&rl).inc_by(sum.on_cpu_ns as f64 / 1e9);
             for (i, name) in reason::NAMES.iter().enumerate() {
@@ -356,6 +367,7 @@ impl Metrics {
             self.read_bytes.remove(&rl);
             self.read_calls.remove(&rl);
             self.ipc_read_bytes.remove(&rl);
+            self.storage_bytes.remove(&rl);
             self.write_bytes.remove(&rl);
             self.on_cpu.remove(&rl);
             self.processes.remove(&rl);
@@ -427,6 +439,7 @@ mod tests {
             file_id: 1,
             path: "/d".into(),
             dfd: -100,
+            dup_of: None,
         });
         model.apply_snapshot(&Snapshot {
             ts: 1_000_000_000,

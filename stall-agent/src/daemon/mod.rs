@@ -31,7 +31,7 @@ use crate::{
     decode::{Event, JobEvent, Snapshot},
     error::Error,
     gpu::GpuSelect,
-    job::{Feed, GpuFleet, GpuScope, Job, Tick, Wake},
+    job::{Feed, GpuFleet, GpuScope, Job, Stacks, Tick, Wake},
     progress::ProgressView,
     verdict::{rules, Kind, Verdict},
 };
@@ -152,6 +152,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut node = Node { jobs: BTreeMap::new(), next_id: 1, roots, mount, all_jobs: opts.all_jobs };
     let mut seen = Seen::default();
     node.discover(&mut capture, &gpus, &shared.metrics);
+    feed.start();
     loop {
         match feed.next(&mut capture).await? {
             Wake::Events => node.route(&mut capture, &mut feed.events),
@@ -175,7 +176,7 @@ pub async fn run(opts: Options) -> Result<()> {
                 export_node(&shared.metrics, &snap, &gpus, &mut seen, opts.interval, node.jobs.len());
                 *shared.jobs_json.lock().unwrap() = jobs_json(&node.jobs, opts.interval);
             }
-            Wake::Interrupt | Wake::Terminate | Wake::Hangup => break,
+            Wake::Signal(_) => break,
         }
     }
     eprintln!("stall daemon: detaching");
@@ -336,10 +337,19 @@ fn set_hooks(capture: &mut Capture, node: &mut Node, on: bool, now_ns: u64) {
     if on == capture.syscall_hooks() {
         return;
     }
+    let started = std::time::Instant::now();
     if let Err(e) = capture.set_syscall_hooks(on) {
         eprintln!("stall: cannot {} the syscall hooks: {e}", if on { "attach" } else { "detach" });
         return;
     }
+    // Attaching trampolines patches the kernel's text once per program:
+    // say how long the loop stood still for it.
+    eprintln!(
+        "stall daemon: syscall hooks ({}) {} in {:.2} s",
+        capture.syscall_backend().name(),
+        if on { "attached" } else { "detached" },
+        started.elapsed().as_secs_f64()
+    );
     if on {
         for w in node.jobs.values_mut() {
             w.job.reseed(capture, now_ns);
@@ -358,6 +368,8 @@ fn step(
     tiers: Option<&tier::Policy>,
     hooks: bool,
 ) {
+    // Python stacks for what the full capture blames (escalated jobs).
+    w.job.stacks = if tiers.is_none() || w.tier.tier.is_full() { Stacks::On } else { Stacks::Off };
     let tick = w.job.tick(capture, &snap.of_job(w.job.id), gpus);
     if !hooks {
         w.job.note_io(capture, &tick.roles, snap.ts);
@@ -420,6 +432,7 @@ fn published(tick: &Tick, full: bool, before: Option<&Verdict>) -> Verdict {
         summary: "no full capture of this job yet (cheap tier: scheduler and GPU only); it starts once its GPU has idled for the escalation threshold".into(),
         evidence: tick.verdict.evidence.clone(),
         host_only: tick.verdict.host_only,
+        ..Default::default()
     }
 }
 
@@ -447,7 +460,7 @@ fn jobs_json(jobs: &BTreeMap<PathBuf, Watched>, interval: Duration) -> String {
                 cgroup: j.dir.display().to_string(),
                 pod: &j.labels.pod,
                 container: &j.labels.container,
-                verdict: j.last.as_ref().map(|t| &t.verdict),
+                verdict: j.published.as_ref(),
                 progress: j.last.as_ref().map(|t| &t.progress),
                 processes: j.job.model.procs.values().filter(|p| p.alive).count(),
                 top_files: files,

@@ -154,6 +154,12 @@ impl GpuTrack {
         self.readings.push_back(r);
     }
 
+    /// The utilization samples in [start_ns, end_ns], kept for the live
+    /// windows (the timeline's counters).
+    pub fn samples(&self, start_ns: u64, end_ns: u64) -> impl Iterator<Item = (u64, f64)> + '_ {
+        self.recent.iter().copied().filter(move |(t, _)| *t >= start_ns && *t <= end_ns)
+    }
+
     pub fn window(&self, start_ns: u64, end_ns: u64) -> GpuWindow {
         let samples: Vec<(u64, f64)> = self.recent.iter().copied().collect();
         let mut w = verdict::gpu_window(self.index, &self.name, &samples, start_ns, end_ns);

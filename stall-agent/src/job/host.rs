@@ -8,6 +8,7 @@ use crate::{
     capture::{procfs, Capture},
     clock::ClockSnapshot,
     decode::{FileSnap, JobEvent},
+    pystack::PyStack,
 };
 
 /// A process as /proc shows it now.
@@ -20,8 +21,9 @@ pub struct ProcInfo {
 }
 
 pub trait Host {
-    /// Where an opened descriptor points, and whether it is a regular file.
-    fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<(String, bool)>;
+    /// Where an opened descriptor points, whether it is a regular file,
+    /// and which.
+    fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<procfs::Opened>;
     /// Tells the kernel side that a descriptor is not a file (its reads are
     /// not file throughput).
     fn mark_not_file(&mut self, tgid: u32, fd: i32, file_id: u64);
@@ -43,10 +45,15 @@ pub trait Host {
     /// stdout/stderr when they are files): path and last write, in
     /// CLOCK_MONOTONIC ns.
     fn outputs(&self, pid: u32) -> Vec<(String, u64)>;
+    /// The Python stacks of `threads` (pid, tid, as what), and one note per
+    /// process whose stacks cannot be read.
+    fn python_stacks(&mut self, threads: &[(u32, u32, String)]) -> (Vec<PyStack>, Vec<String>);
+    /// Whether a live read of Python stacks is due (at most one per `every`).
+    fn python_stacks_due(&self, every: std::time::Duration) -> bool;
 }
 
 impl Host for Capture {
-    fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<(String, bool)> {
+    fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<procfs::Opened> {
         Capture::classify_open(self, tgid, fd, path)
     }
 
@@ -80,6 +87,14 @@ impl Host for Capture {
 
     fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String> {
         procfs::thread_comm(tgid, tid)
+    }
+
+    fn python_stacks(&mut self, threads: &[(u32, u32, String)]) -> (Vec<PyStack>, Vec<String>) {
+        self.py_stacks().read(threads)
+    }
+
+    fn python_stacks_due(&self, every: std::time::Duration) -> bool {
+        self.py_stacks_ref().due(every)
     }
 
     fn outputs(&self, pid: u32) -> Vec<(String, u64)> {

@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashSet, VecDeque};
 use stall_common::fd_kind;
 
 pub use self::{
-    feed::{Feed, Wake},
+    feed::{Feed, Received, Wake},
     gpu::{GpuFleet, GpuTrack},
     host::{Host, ProcInfo},
 };
@@ -22,11 +22,23 @@ use crate::{
     correlate::{self, Roles},
     decode::{Event, Snapshot},
     progress::{Progress, ProgressView},
+    pystack::PyStack,
     verdict::{self, GpuWindow, Kind, Verdict},
 };
 
 /// The shortest steady state the final verdict is given alone.
-const MIN_STEADY_NS: u64 = 2_000_000_000;
+const MIN_STEADY_NS: u64 = 1_000_000_000;
+
+/// Whether to read the Python stacks of the threads a verdict blames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stacks {
+    Off,
+    /// With live verdicts that blame threads (a hang, an input bottleneck),
+    /// rate-limited, and always for the final report.
+    On,
+    /// With every verdict, this often (what reading costs, measured).
+    Every(std::time::Duration),
+}
 
 /// Which devices count as the job's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +67,9 @@ pub struct Job {
     startup: Startup,
     /// Last sum of /proc I/O counters ([`Job::note_io`]).
     io_chars: Option<u64>,
+    pub stacks: Stacks,
+    /// The last Python stacks read, reused between live reads.
+    last_stacks: Option<(Kind, Vec<PyStack>, Vec<String>)>,
 }
 
 /// Where the job is in its startup (imports, spawning workers) before its
@@ -110,6 +125,8 @@ impl Job {
             outputs_noted: false,
             startup: Startup::Watching { before: Window::default() },
             io_chars: None,
+            stacks: Stacks::Off,
+            last_stacks: None,
         }
     }
 
@@ -135,14 +152,28 @@ impl Job {
         for ev in events {
             self.model.apply(&ev);
             match &ev {
-                Event::Open { tgid, fd, file_id, path, .. } => {
-                    let Some((target, regular)) = host.classify_open(*tgid, *fd, path) else { continue };
-                    if regular {
+                Event::Open { tgid, fd, file_id, path, dup_of, .. } => {
+                    // A dup of a descriptor already classified is the same;
+                    // the kernel copied its kind, which may predate the
+                    // original's classification.
+                    let known =
+                        self.model.files.get(file_id).map(|f| f.kind).filter(|k| *k != fd_kind::UNKNOWN);
+                    if let (Some(_), Some(kind)) = (dup_of, known) {
+                        if kind == fd_kind::OTHER {
+                            host.mark_not_file(*tgid, *fd, *file_id);
+                        }
+                        continue;
+                    }
+                    let Some(opened) = host.classify_open(*tgid, *fd, path) else { continue };
+                    if opened.regular {
                         // The kernel counts UNKNOWN as a file already; no map
                         // write, so no read-modify-write race with its counters.
                         self.model.set_file_kind(*file_id, fd_kind::REGULAR);
                         if !path.starts_with('/') {
-                            self.model.set_file_resolved(*file_id, &target);
+                            self.model.set_file_resolved(*file_id, &opened.target);
+                        }
+                        if let Some(inode) = opened.inode {
+                            self.model.set_file_inode(*file_id, inode);
                         }
                     } else {
                         host.mark_not_file(*tgid, *fd, *file_id);
@@ -227,7 +258,12 @@ impl Job {
         let interval_gpus = window_of(&interval);
         self.watch_startup(summary, &interval, &roles, &interval_gpus);
         let progress = self.progress.view(snap.ts);
-        let verdict = verdict::judge(&recent, &roles, &gpu_windows, &progress);
+        let mut verdict = verdict::judge(&recent, &roles, &gpu_windows, &progress);
+        if matches!(verdict.kind, Kind::Hang | Kind::InputIoBound | Kind::InputCpuBound)
+            || matches!(self.stacks, Stacks::Every(_))
+        {
+            self.add_stacks(host, &mut verdict, false);
+        }
         Tick {
             progress,
             elapsed_s: snap.ts.saturating_sub(self.model.start_ns) as f64 / 1e9,
@@ -253,7 +289,7 @@ impl Job {
         }
         let workers_ran = roles.workers.iter().filter_map(|w| interval.proc(*w)).any(|p| {
             let c = p.sum();
-            c.on_cpu_ns > 0 || c.file_read_bytes > 0 || p.file_read_bytes() > 0
+            c.on_cpu_ns > 0 || c.file_read_bytes > 0 || p.input_bytes() > 0
         });
         let fed = roles.trainers.iter().filter_map(|t| interval.proc(*t)).any(|p| {
             p.threads
@@ -281,7 +317,7 @@ impl Job {
     /// The whole run up to `end_ns`, and the verdict on its steady state
     /// (after startup, when it ended). A job that ends hung is hung,
     /// whatever it did before: then the verdict is the last few seconds'.
-    pub fn finish(&mut self, end_ns: u64, gpus: &GpuFleet) -> Report {
+    pub fn finish(&mut self, host: &mut dyn Host, end_ns: u64, gpus: &GpuFleet) -> Report {
         let end_ns = end_ns.max(self.model.last_ns);
         let summary = self.model.summary(end_ns);
         let tracks = self.tracks(gpus);
@@ -307,6 +343,8 @@ impl Job {
             }
             _ => (None, verdict::judge(&summary, &roles, &summary_gpus, &progress)),
         };
+        let mut verdict = verdict;
+        self.add_stacks(host, &mut verdict, true);
         Report { summary, gpus: summary_gpus, roles, verdict, progress, startup_s }
     }
 
@@ -341,6 +379,36 @@ impl Job {
             self.progress.moved_at(now_ns);
         }
         self.io_chars = Some(total);
+    }
+
+    /// Adds the Python stacks of the threads `v` blames: read now when
+    /// `fresh` or a live read is due, else the last ones read for a verdict
+    /// of the same kind.
+    fn add_stacks(&mut self, host: &mut dyn Host, v: &mut Verdict, fresh: bool) {
+        if self.stacks == Stacks::Off || v.blamed.is_empty() {
+            return;
+        }
+        let every = match self.stacks {
+            Stacks::Every(d) => d,
+            _ => crate::pystack::LIVE_EVERY,
+        };
+        if fresh || host.python_stacks_due(every) {
+            let threads: Vec<(u32, u32, String)> =
+                v.blamed.iter().map(|b| (b.pid, b.tid, b.what.to_string())).collect();
+            let (stacks, notes) = host.python_stacks(&threads);
+            // Processes that ended meanwhile leave nothing: keep what was
+            // read while they ran (the final report of a job that exited).
+            let kept = self.last_stacks.as_ref().is_some_and(|(k, s, _)| *k == v.kind && !s.is_empty());
+            if !stacks.is_empty() || !notes.is_empty() || !kept {
+                self.last_stacks = Some((v.kind, stacks, notes));
+            }
+        }
+        if let Some((kind, stacks, notes)) = &self.last_stacks {
+            if *kind == v.kind {
+                v.python_stacks.clone_from(stacks);
+                v.python_notes.clone_from(notes);
+            }
+        }
     }
 
     /// Forgets what has ended once it was counted (the daemon's memory

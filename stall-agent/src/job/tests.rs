@@ -6,8 +6,10 @@ use stall_common::reason;
 
 use super::*;
 use crate::{
-    decode::{FileCounters, FileSnap, JobEvent, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
+    capture::procfs::Opened,
+    decode::{FileCounters, FileSnap, Inode, JobEvent, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
     gpu::{FakeGpu, GpuProcUse, GpuSample, GpuSnapshot},
+    pystack::PyStack,
 };
 
 const S: u64 = 1_000_000_000;
@@ -30,8 +32,15 @@ struct ScriptedHost {
 }
 
 impl Host for ScriptedHost {
-    fn classify_open(&mut self, _tgid: u32, _fd: i32, path: &str) -> Option<(String, bool)> {
-        Some((path.to_string(), self.regular.contains(path)))
+    fn classify_open(&mut self, _tgid: u32, _fd: i32, path: &str) -> Option<Opened> {
+        let regular = self.regular.contains(path);
+        // Inode numbers from the path, so that page-cache fills can name it.
+        let ino = path.bytes().fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        Some(Opened {
+            target: path.to_string(),
+            regular,
+            inode: regular.then_some(Inode { dev: 8 << 20, ino }),
+        })
     }
     fn mark_not_file(&mut self, tgid: u32, fd: i32, _file_id: u64) {
         self.marked_not_file.push((tgid, fd));
@@ -49,11 +58,18 @@ impl Host for ScriptedHost {
     fn io_chars(&self, pid: u32) -> Option<u64> {
         self.io.get(&pid).copied()
     }
+    fn python_stacks(&mut self, _threads: &[(u32, u32, String)]) -> (Vec<PyStack>, Vec<String>) {
+        (Vec::new(), Vec::new())
+    }
+    fn python_stacks_due(&self, _every: std::time::Duration) -> bool {
+        false
+    }
     fn process(&self, tgid: u32) -> Option<ProcInfo> {
         self.procs.get(&tgid).cloned()
     }
     fn cmdline(&self, tgid: u32) -> Option<String> {
-        self.procs.get(&tgid).map(|p| p.comm.clone())
+        // DataLoader workers are forks: the trainer's command line.
+        self.procs.get(&tgid).map(|_| "python train.py".to_string())
     }
     fn thread_comm(&self, tgid: u32, _tid: u32) -> Option<String> {
         self.procs.get(&tgid).map(|p| p.comm.clone())
@@ -95,6 +111,7 @@ impl Sim {
             file_id: u64::from(w),
             path: shard(w),
             dfd: -100,
+            dup_of: None,
         });
         job.observe(&mut host, events);
         host.regular.insert(LOG.into());
@@ -106,6 +123,7 @@ impl Sim {
             file_id: LOG_ID,
             path: LOG.into(),
             dfd: -100,
+            dup_of: None,
         };
         job.observe(&mut host, [log]);
         let alive = std::iter::once(TRAINER).chain(WORKERS).collect();
@@ -318,7 +336,7 @@ fn a_job_that_ends_keeps_its_counts_and_frees_its_entries() {
     assert!(tick.interval.proc(WORKERS[0]).is_none_or(|p| !p.alive));
     sim.exit(TRAINER);
     assert!(sim.job.root_gone(&sim.host), "the trainer is gone");
-    let report = sim.job.finish(sim.now, &sim.gpus);
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
     for w in WORKERS {
         assert_eq!(report.summary.proc(w).unwrap().file_read_bytes(), 12 << 20, "ended workers' bytes stay");
     }
@@ -356,6 +374,7 @@ fn non_files_are_told_to_the_kernel_side() {
         file_id: 77,
         path: "/tmp/fifo".into(),
         dfd: -100,
+        dup_of: None,
     };
     sim.job.observe(&mut sim.host, [pipe]);
     assert_eq!(sim.host.marked_not_file, vec![(TRAINER, 9)]);
@@ -425,7 +444,7 @@ fn the_final_verdict_is_on_the_steady_state_after_startup() {
     for _ in 0..3 {
         sim.feeding_second(0.9, 0.85, 8 << 20);
     }
-    let report = sim.job.finish(sim.now, &sim.gpus);
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
     assert_eq!(report.verdict.kind, Kind::InputIoBound, "{:?}", report.verdict);
     let startup = report.startup_s.expect("a startup set apart");
     assert!((startup - 4.0).abs() < 1e-6, "{startup}");
@@ -440,7 +459,7 @@ fn a_job_fed_from_its_first_interval_has_no_startup_to_set_apart() {
     for _ in 0..3 {
         sim.feeding_second(0.9, 0.85, 8 << 20);
     }
-    let report = sim.job.finish(sim.now, &sim.gpus);
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
     assert_eq!(report.startup_s, None);
     assert_eq!(report.verdict.kind, Kind::InputIoBound, "{:?}", report.verdict);
 }

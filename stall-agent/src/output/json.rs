@@ -28,6 +28,10 @@ pub struct Record<'a> {
     /// Context switches the kernel side missed so far (0 expected): their
     /// spans are not in the on/off-CPU figures.
     pub sched_gaps: u64,
+    /// Switches the tracepoint never delivered, repaired exactly from the
+    /// kernel's own counters (nothing lost; some kernels do not trace every
+    /// switch).
+    pub sched_repaired: u64,
     pub gpu_available: bool,
     pub processes: Vec<Process>,
     pub gpus: &'a [GpuWindow],
@@ -80,6 +84,9 @@ pub struct Process {
     pub files_opened: u64,
     /// Bytes read from pipes, sockets and other non-files (never file throughput).
     pub ipc_read_bytes: u64,
+    /// Bytes it caused to be read from storage, any file (null: this kernel
+    /// does not show page-cache fills).
+    pub storage_bytes: Option<u64>,
     /// Bytes written to regular files, to anything else, and to stdout or
     /// stderr whatever they are (also in one of the two before).
     pub file_write_bytes: u64,
@@ -113,7 +120,9 @@ pub struct Thread {
 
 #[derive(Serialize)]
 pub struct Waker {
-    pub tid: u32,
+    /// Null where the kernel counted this process's wakes of the thread
+    /// without naming the waking thread (its wake table was full).
+    pub tid: Option<u32>,
     pub pid: u32,
     pub comm: String,
     pub count: u64,
@@ -136,6 +145,10 @@ pub struct File {
     pub write_calls: u64,
     /// Time it was open during the window (the per-file rate's divisor).
     pub open_s: f64,
+    /// Of it, bytes this process caused to be read from storage (by reads
+    /// or through a mapping); the rest of what it read came from the page
+    /// cache. Null where the kernel does not show page-cache fills.
+    pub storage_bytes: Option<u64>,
 }
 
 fn thread(t: &ThreadWindow) -> Thread {
@@ -161,7 +174,7 @@ fn thread(t: &ThreadWindow) -> Thread {
         woken_by: t
             .woken_by
             .iter()
-            .map(|b| Waker { tid: b.tid, pid: b.tgid, comm: b.comm.clone(), count: b.count })
+            .map(|b| Waker { tid: b.thread(), pid: b.tgid, comm: b.comm.clone(), count: b.count })
             .collect(),
     }
 }
@@ -179,6 +192,7 @@ fn process(p: &ProcWindow, role: &'static str) -> Process {
         read_calls: p.files.iter().map(|f| f.read_calls).sum(),
         files_opened: p.files.iter().map(|f| f.opens).sum(),
         ipc_read_bytes: p.other_read_bytes,
+        storage_bytes: p.storage_bytes,
         file_write_bytes: sum.file_write_bytes,
         other_write_bytes: sum.other_write_bytes,
         stdio_write_bytes: sum.stdio_write_bytes,
@@ -200,6 +214,7 @@ fn process(p: &ProcWindow, role: &'static str) -> Process {
                 write_bytes: f.write_bytes,
                 write_calls: f.write_calls,
                 open_s: f.open_ns as f64 / 1e9,
+                storage_bytes: f.storage_bytes,
             })
             .collect(),
     }
@@ -218,6 +233,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         lost_by_cause,
         partial: w.lost_total() > 0,
         sched_gaps: w.sched_gaps,
+        sched_repaired: w.sched_repaired,
         gpu_available: !v.gpus.is_empty(),
         processes: w.procs.iter().map(|p| process(p, v.roles.of(p.tgid).as_str())).collect(),
         gpus: v.gpus,

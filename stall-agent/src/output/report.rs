@@ -93,7 +93,7 @@ fn notable(v: &View, p: &crate::aggregate::ProcWindow) -> bool {
     let secs = v.window.secs().max(1e-9);
     v.roles.of(p.tgid) != Role::Other
         || p.sum().on_cpu_ns as f64 / 1e9 / secs > 0.01
-        || p.file_read_bytes() > 1_000_000
+        || p.input_bytes() > 1_000_000
 }
 
 pub fn render(v: &View) -> String {
@@ -137,7 +137,7 @@ pub fn render(v: &View) -> String {
     if w.sched_gaps > 0 {
         let _ = writeln!(
             out,
-            "note: {} context switches were missed; on/off-CPU times are short by those spans",
+            "note: {} context switches were missed; what those threads waited for in those spans is unknown",
             w.sched_gaps
         );
     }
@@ -160,20 +160,22 @@ pub fn render(v: &View) -> String {
             None => "untimed".to_string(),
         };
         let resolved = f.resolved.as_deref().map(|r| format!(" (= {r})")).unwrap_or_default();
+        let source = f.source().map(|s| format!(", {s}")).unwrap_or_default();
         let _ = writeln!(
             out,
-            "  {}{resolved}: {} in {} reads, {lat}, {} while open [{} pid {pid}]",
+            "  {}{resolved}: {} in {} reads, {lat}, {} while open{source} [{} pid {pid}]",
             f.path,
-            units::bytes(f.read_bytes),
+            units::bytes(f.bytes_in()),
             f.read_calls,
-            units::rate(f.read_bytes, f.rate_secs(secs)),
+            units::rate(f.bytes_in(), f.rate_secs(secs)),
             v.roles.of(*pid).as_str()
         );
     }
     if files.len() > 10 {
         let _ = writeln!(out, "  ... and {} more files", files.len() - 10);
     }
-    let written = w.files_by_written();
+    let written: Vec<_> =
+        w.files_by_written().into_iter().filter(|(_, f)| crate::progress::is_output(&f.path)).collect();
     if !written.is_empty() {
         let _ = writeln!(out);
         let _ = writeln!(out, "Files written (logs, checkpoints):");
@@ -209,6 +211,15 @@ pub fn render(v: &View) -> String {
     let _ = writeln!(out, "  {}", v.verdict.summary);
     for e in &v.verdict.evidence {
         let _ = writeln!(out, "  - {e}");
+    }
+    if !v.verdict.python_stacks.is_empty() {
+        let _ = writeln!(out, "  Python stacks (innermost first):");
+    }
+    for s in &v.verdict.python_stacks {
+        let _ = writeln!(out, "  - {} {} (pid {}): {}", s.what, s.tid, s.pid, s.line());
+    }
+    for n in &v.verdict.python_notes {
+        let _ = writeln!(out, "  note: {n}");
     }
     out
 }

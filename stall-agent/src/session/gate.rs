@@ -2,6 +2,15 @@
 //! starts itself as a gate (`stall __exec-gate -- CMD`), tracks the gate's
 //! PID, then lets it exec CMD: the exec keeps the PID, so nothing of CMD
 //! runs untraced and no fork of it escapes.
+//!
+//! Signals: SIGINT, SIGTERM and SIGHUP sent to stall reach the command once,
+//! as with `timeout` or tini. On a terminal (stall in its foreground process
+//! group) the command stays in stall's group, so job control (Ctrl-Z, `fg`)
+//! works as before and Ctrl-C reaches both from the kernel: signals the
+//! kernel sent (`SI_KERNEL`: the terminal's Ctrl-C, Ctrl-\, hangup) are not
+//! passed on again. Anywhere else (CI, containers, `timeout stall run ...`)
+//! the command gets a process group of its own, like tini's child, so a
+//! signal to stall's whole group reaches it once, through stall.
 use std::{
     ffi::OsString,
     io,
@@ -11,7 +20,9 @@ use std::{
     },
 };
 
-use nix::fcntl::OFlag;
+use nix::{fcntl::OFlag, unistd::Pid};
+
+use crate::job::Received;
 
 pub const GATE_ARG: &str = "__exec-gate";
 const GATE_ENV: &str = "STALL_GATE_FD";
@@ -28,6 +39,9 @@ impl Gate {
         let read_fd = read.as_raw_fd();
         let mut c = tokio::process::Command::new(std::env::current_exe()?);
         c.arg(GATE_ARG).arg("--").args(cmd).env(GATE_ENV, read_fd.to_string());
+        if !in_terminal_foreground() {
+            c.process_group(0);
+        }
         // SAFETY: fcntl is async-signal-safe; only the read end must survive
         // the gate's exec.
         unsafe {
@@ -44,6 +58,17 @@ impl Gate {
         Ok(Self { child, pid, release: Some(write) })
     }
 
+    /// Passes a signal stall received on to the command, unless the kernel
+    /// already delivered it to the command's process group (a terminal's
+    /// Ctrl-C reaches stall and the command alike).
+    pub fn pass_on(&self, r: Received) {
+        let child = Pid::from_raw(self.pid as i32);
+        let same_group = nix::unistd::getpgid(Some(child)).is_ok_and(|g| g == nix::unistd::getpgrp());
+        if should_pass_on(r, same_group) {
+            let _ = nix::sys::signal::kill(child, r.signal);
+        }
+    }
+
     /// Lets the gate exec the command (call once it is tracked).
     pub fn release(&mut self) -> io::Result<()> {
         if let Some(w) = self.release.take() {
@@ -51,6 +76,22 @@ impl Gate {
         }
         Ok(())
     }
+}
+
+/// Whether a signal stall got must be sent to the command: always, except
+/// one the kernel sent to the process group they share.
+pub fn should_pass_on(r: Received, same_group: bool) -> bool {
+    !(r.by_kernel && same_group)
+}
+
+/// Is stall in the foreground process group of its terminal (on stdin,
+/// stdout or stderr)? Then the terminal signals its whole group.
+fn in_terminal_foreground() -> bool {
+    let me = nix::unistd::getpgrp();
+    [libc::STDIN_FILENO, libc::STDOUT_FILENO, libc::STDERR_FILENO].into_iter().any(|fd| {
+        // SAFETY: isatty and tcgetpgrp only query the descriptor.
+        unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == me.as_raw() }
+    })
 }
 
 /// The gate side, in the child: wait for the word, then become CMD.
@@ -73,6 +114,11 @@ pub fn exec_gate(cmd: &[OsString]) -> ! {
         eprintln!("stall: no command given");
         std::process::exit(2);
     };
+    // The command runs with its user's privileges, not the tracer's: the
+    // capabilities stall was given as ambient ones (capsh --addamb, systemd's
+    // AmbientCapabilities) would otherwise pass to it over exec.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
     let err = std::process::Command::new(prog).args(args).env_remove(GATE_ENV).exec();
     let name = prog.to_string_lossy();
     match err.kind() {
@@ -84,5 +130,25 @@ pub fn exec_gate(cmd: &[OsString]) -> ! {
             eprintln!("stall: {name}: cannot execute: {err}");
             std::process::exit(126);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nix::sys::signal::Signal;
+
+    use super::*;
+
+    #[test]
+    fn a_signal_reaches_the_command_once() {
+        let tty_ctrl_c = Received { signal: Signal::SIGINT, by_kernel: true };
+        let kill = Received { signal: Signal::SIGTERM, by_kernel: false };
+        // Ctrl-C on the terminal: the kernel signalled the shared group.
+        assert!(!should_pass_on(tty_ctrl_c, true));
+        // The command has a group of its own: it got nothing from the kernel.
+        assert!(should_pass_on(tty_ctrl_c, false));
+        // kill(1), docker stop, timeout: only stall got it.
+        assert!(should_pass_on(kill, true));
+        assert!(should_pass_on(kill, false));
     }
 }

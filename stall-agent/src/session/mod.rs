@@ -17,8 +17,9 @@ use crate::{
     clock::monotonic_ns,
     error::Error,
     gpu::GpuSelect,
-    job::{Feed, GpuFleet, GpuScope, Job, Tick, Wake},
+    job::{Feed, GpuFleet, GpuScope, Job, Stacks, Tick, Wake},
     output::{self, View},
+    timeline::Recording,
     verdict::Verdict,
 };
 
@@ -41,6 +42,11 @@ pub struct Options {
     pub ringbuf_bytes: Option<u32>,
     pub floor: bool,
     pub latency_sample: u32,
+    /// Read Python stacks this often whatever the verdict (bench).
+    pub python_stacks_every: Option<Duration>,
+    /// Chrome trace and SVG of the timeline.
+    pub timeline: Option<PathBuf>,
+    pub timeline_svg: Option<PathBuf>,
     pub syscall_hooks: SyscallHooks,
 }
 
@@ -53,32 +59,115 @@ pub struct Outcome {
 
 struct Sinks {
     json: Option<Box<dyn Write>>,
+    /// The --json file this run created (None: none, or stdout).
+    json_file: Option<PathBuf>,
     /// Human output: stdout, or stderr when JSON goes to stdout.
     human: Box<dyn Write>,
     live_tty: bool,
     quiet: bool,
 }
 
-impl Sinks {
-    fn open(opts: &Options) -> Result<Self> {
-        let json_stdout = opts.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
-        let json: Option<Box<dyn Write>> = match &opts.json {
-            None => None,
-            Some(_) if json_stdout => Some(Box::new(std::io::stdout())),
-            Some(p) => Some(Box::new(std::io::BufWriter::new(
-                std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
-            ))),
-        };
-        let (human, tty): (Box<dyn Write>, bool) = if json_stdout {
-            (Box::new(std::io::stderr()), std::io::stderr().is_terminal())
-        } else {
-            (Box::new(std::io::stdout()), std::io::stdout().is_terminal())
-        };
-        Ok(Self { json, human, live_tty: tty && !opts.quiet, quiet: opts.quiet })
+/// Standard output or error, where a reader that went away (`stall run ...
+/// | head`) ends the output, not the run: the job is traced to its end and
+/// stall exits with its status, as a pipeline expects.
+struct UntilClosed<W: Write> {
+    out: W,
+    closed: bool,
+}
+
+impl<W: Write> UntilClosed<W> {
+    fn new(out: W) -> Self {
+        Self { out, closed: false }
+    }
+
+    fn check(&mut self, r: std::io::Result<usize>, len: usize) -> std::io::Result<usize> {
+        match r {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(len)
+            }
+            r => r,
+        }
     }
 }
 
+impl<W: Write> Write for UntilClosed<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.closed {
+            return Ok(buf.len());
+        }
+        let r = self.out.write(buf);
+        self.check(r, buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        let r = self.out.flush().map(|()| 0);
+        self.check(r, 0).map(|_| ())
+    }
+}
+
+impl Sinks {
+    /// Opens the outputs: a --json path that cannot be written is a usage
+    /// error, found before anything is loaded.
+    fn open(opts: &Options) -> Result<Self, Error> {
+        let json_stdout = opts.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
+        let json: Option<Box<dyn Write>> = match &opts.json {
+            None => None,
+            Some(_) if json_stdout => Some(Box::new(UntilClosed::new(std::io::stdout()))),
+            Some(p) => Some(Box::new(std::io::BufWriter::new(create_json(p)?))),
+        };
+        let json_file = opts.json.clone().filter(|_| !json_stdout);
+        let (human, tty): (Box<dyn Write>, bool) = if json_stdout {
+            (Box::new(UntilClosed::new(std::io::stderr())), std::io::stderr().is_terminal())
+        } else {
+            (Box::new(UntilClosed::new(std::io::stdout())), std::io::stdout().is_terminal())
+        };
+        Ok(Self { json, json_file, human, live_tty: tty && !opts.quiet, quiet: opts.quiet })
+    }
+
+    /// After a failed run: a --json file it created and never wrote to is
+    /// removed (an empty file would read as a run that said nothing).
+    fn remove_unwritten_json(&mut self) {
+        self.json = None;
+        if let Some(p) = &self.json_file {
+            if std::fs::metadata(p).is_ok_and(|m| m.len() == 0) {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+}
+
+/// Creates the --json file, or says in one line why it cannot.
+fn create_json(p: &std::path::Path) -> Result<std::fs::File, Error> {
+    std::fs::File::create(p).map_err(|e| {
+        let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        let why = match e.kind() {
+            _ if p.is_dir() => "it is a directory".to_string(),
+            std::io::ErrorKind::NotFound if !parent.is_dir() => format!("no directory {}", parent.display()),
+            std::io::ErrorKind::PermissionDenied => "not writable (permission denied)".to_string(),
+            _ => e.to_string(),
+        };
+        Error::Usage(format!("--json {}: {why}", p.display()))
+    })
+}
+
 pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
+    let mut sinks = Sinks::open(&opts)?;
+    let outcome = run_with(target, opts, &mut sinks).await;
+    if outcome.is_err() {
+        sinks.remove_unwritten_json();
+    }
+    outcome
+}
+
+async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Outcome> {
+    let mut timeline = match (&opts.timeline, &opts.timeline_svg) {
+        (None, None) => None,
+        (trace, svg) => Some(Recording::create(trace.as_deref(), svg.as_deref(), monotonic_ns())?),
+    };
     let mut feed = Feed::new(opts.interval)?;
     let mut capture = Capture::load(&CaptureOptions {
         ringbuf_bytes: opts.ringbuf_bytes,
@@ -86,16 +175,13 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         cgroup_mode: matches!(target, Target::Cgroup(_)),
         latency_sample: opts.latency_sample,
         syscall_hooks_on_demand: false,
+        timeline: opts.timeline.is_some() || opts.timeline_svg.is_some(),
         syscall_hooks: opts.syscall_hooks,
     })
     .map_err(Error::from)?;
     let start_ns = monotonic_ns();
     let mut gpus =
         GpuFleet::open(opts.gpu.as_ref(), opts.nvml_lib.as_deref(), start_ns).map_err(Error::from)?;
-    if let Some(note) = &gpus.note {
-        eprintln!("stall: {note}");
-    }
-    let mut sinks = Sinks::open(&opts)?;
 
     let mut seeded = Vec::new();
     let mut gate: Option<Gate> = None;
@@ -120,7 +206,12 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
             (None, format!("cgroup {}", dir.display()), Some(dir))
         }
     };
+    // Notes are for runs that proceed: after the target is found.
+    if let Some(note) = &gpus.note {
+        eprintln!("stall: {note}");
+    }
     let mut job = Job::new(JOB, start_ns, root, GpuScope::All);
+    job.stacks = opts.python_stacks_every.map_or(Stacks::On, Stacks::Every);
     // The first snapshot names every process found at attach.
     let snap = capture.snapshot();
     job.absorb(&mut capture, &snap);
@@ -135,6 +226,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
     };
     tokio::pin!(sleep_until);
     let mut child_status = None;
+    feed.start();
     let gpu_note = gpus.note.clone();
     let hooks_line = capture.syscall_backend_line();
     let out = Out {
@@ -146,10 +238,15 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
     loop {
         tokio::select! {
             wake = feed.next(&mut capture) => match wake? {
-                Wake::Events => job.observe(&mut capture, feed.events.drain(..).map(|(_, ev)| ev)),
+                Wake::Events => {
+                    if let Some(t) = &mut timeline {
+                        t.take_switches(&mut feed.events)?;
+                    }
+                    job.observe(&mut capture, feed.events.drain(..).map(|(_, ev)| ev));
+                }
                 Wake::Tick => {
-                    let tick = interval(&mut job, &mut capture, &mut feed, &mut gpus);
-                    emit_interval(&mut sinks, &tick, &out)?;
+                    let tick = interval(&mut job, &mut capture, &mut feed, &mut gpus, timeline.as_mut())?;
+                    emit_interval(sinks, &tick, &out)?;
                     if let Some(dir) = &cgroup_dir {
                         if !dir.exists() {
                             break;
@@ -160,18 +257,14 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
                         break;
                     }
                 }
-                // `stall run`: the command got the same Ctrl-C from the
-                // terminal; report when it is done.
-                Wake::Interrupt if gate.is_some() => {}
-                Wake::Terminate | Wake::Hangup if gate.is_some() => {
+                // `stall run`: the command gets the signal once, then stall
+                // reports when it is done and exits with its status.
+                Wake::Signal(r) if gate.is_some() => {
                     if let Some(g) = &gate {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(g.pid as i32),
-                            nix::sys::signal::Signal::SIGTERM,
-                        );
+                        g.pass_on(r);
                     }
                 }
-                Wake::Interrupt | Wake::Terminate | Wake::Hangup => break,
+                Wake::Signal(_) => break,
             },
             status = async { gate.as_mut().unwrap().child.wait().await }, if gate.is_some() => {
                 child_status = Some(shell_status(status.context("waiting for the command")?));
@@ -183,8 +276,12 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
 
     // Let the last exits and closes arrive, then read everything once more.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let _ = interval(&mut job, &mut capture, &mut feed, &mut gpus);
-    let report = job.finish(monotonic_ns(), &gpus);
+    let _ = interval(&mut job, &mut capture, &mut feed, &mut gpus, timeline.as_mut())?;
+    let end_ns = monotonic_ns();
+    let report = job.finish(&mut capture, end_ns, &gpus);
+    if let Some(t) = timeline {
+        t.finish(&report, end_ns, &label)?;
+    }
     let view = View {
         window: &report.summary,
         roles: &report.roles,
@@ -197,7 +294,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
         startup_s: report.startup_s,
         syscall_backend: Some((out.syscall_backend, out.hooks_line)),
     };
-    if let Some(j) = &mut sinks.json {
+    if let Some(j) = sinks.json.as_mut() {
         writeln!(j, "{}", output::json::line("summary", &view))?;
         j.flush()?;
     }
@@ -214,15 +311,29 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
 const JOB: u32 = 1;
 
 /// Ends an interval: what is in the ring buffer, one map snapshot, one GPU
-/// poll, then the job's tick.
-fn interval(job: &mut Job, capture: &mut Capture, feed: &mut Feed, gpus: &mut GpuFleet) -> Tick {
+/// poll, then the job's tick (and the timeline's).
+fn interval(
+    job: &mut Job,
+    capture: &mut Capture,
+    feed: &mut Feed,
+    gpus: &mut GpuFleet,
+    timeline: Option<&mut Recording>,
+) -> Result<Tick> {
     capture.drain_events(&mut feed.events);
+    let mut timeline = timeline;
+    if let Some(t) = timeline.as_deref_mut() {
+        t.take_switches(&mut feed.events)?;
+    }
     job.observe(capture, feed.events.drain(..).map(|(_, ev)| ev));
     let snap = capture.snapshot();
     for w in gpus.poll() {
         eprintln!("stall: {w}");
     }
-    job.tick(capture, &snap, gpus)
+    let tick = job.tick(capture, &snap, gpus);
+    if let Some(t) = timeline {
+        t.tick(&tick, gpus)?;
+    }
+    Ok(tick)
 }
 
 /// What every output of the session names.

@@ -9,7 +9,10 @@ use crate::progress::OutputAge;
 use crate::{
     aggregate::Model,
     correlate,
-    decode::{Event, FileCounters, FileSnap, Snapshot, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
+    decode::{
+        Event, FileCounters, FileSnap, Inode, Snapshot, StorageSnap, ThreadCounters, ThreadNow, ThreadSnap,
+        WakeSnap,
+    },
 };
 
 const S: u64 = 1_000_000_000;
@@ -35,6 +38,7 @@ struct Job {
     secs: u64,
     threads: Vec<ThreadSnap>,
     files: Vec<FileSnap>,
+    storage: Option<Vec<StorageSnap>>,
     wakes: Vec<WakeSnap>,
     gpu_pids: HashSet<u32>,
     lost: [u64; LOST_CAUSES],
@@ -50,6 +54,7 @@ impl Job {
             secs,
             threads: vec![],
             files: vec![],
+            storage: None,
             wakes: vec![],
             gpu_pids: HashSet::new(),
             lost: [0; LOST_CAUSES],
@@ -67,8 +72,9 @@ impl Job {
         self.thread(100, 100, c, now)
     }
 
-    /// A worker process (child of the trainer) reading `bytes` from its own file.
-    fn worker(mut self, pid: u32, on: f64, off: [f64; 6], bytes: u64) -> Self {
+    /// A worker process (child of the trainer) that opened `path` as fd 5;
+    /// the file's id is the pid.
+    fn worker_opening(&mut self, pid: u32, path: String) -> u64 {
         self.model.note_process(pid, Some(100), "pt_data_worker", None);
         let id = u64::from(pid);
         self.model.apply(&Event::Open {
@@ -77,9 +83,16 @@ impl Job {
             tgid: pid,
             fd: 5,
             file_id: id,
-            path: format!("/data/rows_{pid}.pt"),
+            path,
             dfd: -100,
+            dup_of: None,
         });
+        id
+    }
+
+    /// A worker process (child of the trainer) reading `bytes` from its own file.
+    fn worker(mut self, pid: u32, on: f64, off: [f64; 6], bytes: u64) -> Self {
+        let id = self.worker_opening(pid, format!("/data/rows_{pid}.pt"));
         self.files.push(FileSnap {
             tgid: pid,
             fd: 5,
@@ -95,6 +108,26 @@ impl Job {
         });
         let c = counters(self.secs, on, off, bytes);
         let now = ThreadNow { running: false, reason: reason::IO, syscall: 0, for_ns: 1000 };
+        self.thread(pid, pid, c, now)
+    }
+
+    /// A worker that maps its shard (opened, mapped, closed) and faults
+    /// `bytes` of it in from storage: no read() at all.
+    fn mapping_worker(mut self, pid: u32, on: f64, off: [f64; 6], bytes: u64) -> Self {
+        let id = self.worker_opening(pid, format!("/data/shard_{pid}.safetensors"));
+        let inode = Inode { dev: 8 << 20, ino: id };
+        self.model.set_file_kind(id, fd_kind::REGULAR);
+        self.model.set_file_inode(id, inode);
+        self.model.apply(&Event::Close {
+            ts: 1,
+            tgid: pid,
+            fd: 5,
+            file_id: id,
+            counters: FileCounters::default(),
+        });
+        self.storage.get_or_insert_with(Vec::new).push(StorageSnap { tgid: pid, inode, bytes });
+        let c = counters(self.secs, on, off, 0);
+        let now = ThreadNow { running: false, reason: reason::IO, syscall: -1, for_ns: 1000 };
         self.thread(pid, pid, c, now)
     }
 
@@ -117,6 +150,7 @@ impl Job {
             files: self.files.clone(),
             wakes: self.wakes.clone(),
             lost: self.lost,
+            storage: self.storage.clone(),
             ..Default::default()
         });
         let w = self.model.summary(end);
@@ -209,6 +243,32 @@ fn input_io_bound_with_numbers() {
     assert!(v.evidence.iter().any(|e| e.starts_with("file /data/rows_10")), "{:?}", v.evidence);
 }
 
+/// Workers that take their samples through mappings (safetensors, Arrow,
+/// `torch.load(mmap=True)`) read nothing with read(): their bytes are what
+/// the page cache brought in from storage for them, and the evidence names
+/// the shards.
+#[test]
+fn input_io_bound_through_mappings_counts_what_storage_brought_in() {
+    let mut job = Job::new(10).trainer(0.03, TRAINER_WAITS, blocked(reason::FUTEX));
+    for pid in 101..=104 {
+        job = job.mapping_worker(pid, 0.1, IO_WORKER, 200_000_000).woken_by(100, pid, 300);
+    }
+    let v = job.judge(&[]);
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    assert!(
+        v.summary.contains("4 workers read 800 MB at 80.0 MB/s (100 % from storage, page cache cold)"),
+        "{}",
+        v.summary
+    );
+    assert!(
+        v.evidence.iter().any(|e| e.starts_with("file /data/shard_10")
+            && e.contains("200 MB in 0 reads")
+            && e.contains("through a mapping, from storage")),
+        "{:?}",
+        v.evidence
+    );
+}
+
 #[test]
 fn input_io_bound_names_idle_gpu() {
     let v = io_bound_job().judge(&[gpu(2.0, 10, None)]);
@@ -239,6 +299,7 @@ fn trainer_reading_its_own_data_is_io_bound() {
         file_id: 1,
         path: "/d".into(),
         dfd: -100,
+        dup_of: None,
     });
     job.files.push(FileSnap {
         tgid: 100,
@@ -357,7 +418,7 @@ fn nvml_sample_gaps_are_reported_and_do_not_skew_idle() {
 #[test]
 fn lost_events_mark_the_verdict_partial() {
     let mut job = io_bound_job();
-    job.lost = [3, 0, 0, 0, 0];
+    job.lost = [3, 0, 0, 0, 0, 0];
     let v = job.judge(&[]);
     assert!(v.summary.contains("partial"), "{}", v.summary);
     assert!(v.evidence.iter().any(|e| e.contains("3 events lost")));
@@ -427,4 +488,21 @@ fn a_heartbeat_does_not_undo_a_hang_on_an_idle_gpu() {
     // then is not a training step.
     let v = futex_trainer(6).printed(120).judge(&[gpu(0.0, 6, None)]);
     assert_eq!(v.kind, Kind::Hang, "{v:?}");
+}
+
+#[test]
+fn the_evidence_names_data_files_not_the_interpreters_modules() {
+    for code in [
+        "/usr/lib/python3.11/__pycache__/threading.cpython-311.pyc",
+        "/opt/venv/lib/python3.11/site-packages/torch/_meta_registrations.py",
+        "/opt/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/etc/ld.so.cache",
+    ] {
+        assert!(is_code_file(code), "{code}");
+    }
+    for data in ["/data/shard_0001.arrow", "/mnt/ds/train-00001-of-00064.parquet", "/ckpt/model.safetensors"]
+    {
+        assert!(!is_code_file(data), "{data}");
+    }
 }

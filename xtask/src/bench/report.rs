@@ -4,6 +4,7 @@ use std::fmt::Write;
 use super::{
     daemon::{DaemonBench, Watch},
     profile::Profile,
+    pystacks::{PyStacksBench, Reader},
     sh, CostRow, Mode, Quiet, Sample, Workload,
 };
 
@@ -92,7 +93,12 @@ syscall costs the programs a table lookup and a compare.
 - **What is left per traced read** is two helper calls that this VM makes expensive (call-depth \
 tracking and retpolines on): `bpf_probe_read_kernel` of the descriptor argument at entry (about \
 40 ns) and, for one read in 8 picked at random, `bpf_ktime_get_ns` at entry and exit (about 50 ns \
-each) for the latency estimate; `--latency-sample 1` times every read at that price.";
+each) for the latency estimate; `--latency-sample 1` times every read at that price.
+- **Storage bytes cost a lookup per page-cache fill, nothing per read.** The program on \
+`filemap:mm_filemap_add_to_page_cache` runs only when a page (or large folio) enters the page \
+cache, i.e. when something is read from storage: a hash lookup for the current task and, for a \
+tracked one, an add to its per-file entry. Reads served from the page cache never reach it \
+(compare loader with loader-cold).";
 
 struct Target {
     what: String,
@@ -158,6 +164,7 @@ fn targets(ws: &[Workload], cost: &[CostRow], daemon: &DaemonBench) -> Vec<Targe
 
     for (key, limit, what) in [
         ("loader", 1.0, "loader (DataLoader-like): < 1 % added"),
+        ("loader-cold", 1.0, "loader-cold (DataLoader-like, from storage): < 1 % added"),
         ("neighbour", 3.0, "neighbour (untraced): < 3 % added"),
     ] {
         match by(key).and_then(|w| versus(w, Mode::Stall)) {
@@ -258,6 +265,34 @@ fn daemon_versus(samples: &[(Watch, Sample)], watch: Watch) -> Option<f64> {
     Some(med(watch)? / med(Watch::NoDaemon)?)
 }
 
+fn render_pystacks(d: &mut String, b: &PyStacksBench) {
+    let _ = writeln!(d, "\n## Python stacks\n");
+    let _ = writeln!(
+        d,
+        "A tight Python loop counts its iterations for {:.0} s: untraced, with `stall attach` (whose live \
+         view reads the stacks of the threads a hang or input verdict names, at most every 5 s: none here, the \
+         loop is busy), and with the stacks of its main thread read (py-spy, non-blocking: the process is \
+         never paused) every second and five times a second. Medians; the ratio is against untraced in \
+         the same run.\n",
+        b.secs
+    );
+    let _ = writeln!(d, "| reader | iterations/s | vs untraced |");
+    let _ = writeln!(d, "|---|---:|---:|");
+    let rate = |r: Reader| {
+        let v: Vec<f64> = b
+            .samples
+            .iter()
+            .filter(|(x, _)| *x == r)
+            .map(|(_, s)| s.ops as f64 / (s.ns as f64 / 1e9))
+            .collect();
+        (!v.is_empty()).then(|| median(v))
+    };
+    for r in Reader::ALL {
+        let (Some(x), Some(base)) = (rate(r), rate(Reader::None)) else { continue };
+        let _ = writeln!(d, "| {} | {:.0} | {:+.2} % |", r.label(), x, (x / base - 1.0) * 100.0);
+    }
+}
+
 fn render_daemon(d: &mut String, b: &DaemonBench) {
     let _ = writeln!(d, "\n## stall daemon on a node\n");
     let _ = writeln!(
@@ -355,6 +390,7 @@ pub fn render(
     profiles: &[Profile],
     cost: &[CostRow],
     daemon: &DaemonBench,
+    py: &PyStacksBench,
 ) -> String {
     let mut d = String::new();
     let date = sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
@@ -451,6 +487,7 @@ pub fn render(
 
     render_profiles(&mut d, profiles);
     render_daemon(&mut d, daemon);
+    render_pystacks(&mut d, py);
 
     let _ = writeln!(d, "\n## Agent cost\n");
     let _ = writeln!(

@@ -22,12 +22,17 @@ mount -t proc proc /proc || finish "FAIL cannot mount /proc"
 mount -t sysfs sysfs /sys || finish "FAIL cannot mount /sys"
 mount -t devtmpfs devtmpfs /dev || finish "FAIL cannot mount /dev"
 echo "STALL-VM-INIT: $(uname -r), $(nproc) CPUs, harness arguments: $*"
-mkdir -p /dev/shm
+# The clocks behind the on-CPU numbers: the kernel's counter is on the
+# scheduler clock, stall's timestamps on the clocksource (KERNELS.md).
+echo "STALL-VM: clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource);" \
+    "$(dmesg 2>/dev/null | grep -i -e 'sched_clock' -e 'tsc' | sed 's/^\[[^]]*\] //' | tr '\n' ';')"
+mkdir -p /dev/shm /dev/pts
 # stall reads formats from tracefs, pins nothing but aya may probe bpffs,
-# the cgroup tests look for a cgroup2 mount in /proc/self/mountinfo, and
-# Python's multiprocessing needs /dev/shm for its semaphores. /tmp stays on
-# the root file system (already a tmpfs): the workspace may live under it.
-for m in "tmpfs /dev/shm" "tracefs /sys/kernel/tracing" "bpf /sys/fs/bpf" "cgroup2 /sys/fs/cgroup"; do
+# the cgroup tests look for a cgroup2 mount in /proc/self/mountinfo,
+# Python's multiprocessing needs /dev/shm for its semaphores, and the
+# Ctrl-C test (signals.rs) a pseudo-terminal. /tmp stays on the root file
+# system (already a tmpfs): the workspace may live under it.
+for m in "tmpfs /dev/shm" "devpts /dev/pts" "tracefs /sys/kernel/tracing" "bpf /sys/fs/bpf" "cgroup2 /sys/fs/cgroup"; do
     fs=${m% *} dir=${m#* }
     mount -t "$fs" "$fs" "$dir" || finish "FAIL cannot mount $fs on $dir"
 done
@@ -82,9 +87,6 @@ run_test() {
 if [ -e /sys/kernel/btf/vmlinux ]; then
     export STALL_SYSCALL_HOOKS=trampoline
 fi
-# stall starts slowly here (attaching trampolines under TCG takes seconds on
-# 6.1): the attach tests' targets idle this long before their reads.
-export STALL_TEST_ATTACH_PAUSE=8
 for t in /stall/tests/*; do
     run_test "$t" "${t##*/}" "$@"
 done

@@ -29,10 +29,14 @@ const BUSYBOX: &str = "/bin/busybox";
 const PYTHON: &str = "/usr/bin/python3";
 /// Host programs the tests run besides stall and Python, and their Debian
 /// packages: errors.rs drops privileges with setpriv (busybox has none),
-/// daemon.rs scrapes stall with a real Prometheus and checks with promtool
-/// (`cargo xtask test` installs it).
-const HOST_TOOLS: [(&str, &str); 3] = [
+/// privilege.rs runs stall as `nobody` with exact capabilities through
+/// capsh, faults.rs asks bpftool what is still loaded, daemon.rs scrapes
+/// stall with a real Prometheus and checks with promtool (`cargo xtask
+/// test` installs them).
+const HOST_TOOLS: [(&str, &str); 5] = [
     ("/usr/bin/setpriv", "util-linux"),
+    ("/usr/sbin/capsh", "libcap2-bin"),
+    ("/usr/sbin/bpftool", "bpftool"),
     ("/usr/bin/prometheus", "prometheus"),
     ("/usr/bin/promtool", "prometheus"),
 ];
@@ -46,6 +50,13 @@ const GUEST_NVML_SCRIPT: &str = "stall/bin/libstall_nvml_script.so";
 const GUEST_TESTS: &str = "stall/tests";
 const GUEST_ENV: &str = "stall/env.sh";
 const GUEST_SKIP: &str = "stall/skip";
+/// The guest's user database: root, and the `nobody` the privilege tests
+/// run stall as.
+const ETC_FILES: [(&str, &str); 3] = [
+    ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"),
+    ("etc/group", "root:x:0:\nnogroup:x:65534:\n"),
+    ("etc/nsswitch.conf", "passwd: files\ngroup: files\n"),
+];
 /// Standard library folders no workload imports: left out to keep the
 /// initramfs small (the `config-*` folder alone is 25 MB of static library).
 const PY_SKIP_DIRS: [&str; 10] = [
@@ -106,6 +117,10 @@ pub fn build(
     }
     stage.ramdisk_modules(kernels)?;
     stage.write(GUEST_ENV, env_script(stall), false)?;
+    // Users for capsh --user=nobody (privilege.rs); glibc reads them from files.
+    for (file, text) in ETC_FILES {
+        stage.write(file, text.to_string(), false)?;
+    }
     stage.write("init", INIT.to_string(), true)?;
     let cpio = vm_dir.join("initramfs.cpio");
     write_cpio(&stage.root, &cpio)?;

@@ -1,6 +1,9 @@
-//! Kernels to boot: Debian bookworm cloud kernels fetched with `apt-get
-//! download` and cached under target/vm/kernels (only their boot/ folder and
-//! the RAM disk module are unpacked), or a vmlinuz given by path.
+//! Kernels to boot: Debian cloud kernels (bookworm's 6.1 and 6.12,
+//! bullseye's 5.10) fetched with `apt-get download` and cached under
+//! target/vm/kernels (only their boot/ folder and the RAM disk module are
+//! unpacked), or a vmlinuz given by path. Bullseye's packages come from the
+//! machine's own Debian mirror, through an apt source of their own
+//! (`BULLSEYE_LIST`) that xtask adds the first time it needs one.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -12,7 +15,7 @@ use anyhow::{bail, ensure, Context, Result};
 use crate::cmd;
 
 /// Series booted when no `--kernel` is given.
-pub const DEFAULT: [&str; 2] = ["6.1", "6.12"];
+pub const DEFAULT: [&str; 3] = ["5.10", "6.1", "6.12"];
 
 /// A kernel series and its package names, `{prefix}{number}{suffix}`: the
 /// cloud flavour has BTF and BPF built in and boots quickly in QEMU.
@@ -20,14 +23,29 @@ struct Series {
     alias: &'static str,
     prefix: &'static str,
     suffix: &'static str,
+    /// A Debian suite the machine's sources may lack (added on demand).
+    suite: Option<&'static str>,
 }
 
-const SERIES: [Series; 2] = [
+const SERIES: [Series; 3] = [
+    // bullseye's kernel: the oldest stall is tested on (docs/KERNELS.md)
+    Series {
+        alias: "5.10",
+        prefix: "linux-image-5.10.0-",
+        suffix: "-cloud-amd64-unsigned",
+        suite: Some("bullseye"),
+    },
     // bookworm's own kernel (main and bookworm-security)
-    Series { alias: "6.1", prefix: "linux-image-6.1.0-", suffix: "-cloud-amd64-unsigned" },
+    Series { alias: "6.1", prefix: "linux-image-6.1.0-", suffix: "-cloud-amd64-unsigned", suite: None },
     // the 6.12 LTS built for bookworm (bookworm-security)
-    Series { alias: "6.12", prefix: "linux-image-6.12.", suffix: "+deb12-cloud-amd64-unsigned" },
+    Series { alias: "6.12", prefix: "linux-image-6.12.", suffix: "+deb12-cloud-amd64-unsigned", suite: None },
 ];
+
+/// The apt source xtask adds for bullseye's kernels (deb822, a file of its
+/// own, so it is easy to see and to remove).
+const BULLSEYE_LIST: &str = "/etc/apt/sources.list.d/stall-vm-bullseye.sources";
+/// Where apt's sources live, to find the Debian mirror this machine uses.
+const APT_SOURCES: [&str; 2] = ["/etc/apt/sources.list.d", "/etc/apt/sources.list"];
 const SEARCH: &str = "^linux-image-.*-cloud-amd64-unsigned$";
 /// What is unpacked from a package: the image, and brd (the RAM disk
 /// module, `.ko` or `.ko.xz`) for a block device in the guest.
@@ -64,7 +82,7 @@ fn resolve(spec: &str, cache: &Path) -> Result<Kernel> {
     let package = match SERIES.iter().find(|s| s.alias == spec) {
         Some(series) => newest(series)?,
         None if spec.starts_with("linux-image-") => spec.to_string(),
-        None => bail!("not a file, a linux-image-* package, nor one of the series 6.1, 6.12"),
+        None => bail!("not a file, a linux-image-* package, nor one of the series 5.10, 6.1, 6.12"),
     };
     fetch(&package, cache)
 }
@@ -81,6 +99,9 @@ fn newest(series: &Series) -> Result<String> {
         series.prefix,
         series.suffix
     );
+    if let Some(suite) = series.suite {
+        add_suite(suite)?;
+    }
     apt_update()?;
     newest_known(series)?
         .with_context(|| format!("no {}N{} package in the apt sources", series.prefix, series.suffix))
@@ -102,6 +123,61 @@ fn pick_newest<'a>(series: &Series, names: impl Iterator<Item = &'a str>) -> Opt
         })
         .max()
         .map(|(_, name)| name.to_string())
+}
+
+/// Adds `suite` (main) from the Debian mirror the machine's bookworm
+/// sources name, with their keyring, as `BULLSEYE_LIST`.
+fn add_suite(suite: &str) -> Result<()> {
+    let path = Path::new(BULLSEYE_LIST);
+    if path.exists() {
+        return Ok(());
+    }
+    let mut texts = Vec::new();
+    for place in APT_SOURCES {
+        let p = Path::new(place);
+        if p.is_dir() {
+            for entry in fs::read_dir(p).with_context(|| format!("reading {place}"))? {
+                let file = entry?.path();
+                let name = file.to_string_lossy();
+                if name.ends_with(".sources") || name.ends_with(".list") {
+                    texts.push(fs::read_to_string(&file).unwrap_or_default());
+                }
+            }
+        } else if p.is_file() {
+            texts.push(fs::read_to_string(p).unwrap_or_default());
+        }
+    }
+    let (uri, keyring) = texts
+        .iter()
+        .find_map(|t| debian_mirror(t))
+        .context("no Debian bookworm source in /etc/apt to take the mirror from")?;
+    let mut entry = format!("Types: deb\nURIs: {uri}\nSuites: {suite}\nComponents: main\n");
+    if let Some(k) = keyring {
+        entry.push_str(&format!("Signed-By: {k}\n"));
+    }
+    println!("integration-test vm: adding {suite} main from {uri} ({BULLSEYE_LIST})");
+    fs::write(path, entry).with_context(|| format!("writing {BULLSEYE_LIST}"))
+}
+
+/// The URI (and keyring) of the main bookworm archive in an apt sources
+/// file, deb822 (`URIs:`/`Suites:`) or one-line (`deb URI bookworm main`).
+fn debian_mirror(text: &str) -> Option<(String, Option<String>)> {
+    for stanza in text.split("\n\n") {
+        let field =
+            |key: &str| stanza.lines().find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()));
+        if let (Some(uris), Some(suites)) = (field("URIs:"), field("Suites:")) {
+            if suites.split_whitespace().any(|s| s == "bookworm") {
+                let uri = uris.split_whitespace().next()?.to_string();
+                return Some((uri, field("Signed-By:")));
+            }
+        }
+    }
+    text.lines().find_map(|l| {
+        let mut words = l.split_whitespace().filter(|w| !w.starts_with('['));
+        (words.next()? == "deb").then_some(())?;
+        let uri = words.next()?;
+        (words.next()? == "bookworm").then(|| (uri.to_string(), None))
+    })
 }
 
 /// The unpacked package from the cache, downloading it first if needed.
@@ -229,5 +305,22 @@ mod tests {
         assert_eq!(pick("6.1").as_deref(), Some("linux-image-6.1.0-57-cloud-amd64-unsigned"));
         assert_eq!(pick("6.12").as_deref(), Some("linux-image-6.12.117+deb12-cloud-amd64-unsigned"));
         assert_eq!(pick_newest(&SERIES[0], std::iter::empty()), None);
+        let old = ["linux-image-5.10.0-35-cloud-amd64-unsigned", "linux-image-5.10.0-9-cloud-amd64-unsigned"];
+        assert_eq!(
+            pick_newest(&SERIES[0], old.into_iter()).as_deref(),
+            Some("linux-image-5.10.0-35-cloud-amd64-unsigned")
+        );
+    }
+
+    #[test]
+    fn finds_the_debian_mirror_in_apt_sources() {
+        let deb822 = "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\nSigned-By: /k.gpg\n\nTypes: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n";
+        assert_eq!(
+            debian_mirror(deb822),
+            Some(("http://mirror.example/debian".into(), Some("/k.gpg".into())))
+        );
+        let one_line = "deb [arch=amd64] http://m.example/debian bookworm main\n";
+        assert_eq!(debian_mirror(one_line), Some(("http://m.example/debian".into(), None)));
+        assert_eq!(debian_mirror("deb http://m.example/debian-security bookworm-security main"), None);
     }
 }

@@ -1,0 +1,256 @@
+//! Where in Python: the stacks of the threads a verdict blames, read from
+//! the target's memory with py-spy (as `py-spy dump --nonblocking` does:
+//! the process is never paused; a stack read while it runs can be slightly
+//! inconsistent). Needs what `process_vm_readv` needs (root, or
+//! CAP_SYS_PTRACE); works across mount namespaces (py-spy reads the
+//! interpreter through /proc/PID/root).
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+
+/// One Python frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PyFrame {
+    pub function: String,
+    /// As py-spy shortens it (relative to its sys.path entry), else whole.
+    pub file: String,
+    pub line: i32,
+    /// Not the interpreter's nor an installed package's: the job's own code.
+    pub own: bool,
+}
+
+/// A thread's Python stack, innermost frame first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PyStack {
+    pub pid: u32,
+    pub tid: u32,
+    /// The thread's role in the verdict ("trainer main thread", "worker").
+    pub what: String,
+    pub frames: Vec<PyFrame>,
+}
+
+impl PyStack {
+    /// "Event.wait (threading.py:629) ← train_step (train.py:29)": the
+    /// innermost frames down to the first of the job's own code.
+    pub fn line(&self) -> String {
+        let own = self.frames.iter().position(|f| f.own);
+        let mut shown: Vec<&PyFrame> = self.frames.iter().take(2).collect();
+        if let Some(i) = own {
+            if i >= 2 {
+                shown.push(&self.frames[i]);
+            }
+        }
+        let mut parts: Vec<String> =
+            shown.iter().map(|f| format!("{} ({}:{})", f.function, f.file, f.line)).collect();
+        if own.is_some_and(|i| i > 2) {
+            parts.insert(2, "…".into());
+        }
+        parts.join(" ← ")
+    }
+}
+
+/// Reads Python stacks, keeping one reader per process (finding the
+/// interpreter is the costly part) and bounding how often and how long.
+pub struct PyStacks {
+    spies: HashMap<u32, py_spy::PythonSpy>,
+    /// Why a process's stacks cannot be read (told once).
+    notes: HashMap<u32, String>,
+    last: Option<Instant>,
+}
+
+/// At most one live read per this long.
+pub const LIVE_EVERY: Duration = Duration::from_secs(5);
+
+impl Default for PyStacks {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PyStacks {
+    pub fn new() -> Self {
+        Self { spies: HashMap::new(), notes: HashMap::new(), last: None }
+    }
+
+    /// Whether a live read is due: at most one per `every` (the live
+    /// view's is [`LIVE_EVERY`]).
+    pub fn due(&self, every: Duration) -> bool {
+        self.last.is_none_or(|t| t.elapsed() >= every)
+    }
+
+    /// The stacks of `threads` (pid, tid, what), and one note per process
+    /// whose stacks cannot be read.
+    pub fn read(&mut self, threads: &[(u32, u32, String)]) -> (Vec<PyStack>, Vec<String>) {
+        self.last = Some(Instant::now());
+        let mut by_pid: HashMap<u32, Vec<(u32, &str)>> = HashMap::new();
+        for (pid, tid, what) in threads {
+            by_pid.entry(*pid).or_default().push((*tid, what.as_str()));
+        }
+        let mut pids: Vec<u32> = by_pid.keys().copied().collect();
+        pids.sort_unstable();
+        let (mut stacks, mut notes) = (Vec::new(), Vec::new());
+        for pid in pids {
+            match self.traces(pid) {
+                Ok(traces) => {
+                    for &(tid, what) in &by_pid[&pid] {
+                        let t =
+                            traces.iter().find(|t| t.os_thread_id == Some(u64::from(tid))).or_else(|| {
+                                // Before Python 3.11 py-spy cannot name OS threads
+                                // (without libunwind): a lone thread is the one.
+                                (traces.len() == 1 && tid == pid).then(|| &traces[0])
+                            });
+                        if let Some(t) = t {
+                            stacks.push(PyStack { pid, tid, what: what.to_string(), frames: frames(t) });
+                        }
+                    }
+                }
+                Err(note) if note.is_empty() => {}
+                Err(note) => notes.push(note),
+            }
+        }
+        (stacks, notes)
+    }
+
+    fn traces(&mut self, pid: u32) -> Result<Vec<py_spy::StackTrace>, String> {
+        if let Some(n) = self.notes.get(&pid) {
+            return Err(n.clone());
+        }
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.spies.entry(pid) {
+            let config = py_spy::Config {
+                blocking: py_spy::config::LockingStrategy::NonBlocking,
+                native: false,
+                ..Default::default()
+            };
+            match py_spy::PythonSpy::new(pid as py_spy::Pid, &config) {
+                Ok(spy) => {
+                    slot.insert(spy);
+                }
+                Err(e) => return Err(self.note(pid, &e.to_string())),
+            }
+        }
+        let spy = self.spies.get_mut(&pid).expect("inserted above");
+        spy.get_stack_traces().map_err(|e| e.to_string()).map_err(|e| {
+            self.spies.remove(&pid);
+            self.note(pid, &e)
+        })
+    }
+
+    /// The note for a process whose stacks cannot be read (remembered: it
+    /// is not tried again), or "" for one that has ended.
+    fn note(&mut self, pid: u32, error: &str) -> String {
+        // Ended (or ending: a zombie): no stack to show, no note needed.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next());
+        if state.is_none_or(|s| s == 'Z' || s == 'X') {
+            return String::new();
+        }
+        let note = format!("Python stacks of pid {pid}: {}", why_not(pid, error));
+        self.notes.insert(pid, note.clone());
+        note
+    }
+
+    /// Forgets processes that are gone.
+    pub fn retain(&mut self, alive: impl Fn(u32) -> bool) {
+        self.spies.retain(|p, _| alive(*p));
+        self.notes.retain(|p, _| alive(*p));
+    }
+}
+
+/// Why `pid`'s stacks cannot be read, in words a person can act on, from
+/// py-spy's `error`.
+fn why_not(pid: u32, error: &str) -> String {
+    if error.contains("Permission denied") || error.contains("Operation not permitted") {
+        return "permission denied (needs root or CAP_SYS_PTRACE, and no seccomp or LSM policy against \
+                reading another process's memory)"
+            .into();
+    }
+    match std::fs::read_link(format!("/proc/{pid}/exe")) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            "permission denied (needs root or CAP_SYS_PTRACE)".into()
+        }
+        Ok(path) => {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if name.starts_with("python") {
+                format!("{name}: {}", one_line(error))
+            } else {
+                format!("not a Python process ({name})")
+            }
+        }
+        Err(_) => one_line(error),
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn frames(t: &py_spy::StackTrace) -> Vec<PyFrame> {
+    t.frames
+        .iter()
+        .map(|f| PyFrame {
+            function: f.name.clone(),
+            file: f.short_filename.clone().unwrap_or_else(|| f.filename.clone()),
+            line: f.line,
+            own: is_own(&f.filename),
+        })
+        .collect()
+}
+
+/// The job's own code: not the standard library, not an installed package,
+/// not frozen or generated.
+fn is_own(filename: &str) -> bool {
+    !(filename.starts_with('<')
+        || filename.contains("/site-packages/")
+        || filename.contains("/dist-packages/")
+        || filename.contains("/lib/python3")
+        || filename.contains("/lib64/python3")
+        || filename.contains("/lib/python2"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(function: &str, file: &str, line: i32) -> PyFrame {
+        PyFrame { function: function.into(), file: file.into(), line, own: is_own(file) }
+    }
+
+    #[test]
+    fn the_line_shows_the_innermost_frames_and_the_jobs_own() {
+        let s = PyStack {
+            pid: 1,
+            tid: 1,
+            what: "trainer main thread".into(),
+            frames: vec![
+                f("wait", "/usr/lib/python3.11/threading.py", 327),
+                f("wait", "/usr/lib/python3.11/threading.py", 629),
+                f("_get_data", "/opt/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 1295),
+                f("train_step", "/home/me/train.py", 29),
+                f("<module>", "/home/me/train.py", 40),
+            ],
+        };
+        assert_eq!(
+            s.line(),
+            "wait (/usr/lib/python3.11/threading.py:327) ← wait (/usr/lib/python3.11/threading.py:629) ← … ← \
+             train_step (/home/me/train.py:29)"
+        );
+        let short = PyStack { frames: s.frames[3..].to_vec(), ..s.clone() };
+        assert_eq!(short.line(), "train_step (/home/me/train.py:29) ← <module> (/home/me/train.py:40)");
+    }
+
+    #[test]
+    fn a_non_python_process_gets_one_note() {
+        let mut p = PyStacks::new();
+        let me = std::process::id();
+        let (stacks, notes) = p.read(&[(me, me, "trainer main thread".into())]);
+        assert!(stacks.is_empty());
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].starts_with(&format!("Python stacks of pid {me}: ")), "{notes:?}");
+        // Asked again, the same note, without trying again.
+        let (_, again) = p.read(&[(me, me, "x".into())]);
+        assert_eq!(again, notes);
+    }
+}

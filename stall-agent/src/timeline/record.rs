@@ -1,0 +1,105 @@
+//! The timeline of a `run`/`attach` session: switch records in, the job's
+//! ticks and report alongside, files out.
+use std::{
+    fs::File,
+    io::{BufWriter, Write},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result};
+
+use super::{render_svg, Names, Timeline};
+use crate::{
+    clock::ClockSnapshot,
+    decode::{Event, JobEvent},
+    job::{GpuFleet, Report, Tick},
+};
+
+pub struct Recording {
+    timeline: Timeline<Box<dyn Write>>,
+    svg: Option<PathBuf>,
+}
+
+impl Recording {
+    /// Creates the files (a path that cannot be written fails here, before
+    /// anything is attached). `trace`: the Chrome trace, gzip'd if it ends
+    /// in `.gz`; `svg`: the picture.
+    pub fn create(trace: Option<&Path>, svg: Option<&Path>, origin_ns: u64) -> Result<Self> {
+        let out: Box<dyn Write> = match trace {
+            None => Box::new(std::io::sink()),
+            Some(p) => {
+                let f = File::create(p).with_context(|| format!("creating the timeline {}", p.display()))?;
+                if p.extension().is_some_and(|e| e == "gz") {
+                    Box::new(flate2::write::GzEncoder::new(BufWriter::new(f), flate2::Compression::default()))
+                } else {
+                    Box::new(BufWriter::new(f))
+                }
+            }
+        };
+        if let Some(p) = svg {
+            File::create(p).with_context(|| format!("creating the timeline picture {}", p.display()))?;
+        }
+        let real = ClockSnapshot::now().mono_to_realtime_ns(origin_ns);
+        Ok(Self { timeline: Timeline::new(out, origin_ns, real)?, svg: svg.map(Path::to_path_buf) })
+    }
+
+    /// Takes the switch records out of `events` (the rest is the job's;
+    /// exits end their thread's last slice).
+    pub fn take_switches(&mut self, events: &mut Vec<JobEvent>) -> Result<()> {
+        let mut err = Ok(());
+        events.retain(|(_, ev)| {
+            let (keep, r) = match ev {
+                Event::Switch(s) => (false, self.timeline.switch(s)),
+                Event::Exit { ts, tid, .. } => (true, self.timeline.exit(*tid, *ts)),
+                _ => (true, Ok(())),
+            };
+            if err.is_ok() {
+                err = r;
+            }
+            keep
+        });
+        Ok(err?)
+    }
+
+    /// One interval: each process's file reads, the GPU samples, the verdict.
+    pub fn tick(&mut self, tick: &Tick, gpus: &GpuFleet) -> Result<()> {
+        let w = &tick.interval;
+        for p in &w.procs {
+            let files: Vec<(String, u64)> =
+                p.files.iter().filter(|f| f.read_bytes > 0).map(|f| (f.path.clone(), f.read_bytes)).collect();
+            self.timeline.reads(p.tgid, w.start_ns, w.end_ns, &files)?;
+        }
+        for g in &gpus.tracks {
+            for (ts, util) in g.samples(w.start_ns, w.end_ns) {
+                self.timeline.gpu(g.index, ts, util)?;
+            }
+        }
+        for g in &tick.interval_gpus {
+            if let Some(watts) = g.power_w {
+                self.timeline.gpu_power(g.index, w.end_ns, watts)?;
+            }
+        }
+        self.timeline.verdict(w.end_ns, tick.verdict.kind.as_str(), &tick.verdict.summary)?;
+        Ok(())
+    }
+
+    /// Ends the trace at `end_ns`, tracks named after the report's roles;
+    /// writes the picture.
+    pub fn finish(mut self, report: &Report, end_ns: u64, title: &str) -> Result<()> {
+        let mut names = Names::default();
+        for p in &report.summary.procs {
+            names.processes.insert(p.tgid, (p.comm.clone(), report.roles.of(p.tgid).as_str().to_string()));
+            for t in &p.threads {
+                names.threads.insert(t.tid, t.comm.clone());
+            }
+        }
+        self.timeline.lost = report.summary.lost[stall_common::counter::LOST_RINGBUF as usize];
+        let picture = self.timeline.finish(end_ns, &names).context("writing the timeline")?;
+        if let Some(path) = &self.svg {
+            let title = format!("{title} — {}", report.verdict.kind.as_str());
+            std::fs::write(path, render_svg(&picture, &title))
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,162 @@
+//! `--timeline`: the Chrome trace and the SVG of ground-truth workloads.
+use std::{path::Path, time::Duration};
+
+use serde_json::{json, Value};
+use stall_tests::*;
+
+const T: Duration = Duration::from_secs(120);
+
+fn trace(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).expect("the timeline is JSON")
+}
+
+/// Seconds of `tid`'s slices named `name`.
+fn slice_secs(v: &Value, tid: u64, name: &str) -> f64 {
+    v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"] == tid && e["name"] == name)
+        .map(|e| e["dur"].as_f64().unwrap() / 1e6)
+        .sum()
+}
+
+/// What to look at when a thread's slices and the summary disagree.
+fn diagnosis(run: &Run, v: &Value, tid: u64) -> String {
+    let sum = run.summary();
+    let slices: Vec<String> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"] == tid)
+        .map(|e| format!("{}@{}+{}", e["name"].as_str().unwrap_or("?"), e["ts"], e["dur"]))
+        .collect();
+    format!(
+        "sched_gaps {} sched_repaired {} lost {} {}; thread {}; slices {}",
+        sum["sched_gaps"],
+        sum["sched_repaired"],
+        sum["lost_events"],
+        sum["lost_by_cause"],
+        run.thread(tid),
+        slices.join(" ")
+    )
+}
+
+/// The waits workload: a futex thread, a poll thread and a burner, with
+/// their own measured times; every slice well formed, and each thread's
+/// slices adding up to the JSON summary's numbers.
+#[test]
+fn slices_match_ground_truth_and_the_summary() {
+    require_root();
+    let s = Scratch::new("timeline");
+    let truth_path = s.path("truth.json");
+    let tl = s.path("trace.json");
+    let svg = s.path("trace.svg");
+    let run = stall(
+        &[
+            "run",
+            "--timeline",
+            tl.to_str().unwrap(),
+            "--timeline-svg",
+            svg.to_str().unwrap(),
+            "--",
+            python(),
+            jobs_py().to_str().unwrap(),
+            "waits",
+            "2.0",
+        ],
+        &[("TRUTH", &truth_path)],
+        T,
+    );
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    let v = trace(&tl);
+    for e in v["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X") {
+        for k in ["pid", "tid", "ts", "dur"] {
+            assert!(e[k].is_number(), "{k} in {e}");
+        }
+    }
+    let tid = |k: &str| t[k].as_u64().unwrap();
+    assert_close("futex slices", slice_secs(&v, tid("futex_tid"), "futex"), secs(&t["futex_s"]), 0.05);
+    assert_close("poll slices", slice_secs(&v, tid("poll_tid"), "poll"), secs(&t["poll_s"]), 0.05);
+    let burner = tid("burn_tid");
+    assert_close(
+        "burner on-cpu + runqueue slices vs its wall time",
+        slice_secs(&v, burner, "on-cpu") + slice_secs(&v, burner, "runqueue"),
+        secs(&t["burn_wall_s"]),
+        0.05,
+    );
+    // Each thread's slices against the summary's own numbers.
+    for k in ["futex_tid", "poll_tid", "burn_tid"] {
+        let th = run.thread(tid(k));
+        let on = slice_secs(&v, tid(k), "on-cpu");
+        let want = secs(&th["on_cpu_s"]);
+        // Both are the kernel's own counter; a thread's last slice ends at
+        // its exit event's timestamp, and microseconds are 2 % of a thread
+        // on CPU for a millisecond.
+        if want > 0.05 {
+            assert_close(&format!("{k} on-cpu slices vs summary"), on, want, 0.02);
+        } else {
+            assert!(
+                (on - want).abs() < 0.001,
+                "{k} on-cpu slices {on:.6} vs summary {want:.6}; {}",
+                diagnosis(&run, &v, tid(k))
+            );
+        }
+        for reason in ["futex", "poll", "runqueue"] {
+            let want = secs(&th["off_cpu_by_reason"][reason]);
+            if want > 0.05 {
+                assert_close(
+                    &format!("{k} {reason} slices vs summary"),
+                    slice_secs(&v, tid(k), reason),
+                    want,
+                    0.02,
+                );
+            }
+        }
+    }
+    assert_eq!(v["metadata"]["capped_at_us"], Value::Null);
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        picture.starts_with("<svg") && picture.contains("futexer") && picture.contains("burner"),
+        "{picture}"
+    );
+}
+
+/// A process's file reads appear with their paths (a reader forked after
+/// 1.5 s, so the GPU is sampled a few times), and a scripted GPU has its
+/// counter tracks; a `.gz` name gives gzip.
+#[test]
+fn reads_and_the_gpu_have_their_tracks() {
+    require_root();
+    let s = Scratch::new("timeline-gpu");
+    let data = s.file("shard.bin", 3_000_017);
+    let truth_path = s.path("truth.json");
+    let tl = s.path("trace.json.gz");
+    let gpu = ScriptedGpu::new(&json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
+        "phases": [{"util_pct": 40, "power_mw": 300_000}]}]}));
+    let mut c = gpu.command("run");
+    c.args(["-q", "--timeline", tl.to_str().unwrap(), "--", python(), jobs_py().to_str().unwrap()])
+        .args(["idle-then-read", data.to_str().unwrap(), "1.5"])
+        .env("TRUTH", &truth_path);
+    let out = run_with_timeout(c, T);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let gz = std::fs::read(&tl).unwrap();
+    assert_eq!(&gz[..2], &[0x1f, 0x8b], "gzip");
+    let text =
+        String::from_utf8(std::process::Command::new("gzip").arg("-dc").arg(&tl).output().unwrap().stdout)
+            .unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let ev = v["traceEvents"].as_array().unwrap();
+    let reads: Vec<&Value> = ev.iter().filter(|e| e["cat"] == "reads").collect();
+    assert!(
+        reads.iter().any(|e| e["args"]["files"].as_object().unwrap().contains_key(data.to_str().unwrap())),
+        "no read slice names {}: {reads:?}",
+        data.display()
+    );
+    let total: u64 = reads.iter().filter_map(|e| e["args"]["files"][data.to_str().unwrap()].as_u64()).sum();
+    assert_eq!(total, 3_000_017, "the file's bytes over the read slices");
+    assert!(ev.iter().any(|e| e["ph"] == "C" && e["name"] == "GPU0 utilization %"), "no GPU counter track");
+    assert!(ev.iter().any(|e| e["ph"] == "C" && e["name"] == "GPU0 power W"), "no GPU power track");
+    assert!(ev.iter().any(|e| e["ph"] == "i" && e["name"].as_str().unwrap().starts_with("verdict: ")));
+}
