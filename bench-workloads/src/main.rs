@@ -8,6 +8,7 @@
 //! ```text
 //! bench-wl pread     --file F --out O [--ops N] [--rate R] [--secs S] [--threads T] [--ready-file P] [--stop-file P]
 //! bench-wl openclose --file F --out O [--secs S] [--rate R]
+//! bench-wl getppid   --ops N --out O
 //! bench-wl loader    --files A,B,C,D --passes P --out O
 //! bench-wl futex     --iters N --out O
 //! bench-wl fork      --n N --out O
@@ -39,7 +40,7 @@ type Res<T> = Result<T, String>;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = args.split_first() else {
-        eprintln!("usage: bench-wl pread|openclose|loader|futex|fork|rusage ... (see the source)");
+        eprintln!("usage: bench-wl pread|openclose|getppid|loader|futex|fork|rusage ... (see the source)");
         return ExitCode::from(2);
     };
     let r = match cmd.as_str() {
@@ -52,6 +53,7 @@ fn main() -> ExitCode {
         _ => Opts::parse(rest).and_then(|o| {
             let line = match cmd.as_str() {
                 "pread" => pread(&o),
+                "getppid" => getppid(&o),
                 "openclose" => openclose(&o),
                 "loader" => loader(&o),
                 "futex" => futex(&o),
@@ -166,6 +168,18 @@ impl Pacer {
             thread::sleep(Duration::from_micros(1000));
         }
     }
+}
+
+/// `getppid` in a loop: a syscall no hook of stall's is on, for what the
+/// syscall hooks cost a process that makes other calls.
+fn getppid(o: &Opts) -> Res<String> {
+    let ops = o.num::<u64>("ops")?.ok_or("--ops is required")?;
+    let start = Instant::now();
+    for _ in 0..ops {
+        // The raw syscall: glibc might answer from a cache one day.
+        unsafe { libc::syscall(libc::SYS_getppid) };
+    }
+    Ok(result(ops, start.elapsed(), ""))
 }
 
 /// 4 KiB `pread`s walking a (cached) file, optionally paced and threaded.

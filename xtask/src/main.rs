@@ -67,6 +67,11 @@ enum Task {
         /// Use the binaries already in target/release
         #[arg(long)]
         no_build: bool,
+        /// Instead: the syscall hooks' backends (trampolines, raw tracepoints)
+        /// side by side in QEMU on this kernel (repeatable: 6.1, 6.12, a package
+        /// or a vmlinuz); writes docs/BACKENDS.md
+        #[arg(long, value_name = "KERNEL")]
+        vm: Vec<String>,
     },
     /// Soak `stall daemon`: jobs start and stop for MINUTES; memory must stay
     /// flat and nothing may stay loaded after SIGTERM (needs root)
@@ -105,7 +110,11 @@ fn run(task: Task) -> Result<()> {
         Task::Test { no_lint, args } => test::run(&args, no_lint),
         Task::Demo { args } => demo::run(&args),
         Task::Soak { minutes } => soak::run(minutes),
-        Task::Bench { quick, runs, no_build } => bench::run(&bench::Options { quick, runs, no_build }),
+        Task::Bench { quick, runs, vm, .. } if !vm.is_empty() => {
+            let ops = if quick { 50_000 } else { 200_000 };
+            vm::hooks_bench::run(&vm, runs.unwrap_or(if quick { 3 } else { 5 }), ops)
+        }
+        Task::Bench { quick, runs, no_build, .. } => bench::run(&bench::Options { quick, runs, no_build }),
         Task::IntegrationTest { target } => vm::run_cli(target),
         Task::GpuCheck { out } => gpu_check::run(out.as_deref()),
     }

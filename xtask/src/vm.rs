@@ -6,6 +6,7 @@
 //! line on the serial console. The host kernel runs the same binaries
 //! natively, so the table compares like with like.
 
+pub mod hooks_bench;
 mod initramfs;
 mod kernel;
 mod native;
@@ -124,7 +125,7 @@ fn run_vms(stall: &Path, tests: &[TestBin], opts: &VmArgs, host: Option<Row>) ->
     };
     let kernels = kernel::resolve_all(&specs, &dir.join("kernels"))?;
     let nvml = build::nvml_script_next_to(stall)?;
-    let initramfs = initramfs::build(&dir, stall, &nvml, tests, &VM_SKIP, &kernels)?;
+    let initramfs = initramfs::build(&dir, stall, &nvml, tests, &VM_SKIP, &kernels, &[])?;
     let harness = qemu::harness_args(&opts.args);
     let mut rows: Vec<Row> = host.into_iter().collect();
     for k in &kernels {

@@ -20,7 +20,7 @@ use aya::{
     Btf, Ebpf,
 };
 
-use super::{attached_program, load_err, program, tracefs::Tracefs, CaptureError};
+use super::{attached_program, load_err, program, tracefs::Tracefs, verifier_reason, CaptureError};
 
 /// Which backend to use (`--syscall-hooks`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -287,14 +287,14 @@ fn detach_one(ebpf: &mut Ebpf, prog: &str, link: Link) -> Result<(), CaptureErro
 }
 
 /// The kernel's answer on one line: aya's message (without its causes,
-/// which repeat it), and the verifier's last word if it said any.
+/// which repeat it), and the verifier's reason if it gave one.
 fn chain(e: &dyn std::error::Error) -> String {
     let text = e.to_string();
     let Some((head, log)) = text.split_once(". Verifier output:") else {
         return text.lines().next().unwrap_or_default().to_string();
     };
-    match log.lines().rev().map(str::trim).find(|l| !l.is_empty()) {
-        Some(last) => format!("{head} (verifier: {last})"),
+    match verifier_reason(log) {
+        Some(reason) => format!("{head} (verifier: {reason})"),
         None => head.to_string(),
     }
 }

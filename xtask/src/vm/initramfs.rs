@@ -25,6 +25,9 @@ use super::{create_parent, require_file, TestBin};
 use crate::cmd;
 
 const INIT: &str = include_str!("init.sh");
+/// What /init runs instead of the tests for `cargo xtask bench --vm`.
+const BENCH_HOOKS: &str = include_str!("bench-hooks.sh");
+const GUEST_BENCH_HOOKS: &str = "stall/bench-hooks.sh";
 const BUSYBOX: &str = "/bin/busybox";
 const PYTHON: &str = "/usr/bin/python3";
 /// Host programs the tests run besides stall and Python, and their Debian
@@ -90,7 +93,7 @@ const PY_SKIP_MODULES: [&str; 12] = [
 
 /// Writes target/vm/initramfs.cpio from a staging tree in target/vm/root
 /// and returns its path. `skip` lists the tests /init leaves out, as
-/// (binary, test name).
+/// (binary, test name); `extra` more programs, as (host path, guest path).
 pub fn build(
     vm_dir: &Path,
     stall: &Path,
@@ -98,12 +101,16 @@ pub fn build(
     tests: &[TestBin],
     skip: &[(&str, &str)],
     kernels: &[Kernel],
+    extra: &[(&Path, &str)],
 ) -> Result<PathBuf> {
     let start = Instant::now();
     let stage = Stage::fresh(vm_dir.join("root"))?;
     stage.busybox()?;
     let mut elves = stage.stall_and_tests(stall, tests, skip)?;
     elves.push(stage.program(nvml_script, GUEST_NVML_SCRIPT, true)?);
+    for (host, guest) in extra {
+        elves.push(stage.program(host, guest, true)?);
+    }
     for (tool, package) in HOST_TOOLS {
         require_file(Path::new(tool), package)?;
         elves.push(stage.program(Path::new(tool), tool, false)?);
@@ -122,6 +129,7 @@ pub fn build(
         stage.write(file, text.to_string(), false)?;
     }
     stage.write("init", INIT.to_string(), true)?;
+    stage.write(GUEST_BENCH_HOOKS, BENCH_HOOKS.to_string(), true)?;
     let cpio = vm_dir.join("initramfs.cpio");
     write_cpio(&stage.root, &cpio)?;
     let size = fs::metadata(&cpio).with_context(|| format!("reading {}", cpio.display()))?.len();
