@@ -486,14 +486,18 @@ pub mod hook {
     pub const DUP: u8 = 7;
     /// fcntl: a dup for `F_DUPFD` and `F_DUPFD_CLOEXEC`.
     pub const FCNTL: u8 = 8;
-    /// Reads from the descriptor in argument 1 (sendfile's in_fd).
-    pub const READ_ARG1: u8 = 9;
+    /// sendfile(out_fd, in_fd, ...): a read of argument 1 and a write of
+    /// argument 0.
+    pub const SENDFILE: u8 = 9;
+    /// splice(fd_in, off_in, fd_out, ...), copy_file_range(fd_in, off_in,
+    /// fd_out, ...): a read of argument 0 and a write of argument 2.
+    pub const COPY: u8 = 11;
 
     /// The hooks whose exit completes what `inflight` kind `k` began.
     #[inline(always)]
     pub fn completes(hooked: u8, k: u32) -> bool {
         match k {
-            super::inflight::READ => hooked == READ || hooked == READ_ARG1,
+            super::inflight::READ => matches!(hooked, READ | SENDFILE | COPY),
             super::inflight::WRITE => hooked == WRITE,
             super::inflight::OPEN => matches!(hooked, OPENAT | OPEN | CREAT | OPENAT2),
             super::inflight::DUP => hooked == DUP || hooked == FCNTL,

@@ -3,8 +3,9 @@
 //! (dup, dup2, dup3, fcntl F_DUPFD) copies it, the read family (read,
 //! pread64, readv, preadv, preadv2, and sendfile, splice, copy_file_range
 //! from it) counts bytes, calls and latency on it, the write family (write,
-//! pwrite64, writev, pwritev, pwritev2) bytes and calls (progress signals:
-//! a log or a checkpoint growing), `close` retires it.
+//! pwrite64, writev, pwritev, pwritev2, and sendfile, splice,
+//! copy_file_range into it) bytes and calls (progress signals: a log or a
+//! checkpoint growing), `close` retires it.
 //!
 //! Two backends feed the same `enter`/`exit` below; they differ only in how
 //! they learn the syscall, its registers and its return value. This file's
@@ -66,7 +67,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     let regs: u64 = ctx.arg(0);
     if let Some(s) = tracked_slot(&cfg, regs) {
         let hooked = hook_of(reg(regs, cfg.regs.nr).unwrap_or(u64::MAX) as i64);
-        exit(&cfg, s, hooked, ctx.arg(1));
+        exit(&cfg, s, hooked, regs, ctx.arg(1));
     }
     0
 }
@@ -84,8 +85,8 @@ pub(crate) fn enter(cfg: &Config, s: &mut CpuSlot, what: u8, regs: u64) {
     };
     s.events += 1;
     match what {
-        hook::READ => reading(s, cfg, arg0 as i32),
-        hook::READ_ARG1 => reading(s, cfg, reg(regs, r.arg1).unwrap_or(u64::MAX) as i32),
+        hook::READ | hook::COPY => reading(s, cfg, arg0 as i32),
+        hook::SENDFILE => reading(s, cfg, reg(regs, r.arg1).unwrap_or(u64::MAX) as i32),
         hook::OPENAT => {
             let flags = reg(regs, r.arg2).unwrap_or(0) as u32;
             opening(s, arg0 as i32, reg(regs, r.arg1).unwrap_or(0), flags);
@@ -116,9 +117,10 @@ pub(crate) fn enter(cfg: &Config, s: &mut CpuSlot, what: u8, regs: u64) {
 
 /// What the return of a hooked syscall does: counts what `enter` recorded
 /// with the syscall's return value `ret`. `hooked` is the `hook` kind of
-/// the syscall returning. Shared by both backends.
+/// the syscall returning, `regs` its saved registers. Shared by both
+/// backends.
 #[inline(always)]
-pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, hooked: u8, ret: i64) {
+pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, hooked: u8, regs: u64, ret: i64) {
     let what = inflight::kind(s.inflight, s.gen);
     if what == inflight::NONE {
         s.inflight = inflight::NONE;
@@ -134,7 +136,18 @@ pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, hooked: u8, ret: i64) {
     s.events += 1;
     if what == inflight::READ {
         let lat = if s.inflight_ts != 0 { Some(now().saturating_sub(s.inflight_ts)) } else { None };
-        count_read(s, if ret > 0 { ret as u64 } else { 0 }, lat);
+        let bytes = if ret > 0 { ret as u64 } else { 0 };
+        count_read(s, bytes, lat);
+        // What sendfile, splice and copy_file_range read, they wrote.
+        let out = match hooked {
+            hook::SENDFILE => reg(regs, cfg.regs.arg0),
+            hook::COPY => reg(regs, cfg.regs.arg2),
+            _ => None,
+        };
+        if let Some(out) = out {
+            s.inflight_fd = out as i32;
+            count_write(s, bytes);
+        }
     } else if what == inflight::WRITE {
         count_write(s, if ret > 0 { ret as u64 } else { 0 });
     } else if what == inflight::OPEN {

@@ -27,7 +27,7 @@ use aya_ebpf::{
     macros::{fentry, fexit},
     programs::{FEntryContext, FExitContext},
 };
-use stall_common::hook;
+use stall_common::{hook, Config, CpuSlot};
 
 use crate::{
     config,
@@ -35,42 +35,15 @@ use crate::{
     syscalls::{enter, exit},
 };
 
-/// Entry of a hooked function: `regs` is its `struct pt_regs *` argument.
+/// Runs `f` on the current task's slot when the task is tracked; `regs` is
+/// the hooked function's `struct pt_regs *` argument.
 #[inline(always)]
-fn on_entry(regs: u64, what: u8) -> i32 {
+fn on_tracked(regs: u64, f: impl FnOnce(&Config, &mut CpuSlot)) -> i32 {
     let cfg = config();
-    if cfg.floor != 0 {
-        return 0;
-    }
-    if let Some(s) = tracked_slot(&cfg, regs) {
-        enter(&cfg, s, what, regs);
-    }
-    0
-}
-
-/// Return of a function whose entry ran `on_entry` with `what`.
-#[inline(always)]
-fn on_exit(regs: u64, ret: i64, what: u8) -> i32 {
-    let cfg = config();
-    if cfg.floor != 0 {
-        return 0;
-    }
-    if let Some(s) = tracked_slot(&cfg, regs) {
-        exit(&cfg, s, what, ret);
-    }
-    0
-}
-
-/// Return of a function hooked at its exit only: its entry and exit at once.
-#[inline(always)]
-fn on_return(regs: u64, ret: i64, what: u8) -> i32 {
-    let cfg = config();
-    if cfg.floor != 0 {
-        return 0;
-    }
-    if let Some(s) = tracked_slot(&cfg, regs) {
-        enter(&cfg, s, what, regs);
-        exit(&cfg, s, what, ret);
+    if cfg.floor == 0 {
+        if let Some(s) = tracked_slot(&cfg, regs) {
+            f(&cfg, s);
+        }
     }
     0
 }
@@ -79,7 +52,8 @@ macro_rules! entries {
     ($($name:ident => $what:expr),* $(,)?) => {$(
         #[fentry]
         pub fn $name(ctx: FEntryContext) -> i32 {
-            on_entry(ctx.arg(0), $what)
+            let regs: u64 = ctx.arg(0);
+            on_tracked(regs, |cfg, s| enter(cfg, s, $what, regs))
         }
     )*};
 }
@@ -89,7 +63,8 @@ macro_rules! exits {
         #[fexit]
         pub fn $name(ctx: FExitContext) -> i32 {
             // One argument: the return value is the next slot.
-            on_exit(ctx.arg(0), ctx.arg(1), $what)
+            let (regs, ret): (u64, i64) = (ctx.arg(0), ctx.arg(1));
+            on_tracked(regs, |cfg, s| exit(cfg, s, $what, regs, ret))
         }
     )*};
 }
@@ -98,7 +73,12 @@ macro_rules! returns {
     ($($name:ident => $what:expr),* $(,)?) => {$(
         #[fexit]
         pub fn $name(ctx: FExitContext) -> i32 {
-            on_return(ctx.arg(0), ctx.arg(1), $what)
+            // Hooked at its exit only: its entry and exit at once.
+            let (regs, ret): (u64, i64) = (ctx.arg(0), ctx.arg(1));
+            on_tracked(regs, |cfg, s| {
+                enter(cfg, s, $what, regs);
+                exit(cfg, s, $what, regs, ret);
+            })
         }
     )*};
 }
@@ -110,9 +90,9 @@ entries! {
     fentry_readv => hook::READ,
     fentry_preadv => hook::READ,
     fentry_preadv2 => hook::READ,
-    fentry_sendfile => hook::READ_ARG1,
-    fentry_splice => hook::READ,
-    fentry_cfr => hook::READ,
+    fentry_sendfile => hook::SENDFILE,
+    fentry_splice => hook::COPY,
+    fentry_cfr => hook::COPY,
     fentry_close => hook::CLOSE,
 }
 
@@ -122,9 +102,9 @@ exits! {
     fexit_readv => hook::READ,
     fexit_preadv => hook::READ,
     fexit_preadv2 => hook::READ,
-    fexit_sendfile => hook::READ_ARG1,
-    fexit_splice => hook::READ,
-    fexit_cfr => hook::READ,
+    fexit_sendfile => hook::SENDFILE,
+    fexit_splice => hook::COPY,
+    fexit_cfr => hook::COPY,
 }
 
 returns! {

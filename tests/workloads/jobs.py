@@ -615,8 +615,9 @@ def job_read_paths(args):
     read family: open(2), openat2(2) and creat(2) by raw syscall; reads
     through dup, dup2, dup3 and fcntl(F_DUPFD) copies of a descriptor
     (the original closed first for one); sendfile, copy_file_range and
-    splice from files. Each file is read by one path, in odd amounts.
-    Writes per path the bytes read (or written, for creat's)."""
+    splice from files (sendfile and copy_file_range into a sink file,
+    splice into a pipe). Each file is read by one path, in odd amounts.
+    Writes per path the bytes read, or written (creat's file, the sink)."""
     d = args[0]
     truth = {"pid": os.getpid(), "read": {}, "written": {}}
     sys_open, sys_creat, sys_openat2 = 2, 85, 437
@@ -679,7 +680,9 @@ def job_read_paths(args):
         os.close(c)
     truth["read"][p] = n
 
-    sink = os.open(os.path.join(d, "sink.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    # What sendfile and copy_file_range read, they write to the sink.
+    sink_path = os.path.join(d, "sink.bin")
+    sink = os.open(sink_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     p = make("by-sendfile.bin", 30_013)
     fd = os.open(p, os.O_RDONLY)
@@ -690,6 +693,7 @@ def job_read_paths(args):
     fd = os.open(p, os.O_RDONLY)
     truth["read"][p] = until_eof(lambda: os.copy_file_range(fd, sink, 6_007))
     os.close(fd)
+    truth["written"][sink_path] = truth["read"][p] + truth["read"][os.path.join(d, "by-sendfile.bin")]
 
     p = make("by-splice.bin", 25_013)
     fd = os.open(p, os.O_RDONLY)
@@ -703,6 +707,8 @@ def job_read_paths(args):
         return k
 
     truth["read"][p] = until_eof(spliced)
+    # The pipe's side: written by splice, read back (IPC, not files).
+    truth["piped"] = truth["read"][p]
     for x in (fd, r, w, sink):
         os.close(x)
     write_truth(truth)

@@ -314,7 +314,7 @@ mod tests {
             let name = syscalls::name(i64::from(nr));
             let sides: Vec<Side> = TRAMPOLINES.iter().filter(|t| t.2 == name).map(|t| t.1).collect();
             let want = match what {
-                hook::READ | hook::READ_ARG1 => vec![Side::Entry, Side::Exit],
+                hook::READ | hook::SENDFILE | hook::COPY => vec![Side::Entry, Side::Exit],
                 hook::CLOSE => vec![Side::Entry],
                 _ => vec![Side::Exit],
             };

@@ -94,9 +94,10 @@ pub fn hook_table() -> Vec<(u32, u8)> {
             ("openat2", _) => Some((nr, hook::OPENAT2)),
             ("dup" | "dup2" | "dup3", _) => Some((nr, hook::DUP)),
             ("fcntl", _) => Some((nr, hook::FCNTL)),
-            // Reads of their source descriptor (a pipe's count as IPC).
-            ("splice" | "copy_file_range", _) => Some((nr, hook::READ)),
-            ("sendfile", _) => Some((nr, hook::READ_ARG1)),
+            // A read of their source descriptor (a pipe's counts as IPC)
+            // and a write of their destination.
+            ("splice" | "copy_file_range", _) => Some((nr, hook::COPY)),
+            ("sendfile", _) => Some((nr, hook::SENDFILE)),
             ("close", _) => Some((nr, hook::CLOSE)),
             _ => None,
         })
@@ -165,8 +166,9 @@ mod tests {
         assert_eq!(by_nr(hook::OPENAT2), [437]);
         assert_eq!(by_nr(hook::DUP), [32, 33, 292]);
         assert_eq!(by_nr(hook::FCNTL), [72]);
-        assert_eq!(by_nr(hook::READ), [0, 17, 19, 275, 295, 326, 327]);
-        assert_eq!(by_nr(hook::READ_ARG1), [40]);
+        assert_eq!(by_nr(hook::READ), [0, 17, 19, 295, 327]);
+        assert_eq!(by_nr(hook::COPY), [275, 326]);
+        assert_eq!(by_nr(hook::SENDFILE), [40]);
         assert_eq!(hooks.len(), 22);
     }
 }
