@@ -20,7 +20,9 @@ use aya::{
     Btf, Ebpf,
 };
 
-use super::{attached_program, load_err, program, tracefs::Tracefs, verifier_reason, CaptureError};
+use super::{
+    attached_program, btf::KernelBtf, load_err, program, tracefs::Tracefs, verifier_reason, CaptureError,
+};
 
 /// Which backend to use (`--syscall-hooks`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -139,12 +141,13 @@ impl Hooks {
         ebpf: &mut Ebpf,
         want: SyscallHooks,
         btf: Option<&Btf>,
+        kernel_btf: &KernelBtf,
         tracefs: &Tracefs,
         on_demand: bool,
     ) -> Result<Self, CaptureError> {
         let mut refused = None;
         if want != SyscallHooks::Tracepoint {
-            match trampolines(ebpf, btf) {
+            match trampolines(ebpf, btf, kernel_btf) {
                 Ok(links) => {
                     let mut hooks = Hooks { backend: Backend::Trampoline, refused: None, links };
                     if on_demand {
@@ -211,8 +214,28 @@ impl Hooks {
 
 /// Loads and attaches every trampoline program; on the first refusal,
 /// undoes what it did and says why.
-fn trampolines(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Result<Vec<(&'static str, Link)>, String> {
+fn trampolines(
+    ebpf: &mut Ebpf,
+    btf: Option<&Btf>,
+    kernel_btf: &KernelBtf,
+) -> Result<Vec<(&'static str, Link)>, String> {
     let btf = btf.ok_or("the kernel has no BTF (/sys/kernel/btf/vmlinux)")?;
+    // A wrapper whose prototype in BTF is not the one `struct pt_regs *`
+    // would be refused by the verifier (5.10's copy_file_range has no
+    // argument there): said before anything is loaded.
+    let funcs: Vec<String> = TRAMPOLINES.iter().map(|t| syscall_function(t.2)).collect();
+    let names: Vec<&str> = funcs.iter().map(String::as_str).collect();
+    for (func, params) in names.iter().zip(kernel_btf.func_params(&names)) {
+        match params {
+            Some(1) => {}
+            Some(n) => {
+                return Err(format!(
+                    "{func} takes {n} arguments in this kernel's BTF, not the saved registers"
+                ))
+            }
+            None => return Err(format!("this kernel's BTF has no function {func}")),
+        }
+    }
     let mut loaded = Vec::new();
     let mut links = Vec::new();
     let result = (|| {

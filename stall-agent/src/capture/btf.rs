@@ -35,6 +35,7 @@ const KIND_TYPEDEF: u32 = 8;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
 const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC: u32 = 12;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_VAR: u32 = 14;
 const KIND_DATASEC: u32 = 15;
@@ -213,6 +214,23 @@ impl KernelBtf {
         self.field(strukt, path).filter(|(_, n)| sizes.contains(n)).map(|(off, _)| off)
     }
 
+    /// How many parameters each of `names` takes by its prototype in BTF
+    /// (None: no such function), in the order given. One pass over the types.
+    pub fn func_params(&self, names: &[&str]) -> Vec<Option<u32>> {
+        let mut found = vec![None; names.len()];
+        for id in 1..=self.starts.len() as u32 {
+            let Some(h) = self.head(id) else { break };
+            if h.kind != KIND_FUNC {
+                continue;
+            }
+            let name = self.name(h.name_off);
+            if let Some(i) = names.iter().position(|n| n.as_bytes() == name) {
+                found[i] = self.head(h.size_or_type).filter(|p| p.kind == KIND_FUNC_PROTO).map(|p| p.vlen);
+            }
+        }
+        found
+    }
+
     /// Size of struct `name`.
     pub fn struct_size(&self, name: &str) -> Option<usize> {
         self.size(self.struct_id(name)?)
@@ -345,6 +363,14 @@ mod tests {
         assert_eq!((off.flags, off.mapping), (0, 24), "{off:?}");
         assert!(off.head_bit < 64 && off.ino > 0 && off.dev > 0, "{off:?}");
         assert!(btf.enumerator("PG_locked") == Some(0));
+    }
+
+    /// Function prototypes: the syscall wrappers take the saved registers.
+    #[test]
+    fn finds_function_parameters_on_this_kernel() {
+        let Ok(btf) = KernelBtf::open() else { return };
+        let got = btf.func_params(&["__x64_sys_read", "vfs_read", "no_such_function_here"]);
+        assert_eq!(got, [Some(1), Some(4), None]);
     }
 
     /// A hand-made blob: struct s { int a; union { long b; }; } with a

@@ -315,6 +315,7 @@ impl Capture {
             &mut ebpf,
             opts.syscall_hooks,
             btf.as_ref(),
+            &kernel_btf,
             &tracefs,
             opts.syscall_hooks_on_demand,
         )?;
