@@ -2,16 +2,18 @@
 //! process caused to be read from storage, per file, whether it read them
 //! with read() or touched them through a mapping (read-ahead included).
 //! The fill runs in the task that needs the data; what a write adds to the
-//! cache (the data being written) is not a read and is left out. Costs a
+//! cache (the data being written) is not a read and is left out: the task's
+//! syscall, from its saved registers, says whether it is writing, whichever
+//! syscall hooks are attached (none in the daemon's cheap tier). Costs a
 //! lookup per filled folio of any process, nothing per read from cache.
 use aya_ebpf::{helpers::bpf_probe_read_kernel, macros::raw_tracepoint, programs::RawTracePointContext};
-use stall_common::{counter, inflight, slot_state, InodeKey};
+use stall_common::{counter, hook, InodeKey};
 
 use crate::{
     atomic_add, bump, config, current,
     maps::STORAGE,
-    running,
-    sched::{read_u32, read_u64},
+    sched::{current_task, read_u32, read_u64, syscall_nr},
+    syscalls::hook_of,
     BPF_NOEXIST,
 };
 
@@ -21,9 +23,21 @@ const PAGE_BYTES: u64 = 4096;
 const MAPPING_ANON: u64 = 1;
 
 /// `mm_filemap_add_to_page_cache(struct folio *folio)` (`struct page *`
-/// before 5.16: the same first fields).
+/// before 5.16: the same first fields), on kernels with `bpf_task_pt_regs`.
 #[raw_tracepoint(tracepoint = "mm_filemap_add_to_page_cache")]
 pub fn page_cache_fill(ctx: RawTracePointContext) -> i32 {
+    fill::<false>(&ctx)
+}
+
+/// The same where the saved registers are found from `task->stack` (see
+/// `sched_switch_stack`). The agent loads one of the two.
+#[raw_tracepoint(tracepoint = "mm_filemap_add_to_page_cache")]
+pub fn page_cache_fill_stack(ctx: RawTracePointContext) -> i32 {
+    fill::<true>(&ctx)
+}
+
+#[inline(always)]
+fn fill<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
     let cfg = config();
     let off = &cfg.page;
     if cfg.floor != 0 || off.mapping == 0 {
@@ -33,12 +47,7 @@ pub fn page_cache_fill(ctx: RawTracePointContext) -> i32 {
         return 0;
     };
     // In a write: these are the pages being written.
-    let gen = running::generation();
-    let pending = match running::slot() {
-        Some(s) if s.tracked == slot_state::TRACKED && s.tid == cur.tid && s.gen == gen => s.inflight,
-        _ => cur.stats.inflight,
-    };
-    if inflight::kind(pending, gen) == inflight::WRITE {
+    if hook_of(i64::from(syscall_nr::<STACK>(current_task(), &cfg))) == hook::WRITE {
         return 0;
     }
     let folio: u64 = ctx.arg(0);

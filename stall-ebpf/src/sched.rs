@@ -247,7 +247,7 @@ fn switch_out<const STACK: bool>(
 /// registers (`orig_ax` on x86-64); -1 when it is not in one. `STACK`:
 /// the registers sit at the top of its kernel stack (`task_pt_regs`).
 #[inline(always)]
-fn syscall_nr<const STACK: bool>(prev: u64, cfg: &Config) -> i32 {
+pub(crate) fn syscall_nr<const STACK: bool>(prev: u64, cfg: &Config) -> i32 {
     let regs = if STACK {
         let stack = read_u64(prev, cfg.task.stack);
         if stack == 0 {

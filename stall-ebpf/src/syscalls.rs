@@ -177,7 +177,7 @@ const F_DUPFD_CLOEXEC: u64 = 1030;
 
 /// What the programs do with syscall `nr` (`hook::NONE`: nothing).
 #[inline(always)]
-fn hook_of(nr: i64) -> u8 {
+pub(crate) fn hook_of(nr: i64) -> u8 {
     if !(0..i64::from(syscall_class::TABLE_LEN)).contains(&nr) {
         return hook::NONE;
     }

@@ -298,6 +298,7 @@ impl Capture {
         let storage_known = config.page.mapping != 0;
         if storage_known {
             let (prog, _, name) = PAGE_CACHE_FILL;
+            let prog = if features.task_pt_regs { prog } else { "page_cache_fill_stack" };
             program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
         }
         // The tables first: a program attached before them would see every
