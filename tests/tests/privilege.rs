@@ -257,20 +257,32 @@ fn attach_to_another_users_process_as_nobody() {
     let data = p.data("data.bin", size);
     let truth_path = p.s.path("truth.json");
     let json = p.s.path("out.json");
+    // The job reads once stall has attached, however long its start.
+    let go = p.s.path("go");
     let (mut job, pid) = spawn_announcing(
         Command::new(python())
             .arg(jobs_py())
-            .args(["open-before", data.to_str().unwrap(), "2.0"])
+            .args(["open-before", data.to_str().unwrap(), go.to_str().unwrap()])
             .env("TRUTH", &truth_path),
     );
-    let (code, _, err) = as_nobody(
-        &CAPS,
-        &p,
-        &["attach", "-q", "--gpu", "off", "--json", json.to_str().unwrap(), "--pid", &pid.to_string()],
-        &[],
-    );
+    let mut cmd = nobody_stall(&CAPS, &p);
+    cmd.args(["attach", "-q", "--gpu", "off", "--interval", "0.2", "--json", json.to_str().unwrap()])
+        .args(["--pid", &pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut stall = unlimited_memlock(&mut cmd).spawn().unwrap();
+    wait_until("stall attached (an interval written)", T, || {
+        if let Ok(Some(status)) = stall.try_wait() {
+            panic!("stall exited before attaching: {status}");
+        }
+        std::fs::read_to_string(&json).is_ok_and(|t| t.contains('\n'))
+    });
+    std::fs::write(&go, "").unwrap();
     job.wait().unwrap();
-    assert_eq!(code, 0, "{err}");
+    let status = stall.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(stall.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
     assert_eq!(truth(&truth_path)["bytes"], size as u64);
     let run = records(&json);
     assert_eq!(run.file(u64::from(pid), &data)["read_bytes"], size as u64);
