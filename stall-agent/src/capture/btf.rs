@@ -224,8 +224,11 @@ impl KernelBtf {
                 continue;
             }
             let name = self.name(h.name_off);
-            if let Some(i) = names.iter().position(|n| n.as_bytes() == name) {
-                found[i] = self.head(h.size_or_type).filter(|p| p.kind == KIND_FUNC_PROTO).map(|p| p.vlen);
+            for (i, n) in names.iter().enumerate() {
+                if n.as_bytes() == name {
+                    found[i] =
+                        self.head(h.size_or_type).filter(|p| p.kind == KIND_FUNC_PROTO).map(|p| p.vlen);
+                }
             }
         }
         found
@@ -369,8 +372,8 @@ mod tests {
     #[test]
     fn finds_function_parameters_on_this_kernel() {
         let Ok(btf) = KernelBtf::open() else { return };
-        let got = btf.func_params(&["__x64_sys_read", "vfs_read", "no_such_function_here"]);
-        assert_eq!(got, [Some(1), Some(4), None]);
+        let got = btf.func_params(&["__x64_sys_read", "vfs_read", "no_such_function_here", "__x64_sys_read"]);
+        assert_eq!(got, [Some(1), Some(4), None, Some(1)]);
     }
 
     /// A hand-made blob: struct s { int a; union { long b; }; } with a
