@@ -126,8 +126,11 @@ pub mod counter {
     pub const LOST_PATH: u32 = 4;
     /// A page-cache fill of a tracked process found `STORAGE` full.
     pub const LOST_INODE_MAP: u32 = 5;
+    /// An io_uring read of a tracked thread found `URING_PENDING` or
+    /// `URING_READS` full.
+    pub const LOST_URING_MAP: u32 = 6;
     /// How many loss causes there are: `LOST_*` run from 0 to this.
-    pub const LOST_CAUSES: usize = 6;
+    pub const LOST_CAUSES: usize = 7;
     /// Events handled for tracked threads (all hooks): the agent's event rate.
     pub const EVENTS: u32 = 8;
     /// A switch that did not match the state seen before (switched in while
@@ -148,6 +151,7 @@ pub mod counter {
         "wake_map_full",
         "path_unreadable",
         "inode_map_full",
+        "uring_map_full",
     ];
 }
 
@@ -260,6 +264,85 @@ pub struct PageCacheOffsets {
     /// The byte holding a large folio's order (`_folio_order`, or the low
     /// byte of `_flags_1`); 0: folios are single pages here (5.10).
     pub order_byte: u32,
+}
+
+/// Where the io_uring tracepoints keep what the read programs need; the
+/// layouts moved between kernels (5.10 passes the fields as arguments, 6.x
+/// a `struct io_kiocb *` and, from 6.3, the completion's `struct
+/// io_uring_cqe *`). Set by the agent from BTF; `on` 0: not attached.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UringLayout {
+    pub on: u8,
+    /// Non-zero: the submission's argument 0 is the request (`struct
+    /// io_kiocb *`), whose fields are at the `req_*` offsets; else the ring,
+    /// opcode and user data are the arguments `submit_*`.
+    pub submit_req: u8,
+    pub submit_ctx: u8,
+    pub submit_opcode: u8,
+    pub submit_user_data: u8,
+    /// Non-zero: the completion's argument `complete_user_data` is the
+    /// posted `struct io_uring_cqe *` (user data at 0, result at 8).
+    pub complete_cqe: u8,
+    pub complete_ctx: u8,
+    pub complete_user_data: u8,
+    pub complete_res: u8,
+    /// `io_uring_file_get(ctx, fd)` arguments, where the submission does not
+    /// carry the descriptor (5.10: the fd is traced just before it).
+    pub file_ctx: u8,
+    pub file_fd: u8,
+    pub _pad: u8,
+    /// `io_kiocb.ctx`, `.opcode` (1 byte), `.cqe.user_data`, `.cqe.fd`,
+    /// `.flags` (bit 0: a registered file, whose number is no descriptor).
+    pub req_ctx: u16,
+    pub req_opcode: u16,
+    pub req_user_data: u16,
+    pub req_fd: u16,
+    pub req_flags: u16,
+    pub _pad2: u16,
+}
+
+/// `io_uring` opcodes that read into memory from a descriptor.
+pub mod uring_op {
+    pub const READV: u8 = 1;
+    pub const READ_FIXED: u8 = 4;
+    pub const READ: u8 = 22;
+
+    #[inline(always)]
+    pub fn is_read(op: u8) -> bool {
+        op == READV || op == READ_FIXED || op == READ
+    }
+}
+
+/// Key of `URING_PENDING`: a request in flight on one ring.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct UringKey {
+    pub ctx: u64,
+    pub user_data: u64,
+}
+
+/// Value of `URING_PENDING`: who submitted the read, and from which
+/// descriptor (-1: a registered file, or none seen).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UringRead {
+    pub tgid: u32,
+    pub tid: u32,
+    pub fd: i32,
+    pub _pad: u32,
+}
+
+/// Value of `URING_READS` (by tid): io_uring reads completed for a thread,
+/// counted where they complete (often not in the thread), hence apart from
+/// `THREADS`; the agent adds them to the thread's reads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UringReads {
+    pub file_bytes: u64,
+    pub file_calls: u64,
+    pub other_bytes: u64,
+    pub other_calls: u64,
 }
 
 /// Key of the `FILES` map: one open descriptor of one process.
@@ -595,9 +678,19 @@ pub struct Config {
     /// more than the record on fork and open storms.
     pub ringbuf_wake_bytes: u32,
     pub page: PageCacheOffsets,
+    pub uring: UringLayout,
 }
 
 impl ThreadStats {
+    /// Adds the io_uring reads completed for this thread (`URING_READS`).
+    #[inline(always)]
+    pub fn add_uring_reads(&mut self, u: &UringReads) {
+        self.file_read_bytes += u.file_bytes;
+        self.file_read_calls += u.file_calls;
+        self.other_read_bytes += u.other_bytes;
+        self.other_read_calls += u.other_calls;
+    }
+
     /// Adds the read and write counts a CPU slot (`CPU_SLOT`) holds for
     /// this thread: the kernel side when it flushes the slot (then
     /// [`CpuSlot::clear_thread_counts`]), the agent when it reads one.
@@ -666,6 +759,9 @@ mod pod {
     unsafe impl aya::Pod for WakeKey {}
     unsafe impl aya::Pod for WakeStats {}
     unsafe impl aya::Pod for InodeKey {}
+    unsafe impl aya::Pod for UringKey {}
+    unsafe impl aya::Pod for UringRead {}
+    unsafe impl aya::Pod for UringReads {}
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for CpuSlot {}
 }
@@ -735,12 +831,16 @@ mod tests {
         assert_eq!(size_of::<SwitchEvent>(), 24 + 8 + 8 + 8);
         assert_eq!(size_of::<InodeKey>(), 16);
         assert_eq!(size_of::<PageCacheOffsets>(), 32);
+        assert_eq!(size_of::<UringLayout>(), 24);
+        assert_eq!(size_of::<UringKey>(), 16);
+        assert_eq!(size_of::<UringRead>(), 16);
+        assert_eq!(size_of::<UringReads>(), 32);
         assert_eq!(size_of::<NewTaskEvent>(), 24 + 8 + 8 + 16);
         assert_eq!(size_of::<ExitEvent>(), 24 + size_of::<ThreadStats>() + 16);
         assert_eq!(size_of::<CloseEvent>(), 24 + 8 + 64);
         assert_eq!(size_of::<TaskOffsets>(), 40);
         assert_eq!(size_of::<Regs>(), 16);
-        assert_eq!(size_of::<Config>(), 64 + size_of::<PageCacheOffsets>());
+        assert_eq!(size_of::<Config>(), 64 + size_of::<PageCacheOffsets>() + size_of::<UringLayout>());
         assert_eq!(size_of::<CpuSlot>(), 208);
         for s in [
             size_of::<ThreadStats>(),

@@ -28,6 +28,7 @@ mod syscalls;
 mod task;
 mod timeline;
 mod trampoline;
+mod uring;
 
 use aya_ebpf::helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
 use stall_common::{counter, Config, EventHeader, ThreadStats};

@@ -5,7 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use stall_common::{
-    counter, syscall_class, CpuSlot, FdKey, FileStats, InodeKey, ThreadStats, WakeKey, WakeStats,
+    counter, syscall_class, CpuSlot, FdKey, FileStats, InodeKey, ThreadStats, UringKey, UringRead,
+    UringReads, WakeKey, WakeStats,
 };
 
 /// Tracked threads by tid. Being here is what "tracked" means.
@@ -24,6 +25,20 @@ pub static FILES: HashMap<FdKey, FileStats> = HashMap::with_max_entries(32768, 0
 /// Bytes each tracked process caused to be read from storage, per file.
 #[map]
 pub static STORAGE: HashMap<InodeKey, u64> = HashMap::with_max_entries(32768, 0);
+
+/// io_uring reads of tracked threads submitted and not completed yet.
+#[map]
+pub static URING_PENDING: HashMap<UringKey, UringRead> = HashMap::with_max_entries(16384, 0);
+
+/// io_uring reads completed, by the submitting thread.
+#[map]
+pub static URING_READS: HashMap<u32, UringReads> = HashMap::with_max_entries(16384, 0);
+
+/// The descriptor `io_uring_file_get` just named on this CPU, for the
+/// submission traced next by the same thread (kernels whose submission
+/// tracepoint carries no request: 5.10).
+#[map]
+pub static URING_FD: PerCpuArray<UringRead> = PerCpuArray::with_max_entries(1, 0);
 
 /// Who woke a tracked thread, and how often.
 #[map]

@@ -9,7 +9,7 @@ use stall_common::{
 
 use crate::{
     bump, config, current, header,
-    maps::{EVENTS, THREADS},
+    maps::{EVENTS, THREADS, URING_READS},
     now, running,
     sched::{kclock_flags, kernel_totals, read_u32},
     submit_flags,
@@ -128,11 +128,18 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     if t.tgid == 0 {
         t.tgid = cur.tgid;
     }
+    // Its io_uring reads, counted apart where they completed, are part of
+    // its last counts.
+    let mut stats = *t;
+    if let Some(u) = unsafe { URING_READS.get(cur.tid) } {
+        stats.add_uring_reads(u);
+        let _ = URING_READS.remove(cur.tid);
+    }
     match EVENTS.reserve::<ExitEvent>(0) {
         Some(mut e) => {
             e.write(ExitEvent {
                 hdr: header(event_kind::EXIT, cur.tid, cur.tgid, t.job, ts),
-                stats: *t,
+                stats,
                 comm: bpf_get_current_comm().unwrap_or_default(),
             });
             e.submit(submit_flags(&cfg));

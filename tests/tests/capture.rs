@@ -393,6 +393,29 @@ fn every_way_to_name_and_read_a_file_is_counted() {
     assert!(other_written >= piped, "{p}");
 }
 
+/// A file read to its end through io_uring alone (submitted and reaped with
+/// io_uring_enter, no read syscall): its bytes and read calls exact, on the
+/// file and on the thread.
+#[test]
+fn an_io_uring_read_of_a_file_is_counted() {
+    require_root();
+    let s = Scratch::new("uring");
+    let size = 1_234_567;
+    let data = s.file("data.bin", size);
+    let truth_path = s.path("truth.json");
+    let run = run_job(&[], &["uring-read", data.to_str().unwrap(), "65521"], &truth_path);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    assert_eq!(t["bytes"], size as u64);
+    let pid = t["pid"].as_u64().unwrap();
+    let f = run.file(pid, &data);
+    assert_eq!(f["read_bytes"], size as u64, "{f}");
+    assert_eq!(f["read_calls"], t["calls"], "{f}");
+    let main = run.thread(pid);
+    assert!(main["read_bytes"].as_u64().unwrap() >= size as u64, "{main}");
+    assert_eq!(run.summary()["lost_events"], 0);
+}
+
 /// Files on a block device, two evicted from the page cache and two left
 /// in it, one of each read with read() and one of each mapped with every
 /// page touched: what came from storage is each cold file's size (pages

@@ -714,6 +714,67 @@ def job_read_paths(args):
     write_truth(truth)
 
 
+def job_uring_read(args):
+    """Reads the file at args[0] to its end through io_uring alone
+    (IORING_OP_READ, `chunk` bytes at a time at increasing offsets), by raw
+    syscalls and mapped rings, as liburing would. Writes the bytes read."""
+    import mmap
+
+    path, chunk = args[0], int(args[1])
+    sys_setup, sys_enter = 425, 426
+    op_read, enter_getevents = 22, 1
+    params = (ctypes.c_uint32 * 30)()  # struct io_uring_params, 120 bytes
+    ring = libc.syscall(sys_setup, 4, ctypes.byref(params))
+    if ring < 0:
+        raise OSError(ctypes.get_errno(), "io_uring_setup")
+    sq_entries, cq_entries = params[0], params[1]
+    # struct io_sqring_offsets at byte 40, io_cqring_offsets at byte 80.
+    sq_tail, sq_mask, sq_array = params[11], params[12], params[16]
+    cq_head, cq_tail, cq_mask, cq_cqes = params[20], params[21], params[22], params[25]
+    sq = mmap.mmap(ring, sq_array + 4 * sq_entries, offset=0)
+    cq = mmap.mmap(ring, cq_cqes + 16 * cq_entries, offset=0x8000000)
+    sqes = mmap.mmap(ring, 64 * sq_entries, offset=0x10000000)
+    u32 = lambda m, at: int.from_bytes(m[at : at + 4], "little")
+    fd = os.open(path, os.O_RDONLY)
+    buf = ctypes.create_string_buffer(chunk)
+    total, offset, user_data = 0, 0, 7
+    while True:
+        tail = u32(sq, sq_tail)
+        i = tail & u32(sq, sq_mask)
+        sqe = bytearray(64)
+        sqe[0] = op_read
+        sqe[4:8] = fd.to_bytes(4, "little", signed=True)
+        sqe[8:16] = offset.to_bytes(8, "little")
+        sqe[16:24] = ctypes.addressof(buf).to_bytes(8, "little")
+        sqe[24:28] = chunk.to_bytes(4, "little")
+        sqe[32:40] = user_data.to_bytes(8, "little")
+        sqes[64 * i : 64 * i + 64] = bytes(sqe)
+        sq[sq_array + 4 * i : sq_array + 4 * i + 4] = i.to_bytes(4, "little")
+        sq[sq_tail : sq_tail + 4] = (tail + 1).to_bytes(4, "little")
+        if libc.syscall(sys_enter, ring, 1, 1, enter_getevents, None, 0) < 0:
+            raise OSError(ctypes.get_errno(), "io_uring_enter")
+        head = u32(cq, cq_head)
+        assert u32(cq, cq_tail) != head, "no completion"
+        at = cq_cqes + 16 * (head & u32(cq, cq_mask))
+        got_data = int.from_bytes(cq[at : at + 8], "little")
+        res = int.from_bytes(cq[at + 8 : at + 12], "little", signed=True)
+        cq[cq_head : cq_head + 4] = (head + 1).to_bytes(4, "little")
+        assert got_data == user_data, (got_data, user_data)
+        if res < 0:
+            raise OSError(-res, "io_uring read")
+        if res == 0:
+            break
+        total += res
+        offset += res
+        user_data += 1
+    os.close(fd)
+    for m in (sq, cq, sqes):
+        m.close()
+    os.close(ring)
+    # Every read submitted, the last (end of file, 0 bytes) too.
+    write_truth({"pid": os.getpid(), "bytes": total, "calls": user_data - 6})
+
+
 def job_storage(args):
     """Four files in `dir` (on a block device): two evicted from the page
     cache (written, synced, POSIX_FADV_DONTNEED), two left cached; one of
@@ -778,6 +839,7 @@ JOBS = {
     "fork-storm": job_fork_storm,
     "threads": job_threads,
     "read-paths": job_read_paths,
+    "uring-read": job_uring_read,
     "storage": job_storage,
 }
 

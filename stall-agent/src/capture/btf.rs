@@ -55,6 +55,14 @@ struct Head {
     data: usize,
 }
 
+/// One argument of a tracepoint: a pointer (to the struct named, if it
+/// points to one) or an integer of that many bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TpArg {
+    Ptr(Option<String>),
+    Int(usize),
+}
+
 pub struct KernelBtf {
     types: Vec<u8>,
     strings: Vec<u8>,
@@ -232,6 +240,36 @@ impl KernelBtf {
             }
         }
         found
+    }
+
+    /// A raw tracepoint's arguments, from its BTF typedef `btf_trace_<event>`
+    /// (`void (*)(void *data, args...)`), the data pointer left out. None:
+    /// no such tracepoint in BTF.
+    pub fn tracepoint_args(&self, event: &str) -> Option<Vec<TpArg>> {
+        let name = format!("btf_trace_{event}");
+        let id = (1..=self.starts.len() as u32).find(|id| {
+            self.head(*id).is_some_and(|h| h.kind == KIND_TYPEDEF && self.name(h.name_off) == name.as_bytes())
+        })?;
+        let (_, ptr) = self.resolve(self.head(id)?.size_or_type)?;
+        let (_, proto) = self.resolve(ptr.size_or_type).filter(|_| ptr.kind == KIND_PTR)?;
+        if proto.kind != KIND_FUNC_PROTO {
+            return None;
+        }
+        let mut args = Vec::new();
+        for i in 1..proto.vlen as usize {
+            let ty = self.u32_at(proto.data + 8 * i + 4)?;
+            let (_, h) = self.resolve(ty)?;
+            args.push(match h.kind {
+                KIND_PTR => {
+                    let pointee = self.resolve(h.size_or_type).filter(|(_, p)| p.kind == KIND_STRUCT);
+                    TpArg::Ptr(
+                        pointee.map(|(_, p)| String::from_utf8_lossy(self.name(p.name_off)).into_owned()),
+                    )
+                }
+                _ => TpArg::Int(self.size(ty).unwrap_or(0)),
+            });
+        }
+        Some(args)
     }
 
     /// Size of struct `name`.

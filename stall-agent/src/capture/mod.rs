@@ -9,6 +9,7 @@ pub mod cgroup;
 pub mod procfs;
 pub mod syscalls;
 pub mod tracefs;
+pub mod uring;
 
 use std::{
     collections::HashSet,
@@ -24,7 +25,8 @@ use aya::{
 };
 use stall_common::{
     counter, fd_kind, kclock, reason, run_state, slot_state, syscall_class, task_flags, track_gen, Config,
-    CpuSlot, FdKey, FileStats, InodeKey, Regs, ThreadStats, WakeKey, WakeStats, WAKER_ANY_THREAD,
+    CpuSlot, FdKey, FileStats, InodeKey, Regs, ThreadStats, UringKey, UringRead, UringReads, WakeKey,
+    WakeStats, WAKER_ANY_THREAD,
 };
 use tokio::io::unix::AsyncFd;
 
@@ -162,6 +164,9 @@ pub struct Capture {
     cgroups: HashMap<MapData, u64, u32>,
     /// Storage bytes per process and file (None: no page-cache hook here).
     storage: Option<HashMap<MapData, InodeKey, u64>>,
+    /// io_uring reads completed, by submitting thread, and those in flight.
+    uring_reads: HashMap<MapData, u32, UringReads>,
+    uring_pending: HashMap<MapData, UringKey, UringRead>,
     counters: PerCpuArray<MapData, u64>,
     cpu_slot: PerCpuArray<MapData, CpuSlot>,
     track_gen: Array<MapData, u32>,
@@ -258,6 +263,9 @@ impl Capture {
             return Err(CaptureError::MissingTracepoint { name: format!("{c}:{n}") });
         }
         let features = Features::probe()?;
+        // io_uring reads are followed where the tracepoints and their
+        // layout are known (docs/KERNELS.md).
+        let uring_submit = uring::SUBMIT.iter().copied().find(|e| tracefs.has("io_uring", e));
         let kernel_btf = btf::KernelBtf::open()?;
         let config = Config {
             task: kernel_btf.task_offsets(!features.task_pt_regs)?,
@@ -272,6 +280,10 @@ impl Capture {
             } else {
                 Default::default()
             },
+            uring: uring_submit
+                .filter(|_| tracefs.has("io_uring", uring::COMPLETE))
+                .and_then(|submit| uring::layout(&kernel_btf, submit))
+                .unwrap_or_default(),
         };
         // Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
         let _ = nix::sys::resource::setrlimit(
@@ -300,6 +312,18 @@ impl Capture {
             let (prog, _, name) = PAGE_CACHE_FILL;
             let prog = if features.task_pt_regs { prog } else { "page_cache_fill_stack" };
             program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
+        }
+        if config.uring.on != 0 {
+            let submit = uring_submit.unwrap_or(uring::SUBMIT[0]);
+            program(&mut ebpf, "uring_submit", RawTracePoint::load)?.attach(submit).map_err(load_err)?;
+            program(&mut ebpf, "uring_complete", RawTracePoint::load)?
+                .attach(uring::COMPLETE)
+                .map_err(load_err)?;
+            if config.uring.submit_req == 0 {
+                program(&mut ebpf, "uring_file_get", RawTracePoint::load)?
+                    .attach(uring::FILE_GET)
+                    .map_err(load_err)?;
+            }
         }
         // The tables first: a program attached before them would see every
         // syscall as unhooked, which is only harmless because nothing is
@@ -330,6 +354,8 @@ impl Capture {
             wakes_by_proc: take(&mut ebpf, "WAKES_BY_PROC")?,
             cgroups: take(&mut ebpf, "CGROUPS")?,
             storage: if storage_known { Some(take(&mut ebpf, "STORAGE")?) } else { None },
+            uring_reads: take(&mut ebpf, "URING_READS")?,
+            uring_pending: take(&mut ebpf, "URING_PENDING")?,
             counters: take(&mut ebpf, "COUNTERS")?,
             cpu_slot: take(&mut ebpf, "CPU_SLOT")?,
             track_gen: take(&mut ebpf, "TRACK_GEN")?,
@@ -636,6 +662,11 @@ impl Capture {
     pub fn snapshot(&self) -> Snapshot {
         let ts = monotonic_ns();
         let mut threads: Vec<(u32, ThreadStats)> = self.threads.iter().filter_map(Result::ok).collect();
+        for (tid, u) in self.uring_reads.iter().filter_map(Result::ok) {
+            if let Some((_, t)) = threads.iter_mut().find(|(t, _)| *t == tid) {
+                t.add_uring_reads(&u);
+            }
+        }
         let mut files: Vec<(FdKey, FileStats)> = self.files.iter().filter_map(Result::ok).collect();
         // After the maps: a slot flushed meanwhile is then counted in
         // neither (until the next snapshot), never in both.
@@ -760,6 +791,18 @@ impl Capture {
         };
         remove_where(&mut self.wakes, gone);
         remove_where(&mut self.wakes_by_proc, gone);
+        remove_where(&mut self.uring_reads, |tid| tids.contains(tid));
+        // Reads in flight when their process ended never complete for it.
+        let ended: Vec<UringKey> = self
+            .uring_pending
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, r)| tgids.contains(&r.tgid))
+            .map(|(k, _)| k)
+            .collect();
+        for k in ended {
+            let _ = self.uring_pending.remove(&k);
+        }
         out
     }
 }

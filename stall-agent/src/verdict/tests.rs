@@ -418,7 +418,7 @@ fn nvml_sample_gaps_are_reported_and_do_not_skew_idle() {
 #[test]
 fn lost_events_mark_the_verdict_partial() {
     let mut job = io_bound_job();
-    job.lost = [3, 0, 0, 0, 0, 0];
+    job.lost = [3, 0, 0, 0, 0, 0, 0];
     let v = job.judge(&[]);
     assert!(v.summary.contains("partial"), "{}", v.summary);
     assert!(v.evidence.iter().any(|e| e.contains("3 events lost")));
