@@ -54,27 +54,25 @@ pub fn uring_submit(ctx: RawTracePointContext) -> i32 {
         (key, field::<u8>(req, l.req_opcode), fd)
     } else {
         let key = UringKey { ctx: arg(&ctx, l.submit_ctx), user_data: arg(&ctx, l.submit_user_data) };
-        (key, arg(&ctx, l.submit_opcode) as u8, -1)
+        // The descriptor `io_uring_file_get` traced for this submission,
+        // taken whatever the opcode: a registered file traces none, and
+        // must not get the one of an earlier submission.
+        let fd = match URING_FD.get_ptr_mut(0) {
+            Some(s) => {
+                let s = unsafe { &mut *s };
+                let fd = if s.tid == crate::ids().0 { s.fd } else { -1 };
+                s.tid = 0;
+                fd
+            }
+            None => -1,
+        };
+        (key, arg(&ctx, l.submit_opcode) as u8, fd)
     };
     if !uring_op::is_read(opcode) {
         return 0;
     }
     let Some(cur) = current(&cfg) else {
         return 0;
-    };
-    let fd = if l.submit_req != 0 {
-        fd
-    } else {
-        // The descriptor `io_uring_file_get` traced for this submission.
-        match URING_FD.get_ptr_mut(0) {
-            Some(s) => {
-                let s = unsafe { &mut *s };
-                let fd = if s.tid == cur.tid { s.fd } else { -1 };
-                s.tid = 0;
-                fd
-            }
-            None => -1,
-        }
     };
     let read = UringRead { tgid: cur.tgid, tid: cur.tid, fd, _pad: 0 };
     if URING_PENDING.insert(key, read, 0).is_err() {
