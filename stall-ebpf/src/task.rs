@@ -129,17 +129,17 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
         t.tgid = cur.tgid;
     }
     // Its io_uring reads, counted apart where they completed, are part of
-    // its last counts.
-    let mut stats = *t;
+    // its last counts (added in the entry itself, which goes below: a copy
+    // would not fit the stack beside the event).
     if let Some(u) = unsafe { URING_READS.get(cur.tid) } {
-        stats.add_uring_reads(u);
+        t.add_uring_reads(u);
         let _ = URING_READS.remove(cur.tid);
     }
     match EVENTS.reserve::<ExitEvent>(0) {
         Some(mut e) => {
             e.write(ExitEvent {
                 hdr: header(event_kind::EXIT, cur.tid, cur.tgid, t.job, ts),
-                stats,
+                stats: *t,
                 comm: bpf_get_current_comm().unwrap_or_default(),
             });
             e.submit(submit_flags(&cfg));
