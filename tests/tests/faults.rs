@@ -127,11 +127,13 @@ fn two_stalls_on_one_job_both_get_exact_bytes() {
     let size = 2_345_679;
     let data = s.file("data.bin", size);
     let truth_path = s.path("truth.json");
-    // It forks its reader after the pause: both stalls are attached by then.
+    // It forks its reader once both stalls have attached, however long
+    // their start-up takes (trampolines under emulation: many seconds).
+    let go = s.path("go");
     let (mut job, pid) = spawn_announcing(
         Command::new(python())
             .arg(jobs_py())
-            .args(["idle-then-read", data.to_str().unwrap(), "8.0"])
+            .args(["idle-then-read", data.to_str().unwrap(), go.to_str().unwrap()])
             .env("TRUTH", &truth_path),
     );
     let jsons = [s.path("a.json"), s.path("b.json")];
@@ -139,7 +141,8 @@ fn two_stalls_on_one_job_both_get_exact_bytes() {
     for j in &jsons {
         wait_until("both stalls attached (an interval written)", T, || !lines_of(j).is_empty());
     }
-    assert!(job.try_wait().unwrap().is_none(), "the job read before both stalls were attached");
+    assert!(job.try_wait().unwrap().is_none(), "the job ended before both stalls were attached");
+    std::fs::write(&go, "").unwrap();
     for st in stalls {
         let (code, err) = wait_for(st);
         assert_eq!(code, 0, "{err}");
