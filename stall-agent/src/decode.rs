@@ -1,8 +1,8 @@
 //! Kernel records → plain values: ring-buffer events and map snapshots in
 //! the form the (pure) aggregation consumes. Nothing here touches the kernel.
 use stall_common::{
-    counter, event_kind, kclock, reason, run_state, CloseEvent, EventHeader, ExecEvent, ExitEvent, FileStats,
-    NewTaskEvent, OpenEvent, SwitchEvent, ThreadStats, COMM_LEN,
+    counter, event_kind, kclock, reason, run_state, CloseEvent, EventHeader, ExecEvent, ExitEvent, FdKey,
+    FileStats, NewTaskEvent, OpenEvent, SwitchEvent, ThreadStats, COMM_LEN,
 };
 
 /// Per-thread counters, cumulative since the thread became tracked, with the
@@ -547,6 +547,13 @@ pub struct FileSnap {
     pub file_id: u64,
     pub kind: u32,
     pub counters: FileCounters,
+}
+
+impl FileSnap {
+    /// A `FILES` entry as read from the map.
+    pub fn of(k: &FdKey, s: &FileStats) -> Self {
+        Self { tgid: k.tgid, fd: k.fd, file_id: s.file_id, kind: s.kind, counters: s.into() }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

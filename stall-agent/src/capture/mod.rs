@@ -686,16 +686,7 @@ impl Capture {
                 }
             }
         }
-        let files = files
-            .into_iter()
-            .map(|(k, s)| FileSnap {
-                tgid: k.tgid,
-                fd: k.fd,
-                file_id: s.file_id,
-                kind: s.kind,
-                counters: (&s).into(),
-            })
-            .collect();
+        let files = files.iter().map(|(k, s)| FileSnap::of(k, s)).collect();
         let threads = threads
             .into_iter()
             .map(|(tid, s)| {
@@ -762,19 +753,13 @@ impl Capture {
     pub fn retire(&mut self, tgids: &HashSet<u32>, tids: &HashSet<u32>) -> Vec<FileSnap> {
         let mut out = Vec::new();
         if !tgids.is_empty() {
-            out = remove_where(&mut self.files, |k| tgids.contains(&k.tgid))
-                .into_iter()
-                .map(|(k, s)| FileSnap {
-                    tgid: k.tgid,
-                    fd: k.fd,
-                    file_id: s.file_id,
-                    kind: s.kind,
-                    counters: (&s).into(),
-                })
+            out = remove_where(&mut self.files, |k, _| tgids.contains(&k.tgid))
+                .iter()
+                .map(|(k, s)| FileSnap::of(k, s))
                 .collect();
             if let Some(storage) = self.storage.as_mut() {
                 // Their last counts were in the snapshot just taken.
-                remove_where(storage, |k| tgids.contains(&k.tgid));
+                remove_where(storage, |k, _| tgids.contains(&k.tgid));
             }
         }
         if tids.is_empty() && tgids.is_empty() {
@@ -789,37 +774,24 @@ impl Capture {
                     _ => tgids.contains(&(k.waker & !WAKER_ANY_THREAD)),
                 }
         };
-        remove_where(&mut self.wakes, gone);
-        remove_where(&mut self.wakes_by_proc, gone);
-        remove_where(&mut self.uring_reads, |tid| tids.contains(tid));
+        remove_where(&mut self.wakes, |k, _| gone(k));
+        remove_where(&mut self.wakes_by_proc, |k, _| gone(k));
+        remove_where(&mut self.uring_reads, |tid, _| tids.contains(tid));
         // Reads in flight when their process ended never complete for it.
-        let ended: Vec<UringKey> = self
-            .uring_pending
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, r)| tgids.contains(&r.tgid))
-            .map(|(k, _)| k)
-            .collect();
-        for k in ended {
-            let _ = self.uring_pending.remove(&k);
-        }
+        remove_where(&mut self.uring_pending, |_, r| tgids.contains(&r.tgid));
         out
     }
 }
 
-/// Removes the entries of `map` whose key is `gone`; returns them as they
+/// Removes the entries of `map` that are `gone` (by key and value); returns them as they
 /// stood just before (a process's last counts).
 fn remove_where<K: aya::Pod, V: aya::Pod>(
     map: &mut HashMap<MapData, K, V>,
-    gone: impl Fn(&K) -> bool,
+    gone: impl Fn(&K, &V) -> bool,
 ) -> Vec<(K, V)> {
-    let keys: Vec<K> = map.keys().filter_map(Result::ok).filter(|k| gone(k)).collect();
-    let mut removed = Vec::with_capacity(keys.len());
-    for k in keys {
-        if let Ok(v) = map.get(&k, 0) {
-            removed.push((k, v));
-        }
-        let _ = map.remove(&k);
+    let removed: Vec<(K, V)> = map.iter().filter_map(Result::ok).filter(|(k, v)| gone(k, v)).collect();
+    for (k, _) in &removed {
+        let _ = map.remove(k);
     }
     removed
 }
