@@ -6,7 +6,7 @@
 //! switch, or the agent changed what is tracked: `TRACK_GEN`) is looked up
 //! again, so a stale slot costs a lookup, never a wrong count.
 use aya_ebpf::helpers::bpf_probe_read_kernel;
-use stall_common::{counter, fd_kind, inflight, slot_state, Config, CpuSlot, FdKey, ThreadStats};
+use stall_common::{counter, fd_kind, inflight, slot_state, Config, CpuSlot, FdKey, FileStats, ThreadStats};
 
 use crate::{
     atomic_add, bump_by, current, ids,
@@ -220,6 +220,24 @@ pub(crate) fn count_read(s: &mut CpuSlot, bytes: u64, lat: Option<u64>) {
     }
 }
 
+/// Applies `add` to the `FILES` entry of `fd` if it names a file (not a
+/// pipe, socket or terminal); whether it did. Threads of one process share
+/// descriptors, and completions run anywhere: `add` adds atomically.
+#[inline(always)]
+pub(crate) fn add_to_file(tgid: u32, fd: i32, add: impl FnOnce(&mut FileStats)) -> bool {
+    match FILES.get_ptr_mut(FdKey { tgid, fd }) {
+        Some(f) => {
+            let f = unsafe { &mut *f };
+            let file = f.kind != fd_kind::OTHER;
+            if file {
+                add(f);
+            }
+            file
+        }
+        None => false,
+    }
+}
+
 /// Counts one finished write-family call on the slot's thread, and on its
 /// descriptor's `FILES` entry if it has one; failed ones (`bytes` 0) not at
 /// all. Writes are rarer than reads: they take the hash lookup instead of
@@ -234,18 +252,10 @@ pub(crate) fn count_write(s: &mut CpuSlot, bytes: u64) {
     if fd == 1 || fd == 2 {
         s.stdio_write_bytes += bytes;
     }
-    let mut file = false;
-    if let Some(f) = FILES.get_ptr_mut(FdKey { tgid: s.tgid, fd }) {
-        let f = unsafe { &mut *f };
-        if f.kind != fd_kind::OTHER {
-            file = true;
-            // Threads of one process share descriptors: add atomically.
-            unsafe {
-                atomic_add(&mut f.write_bytes, bytes);
-                atomic_add(&mut f.write_calls, 1);
-            }
-        }
-    }
+    let file = add_to_file(s.tgid, fd, |f| unsafe {
+        atomic_add(&mut f.write_bytes, bytes);
+        atomic_add(&mut f.write_calls, 1);
+    });
     if file {
         s.file_write_bytes += bytes;
         s.file_write_calls += 1;

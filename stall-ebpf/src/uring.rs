@@ -12,11 +12,12 @@
 use aya_ebpf::{
     helpers::bpf_probe_read_kernel, macros::raw_tracepoint, programs::RawTracePointContext, EbpfContext,
 };
-use stall_common::{counter, fd_kind, uring_op, FdKey, UringKey, UringRead, UringReads};
+use stall_common::{counter, uring_op, UringKey, UringRead, UringReads};
 
 use crate::{
     atomic_add, bump, config, current,
-    maps::{FILES, URING_FD, URING_PENDING, URING_READS},
+    maps::{URING_FD, URING_PENDING, URING_READS},
+    running::add_to_file,
     BPF_NOEXIST,
 };
 
@@ -120,19 +121,11 @@ pub fn uring_complete(ctx: RawTracePointContext) -> i32 {
     };
     let _ = URING_PENDING.remove(&key);
     let bytes = if res > 0 { res as u64 } else { 0 };
-    let mut file = false;
-    if read.fd >= 0 {
-        if let Some(f) = FILES.get_ptr_mut(FdKey { tgid: read.tgid, fd: read.fd }) {
-            let f = unsafe { &mut *f };
-            if f.kind != fd_kind::OTHER {
-                file = true;
-                unsafe {
-                    atomic_add(&mut f.read_bytes, bytes);
-                    atomic_add(&mut f.read_calls, 1);
-                }
-            }
-        }
-    }
+    let file = read.fd >= 0
+        && add_to_file(read.tgid, read.fd, |f| unsafe {
+            atomic_add(&mut f.read_bytes, bytes);
+            atomic_add(&mut f.read_calls, 1);
+        });
     if URING_READS.get_ptr_mut(read.tid).is_none()
         && URING_READS.insert(read.tid, UringReads::default(), BPF_NOEXIST).is_err()
         && URING_READS.get_ptr_mut(read.tid).is_none()
