@@ -545,6 +545,11 @@ def job_threads(args):
     /proc/thread-self/io, plus that read), since glibc reads too (a new
     malloc arena reads /sys/devices/system/cpu/online)."""
     path, n = args[0], int(args[1])
+    # No heap trimming: glibc's first trim of a thread's arena reads 1 byte
+    # of /proc/sys/vm/overcommit_memory (once per process), which could be
+    # in a worker after it took its own count.
+    M_TRIM_THRESHOLD = -1
+    libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
     threading.stack_size(256 * 1024)
     fd = os.open(path, os.O_RDONLY)
     start = threading.Barrier(n + 1)
