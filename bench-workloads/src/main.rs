@@ -265,15 +265,20 @@ fn loader(o: &Opts) -> Res<String> {
     // --cold 1: each pass evicts its file from the page cache first, so the
     // reads go to storage (and fill the cache: the storage hook's cost).
     let cold = o.num::<u8>("cold")?.unwrap_or(0) != 0;
+    // --mmap 1: each pass maps its file and touches every page instead of
+    // reading it (the bytes arrive by page faults: the mapping hooks' cost).
+    let mapped = o.num::<u8>("mmap")?.unwrap_or(0) != 0;
     let mut chunks = 0u64;
+    let mut lens = Vec::new();
     for f in &files {
         let len = std::fs::metadata(f).map_err(|e| format!("{f}: {e}"))?.len();
         chunks += len.div_ceil(CHUNK as u64) * passes;
+        lens.push(len as usize);
     }
     let (ready_r, ready_w) = pipe_pair()?;
     let (go_r, go_w) = pipe_pair()?;
     let mut pids = Vec::new();
-    for f in &files {
+    for (f, &len) in files.iter().zip(&lens) {
         let cpath = CString::new(f.as_str()).map_err(|e| e.to_string())?;
         let pid = unsafe { libc::fork() };
         if pid < 0 {
@@ -302,6 +307,21 @@ fn loader(o: &Opts) -> Res<String> {
                     }
                     if cold {
                         libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
+                    }
+                    if mapped {
+                        let m =
+                            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, fd, 0);
+                        libc::close(fd);
+                        if m == libc::MAP_FAILED {
+                            libc::_exit(1);
+                        }
+                        let mut sum = 0u8;
+                        for off in (0..len).step_by(4096) {
+                            sum = sum.wrapping_add(std::ptr::read_volatile(m.cast::<u8>().add(off)));
+                        }
+                        std::hint::black_box(sum);
+                        libc::munmap(m, len);
+                        continue;
                     }
                     while libc::read(fd, buf, CHUNK) > 0 {}
                     libc::close(fd);

@@ -501,9 +501,13 @@ pub struct Snapshot {
     /// Switches the tracepoint never delivered, repaired from the kernel's
     /// counters (see `stall_common::counter::SCHED_REPAIRED`), cumulative.
     pub sched_repaired: u64,
-    /// Bytes read from storage per process and file, cumulative; None where
-    /// the kernel does not let stall see page-cache fills.
-    pub storage: Option<Vec<StorageSnap>>,
+    /// What each process took of each file outside its read calls, per
+    /// file, cumulative; None where the kernel does not let stall see
+    /// page-cache fills.
+    pub inode_bytes: Option<Vec<InodeSnap>>,
+    /// Whether the kernel side follows faults on mappings here (else
+    /// `InodeSnap::mmap_bytes` stays 0 and means nothing).
+    pub mmap_known: bool,
 }
 
 /// A file as the page cache knows it: the kernel's device number (major
@@ -522,12 +526,15 @@ impl Inode {
     }
 }
 
-/// What one process caused to be read from storage for one file.
+/// What one process took of one file outside its read calls.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StorageSnap {
+pub struct InodeSnap {
     pub tgid: u32,
     pub inode: Inode,
-    pub bytes: u64,
+    /// Bytes it caused to be read from storage.
+    pub storage_bytes: u64,
+    /// Bytes its faults mapped into it.
+    pub mmap_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use serde::Serialize;
 use stall_common::reason;
 
 use crate::{
-    aggregate::{storage_share, PageCache, ProcWindow, ThreadWindow, Waker, Window},
+    aggregate::{is_code_file, storage_share, PageCache, ProcWindow, ThreadWindow, Waker, Window},
     capture::syscalls,
     correlate::Roles,
     progress::ProgressView,
@@ -491,19 +491,6 @@ fn wakers_of(main: &ThreadWindow, workers: &[&ProcWindow]) -> String {
     format!(", woken {n} times by {} (most by pid {top_pid} ×{top_n})", workers_word(procs.len()))
 }
 
-/// Files that are the interpreter's and its libraries' own (modules,
-/// bytecode, shared objects, the loader's cache), not the job's data: the
-/// evidence names data files.
-fn is_code_file(path: &str) -> bool {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    [".py", ".pyc", ".pyi", ".pth", ".so"].iter().any(|ext| name.ends_with(ext))
-        || name.contains(".so.")
-        || ["/__pycache__/", "/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3"]
-            .iter()
-            .any(|d| path.contains(d))
-        || path == "/etc/ld.so.cache"
-}
-
 /// " (98 % from storage, page cache cold)": how much of what `procs` took
 /// in (`bytes`) the page cache had to bring from storage; empty where the
 /// kernel does not show it.
@@ -529,10 +516,10 @@ fn top_files(w: &Window, secs: f64) -> Vec<String> {
         .map(|(pid, f)| {
             let source = f.source().map(|s| format!(", {s}")).unwrap_or_default();
             format!(
-                "file {}: {} in {} reads by pid {pid} ({} while open{source})",
+                "file {}: {} {} by pid {pid} ({} while open{source})",
                 f.path,
                 units::bytes(f.bytes_in()),
-                f.read_calls,
+                f.taken_by(),
                 units::rate(f.bytes_in(), f.rate_secs(secs))
             )
         })

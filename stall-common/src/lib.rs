@@ -124,7 +124,8 @@ pub mod counter {
     pub const LOST_FD_MAP: u32 = 2;
     pub const LOST_WAKE_MAP: u32 = 3;
     pub const LOST_PATH: u32 = 4;
-    /// A page-cache fill of a tracked process found `STORAGE` full.
+    /// A page-cache fill or a mapping fault of a tracked process found
+    /// `INODE_BYTES` full.
     pub const LOST_INODE_MAP: u32 = 5;
     /// An io_uring read of a tracked thread found `URING_PENDING` or
     /// `URING_READS` full.
@@ -232,7 +233,7 @@ pub mod kclock {
     pub const DELAY: u8 = 2;
 }
 
-/// Key of the `STORAGE` map: one file (the kernel's device and inode
+/// Key of the `INODE_BYTES` map: one file (the kernel's device and inode
 /// number, as the page cache knows it) read by one process.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -241,6 +242,28 @@ pub struct InodeKey {
     /// The kernel's `dev_t`: major << 20 | minor.
     pub dev: u32,
     pub ino: u64,
+}
+
+/// Value of the `INODE_BYTES` map: what one process took of one file
+/// outside its read calls, cumulative.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InodeBytes {
+    /// Bytes it caused to be read from storage (page-cache fills by its
+    /// reads, its faults and their read-ahead).
+    pub storage: u64,
+    /// Bytes its faults mapped into it from the file (fault-around windows
+    /// and single-page faults, from the page cache or storage).
+    pub mapped: u64,
+    /// The page range `[window_start, window_stop)` counted last for this
+    /// file: a fault that retries pages of it (not yet read when first
+    /// tried) does not count them again. Zeroed: none.
+    pub window_start: u64,
+    pub window_stop: u64,
+    /// 1 + the page a single-page fault counted alone where the kernel maps
+    /// whole folios: the page was not in the cache yet, so its folio's other
+    /// pages are counted at the file's next fault; 0: none.
+    pub pending: u64,
 }
 
 /// Where the page-cache fill program finds a filled folio's file and size
@@ -264,6 +287,27 @@ pub struct PageCacheOffsets {
     /// The byte holding a large folio's order (`_folio_order`, or the low
     /// byte of `_flags_1`); 0: folios are single pages here (5.10).
     pub order_byte: u32,
+    /// `inode.i_size`: pages a fault window tried past the end are not
+    /// counted.
+    pub size: u32,
+    /// Where the fault trampolines find the file of a `struct vm_fault *`
+    /// (kernels without the `mm_filemap_*` fault tracepoints):
+    /// `vm_fault.vma`, `vm_fault.pgoff`, `vm_area_struct.vm_file`,
+    /// `file.f_mapping`; `file_mapping` 0: not found, the trampolines are
+    /// not loaded.
+    pub fault_vma: u32,
+    pub fault_pgoff: u32,
+    pub vma_file: u32,
+    pub file_mapping: u32,
+    /// Where the page cache's folio holding an index is found:
+    /// `address_space.i_pages.xa_head`, `xa_node.shift`, `xa_node.slots`.
+    pub xa_head: u32,
+    pub node_shift: u32,
+    pub node_slots: u32,
+    /// Non-zero: a fault maps each large folio it reaches whole (6.18 on),
+    /// not only the part inside its window.
+    pub whole_folios: u32,
+    pub _pad: u32,
 }
 
 /// Where the io_uring tracepoints keep what the read programs need; the
@@ -759,6 +803,7 @@ mod pod {
     unsafe impl aya::Pod for WakeKey {}
     unsafe impl aya::Pod for WakeStats {}
     unsafe impl aya::Pod for InodeKey {}
+    unsafe impl aya::Pod for InodeBytes {}
     unsafe impl aya::Pod for UringKey {}
     unsafe impl aya::Pod for UringRead {}
     unsafe impl aya::Pod for UringReads {}
@@ -830,7 +875,8 @@ mod tests {
         assert_eq!(size_of::<OpenEvent>(), 24 + 8 + 16 + 8 + PATH_LEN);
         assert_eq!(size_of::<SwitchEvent>(), 24 + 8 + 8 + 8);
         assert_eq!(size_of::<InodeKey>(), 16);
-        assert_eq!(size_of::<PageCacheOffsets>(), 32);
+        assert_eq!(size_of::<PageCacheOffsets>(), 72);
+        assert_eq!(size_of::<InodeBytes>(), 40);
         assert_eq!(size_of::<UringLayout>(), 24);
         assert_eq!(size_of::<UringKey>(), 16);
         assert_eq!(size_of::<UringRead>(), 16);

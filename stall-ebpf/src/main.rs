@@ -20,6 +20,7 @@
 // BPF inline asm (atomic add) is behind this gate; the build sets RUSTC_BOOTSTRAP.
 #![feature(asm_experimental_arch)]
 
+mod mapped;
 mod maps;
 mod pagecache;
 mod running;

@@ -5,8 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use stall_common::{
-    counter, syscall_class, CpuSlot, FdKey, FileStats, InodeKey, ThreadStats, UringKey, UringRead,
-    UringReads, WakeKey, WakeStats,
+    counter, syscall_class, CpuSlot, FdKey, FileStats, InodeBytes, InodeKey, ThreadStats, UringKey,
+    UringRead, UringReads, WakeKey, WakeStats,
 };
 
 /// Tracked threads by tid. Being here is what "tracked" means.
@@ -22,9 +22,10 @@ pub static CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1024, 0);
 #[map]
 pub static FILES: HashMap<FdKey, FileStats> = HashMap::with_max_entries(32768, 0);
 
-/// Bytes each tracked process caused to be read from storage, per file.
+/// What each tracked process took of each file outside its read calls:
+/// bytes read from storage for it, bytes its faults mapped.
 #[map]
-pub static STORAGE: HashMap<InodeKey, u64> = HashMap::with_max_entries(32768, 0);
+pub static INODE_BYTES: HashMap<InodeKey, InodeBytes> = HashMap::with_max_entries(32768, 0);
 
 /// io_uring reads of tracked threads submitted and not completed yet.
 #[map]

@@ -7,20 +7,20 @@
 //! syscall hooks are attached (none in the daemon's cheap tier). Costs a
 //! lookup per filled folio of any process, nothing per read from cache.
 use aya_ebpf::{helpers::bpf_probe_read_kernel, macros::raw_tracepoint, programs::RawTracePointContext};
-use stall_common::{counter, hook, InodeKey};
+use stall_common::{counter, hook, InodeBytes, InodeKey, PageCacheOffsets};
 
 use crate::{
     atomic_add, bump, config, current,
-    maps::STORAGE,
+    maps::INODE_BYTES,
     sched::{current_task, read_u32, read_u64, syscall_nr},
     syscalls::hook_of,
     BPF_NOEXIST,
 };
 
 /// x86-64's page size.
-const PAGE_BYTES: u64 = 4096;
+pub(crate) const PAGE_BYTES: u64 = 4096;
 /// `PAGE_MAPPING_ANON`: the mapping field of an anonymous page.
-const MAPPING_ANON: u64 = 1;
+pub(crate) const MAPPING_ANON: u64 = 1;
 
 /// `mm_filemap_add_to_page_cache(struct folio *folio)` (`struct page *`
 /// before 5.16: the same first fields), on kernels with `bpf_task_pt_regs`.
@@ -55,14 +55,8 @@ fn fill<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
     if mapping == 0 || mapping & MAPPING_ANON != 0 {
         return 0;
     }
-    let inode = read_u64(mapping, off.host);
-    if inode == 0 {
+    let Some(key) = inode_key(cur.tgid, mapping, off) else {
         return 0;
-    }
-    let key = InodeKey {
-        tgid: cur.tgid,
-        dev: read_u32(read_u64(inode, off.sb), off.dev),
-        ino: read_u64(inode, off.ino),
     };
     let mut pages = 1;
     if off.order_byte != 0 && (read_u64(folio, off.flags) >> off.head_bit) & 1 != 0 {
@@ -70,18 +64,35 @@ fn fill<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
             unsafe { bpf_probe_read_kernel((folio + u64::from(off.order_byte)) as *const u8) }.unwrap_or(0);
         pages = 1u64 << (order & 31);
     }
-    let bytes = pages * PAGE_BYTES;
-    if let Some(p) = STORAGE.get_ptr_mut(key) {
-        unsafe { atomic_add(p, bytes) };
-        return 0;
-    }
-    // Another thread of the process may insert the same file at once: then
-    // add to its entry.
-    if STORAGE.insert(key, bytes, BPF_NOEXIST).is_err() {
-        match STORAGE.get_ptr_mut(key) {
-            Some(p) => unsafe { atomic_add(p, bytes) },
-            None => bump(counter::LOST_INODE_MAP),
-        }
+    if let Some(e) = inode_entry(&key) {
+        unsafe { atomic_add(&raw mut (*e).storage, pages * PAGE_BYTES) };
     }
     0
+}
+
+/// The file of an `address_space`, as a process's entry in `INODE_BYTES`.
+#[inline(always)]
+pub(crate) fn inode_key(tgid: u32, mapping: u64, off: &PageCacheOffsets) -> Option<InodeKey> {
+    let inode = read_u64(mapping, off.host);
+    if inode == 0 {
+        return None;
+    }
+    Some(InodeKey { tgid, dev: read_u32(read_u64(inode, off.sb), off.dev), ino: read_u64(inode, off.ino) })
+}
+
+/// The process's entry for a file, made if missing; None (and counted as
+/// lost) when the map is full.
+#[inline(always)]
+pub(crate) fn inode_entry(key: &InodeKey) -> Option<*mut InodeBytes> {
+    if let Some(p) = INODE_BYTES.get_ptr_mut(key) {
+        return Some(p);
+    }
+    // Another thread of the process may insert the same file at once: then
+    // its entry is used.
+    let _ = INODE_BYTES.insert(key, &InodeBytes::default(), BPF_NOEXIST);
+    let p = INODE_BYTES.get_ptr_mut(key);
+    if p.is_none() {
+        bump(counter::LOST_INODE_MAP);
+    }
+    p
 }

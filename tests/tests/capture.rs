@@ -418,11 +418,12 @@ fn an_io_uring_read_of_a_file_is_counted() {
 
 /// Files on a block device, two evicted from the page cache and two left
 /// in it, one of each read with read() and one of each mapped with every
-/// page touched: what came from storage is each cold file's size (pages
-/// rounded up, 2 %), a warm file's nearly nothing, and the mapped files'
-/// bytes count though read() never ran on them.
+/// page touched (twice): what came from storage is each cold file's size
+/// (pages rounded up, 2 %), a warm file's nearly nothing; what was mapped
+/// is each mapped file's size, cold or warm, counted once, though read()
+/// never ran on it.
 #[test]
-fn storage_bytes_tell_cold_files_from_cached_ones_for_reads_and_mappings() {
+fn storage_and_mapped_bytes_tell_cold_files_from_cached_ones_for_reads_and_mappings() {
     require_root();
     let s = disk_scratch("storage");
     let truth_path = s.path("truth.json");
@@ -430,7 +431,7 @@ fn storage_bytes_tell_cold_files_from_cached_ones_for_reads_and_mappings() {
     assert_eq!(run.status, 0, "{}", run.stderr);
     let t = truth(&truth_path);
     let pid = t["pid"].as_u64().unwrap();
-    let mut cold = 0;
+    let (mut cold, mut mapped_total) = (0, 0);
     for (path, f) in t["files"].as_object().unwrap() {
         let size = f["size"].as_u64().unwrap();
         let got = run.file(pid, Path::new(path));
@@ -446,9 +447,20 @@ fn storage_bytes_tell_cold_files_from_cached_ones_for_reads_and_mappings() {
         }
         let read = if f["mapped"] == true { 0 } else { size };
         assert_eq!(got["read_bytes"], read, "{path}: {got}");
+        let mapped = got["mmap_bytes"].as_u64().unwrap_or_else(|| panic!("no mmap_bytes: {got}"));
+        if f["mapped"] == true {
+            mapped_total += size;
+            assert!(
+                mapped >= size && mapped as f64 <= size as f64 * 1.02,
+                "{path}: mapped {mapped} of {size}: {got}"
+            );
+        } else {
+            assert_eq!(mapped, 0, "{path}: {got}");
+        }
     }
     let p = run.process(pid);
     assert!(p["storage_bytes"].as_u64().unwrap() >= cold, "{p}");
+    assert!(p["mmap_bytes"].as_u64().unwrap() >= mapped_total, "{p}");
 }
 
 /// A shell that redirects its own stdout (`exec >FILE`: open, dup2 onto 1,

@@ -312,8 +312,9 @@ fn io_bound_job_under_run() {
 /// 1b. The same job with workers that map their shards and copy batches
 ///     out of the mappings (torch.load(mmap=True), safetensors, Arrow):
 ///     no read(2), the bytes arrive by page faults from throttled storage.
-///     input-io-bound, the bytes within 5 % of the shards, the shards named
-///     with where their bytes came from, and exactly the workers as workers.
+///     input-io-bound, the bytes (mapped, and from storage) within 5 % of
+///     the shards, the shards named with where their bytes came from, and
+///     exactly the workers as workers.
 #[test]
 fn mapped_shards_are_read_from_storage() {
     let _t = Timed::start("mapped_shards_are_read_from_storage");
@@ -349,6 +350,12 @@ fn mapped_shards_are_read_from_storage() {
             assert_close(
                 &format!("worker {pid}: {} from storage", path.display()),
                 storage as f64,
+                u(&f["bytes"]) as f64,
+                0.05,
+            );
+            assert_close(
+                &format!("worker {pid}: {} through the mapping", path.display()),
+                u(&f_run["mmap_bytes"]) as f64,
                 u(&f["bytes"]) as f64,
                 0.05,
             );

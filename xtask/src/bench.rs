@@ -329,6 +329,8 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
     let loader = |p: u64| strs(&["loader", "--files", &shards.join(","), "--passes", &p.to_string()]);
     let cold_loader =
         |p: u64| strs(&["loader", "--files", &shards.join(","), "--passes", &p.to_string(), "--cold", "1"]);
+    let mapped_loader =
+        |p: u64| strs(&["loader", "--files", &shards.join(","), "--passes", &p.to_string(), "--mmap", "1"]);
     let futex = |n: u64| strs(&["futex", "--iters", &n.to_string(), "--cpu", "1"]);
     let fork = |n: u64| strs(&["fork", "--n", &n.to_string()]);
     let w = |key, title, what: String, unit, args, strace_args, neighbour| Workload {
@@ -378,6 +380,19 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
             "1 MiB read",
             cold_loader(passes / 4),
             cold_loader(passes / 4),
+            false,
+        ),
+        w(
+            "loader-mmap",
+            "DataLoader-like through mappings: the same files mapped, page cache warm",
+            format!(
+                "as loader, but each pass maps its file, touches every page and unmaps it (as \
+                 `torch.load(mmap=True)` or an Arrow dataset would): the bytes arrive by page faults, \
+                 which stall counts as mapped bytes; {passes} passes"
+            ),
+            "1 MiB mapped",
+            mapped_loader(passes),
+            mapped_loader(passes),
             false,
         ),
         w(

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use stall_common::{counter::LOST_CAUSES, fd_kind, WAKER_ANY_THREAD};
 
-use super::window::{fold_small_ended, FileWindow, ProcWindow, ThreadWindow, Waker, Window};
+use super::window::{add_known, fold_small_ended, FileWindow, ProcWindow, ThreadWindow, Waker, Window};
 use crate::decode::{Event, FileCounters, FileSnap, Inode, Snapshot, ThreadCounters, ThreadNow};
 
 #[derive(Debug, Clone, Default)]
@@ -110,8 +110,11 @@ pub struct Model {
     pub threads: BTreeMap<u32, Thread>,
     pub files: HashMap<u64, File>,
     wakes: HashMap<(u32, u32), Wake>,
-    /// Storage bytes per (process, file); None: not seen on this kernel.
-    storage: Option<HashMap<(u32, Inode), Tally>>,
+    /// Storage and mapped bytes per (process, file); None: not seen on
+    /// this kernel.
+    inode_bytes: Option<HashMap<(u32, Inode), InodeTally>>,
+    /// Whether mapped bytes are followed on this kernel.
+    mmap_known: bool,
     /// The path a process opened each file by (kept after it closes: the
     /// page cache fills a mapping long after its descriptor is gone).
     inode_paths: HashMap<(u32, Inode), (String, Option<String>)>,
@@ -147,6 +150,14 @@ struct Folded {
     counters: ThreadCounters,
     files: HashMap<String, FileWindow>,
     storage_bytes: u64,
+    mmap_bytes: u64,
+}
+
+/// What the kernel counts per (process, file) outside read calls.
+#[derive(Debug, Clone, Copy, Default)]
+struct InodeTally {
+    storage: Tally,
+    mapped: Tally,
 }
 
 impl Model {
@@ -302,11 +313,14 @@ impl Model {
             self.proc_mut(tgid);
         }
         self.apply_files(&snap.files);
-        if let Some(fills) = &snap.storage {
-            let storage = self.storage.get_or_insert_with(HashMap::new);
-            for s in fills {
+        if let Some(counts) = &snap.inode_bytes {
+            self.mmap_known = snap.mmap_known;
+            let inode_bytes = self.inode_bytes.get_or_insert_with(HashMap::new);
+            for s in counts {
                 // Cumulative in the kernel until the process is retired.
-                storage.entry((s.tgid, s.inode)).or_default().see(s.bytes);
+                let e = inode_bytes.entry((s.tgid, s.inode)).or_default();
+                e.storage.see(s.storage_bytes);
+                e.mapped.see(s.mmap_bytes);
             }
         }
         for w in &snap.wakes {
@@ -457,8 +471,9 @@ impl Model {
         for w in self.wakes.values_mut() {
             w.count.set_mark();
         }
-        for s in self.storage.iter_mut().flat_map(|m| m.values_mut()) {
-            s.set_mark();
+        for s in self.inode_bytes.iter_mut().flat_map(|m| m.values_mut()) {
+            s.storage.set_mark();
+            s.mapped.set_mark();
         }
         self.opened.clear();
         self.lost_mark = self.lost;
@@ -493,20 +508,25 @@ impl Model {
         }
         // One pass over the wakers, storage and folded files for the batch.
         self.wakes.retain(|(wakee, waker), _| !gone_tids.contains(wakee) && !gone_tids.contains(waker));
-        if let Some(storage) = self.storage.as_mut() {
+        if let Some(inode_bytes) = self.inode_bytes.as_mut() {
             let folded = &mut self.folded;
             let paths = &self.inode_paths;
-            storage.retain(|key, s| {
+            let mmap_known = self.mmap_known;
+            inode_bytes.retain(|key, s| {
                 if !gone_tgids.contains(&key.0) {
                     return true;
                 }
-                folded.storage_bytes += s.total;
+                folded.storage_bytes += s.storage.total;
+                folded.mmap_bytes += s.mapped.total;
                 if let Some((path, _)) = paths.get(key) {
                     let f = folded
                         .files
                         .entry(path.clone())
                         .or_insert_with(|| FileWindow { path: path.clone(), ..Default::default() });
-                    f.storage_bytes = Some(f.storage_bytes.unwrap_or(0) + s.total);
+                    f.storage_bytes = Some(f.storage_bytes.unwrap_or(0) + s.storage.total);
+                    if mmap_known {
+                        f.mmap_bytes = Some(f.mmap_bytes.unwrap_or(0) + s.mapped.total);
+                    }
                 }
                 false
             });
@@ -617,29 +637,35 @@ impl Model {
             }
             e.add_counters(&d);
         }
-        if let Some(storage) = &self.storage {
+        if let Some(inode_bytes) = &self.inode_bytes {
+            let mmap_zero = self.mmap_known.then_some(0);
             for p in &mut procs {
-                p.storage_bytes = Some(0);
+                (p.storage_bytes, p.mmap_bytes) = (Some(0), mmap_zero);
             }
             for f in by_path.values_mut() {
-                f.storage_bytes = Some(0);
+                (f.storage_bytes, f.mmap_bytes) = (Some(0), mmap_zero);
             }
-            for ((tgid, inode), s) in storage {
+            for ((tgid, inode), s) in inode_bytes {
                 let Some(&i) = index.get(tgid) else { continue };
-                let n = s.since(since_mark);
-                if n == 0 {
+                let (storage, mapped) = (s.storage.since(since_mark), s.mapped.since(since_mark));
+                if storage == 0 && mapped == 0 {
                     continue;
                 }
-                *procs[i].storage_bytes.get_or_insert(0) += n;
+                let p = &mut procs[i];
+                p.storage_bytes = add_known(p.storage_bytes, Some(storage));
+                p.mmap_bytes = add_known(p.mmap_bytes, mmap_zero.map(|_| mapped));
                 // Files it opened under a path; others (mapped before stall
                 // came) count for the process only.
                 let Some((path, resolved)) = self.inode_paths.get(&(*tgid, *inode)) else { continue };
                 let e = by_path.entry((i, path.as_str())).or_insert_with(|| FileWindow {
                     path: path.clone(),
                     resolved: resolved.clone(),
+                    storage_bytes: Some(0),
+                    mmap_bytes: mmap_zero,
                     ..Default::default()
                 });
-                *e.storage_bytes.get_or_insert(0) += n;
+                e.storage_bytes = add_known(e.storage_bytes, Some(storage));
+                e.mmap_bytes = add_known(e.mmap_bytes, mmap_zero.map(|_| mapped));
             }
         }
         for ((i, _), fw) in by_path {
@@ -660,7 +686,8 @@ impl Model {
                     ..Default::default()
                 }],
                 files,
-                storage_bytes: self.storage.as_ref().map(|_| self.folded.storage_bytes),
+                storage_bytes: self.inode_bytes.as_ref().map(|_| self.folded.storage_bytes),
+                mmap_bytes: (self.inode_bytes.is_some() && self.mmap_known).then_some(self.folded.mmap_bytes),
                 ..Default::default()
             });
         }
@@ -697,7 +724,7 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::{StorageSnap, ThreadSnap, WakeSnap};
+    use crate::decode::{InodeSnap, ThreadSnap, WakeSnap};
 
     fn open(tgid: u32, fd: i32, id: u64, path: &str) -> Event {
         Event::Open { ts: 0, tid: tgid, tgid, fd, file_id: id, path: path.into(), dfd: -100, dup_of: None }
@@ -751,46 +778,58 @@ mod tests {
         assert_eq!((get("/a"), get("/b")), (100, 7));
     }
 
-    /// Storage bytes land on the path the process opened the file by, in
-    /// the window they were filled in, also after the descriptor closed (a
-    /// mapping outlives it); a file stall never saw opened counts for the
-    /// process only; a kernel without the hook says nothing (None).
+    /// Storage and mapped bytes land on the path the process opened the file
+    /// by, in the window they were counted in, also after the descriptor
+    /// closed (a mapping outlives it); a file stall never saw opened counts
+    /// for the process only; a kernel without the hooks says nothing (None).
     #[test]
-    fn storage_bytes_follow_the_inode_to_its_path() {
+    fn inode_bytes_follow_the_inode_to_its_path() {
         let mut m = Model::new(0);
         m.apply(&open(10, 3, 1, "/data/shard.arrow"));
         let shard = Inode { dev: 8 << 20 | 1, ino: 42 };
         m.set_file_inode(1, shard);
         m.apply(&Event::Close { ts: 10, tgid: 10, fd: 3, file_id: 1, counters: FileCounters::default() });
         let lib = Inode { dev: 8 << 20 | 1, ino: 7 };
-        let fills = |shard_bytes, lib_bytes| Snapshot {
+        let counts = |shard_bytes, lib_bytes, mmap_known| Snapshot {
             ts: 1_000,
-            storage: Some(vec![
-                StorageSnap { tgid: 10, inode: shard, bytes: shard_bytes },
-                StorageSnap { tgid: 10, inode: lib, bytes: lib_bytes },
+            inode_bytes: Some(vec![
+                InodeSnap { tgid: 10, inode: shard, storage_bytes: shard_bytes, mmap_bytes: 2 * shard_bytes },
+                InodeSnap { tgid: 10, inode: lib, storage_bytes: lib_bytes, mmap_bytes: 0 },
             ]),
+            mmap_known,
             ..Default::default()
         };
-        m.apply_snapshot(&fills(4096, 8192));
+        m.apply_snapshot(&counts(4096, 8192, true));
         let w1 = m.interval(1_000);
-        m.apply_snapshot(&fills(3 * 4096, 8192));
+        m.apply_snapshot(&counts(3 * 4096, 8192, true));
         let w2 = m.interval(2_000);
-        let storage = |w: &Window| {
+        let bytes = |w: &Window| {
             let p = w.proc(10).unwrap();
-            let f = p.files.iter().find(|f| f.path == "/data/shard.arrow").and_then(|f| f.storage_bytes);
-            (p.storage_bytes, f)
+            let f = p.files.iter().find(|f| f.path == "/data/shard.arrow").unwrap();
+            (p.storage_bytes, f.storage_bytes, p.mmap_bytes, f.mmap_bytes)
         };
-        assert_eq!(storage(&w1), (Some(4096 + 8192), Some(4096)));
-        assert_eq!(storage(&w2), (Some(2 * 4096), Some(2 * 4096)));
-        assert_eq!(storage(&m.summary(2_000)), (Some(3 * 4096 + 8192), Some(3 * 4096)));
+        assert_eq!(bytes(&w1), (Some(4096 + 8192), Some(4096), Some(8192), Some(8192)));
+        assert_eq!(bytes(&w2), (Some(2 * 4096), Some(2 * 4096), Some(4 * 4096), Some(4 * 4096)));
+        assert_eq!(
+            bytes(&m.summary(2_000)),
+            (Some(3 * 4096 + 8192), Some(3 * 4096), Some(6 * 4096), Some(6 * 4096))
+        );
+
+        // Fills seen, faults not followed: mapped bytes unknown.
+        let mut no_faults = Model::new(0);
+        no_faults.apply(&open(10, 3, 1, "/data/shard.arrow"));
+        no_faults.set_file_inode(1, shard);
+        no_faults.apply_snapshot(&counts(4096, 0, false));
+        let w = no_faults.summary(1_000);
+        let f = &w.proc(10).unwrap().files[0];
+        assert_eq!((f.storage_bytes, f.mmap_bytes, w.proc(10).unwrap().mmap_bytes), (Some(4096), None, None));
+
         let mut none = Model::new(0);
         none.apply(&open(10, 3, 1, "/data/shard.arrow"));
         none.apply_snapshot(&Snapshot { ts: 1, ..Default::default() });
         let w = none.summary(1);
-        assert_eq!(
-            (w.proc(10).unwrap().storage_bytes, w.proc(10).unwrap().files[0].storage_bytes),
-            (None, None)
-        );
+        let (p, f) = (w.proc(10).unwrap(), &w.proc(10).unwrap().files[0]);
+        assert_eq!((p.storage_bytes, f.storage_bytes, p.mmap_bytes, f.mmap_bytes), (None, None, None, None));
     }
 
     /// A dup names the original's file: its reads add to that path, and it

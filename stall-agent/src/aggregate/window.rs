@@ -67,6 +67,19 @@ pub fn is_kernel_file(path: &str) -> bool {
     ["/sys/", "/proc/", "/dev/"].iter().any(|p| path.starts_with(p))
 }
 
+/// Files that are the interpreter's and its libraries' own (modules,
+/// bytecode, shared objects, the loader's cache), not the job's data: the
+/// evidence names data files.
+pub fn is_code_file(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    [".py", ".pyc", ".pyi", ".pth", ".so"].iter().any(|ext| name.ends_with(ext))
+        || name.contains(".so.")
+        || ["/__pycache__/", "/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3"]
+            .iter()
+            .any(|d| path.contains(d))
+        || path == "/etc/ld.so.cache"
+}
+
 /// The part of `bytes` that came from storage (`storage` of them), at most 1.
 pub fn storage_share(storage: u64, bytes: u64) -> f64 {
     (storage as f64 / bytes as f64).min(1.0)
@@ -91,7 +104,7 @@ impl PageCache {
 }
 
 /// A sum of counts that some windows may not have (None + None is None).
-fn add_known(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+pub(super) fn add_known(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (None, None) => None,
         _ => Some(a.unwrap_or(0) + b.unwrap_or(0)),
@@ -127,6 +140,7 @@ impl Window {
             let mut q = ProcWindow {
                 other_read_bytes: p.other_read_bytes.saturating_sub(b.other_read_bytes),
                 storage_bytes: sub_known(p.storage_bytes, b.storage_bytes),
+                mmap_bytes: sub_known(p.mmap_bytes, b.mmap_bytes),
                 threads: Vec::with_capacity(p.threads.len()),
                 files: Vec::with_capacity(p.files.len()),
                 ..p.clone()
@@ -167,9 +181,14 @@ impl Window {
                     write_calls: f.write_calls.saturating_sub(bf.write_calls),
                     open_ns: f.open_ns.saturating_sub(bf.open_ns),
                     storage_bytes: sub_known(f.storage_bytes, bf.storage_bytes),
+                    mmap_bytes: sub_known(f.mmap_bytes, bf.mmap_bytes),
                     ..f.clone()
                 };
-                if d.read_calls + d.write_calls + d.opens > 0 || d.open_ns > 0 || d.storage_bytes > Some(0) {
+                if d.read_calls + d.write_calls + d.opens > 0
+                    || d.open_ns > 0
+                    || d.storage_bytes > Some(0)
+                    || d.mmap_bytes > Some(0)
+                {
                     q.files.push(d);
                 }
             }
@@ -224,6 +243,7 @@ impl Window {
                 op.comm.clone_from(&p.comm);
                 op.other_read_bytes += p.other_read_bytes;
                 op.storage_bytes = add_known(op.storage_bytes, p.storage_bytes);
+                op.mmap_bytes = add_known(op.mmap_bytes, p.mmap_bytes);
                 for t in &p.threads {
                     let ti = match thread_at[pi].get(&t.tid) {
                         Some(&ti) => {
@@ -289,6 +309,9 @@ pub struct ProcWindow {
     /// reads, faults on mappings and read-ahead), whatever the file; None:
     /// not seen on this kernel.
     pub storage_bytes: Option<u64>,
+    /// Bytes of files its faults mapped into it (from the page cache or
+    /// storage), whatever the file; None: not seen on this kernel.
+    pub mmap_bytes: Option<u64>,
     /// When it was forked and last exec'd, if seen while traced (0: not).
     pub born_ns: u64,
     pub exec_ns: u64,
@@ -306,9 +329,11 @@ impl ProcWindow {
         self.files.iter().map(|f| f.read_bytes).sum()
     }
 
-    /// What it took in from files: per file the read bytes or, where more,
-    /// what it had read from storage (a mapping's pages), and storage bytes
-    /// of files it was not seen opening.
+    /// What it took in from files: per file what it read and mapped (or,
+    /// where more, what it had read from storage), and what it had read from
+    /// storage of files it was not seen opening. (Pages of files mapped
+    /// before it was traced are left out: most are its libraries' code,
+    /// faulted in again by each forked worker.)
     pub fn input_bytes(&self) -> u64 {
         let attributed: u64 = self.files.iter().filter_map(|f| f.storage_bytes).sum();
         let unattributed = self.storage_bytes.unwrap_or(0).saturating_sub(attributed);
@@ -319,7 +344,7 @@ impl ProcWindow {
     pub fn moved(&self) -> bool {
         let c = self.sum();
         c.file_read_bytes + c.file_write_bytes + c.stdio_write_bytes > 0
-            || self.files.iter().any(|f| f.read_bytes + f.write_bytes > 0)
+            || self.files.iter().any(|f| f.read_bytes + f.write_bytes > 0 || f.mmap_bytes > Some(0))
     }
     pub fn file_write_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.write_bytes).sum()
@@ -386,31 +411,54 @@ pub struct FileWindow {
     /// Bytes of it this process caused to be read from storage (the rest of
     /// what it read came from the page cache); None: not seen here.
     pub storage_bytes: Option<u64>,
+    /// Bytes of it this process's faults mapped into it (its pages touched
+    /// through a mapping); None: not seen here.
+    pub mmap_bytes: Option<u64>,
 }
 
 impl FileWindow {
-    /// The bytes of it the process took in: read, or where more (pages of a
-    /// mapping, which read() never saw), brought in from storage.
+    /// The bytes of it the process took in: read and mapped, or where more
+    /// (pages of a mapping where faults are not followed), brought in from
+    /// storage. The pages of a program's own code (shared objects, modules)
+    /// it runs through a mapping are not input.
     pub fn bytes_in(&self) -> u64 {
-        self.read_bytes.max(self.storage_bytes.unwrap_or(0))
+        let mapped = if is_code_file(self.resolved.as_deref().unwrap_or(&self.path)) {
+            0
+        } else {
+            self.mmap_bytes.unwrap_or(0)
+        };
+        (self.read_bytes + mapped).max(self.storage_bytes.unwrap_or(0))
+    }
+
+    /// How it was taken in: "in 12 reads", "mapped", "in 12 reads and
+    /// mapped".
+    pub fn taken_by(&self) -> String {
+        let reads = format!("in {} reads", self.read_calls);
+        match (self.read_calls, self.mmap_bytes.unwrap_or(0)) {
+            (_, 0) => reads,
+            (0, _) => "mapped".to_string(),
+            _ => format!("{reads} and mapped"),
+        }
     }
 
     /// Where those bytes came from, where the kernel shows it: "from the
     /// page cache", "82 % from storage", "from storage (page cache cold)",
-    /// or "through a mapping, from storage".
+    /// each "through a mapping, " first where none was read().
     pub fn source(&self) -> Option<String> {
         if is_kernel_file(self.resolved.as_deref().unwrap_or(&self.path)) {
             return None;
         }
         let storage = self.storage_bytes?;
-        if self.read_bytes == 0 {
-            return (storage > 0).then(|| "through a mapping, from storage".to_string());
+        let taken = self.read_bytes + self.mmap_bytes.unwrap_or(0);
+        let how = if self.read_bytes == 0 { "through a mapping, " } else { "" };
+        if taken == 0 {
+            return (storage > 0).then(|| format!("{how}from storage"));
         }
-        let share = storage_share(storage, self.read_bytes);
+        let share = storage_share(storage, taken);
         Some(match PageCache::of(share) {
-            Some(PageCache::Warm) => "from the page cache".to_string(),
-            Some(PageCache::Cold) => "from storage (page cache cold)".to_string(),
-            None => format!("{:.0} % from storage", share * 100.0),
+            Some(PageCache::Warm) => format!("{how}from the page cache"),
+            Some(PageCache::Cold) => format!("{how}from storage (page cache cold)"),
+            None => format!("{how}{:.0} % from storage", share * 100.0),
         })
     }
 
@@ -425,6 +473,7 @@ impl FileWindow {
         self.write_calls += o.write_calls;
         self.open_ns += o.open_ns;
         self.storage_bytes = add_known(self.storage_bytes, o.storage_bytes);
+        self.mmap_bytes = add_known(self.mmap_bytes, o.mmap_bytes);
     }
 
     /// Adds one descriptor's counters (an interval's delta, or its total).
@@ -571,6 +620,37 @@ mod tests {
         };
         // Per file the larger of the two, plus what no opened file accounts for.
         assert_eq!(p.input_bytes(), 1000 + 4096 + (10_000 - 4496));
+
+        // Where faults on mappings are followed: what was mapped counts,
+        // and the storage share is of read and mapped bytes together.
+        let m = |read_bytes, mmap_bytes, storage_bytes| FileWindow {
+            mmap_bytes: Some(mmap_bytes),
+            ..f(read_bytes, Some(storage_bytes))
+        };
+        assert_eq!(m(0, 8192, 0).source().as_deref(), Some("through a mapping, from the page cache"));
+        assert_eq!(
+            m(0, 8192, 8192).source().as_deref(),
+            Some("through a mapping, from storage (page cache cold)")
+        );
+        assert_eq!(m(0, 10_000, 4000).source().as_deref(), Some("through a mapping, 40 % from storage"));
+        assert_eq!(m(1000, 9000, 0).source().as_deref(), Some("from the page cache"));
+        assert_eq!(m(1000, 9000, 0).bytes_in(), 10_000);
+        assert_eq!(m(0, 0, 0).source(), None, "nothing taken, nothing to say");
+        let calls = |read_calls, mmap_bytes| FileWindow { read_calls, mmap_bytes, ..Default::default() };
+        assert_eq!(calls(3, None).taken_by(), "in 3 reads");
+        assert_eq!(calls(3, Some(0)).taken_by(), "in 3 reads");
+        assert_eq!(calls(0, Some(4096)).taken_by(), "mapped");
+        assert_eq!(calls(3, Some(4096)).taken_by(), "in 3 reads and mapped");
+        let p = ProcWindow {
+            files: vec![m(1000, 9000, 0)],
+            storage_bytes: Some(0),
+            mmap_bytes: Some(9000 + 5000),
+            ..Default::default()
+        };
+        assert_eq!(p.input_bytes(), 10_000, "what files not seen opened had mapped is no input");
+        let lib = FileWindow { path: "/usr/lib/libtorch_cpu.so".into(), ..m(0, 1 << 20, 0) };
+        assert_eq!(lib.bytes_in(), 0, "a library's code mapped is no input");
+        assert!(ProcWindow { files: vec![m(0, 4096, 0)], ..Default::default() }.moved());
     }
 
     #[test]

@@ -303,7 +303,9 @@ impl KernelBtf {
 
     /// Where a page-cache folio's file and size are; None where a field is
     /// missing (the page-cache fill program is then not attached).
-    pub fn page_cache_offsets(&self) -> Option<PageCacheOffsets> {
+    /// `whole_folios`: a fault maps each large folio of the page cache it
+    /// reaches whole (6.18 on), not only its window's part.
+    pub fn page_cache_offsets(&self, whole_folios: bool) -> Option<PageCacheOffsets> {
         // Large folios keep their order in the second page: `_folio_order`
         // (6.1, where `_flags_1` is that page's own flags), else the low byte
         // of `_flags_1` (6.6 on); 5.10 has no folios.
@@ -324,6 +326,38 @@ impl KernelBtf {
             dev: self.offset("super_block", "s_dev", &[4])?,
             head_bit,
             order_byte,
+            size: self.offset("inode", "i_size", &[8])?,
+            ..self.folio_offsets(self.fault_offsets().unwrap_or_default(), whole_folios)
+        })
+    }
+
+    /// Adds to `o` where the page cache's folios are found, where the
+    /// kernel maps large folios whole on a fault (`whole_folios`).
+    fn folio_offsets(&self, o: PageCacheOffsets, whole_folios: bool) -> PageCacheOffsets {
+        if !whole_folios {
+            return o;
+        }
+        let found = || {
+            Some(PageCacheOffsets {
+                xa_head: self.offset("address_space", "i_pages.xa_head", &[8])?,
+                node_shift: self.offset("xa_node", "shift", &[1])?,
+                node_slots: self.offset("xa_node", "slots", &[512])?,
+                whole_folios: 1,
+                ..o
+            })
+        };
+        found().unwrap_or(o)
+    }
+
+    /// Where a `struct vm_fault *` leads to its file (the fault
+    /// trampolines), in a `PageCacheOffsets` holding only those fields.
+    fn fault_offsets(&self) -> Option<PageCacheOffsets> {
+        Some(PageCacheOffsets {
+            fault_vma: self.offset("vm_fault", "vma", &[8])?,
+            fault_pgoff: self.offset("vm_fault", "pgoff", &[8])?,
+            vma_file: self.offset("vm_area_struct", "vm_file", &[8])?,
+            file_mapping: self.offset("file", "f_mapping", &[8])?,
+            ..Default::default()
         })
     }
 
@@ -400,9 +434,17 @@ mod tests {
     #[test]
     fn finds_page_cache_fields_on_this_kernel() {
         let Ok(btf) = KernelBtf::open() else { return };
-        let off = btf.page_cache_offsets().expect("page cache offsets");
+        let off = btf.page_cache_offsets(true).expect("page cache offsets");
         assert_eq!((off.flags, off.mapping), (0, 24), "{off:?}");
         assert!(off.head_bit < 64 && off.ino > 0 && off.dev > 0, "{off:?}");
+        // `vm_fault.vma` and `.pgoff` sit in an anonymous const struct (5.11 on).
+        assert!(off.size > 0 && off.vma_file > 0 && off.file_mapping > 0, "{off:?}");
+        assert!(off.fault_pgoff > off.fault_vma, "{off:?}");
+        assert!(
+            off.whole_folios == 1 && off.xa_head > off.host && off.node_slots > off.node_shift,
+            "{off:?}"
+        );
+        assert_eq!(btf.page_cache_offsets(false).unwrap().whole_folios, 0);
         assert!(btf.enumerator("PG_locked") == Some(0));
     }
 

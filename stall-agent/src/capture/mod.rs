@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod btf;
 pub mod cgroup;
+pub mod mapped;
 pub mod procfs;
 pub mod syscalls;
 pub mod tracefs;
@@ -25,14 +26,14 @@ use aya::{
 };
 use stall_common::{
     counter, fd_kind, kclock, reason, run_state, slot_state, syscall_class, task_flags, track_gen, Config,
-    CpuSlot, FdKey, FileStats, InodeKey, Regs, ThreadStats, UringKey, UringRead, UringReads, WakeKey,
-    WakeStats, WAKER_ANY_THREAD,
+    CpuSlot, FdKey, FileStats, InodeBytes, InodeKey, Regs, ThreadStats, UringKey, UringRead, UringReads,
+    WakeKey, WakeStats, WAKER_ANY_THREAD,
 };
 use tokio::io::unix::AsyncFd;
 
 use crate::{
     clock::monotonic_ns,
-    decode::{self, Event, FileSnap, Inode, JobEvent, Snapshot, StorageSnap, ThreadSnap, WakeSnap},
+    decode::{self, Event, FileSnap, Inode, InodeSnap, JobEvent, Snapshot, ThreadSnap, WakeSnap},
     pystack::PyStacks,
 };
 
@@ -162,8 +163,11 @@ pub struct Capture {
     /// What `wakes` had no room for, per waking process.
     wakes_by_proc: HashMap<MapData, WakeKey, WakeStats>,
     cgroups: HashMap<MapData, u64, u32>,
-    /// Storage bytes per process and file (None: no page-cache hook here).
-    storage: Option<HashMap<MapData, InodeKey, u64>>,
+    /// Storage and mapped bytes per process and file (None: no page-cache
+    /// hook here).
+    inode_bytes: Option<HashMap<MapData, InodeKey, InodeBytes>>,
+    /// How faults on mappings are followed (None: not on this kernel).
+    mapped: Option<mapped::Way>,
     /// io_uring reads completed, by submitting thread, and those in flight.
     uring_reads: HashMap<MapData, u32, UringReads>,
     uring_pending: HashMap<MapData, UringKey, UringRead>,
@@ -276,7 +280,7 @@ impl Capture {
             latency_mask: latency_mask(opts.latency_sample)?,
             ringbuf_wake_bytes: opts.ringbuf_bytes.unwrap_or(DEFAULT_RINGBUF_BYTES) / 8,
             page: if tracefs.has(PAGE_CACHE_FILL.1, PAGE_CACHE_FILL.2) {
-                kernel_btf.page_cache_offsets().unwrap_or_default()
+                kernel_btf.page_cache_offsets(mapped::whole_folios()).unwrap_or_default()
             } else {
                 Default::default()
             },
@@ -313,6 +317,11 @@ impl Capture {
             let prog = if features.task_pt_regs { prog } else { "page_cache_fill_stack" };
             program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
         }
+        let mapped = if storage_known {
+            mapped::attach(&mut ebpf, &tracefs, &config.page, btf.as_ref())?
+        } else {
+            None
+        };
         if config.uring.on != 0 {
             let submit = uring_submit.unwrap_or(uring::SUBMIT[0]);
             program(&mut ebpf, "uring_submit", RawTracePoint::load)?.attach(submit).map_err(load_err)?;
@@ -353,7 +362,8 @@ impl Capture {
             wakes: take(&mut ebpf, "WAKES")?,
             wakes_by_proc: take(&mut ebpf, "WAKES_BY_PROC")?,
             cgroups: take(&mut ebpf, "CGROUPS")?,
-            storage: if storage_known { Some(take(&mut ebpf, "STORAGE")?) } else { None },
+            inode_bytes: if storage_known { Some(take(&mut ebpf, "INODE_BYTES")?) } else { None },
+            mapped,
             uring_reads: take(&mut ebpf, "URING_READS")?,
             uring_pending: take(&mut ebpf, "URING_PENDING")?,
             counters: take(&mut ebpf, "COUNTERS")?,
@@ -721,16 +731,18 @@ impl Capture {
             events,
             sched_gaps: self.counter_sum(counter::SCHED_GAPS),
             sched_repaired: self.counter_sum(counter::SCHED_REPAIRED),
-            storage: self.storage.as_ref().map(|m| {
+            inode_bytes: self.inode_bytes.as_ref().map(|m| {
                 m.iter()
                     .filter_map(Result::ok)
-                    .map(|(k, bytes)| StorageSnap {
+                    .map(|(k, b)| InodeSnap {
                         tgid: k.tgid,
                         inode: Inode { dev: k.dev, ino: k.ino },
-                        bytes,
+                        storage_bytes: b.storage,
+                        mmap_bytes: b.mapped,
                     })
                     .collect()
             }),
+            mmap_known: self.mapped.is_some(),
         }
     }
 
@@ -757,9 +769,9 @@ impl Capture {
                 .iter()
                 .map(|(k, s)| FileSnap::of(k, s))
                 .collect();
-            if let Some(storage) = self.storage.as_mut() {
+            if let Some(inode_bytes) = self.inode_bytes.as_mut() {
                 // Their last counts were in the snapshot just taken.
-                remove_where(storage, |k, _| tgids.contains(&k.tgid));
+                remove_where(inode_bytes, |k, _| tgids.contains(&k.tgid));
             }
         }
         if tids.is_empty() && tgids.is_empty() {

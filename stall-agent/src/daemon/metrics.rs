@@ -126,6 +126,7 @@ pub struct Metrics {
     read_calls: Family<RoleLabels, Counter>,
     ipc_read_bytes: Family<RoleLabels, Counter>,
     storage_bytes: Family<RoleLabels, Counter>,
+    mmap_bytes: Family<RoleLabels, Counter>,
     write_bytes: Family<RoleLabels, Counter>,
     on_cpu: Family<RoleLabels, FloatCounter>,
     off_cpu: Family<ReasonLabels, FloatCounter>,
@@ -163,6 +164,7 @@ impl Metrics {
             read_calls: Family::default(),
             ipc_read_bytes: Family::default(),
             storage_bytes: Family::default(),
+            mmap_bytes: Family::default(),
             write_bytes: Family::default(),
             on_cpu: Family::default(),
             off_cpu: Family::default(),
@@ -199,6 +201,12 @@ impl Metrics {
             "Bytes the processes caused to be read from storage (page-cache fills by reads, mappings and read-ahead)",
             Unit::Bytes,
             m.storage_bytes.clone(),
+        );
+        r.register_with_unit(
+            "mmap_read",
+            "Bytes of files the processes' faults mapped into them (memory-mapped data, and their own code)",
+            Unit::Bytes,
+            m.mmap_bytes.clone(),
         );
         r.register_with_unit(
             "write",
@@ -293,6 +301,9 @@ impl Metrics {
             if let Some(bytes) = p.storage_bytes {
                 self.storage_bytes.get_or_create(&rl).inc_by(bytes);
             }
+            if let Some(bytes) = p.mmap_bytes {
+                self.mmap_bytes.get_or_create(&rl).inc_by(bytes);
+            }
             self.write_bytes.get_or_create(&rl).inc_by(p.file_write_bytes());
             self.on_cpu.get_or_create(&rl).inc_by(sum.on_cpu_ns as f64 / 1e9);
             for (i, name) in reason::NAMES.iter().enumerate() {
@@ -368,6 +379,7 @@ impl Metrics {
             self.read_calls.remove(&rl);
             self.ipc_read_bytes.remove(&rl);
             self.storage_bytes.remove(&rl);
+            self.mmap_bytes.remove(&rl);
             self.write_bytes.remove(&rl);
             self.on_cpu.remove(&rl);
             self.processes.remove(&rl);

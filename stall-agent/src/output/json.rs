@@ -87,6 +87,10 @@ pub struct Process {
     /// Bytes it caused to be read from storage, any file (null: this kernel
     /// does not show page-cache fills).
     pub storage_bytes: Option<u64>,
+    /// Bytes of files its faults mapped into it (pages touched through
+    /// memory mappings, from the page cache or storage), any file; not in
+    /// `read_bytes` (null: this kernel does not show them).
+    pub mmap_bytes: Option<u64>,
     /// Bytes written to regular files, to anything else, and to stdout or
     /// stderr whatever they are (also in one of the two before).
     pub file_write_bytes: u64,
@@ -149,6 +153,9 @@ pub struct File {
     /// or through a mapping); the rest of what it read came from the page
     /// cache. Null where the kernel does not show page-cache fills.
     pub storage_bytes: Option<u64>,
+    /// Bytes of it this process's faults mapped into it (not in
+    /// `read_bytes`); null where the kernel does not show them.
+    pub mmap_bytes: Option<u64>,
 }
 
 fn thread(t: &ThreadWindow) -> Thread {
@@ -193,6 +200,7 @@ fn process(p: &ProcWindow, role: &'static str) -> Process {
         files_opened: p.files.iter().map(|f| f.opens).sum(),
         ipc_read_bytes: p.other_read_bytes,
         storage_bytes: p.storage_bytes,
+        mmap_bytes: p.mmap_bytes,
         file_write_bytes: sum.file_write_bytes,
         other_write_bytes: sum.other_write_bytes,
         stdio_write_bytes: sum.stdio_write_bytes,
@@ -215,6 +223,7 @@ fn process(p: &ProcWindow, role: &'static str) -> Process {
                 write_calls: f.write_calls,
                 open_s: f.open_ns as f64 / 1e9,
                 storage_bytes: f.storage_bytes,
+                mmap_bytes: f.mmap_bytes,
             })
             .collect(),
     }

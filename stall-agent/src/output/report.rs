@@ -161,12 +161,13 @@ pub fn render(v: &View) -> String {
         };
         let resolved = f.resolved.as_deref().map(|r| format!(" (= {r})")).unwrap_or_default();
         let source = f.source().map(|s| format!(", {s}")).unwrap_or_default();
+        let lat = if f.read_calls > 0 { format!(", {lat}") } else { String::new() };
         let _ = writeln!(
             out,
-            "  {}{resolved}: {} in {} reads, {lat}, {} while open{source} [{} pid {pid}]",
+            "  {}{resolved}: {} {}{lat}, {} while open{source} [{} pid {pid}]",
             f.path,
             units::bytes(f.bytes_in()),
-            f.read_calls,
+            f.taken_by(),
             units::rate(f.bytes_in(), f.rate_secs(secs)),
             v.roles.of(*pid).as_str()
         );

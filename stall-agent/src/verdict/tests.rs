@@ -10,7 +10,7 @@ use crate::{
     aggregate::Model,
     correlate,
     decode::{
-        Event, FileCounters, FileSnap, Inode, Snapshot, StorageSnap, ThreadCounters, ThreadNow, ThreadSnap,
+        Event, FileCounters, FileSnap, Inode, InodeSnap, Snapshot, ThreadCounters, ThreadNow, ThreadSnap,
         WakeSnap,
     },
 };
@@ -38,7 +38,9 @@ struct Job {
     secs: u64,
     threads: Vec<ThreadSnap>,
     files: Vec<FileSnap>,
-    storage: Option<Vec<StorageSnap>>,
+    inode_bytes: Option<Vec<InodeSnap>>,
+    /// Whether the "kernel" follows faults on mappings.
+    mmap_known: bool,
     wakes: Vec<WakeSnap>,
     gpu_pids: HashSet<u32>,
     lost: [u64; LOST_CAUSES],
@@ -54,7 +56,8 @@ impl Job {
             secs,
             threads: vec![],
             files: vec![],
-            storage: None,
+            inode_bytes: None,
+            mmap_known: false,
             wakes: vec![],
             gpu_pids: HashSet::new(),
             lost: [0; LOST_CAUSES],
@@ -111,9 +114,10 @@ impl Job {
         self.thread(pid, pid, c, now)
     }
 
-    /// A worker that maps its shard (opened, mapped, closed) and faults
-    /// `bytes` of it in from storage: no read() at all.
-    fn mapping_worker(mut self, pid: u32, on: f64, off: [f64; 6], bytes: u64) -> Self {
+    /// A worker that maps its shard (opened, mapped, closed), faults
+    /// `mapped` bytes of it in (None: faults not followed), `storage` of
+    /// them from storage: no read() at all.
+    fn mapping_worker(mut self, pid: u32, on: f64, off: [f64; 6], storage: u64, mapped: Option<u64>) -> Self {
         let id = self.worker_opening(pid, format!("/data/shard_{pid}.safetensors"));
         let inode = Inode { dev: 8 << 20, ino: id };
         self.model.set_file_kind(id, fd_kind::REGULAR);
@@ -125,7 +129,13 @@ impl Job {
             file_id: id,
             counters: FileCounters::default(),
         });
-        self.storage.get_or_insert_with(Vec::new).push(StorageSnap { tgid: pid, inode, bytes });
+        self.inode_bytes.get_or_insert_with(Vec::new).push(InodeSnap {
+            tgid: pid,
+            inode,
+            storage_bytes: storage,
+            mmap_bytes: mapped.unwrap_or(0),
+        });
+        self.mmap_known = mapped.is_some();
         let c = counters(self.secs, on, off, 0);
         let now = ThreadNow { running: false, reason: reason::IO, syscall: -1, for_ns: 1000 };
         self.thread(pid, pid, c, now)
@@ -150,7 +160,8 @@ impl Job {
             files: self.files.clone(),
             wakes: self.wakes.clone(),
             lost: self.lost,
-            storage: self.storage.clone(),
+            inode_bytes: self.inode_bytes.clone(),
+            mmap_known: self.mmap_known,
             ..Default::default()
         });
         let w = self.model.summary(end);
@@ -251,7 +262,7 @@ fn input_io_bound_with_numbers() {
 fn input_io_bound_through_mappings_counts_what_storage_brought_in() {
     let mut job = Job::new(10).trainer(0.03, TRAINER_WAITS, blocked(reason::FUTEX));
     for pid in 101..=104 {
-        job = job.mapping_worker(pid, 0.1, IO_WORKER, 200_000_000).woken_by(100, pid, 300);
+        job = job.mapping_worker(pid, 0.1, IO_WORKER, 200_000_000, None).woken_by(100, pid, 300);
     }
     let v = job.judge(&[]);
     assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
@@ -275,6 +286,46 @@ fn input_io_bound_names_idle_gpu() {
     assert_eq!(v.kind, Kind::InputIoBound);
     assert!(!v.host_only);
     assert!(v.summary.starts_with("GPU0 idle 100% of 10.0s."), "{}", v.summary);
+}
+
+/// The same where faults are followed: the mapped bytes count, and where
+/// they came from.
+#[test]
+fn input_io_bound_through_mappings_counts_the_mapped_bytes() {
+    let mut job = Job::new(10).trainer(0.03, TRAINER_WAITS, blocked(reason::FUTEX));
+    for pid in 101..=104 {
+        job = job.mapping_worker(pid, 0.1, IO_WORKER, 150_000_000, Some(200_000_000)).woken_by(100, pid, 300);
+    }
+    let v = job.judge(&[]);
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    assert!(v.summary.contains("4 workers read 800 MB at 80.0 MB/s (75 % from storage)"), "{}", v.summary);
+    assert!(
+        v.evidence.iter().any(|e| e.starts_with("file /data/shard_10")
+            && e.contains("200 MB mapped")
+            && e.contains("through a mapping, 75 % from storage")),
+        "{:?}",
+        v.evidence
+    );
+}
+
+/// Workers that decode what they map from a warm page cache: CPU-bound,
+/// with what they took in through the mappings.
+#[test]
+fn input_cpu_bound_through_warm_mappings() {
+    let mut job = Job::new(10).trainer(0.03, TRAINER_WAITS, blocked(reason::FUTEX));
+    for pid in 101..=104 {
+        job = job.mapping_worker(pid, 0.8, CPU_WORKER, 0, Some(50_000_000));
+    }
+    let v = job.judge(&[gpu(1.0, 10, None)]);
+    assert_eq!(v.kind, Kind::InputCpuBound, "{v:?}");
+    assert!(v.summary.contains("(read 200 MB at 20.0 MB/s)"), "{}", v.summary);
+    assert!(
+        v.evidence
+            .iter()
+            .any(|e| e.contains("50.0 MB mapped") && e.contains("through a mapping, from the page cache")),
+        "{:?}",
+        v.evidence
+    );
 }
 
 #[test]

@@ -99,7 +99,13 @@ each) for the latency estimate; `--latency-sample 1` times every read at that pr
 `filemap:mm_filemap_add_to_page_cache` runs only when a page (or large folio) enters the page \
 cache, i.e. when something is read from storage: a hash lookup for the current task and, for a \
 tracked one, an add to its per-file entry. Reads served from the page cache never reach it \
-(compare loader with loader-cold).";
+(compare loader with loader-cold).
+- **Mapped bytes cost a lookup per file fault, nothing per page touched after.** The programs on \
+`filemap:mm_filemap_map_pages` and `mm_filemap_fault` (trampolines on the two functions before \
+6.11) run once per fault on a file mapping (a fault maps a window of pages, from 6.18 whole large \
+folios): a hash lookup for the current task and, for a tracked one, an add to its per-file entry \
+and, from 6.18, two walks down the file's page-cache XArray to the folios at the window's ends. \
+Anonymous memory never reaches them (loader-mmap).";
 
 struct Target {
     what: String,
@@ -166,6 +172,7 @@ fn targets(ws: &[Workload], cost: &[CostRow], daemon: &DaemonBench) -> Vec<Targe
     for (key, limit, what) in [
         ("loader", 1.0, "loader (DataLoader-like): < 1 % added"),
         ("loader-cold", 1.0, "loader-cold (DataLoader-like, from storage): < 1 % added"),
+        ("loader-mmap", 1.0, "loader-mmap (DataLoader-like, through mappings): < 1 % added"),
         ("neighbour", 3.0, "neighbour (untraced): < 3 % added"),
     ] {
         match by(key).and_then(|w| versus(w, Mode::Stall)) {

@@ -1,0 +1,98 @@
+//! Which way the kernel side follows faults on file mappings (bytes a
+//! process takes in through `mmap`): the `mm_filemap_*` fault tracepoints
+//! (6.11 on), else trampolines on the two functions they sit in, where BTF
+//! and the kernel allow them, else not at all (`mmap_bytes` unknown).
+use aya::{
+    programs::{FEntry, RawTracePoint},
+    Btf, Ebpf,
+};
+use stall_common::PageCacheOffsets;
+
+use super::{program, tracefs::Tracefs, CaptureError};
+
+/// (program, tracepoint), in the `filemap` category.
+const TRACEPOINTS: [(&str, &str); 2] =
+    [("mapped_window", "mm_filemap_map_pages"), ("mapped_page", "mm_filemap_fault")];
+
+/// (program, kernel function), the same places as the tracepoints.
+const TRAMPOLINES: [(&str, &str); 2] =
+    [("fentry_map_pages", "filemap_map_pages"), ("fentry_filemap_fault", "filemap_fault")];
+
+/// How the mapping faults are followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Way {
+    Tracepoints,
+    Trampolines,
+}
+
+/// Attaches the mapping-fault programs the best way this kernel offers;
+/// None where none works (which is not an error: only `mmap_bytes` is then
+/// unknown). `off` must have the page-cache fields (the fill program's).
+pub fn attach(
+    ebpf: &mut Ebpf,
+    tracefs: &Tracefs,
+    off: &PageCacheOffsets,
+    btf: Option<&Btf>,
+) -> Result<Option<Way>, CaptureError> {
+    if off.mapping == 0 || off.size == 0 {
+        return Ok(None);
+    }
+    if TRACEPOINTS.iter().all(|(_, tp)| tracefs.has("filemap", tp)) {
+        for (prog, tp) in TRACEPOINTS {
+            program(ebpf, prog, RawTracePoint::load)?.attach(tp).map_err(super::load_err)?;
+        }
+        return Ok(Some(Way::Tracepoints));
+    }
+    let Some(btf) = btf.filter(|_| off.file_mapping != 0) else {
+        return Ok(None);
+    };
+    // A refusal (no trampolines on this kernel, or a function traced
+    // another way) leaves the counts unknown rather than ending start-up.
+    let mut attached = Vec::new();
+    for (prog, func) in TRAMPOLINES {
+        let Some(p) = ebpf.program_mut(prog) else { break };
+        let Ok(p): Result<&mut FEntry, _> = p.try_into() else { break };
+        if p.load(func, btf).is_err() || p.attach().is_err() {
+            break;
+        }
+        attached.push(prog);
+    }
+    if attached.len() < TRAMPOLINES.len() {
+        for prog in attached {
+            if let Some(p) = ebpf.program_mut(prog).and_then(|p| <&mut FEntry>::try_from(p).ok()) {
+                let _ = p.unload();
+            }
+        }
+        return Ok(None);
+    }
+    Ok(Some(Way::Trampolines))
+}
+
+/// Whether this kernel maps each large folio a fault reaches whole (where
+/// it fits the mapping and its page table), not only the fault-around
+/// window's part: from 6.18 on. Read from the release, as BTF does not show
+/// it (the function that does it is inlined).
+pub fn whole_folios() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").is_ok_and(|r| release_at_least(r.trim(), (6, 18)))
+}
+
+/// `6.18.44-fc` ≥ (6, 18).
+fn release_at_least(release: &str, want: (u32, u32)) -> bool {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= want
+}
+
+#[cfg(test)]
+mod tests {
+    use super::release_at_least;
+
+    #[test]
+    fn kernel_releases_compare_by_major_and_minor() {
+        assert!(release_at_least("6.18.44-fc-v782", (6, 18)));
+        assert!(release_at_least("7.0.0", (6, 18)));
+        assert!(!release_at_least("6.12.57+deb13-cloud-amd64", (6, 18)));
+        assert!(!release_at_least("5.10.0-35-cloud-amd64", (6, 18)));
+        assert!(!release_at_least("garbage", (6, 18)));
+    }
+}
