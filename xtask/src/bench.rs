@@ -388,11 +388,13 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
             format!(
                 "as loader, but each pass maps its file, touches every page and unmaps it (as \
                  `torch.load(mmap=True)` or an Arrow dataset would): the bytes arrive by page faults, \
-                 which stall counts as mapped bytes; {passes} passes"
+                 which stall counts as mapped bytes; {} passes (a fault maps up to a large folio: \
+                 few faults per pass)",
+                passes * 16
             ),
             "1 MiB mapped",
-            mapped_loader(passes),
-            mapped_loader(passes),
+            mapped_loader(passes * 16),
+            mapped_loader(passes * 16),
             false,
         ),
         w(
