@@ -29,6 +29,9 @@ pub struct Proc {
     pub exec_ns: u64,
     /// Ended and its kernel entries freed (see [`Model::dead`]).
     retired: bool,
+    /// Its threads that ended and whose ids a new thread took (pids wrap),
+    /// summed.
+    reused_tids: Option<Box<Thread>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -246,6 +249,7 @@ impl Model {
                 );
             }
             Event::NewTask { ts, parent_tgid, child_tid, child_tgid, comm, .. } => {
+                self.make_room(*child_tid, *child_tgid);
                 self.proc_mut(*parent_tgid);
                 if child_tgid != parent_tgid {
                     let p = self.proc_mut(*child_tgid);
@@ -410,6 +414,7 @@ impl Model {
         let threads = &self.threads;
         for p in self.procs.values_mut() {
             p.tids.retain(|t| threads.contains_key(t));
+            p.reused_tids = None;
         }
         self.procs.retain(|_, p| p.alive || !p.tids.is_empty());
         let procs = &self.procs;
@@ -462,7 +467,11 @@ impl Model {
     pub fn interval(&mut self, end_ns: u64) -> Window {
         let w = self.window(self.mark_ns, end_ns, true);
         self.mark_ns = end_ns;
-        for t in self.threads.values_mut() {
+        for t in self
+            .threads
+            .values_mut()
+            .chain(self.procs.values_mut().filter_map(|p| p.reused_tids.as_deref_mut()))
+        {
             t.mark = t.total;
         }
         for f in self.files.values_mut() {
@@ -483,20 +492,67 @@ impl Model {
         w
     }
 
+    /// A new task takes `tid` (a new process `tgid == tid`): whatever ended
+    /// under that id before (pids wrap, and a long run sees them come back)
+    /// is set aside, so the new one starts afresh instead of adding to a dead
+    /// entry: an ended process is folded into the summed ones, an ended
+    /// thread of a live process into that process's summed reused threads.
+    /// Only once their kernel entries are freed (always, but for a pid
+    /// reused within the same interval).
+    fn make_room(&mut self, tid: u32, tgid: u32) {
+        let ended = |p: &Proc| !p.alive && p.retired;
+        if tid == tgid && self.procs.get(&tgid).is_some_and(ended) {
+            self.ended.retain(|t| *t != tgid);
+            self.fold([tgid]);
+        }
+        let Some(old) = self.threads.get(&tid).filter(|t| !t.alive && t.retired) else { return };
+        let owner = old.tgid;
+        if self.procs.get(&owner).is_some_and(ended) {
+            self.ended.retain(|t| *t != owner);
+            self.fold([owner]);
+            return;
+        }
+        let old = self.threads.remove(&tid).expect("found above");
+        self.wakes.retain(|(wakee, waker), _| *wakee != tid && *waker != tid);
+        let p = self.proc_mut(owner);
+        p.tids.retain(|t| *t != tid);
+        let sum = p.reused_tids.get_or_insert_with(|| {
+            Box::new(Thread {
+                tgid: owner,
+                comm: "(ended threads whose ids were reused, summed)".into(),
+                other_nr: -1,
+                ..Default::default()
+            })
+        });
+        sum.total.add(&old.total);
+        sum.mark.add(&old.mark);
+    }
+
     /// Sums the oldest ended processes beyond [`MAX_ENDED`] into one entry,
     /// so a job that forks without end keeps the agent's memory bounded.
     fn fold_ended(&mut self) {
         if self.ended.len() <= MAX_ENDED {
             return;
         }
+        let mut oldest = Vec::new();
+        while self.ended.len() > MAX_ENDED {
+            oldest.push(self.ended.pop_front().expect("non-empty"));
+        }
+        self.fold(oldest);
+    }
+
+    /// Sums ended processes into the one entry of [`Folded`].
+    fn fold(&mut self, tgids: impl IntoIterator<Item = u32>) {
         let mut gone_tgids = HashSet::new();
         let mut gone_tids = HashSet::new();
-        while self.ended.len() > MAX_ENDED {
-            let tgid = self.ended.pop_front().expect("non-empty");
+        for tgid in tgids {
             if self.procs.get(&tgid).is_none_or(|p| p.alive) {
                 continue; // the pid came back as a new process
             }
             let p = self.procs.remove(&tgid).expect("checked above");
+            if let Some(t) = &p.reused_tids {
+                self.folded.counters.add(&t.total);
+            }
             for tid in p.tids {
                 if let Some(t) = self.threads.remove(&tid) {
                     self.folded.counters.add(&t.total);
@@ -586,11 +642,13 @@ impl Model {
                 });
             }
         }
-        for t in self.threads.values() {
+        let reused = self.procs.values().filter_map(|p| p.reused_tids.as_deref());
+        for t in self.threads.values().chain(reused) {
             let Some(&i) = index.get(&t.tgid) else { continue };
             let delta = if since_mark { t.total.saturating_sub(&t.mark) } else { t.total };
-            // A thread that exited before this window adds nothing to it.
-            if since_mark && !t.alive && delta == ThreadCounters::default() {
+            // A thread that exited before this window adds nothing to it
+            // (nor do reused ids' threads that counted nothing).
+            if (since_mark || t.tid == 0) && !t.alive && delta == ThreadCounters::default() {
                 continue;
             }
             let mut by = woken.remove(&t.tid).unwrap_or_default();
@@ -943,6 +1001,57 @@ mod tests {
         assert!(tgids.is_empty() && tids.is_empty(), "retired once, not every interval");
         // An exited thread's last counters stay in the totals.
         assert_eq!(m.summary(5).thread(20).unwrap().1.delta.file_read_bytes, 9);
+    }
+
+    /// Ids come back (pids wrap): a new process or thread under the id of
+    /// one that ended starts afresh, and what the old one counted stays in
+    /// the run's totals.
+    #[test]
+    fn a_reused_id_is_a_new_task() {
+        let mut m = Model::new(0);
+        let new_task = |ts, parent: u32, tid: u32, tgid: u32| Event::NewTask {
+            ts,
+            parent_tid: parent,
+            parent_tgid: parent,
+            child_tid: tid,
+            child_tgid: tgid,
+            comm: "python".into(),
+        };
+        let exit = |ts, tid, tgid, file_read_bytes| Event::Exit {
+            ts,
+            tid,
+            tgid,
+            comm: "worker".into(),
+            counters: ThreadCounters { file_read_bytes, ..Default::default() },
+            other_nr: -1,
+        };
+        // A worker process 20 and a thread 11 of the trainer 10 end.
+        m.apply(&new_task(0, 1, 10, 10));
+        m.apply(&new_task(1, 10, 20, 20));
+        m.apply(&new_task(1, 10, 11, 10));
+        m.apply(&exit(2, 20, 20, 100));
+        m.apply(&exit(2, 11, 10, 7));
+        let (tgids, tids) = m.dead();
+        m.mark_retired(&tgids, &tids);
+        m.interval(3);
+        // Their ids come back: a new worker 20, a new trainer thread 11.
+        m.apply(&new_task(4, 10, 20, 20));
+        m.apply(&new_task(4, 10, 11, 10));
+        assert!(m.procs[&20].alive && m.threads[&20].alive && m.threads[&11].alive);
+        assert_eq!((m.threads[&20].total, m.threads[&11].total), Default::default());
+        m.apply(&exit(5, 20, 20, 30));
+        let w = m.summary(6);
+        let proc_bytes =
+            |tgid| w.procs.iter().filter(|p| p.tgid == tgid).map(|p| p.sum().file_read_bytes).sum::<u64>();
+        assert_eq!(proc_bytes(20), 30, "the new worker alone");
+        assert_eq!(proc_bytes(0), 100, "the old one, folded");
+        let trainer = w.proc(10).unwrap();
+        let reused = trainer.threads.iter().find(|t| t.tid == 0).expect("the old thread, summed");
+        assert_eq!(reused.delta.file_read_bytes, 7);
+        // An interval after counts only what happened in it.
+        let w = m.interval(6);
+        assert_eq!(w.proc(20).unwrap().sum().file_read_bytes, 30);
+        assert!(w.proc(10).unwrap().threads.iter().all(|t| t.tid != 0), "nothing new of the old thread");
     }
 
     #[test]
