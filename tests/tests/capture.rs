@@ -435,13 +435,12 @@ fn storage_and_mapped_bytes_tell_cold_files_from_cached_ones_for_reads_and_mappi
     for (path, f) in t["files"].as_object().unwrap() {
         let size = f["size"].as_u64().unwrap();
         let got = run.file(pid, Path::new(path));
+        // The whole file, its last page rounded up (2 %).
+        let whole = |n: u64| n >= size && n as f64 <= size as f64 * 1.02;
         let storage = got["storage_bytes"].as_u64().unwrap_or_else(|| panic!("no storage_bytes: {got}"));
         if f["cold"] == true {
             cold += size;
-            assert!(
-                storage >= size && storage as f64 <= size as f64 * 1.02,
-                "{path}: {storage} of {size}: {got}"
-            );
+            assert!(whole(storage), "{path}: {storage} of {size}: {got}");
         } else {
             assert!((storage as f64) < size as f64 * 0.02, "{path}: {storage} of {size} while cached: {got}");
         }
@@ -450,10 +449,7 @@ fn storage_and_mapped_bytes_tell_cold_files_from_cached_ones_for_reads_and_mappi
         let mapped = got["mmap_bytes"].as_u64().unwrap_or_else(|| panic!("no mmap_bytes: {got}"));
         if f["mapped"] == true {
             mapped_total += size;
-            assert!(
-                mapped >= size && mapped as f64 <= size as f64 * 1.02,
-                "{path}: mapped {mapped} of {size}: {got}"
-            );
+            assert!(whole(mapped), "{path}: mapped {mapped} of {size}: {got}");
         } else {
             assert_eq!(mapped, 0, "{path}: {got}");
         }
