@@ -25,6 +25,17 @@ pub enum Way {
     Trampolines,
 }
 
+impl Way {
+    /// As the JSON summary says it (`mmap_hooks`).
+    pub fn name(way: Option<Way>) -> &'static str {
+        match way {
+            Some(Way::Tracepoints) => "tracepoint",
+            Some(Way::Trampolines) => "trampoline",
+            None => "none",
+        }
+    }
+}
+
 /// Attaches the mapping-fault programs the best way this kernel offers;
 /// None where none works (which is not an error: only `mmap_bytes` is then
 /// unknown). `off` must have the page-cache fields (the fill program's).

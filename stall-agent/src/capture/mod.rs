@@ -448,6 +448,12 @@ impl Capture {
         self.hooks.backend()
     }
 
+    /// How faults on file mappings are followed: `tracepoint`,
+    /// `trampoline` or `none`.
+    pub fn mmap_hooks(&self) -> &'static str {
+        mapped::Way::name(self.mapped)
+    }
+
     /// One line for people: the backend, and why `auto` fell back.
     pub fn syscall_backend_line(&self) -> String {
         match (self.hooks.backend(), self.hooks.refused()) {

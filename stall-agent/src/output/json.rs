@@ -44,6 +44,10 @@ pub struct Record<'a> {
     /// Summary only: how the syscalls were hooked, `trampoline` or `tracepoint`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub syscall_backend: Option<&'static str>,
+    /// Summary only: how faults on file mappings were followed
+    /// (`tracepoint`, `trampoline`, or `none`: `mmap_bytes` null).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mmap_hooks: Option<&'static str>,
     pub verdict: &'a Verdict,
 }
 
@@ -249,6 +253,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         progress: v.progress,
         startup_s: v.startup_s,
         syscall_backend: v.syscall_backend.map(|(name, _)| name),
+        mmap_hooks: v.mmap_hooks,
         verdict: v.verdict,
     }
 }

@@ -30,6 +30,9 @@ pub struct View<'a> {
     /// The final report: the syscall hooks' backend (`trampoline`,
     /// `tracepoint`) and the line that says so for people.
     pub syscall_backend: Option<(&'static str, &'a str)>,
+    /// The final report: how faults on file mappings were followed
+    /// (`tracepoint`, `trampoline`, `none`).
+    pub mmap_hooks: Option<&'static str>,
 }
 
 /// "last progress 3 s ago (/runs/train.log written 3 s ago)", for the

@@ -234,6 +234,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         gpu_note: gpu_note.as_deref(),
         syscall_backend: capture.syscall_backend().name(),
         hooks_line: &hooks_line,
+        mmap_hooks: capture.mmap_hooks(),
     };
     loop {
         tokio::select! {
@@ -293,6 +294,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         progress: &report.progress,
         startup_s: report.startup_s,
         syscall_backend: Some((out.syscall_backend, out.hooks_line)),
+        mmap_hooks: Some(out.mmap_hooks),
     };
     if let Some(j) = sinks.json.as_mut() {
         writeln!(j, "{}", output::json::line("summary", &view))?;
@@ -343,6 +345,8 @@ struct Out<'a> {
     /// `Backend::name` of the syscall hooks, and the line saying so.
     syscall_backend: &'static str,
     hooks_line: &'a str,
+    /// `Capture::mmap_hooks`.
+    mmap_hooks: &'static str,
 }
 
 fn shell_status(s: std::process::ExitStatus) -> i32 {
@@ -362,6 +366,7 @@ fn emit_interval(sinks: &mut Sinks, tick: &Tick, out: &Out) -> Result<()> {
         progress: &tick.progress,
         startup_s: None,
         syscall_backend: None,
+        mmap_hooks: None,
     };
     if let Some(j) = &mut sinks.json {
         writeln!(j, "{}", output::json::line("interval", &v))?;
