@@ -25,7 +25,6 @@
 //! 6.11). Costs a lookup per file fault of any process, nothing for anonymous
 //! memory.
 use aya_ebpf::{
-    helpers::bpf_probe_read_kernel,
     macros::{fentry, raw_tracepoint},
     programs::{FEntryContext, RawTracePointContext},
 };
@@ -33,8 +32,8 @@ use stall_common::{InodeBytes, PageCacheOffsets};
 
 use crate::{
     atomic_add, config, current,
-    pagecache::{inode_entry, inode_key, MAPPING_ANON, PAGE_BYTES},
-    sched::read_u64,
+    pagecache::{folio_pages, inode_entry, inode_key, MAPPING_ANON, PAGE_BYTES},
+    sched::{read_u64, read_u8},
 };
 
 /// `mm_filemap_map_pages(mapping, start_index, last_index)`.
@@ -149,16 +148,15 @@ fn add(e: &mut InodeBytes, first: u64, stop: u64) {
 fn folio_span(mapping: u64, index: u64, pages_in_file: u64, off: &PageCacheOffsets) -> (u64, u64) {
     let single = (index, index + 1);
     let folio = folio_at(mapping, index, off);
-    if folio == 0 || off.order_byte == 0 || (read_u64(folio, off.flags) >> off.head_bit) & 1 == 0 {
+    if folio == 0 {
         return single;
     }
-    let order = u64::from(read_u8(folio, off.order_byte) & 31);
-    let start = index & !((1u64 << order) - 1);
-    let stop = start + (1u64 << order);
-    if stop > pages_in_file {
+    let pages = folio_pages(folio, off);
+    let start = index & !(pages - 1);
+    if start + pages > pages_in_file {
         return single;
     }
-    (start, stop)
+    (start, start + pages)
 }
 
 /// XArray internal entries: a node pointer is tagged 2 (and above 4096);
@@ -193,9 +191,4 @@ fn folio_at(mapping: u64, index: u64, off: &PageCacheOffsets) -> u64 {
         return 0;
     }
     entry
-}
-
-#[inline(always)]
-fn read_u8(base: u64, off: u32) -> u8 {
-    unsafe { bpf_probe_read_kernel((base + u64::from(off)) as *const u8) }.unwrap_or(0)
 }

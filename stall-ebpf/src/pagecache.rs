@@ -6,13 +6,13 @@
 //! syscall, from its saved registers, says whether it is writing, whichever
 //! syscall hooks are attached (none in the daemon's cheap tier). Costs a
 //! lookup per filled folio of any process, nothing per read from cache.
-use aya_ebpf::{helpers::bpf_probe_read_kernel, macros::raw_tracepoint, programs::RawTracePointContext};
+use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
 use stall_common::{counter, hook, InodeBytes, InodeKey, PageCacheOffsets};
 
 use crate::{
     atomic_add, bump, config, current,
     maps::INODE_BYTES,
-    sched::{current_task, read_u32, read_u64, syscall_nr},
+    sched::{current_task, read_u32, read_u64, read_u8, syscall_nr},
     syscalls::hook_of,
     BPF_NOEXIST,
 };
@@ -58,16 +58,19 @@ fn fill<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
     let Some(key) = inode_key(cur.tgid, mapping, off) else {
         return 0;
     };
-    let mut pages = 1;
-    if off.order_byte != 0 && (read_u64(folio, off.flags) >> off.head_bit) & 1 != 0 {
-        let order =
-            unsafe { bpf_probe_read_kernel((folio + u64::from(off.order_byte)) as *const u8) }.unwrap_or(0);
-        pages = 1u64 << (order & 31);
-    }
     if let Some(e) = inode_entry(&key) {
-        unsafe { atomic_add(&raw mut (*e).storage, pages * PAGE_BYTES) };
+        unsafe { atomic_add(&raw mut (*e).storage, folio_pages(folio, off) * PAGE_BYTES) };
     }
     0
+}
+
+/// How many pages `folio` holds: 1, or 2^order for a large one.
+#[inline(always)]
+pub(crate) fn folio_pages(folio: u64, off: &PageCacheOffsets) -> u64 {
+    if off.order_byte == 0 || (read_u64(folio, off.flags) >> off.head_bit) & 1 == 0 {
+        return 1;
+    }
+    1u64 << (read_u8(folio, off.order_byte) & 31)
 }
 
 /// The file of an `address_space`, as a process's entry in `INODE_BYTES`.

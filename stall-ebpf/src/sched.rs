@@ -41,6 +41,11 @@ const TASK_NOLOAD: u32 = 0x400;
 
 /// A `u32` field of a kernel object, 0 if unreadable.
 #[inline(always)]
+pub(crate) fn read_u8(base: u64, off: u32) -> u8 {
+    unsafe { bpf_probe_read_kernel((base + u64::from(off)) as *const u8) }.unwrap_or(0)
+}
+
+#[inline(always)]
 pub(crate) fn read_u32(base: u64, off: u32) -> u32 {
     unsafe { bpf_probe_read_kernel((base + u64::from(off)) as *const u32) }.unwrap_or(0)
 }
