@@ -236,18 +236,36 @@ fn trampolines(
             None => return Err(format!("this kernel's BTF has no function {func}")),
         }
     }
+    let progs: Vec<_> =
+        TRAMPOLINES.iter().zip(funcs).map(|(&(prog, side, _), func)| (prog, side, func)).collect();
+    load_and_attach(ebpf, btf, &progs)
+}
+
+/// Loads and attaches fentry programs on kernel functions, (program,
+/// function) each, all or none: on the first refusal, undoes what it did
+/// and says why. The programs stay attached as long as `ebpf` lives.
+pub(super) fn fentries(ebpf: &mut Ebpf, btf: &Btf, progs: &[(&'static str, &str)]) -> Result<(), String> {
+    let progs: Vec<_> = progs.iter().map(|&(prog, func)| (prog, Side::Entry, func.to_string())).collect();
+    load_and_attach(ebpf, btf, &progs).map(|_| ())
+}
+
+/// Loads, then attaches, each (program, side, kernel function); on the
+/// first refusal, undoes what it did and says why.
+fn load_and_attach(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    progs: &[(&'static str, Side, String)],
+) -> Result<Vec<(&'static str, Link)>, String> {
     let mut loaded = Vec::new();
     let mut links = Vec::new();
     let result = (|| {
-        for (prog, side, syscall) in TRAMPOLINES {
-            let func = syscall_function(syscall);
-            load_one(ebpf, prog, side, &func, btf).map_err(|e| format!("{} on {func}: {e}", side.label()))?;
-            loaded.push((prog, side));
+        for (prog, side, func) in progs {
+            load_one(ebpf, prog, *side, func, btf).map_err(|e| format!("{} on {func}: {e}", side.label()))?;
+            loaded.push((*prog, *side));
         }
-        for (prog, side, syscall) in TRAMPOLINES {
-            let link = attach_one(ebpf, prog, side)
-                .map_err(|e| format!("attaching to {}: {e}", syscall_function(syscall)))?;
-            links.push((prog, link));
+        for (prog, side, func) in progs {
+            let link = attach_one(ebpf, prog, *side).map_err(|e| format!("attaching to {func}: {e}"))?;
+            links.push((*prog, link));
         }
         Ok(())
     })();

@@ -2,13 +2,10 @@
 //! process takes in through `mmap`): the `mm_filemap_*` fault tracepoints
 //! (6.11 on), else trampolines on the two functions they sit in, where BTF
 //! and the kernel allow them, else not at all (`mmap_bytes` unknown).
-use aya::{
-    programs::{FEntry, RawTracePoint},
-    Btf, Ebpf,
-};
+use aya::{programs::RawTracePoint, Btf, Ebpf};
 use stall_common::PageCacheOffsets;
 
-use super::{program, tracefs::Tracefs, CaptureError};
+use super::{backend, program, tracefs::Tracefs, CaptureError};
 
 /// (program, tracepoint), in the `filemap` category.
 const TRACEPOINTS: [(&str, &str); 2] =
@@ -59,24 +56,7 @@ pub fn attach(
     };
     // A refusal (no trampolines on this kernel, or a function traced
     // another way) leaves the counts unknown rather than ending start-up.
-    let mut attached = Vec::new();
-    for (prog, func) in TRAMPOLINES {
-        let Some(p) = ebpf.program_mut(prog) else { break };
-        let Ok(p): Result<&mut FEntry, _> = p.try_into() else { break };
-        if p.load(func, btf).is_err() || p.attach().is_err() {
-            break;
-        }
-        attached.push(prog);
-    }
-    if attached.len() < TRAMPOLINES.len() {
-        for prog in attached {
-            if let Some(p) = ebpf.program_mut(prog).and_then(|p| <&mut FEntry>::try_from(p).ok()) {
-                let _ = p.unload();
-            }
-        }
-        return Ok(None);
-    }
-    Ok(Some(Way::Trampolines))
+    Ok(backend::fentries(ebpf, btf, &TRAMPOLINES).ok().map(|()| Way::Trampolines))
 }
 
 /// Whether this kernel maps each large folio a fault reaches whole (where
