@@ -422,10 +422,9 @@ impl FileWindow {
     /// storage. The pages of a program's own code (shared objects, modules)
     /// it runs through a mapping are not input.
     pub fn bytes_in(&self) -> u64 {
-        let mapped = if is_code_file(self.resolved.as_deref().unwrap_or(&self.path)) {
-            0
-        } else {
-            self.mmap_bytes.unwrap_or(0)
+        let mapped = match self.mmap_bytes {
+            Some(n) if n > 0 && !is_code_file(self.resolved.as_deref().unwrap_or(&self.path)) => n,
+            _ => 0,
         };
         (self.read_bytes + mapped).max(self.storage_bytes.unwrap_or(0))
     }
