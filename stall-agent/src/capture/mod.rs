@@ -317,11 +317,8 @@ impl Capture {
             let prog = if features.task_pt_regs { prog } else { "page_cache_fill_stack" };
             program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
         }
-        let mapped = if storage_known {
-            mapped::attach(&mut ebpf, &tracefs, &config.page, btf.as_ref())?
-        } else {
-            None
-        };
+        // Needs the page-cache fields too: None where the fill program is not attached.
+        let mapped = mapped::attach(&mut ebpf, &tracefs, &config.page, btf.as_ref())?;
         if config.uring.on != 0 {
             let submit = uring_submit.unwrap_or(uring::SUBMIT[0]);
             program(&mut ebpf, "uring_submit", RawTracePoint::load)?.attach(submit).map_err(load_err)?;
