@@ -260,21 +260,41 @@ fn input_io_bound_with_numbers() {
 /// the shards.
 #[test]
 fn input_io_bound_through_mappings_counts_what_storage_brought_in() {
-    let mut job = Job::new(10).trainer(0.03, TRAINER_WAITS, blocked(reason::FUTEX));
-    for pid in 101..=104 {
-        job = job.mapping_worker(pid, 0.1, IO_WORKER, 200_000_000, None).woken_by(100, pid, 300);
-    }
-    let v = job.judge(&[]);
+    let v = mapping_io_job(200_000_000, None);
     assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
     assert!(
         v.summary.contains("4 workers read 800 MB at 80.0 MB/s (100 % from storage, page cache cold)"),
         "{}",
         v.summary
     );
+    assert_shard_evidence(&v, &["200 MB in 0 reads", "through a mapping, from storage"]);
+}
+
+/// The same where faults are followed: the mapped bytes count, and where
+/// they came from.
+#[test]
+fn input_io_bound_through_mappings_counts_the_mapped_bytes() {
+    let v = mapping_io_job(150_000_000, Some(200_000_000));
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    assert!(v.summary.contains("4 workers read 800 MB at 80.0 MB/s (75 % from storage)"), "{}", v.summary);
+    assert_shard_evidence(&v, &["200 MB mapped", "through a mapping, 75 % from storage"]);
+}
+
+/// A trainer waiting on 4 workers that map their shards, `storage` bytes
+/// each from storage, `mapped` through the mapping (None: not followed),
+/// off-CPU in I/O.
+fn mapping_io_job(storage: u64, mapped: Option<u64>) -> Verdict {
+    let mut job = Job::new(10).trainer(0.03, TRAINER_WAITS, blocked(reason::FUTEX));
+    for pid in 101..=104 {
+        job = job.mapping_worker(pid, 0.1, IO_WORKER, storage, mapped).woken_by(100, pid, 300);
+    }
+    job.judge(&[])
+}
+
+/// Some evidence line names a shard and says each of `what`.
+fn assert_shard_evidence(v: &Verdict, what: &[&str]) {
     assert!(
-        v.evidence.iter().any(|e| e.starts_with("file /data/shard_10")
-            && e.contains("200 MB in 0 reads")
-            && e.contains("through a mapping, from storage")),
+        v.evidence.iter().any(|e| e.starts_with("file /data/shard_10") && what.iter().all(|w| e.contains(w))),
         "{:?}",
         v.evidence
     );
@@ -286,26 +306,6 @@ fn input_io_bound_names_idle_gpu() {
     assert_eq!(v.kind, Kind::InputIoBound);
     assert!(!v.host_only);
     assert!(v.summary.starts_with("GPU0 idle 100% of 10.0s."), "{}", v.summary);
-}
-
-/// The same where faults are followed: the mapped bytes count, and where
-/// they came from.
-#[test]
-fn input_io_bound_through_mappings_counts_the_mapped_bytes() {
-    let mut job = Job::new(10).trainer(0.03, TRAINER_WAITS, blocked(reason::FUTEX));
-    for pid in 101..=104 {
-        job = job.mapping_worker(pid, 0.1, IO_WORKER, 150_000_000, Some(200_000_000)).woken_by(100, pid, 300);
-    }
-    let v = job.judge(&[]);
-    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
-    assert!(v.summary.contains("4 workers read 800 MB at 80.0 MB/s (75 % from storage)"), "{}", v.summary);
-    assert!(
-        v.evidence.iter().any(|e| e.starts_with("file /data/shard_10")
-            && e.contains("200 MB mapped")
-            && e.contains("through a mapping, 75 % from storage")),
-        "{:?}",
-        v.evidence
-    );
 }
 
 /// Workers that decode what they map from a warm page cache: CPU-bound,
