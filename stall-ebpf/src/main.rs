@@ -37,13 +37,20 @@ use stall_common::{counter, Config, EventHeader, ThreadStats};
 use crate::maps::{CGROUPS, COUNTERS, THREADS};
 
 /// Written by the agent at load time (`EbpfLoader::override_global`).
+// SAFETY: no other symbol of the object is named `CONFIG`, and it must keep
+// this name: the agent finds the global by it (`stall_common::names::CONFIG`).
 #[unsafe(no_mangle)]
+// SAFETY: `Config` is `repr(C)` and holds only integers (and structs of
+// integers), for which all-zero bytes are a valid value.
 static CONFIG: Config = unsafe { core::mem::zeroed() };
 
 /// The config as loaded; volatile so the compiler cannot fold the zeroes
 /// it sees at build time (the verifier folds the frozen values instead).
 #[inline(always)]
 pub(crate) fn config() -> Config {
+    // SAFETY: `&CONFIG` is an aligned reference to an initialised static;
+    // nothing writes it while programs run (the agent sets it before load,
+    // and aya freezes the `.rodata` map that holds it).
     unsafe { core::ptr::read_volatile(&CONFIG) }
 }
 
@@ -55,6 +62,7 @@ pub(crate) fn header(kind: u32, tid: u32, tgid: u32, job: u32, ts: u64) -> Event
 
 #[inline(always)]
 pub(crate) fn now() -> u64 {
+    // SAFETY: takes no arguments and only reads the monotonic clock.
     unsafe { bpf_ktime_get_ns() }
 }
 
@@ -66,6 +74,13 @@ pub(crate) fn bump(idx: u32) {
 #[inline(always)]
 pub(crate) fn bump_by(idx: u32, n: u64) {
     if let Some(p) = COUNTERS.get_ptr_mut(idx) {
+        // SAFETY: `p` is non-null and points at this CPU's element of a
+        // per-CPU array (the verifier checks the 8-byte access against the
+        // value size); no other CPU writes it, and the agent only reads it.
+        // A program that interrupts this one on the CPU (`sched_waking` or
+        // `uring_complete` in an interrupt, or any program after a preempted
+        // trampoline) may bump the same counter between the load and the
+        // store: a lost count, not a fault.
         unsafe { *p += n };
     }
 }
@@ -75,8 +90,16 @@ pub(crate) const BPF_NOEXIST: u64 = 1;
 
 /// `lock *(u64 *)(p) += v`: core's atomics are not available on the BPF
 /// target, and counters shared by threads of one process need this.
+///
+/// # Safety
+///
+/// `p` must point at a writable, 8-byte aligned `u64` for the duration of
+/// the call: in practice a field of a map value the caller looked up.
 #[inline(always)]
 pub(crate) unsafe fn atomic_add(p: *mut u64, v: u64) {
+    // SAFETY: the caller guarantees `p`; the instruction is BPF's own atomic
+    // add (BPF_ATOMIC | BPF_ADD, 64-bit), which the verifier also checks: it
+    // rejects the program unless `p` is a pointer it knows valid for 8 bytes.
     unsafe {
         core::arch::asm!("lock *(u64 *)({0} + 0) += {1}", in(reg) p, in(reg) v);
     }
@@ -125,6 +148,14 @@ pub(crate) fn ids() -> (u32, u32) {
 pub(crate) fn tracked(tid: u32, tgid: u32) -> Option<Current> {
     let p = THREADS.get_ptr_mut(tid)?;
     bump(counter::EVENTS);
+    // SAFETY: `p` is the non-null value pointer of the thread's `THREADS`
+    // entry; the verifier bounds-checks every access through it. The map is
+    // preallocated, so the element stays valid memory for the program's run
+    // even if it is deleted meanwhile (then recycled: a miscount, never a
+    // fault). Its other writers are the programs of the same thread, which
+    // runs on one CPU at a time, `sched_waking` on another CPU (`wake_ts`
+    // and `wakeups`, while the entry says off-CPU) and the agent's seeding:
+    // races cost accuracy, not memory safety.
     Some(Current { tid, tgid, stats: unsafe { &mut *p } })
 }
 
@@ -134,7 +165,12 @@ pub(crate) fn adopt(cfg: &Config, tid: u32, tgid: u32) -> Option<Current> {
     if cfg.cgroup_filter == 0 || tid == 0 {
         return None;
     }
+    // SAFETY: takes no arguments; reads the current task's cgroup id.
     let cgid = unsafe { bpf_get_current_cgroup_id() };
+    // SAFETY: `get` is unsafe because another writer may change or delete
+    // the entry while the reference lives (the map is preallocated, so a
+    // deleted element can be reused); the value is copied at once, and only
+    // the agent writes this map.
     let job = unsafe { CGROUPS.get(cgid) }.copied()?;
     let (exec, delay) = sched::kernel_totals(sched::current_task(), cfg);
     let fresh = ThreadStats {
@@ -163,6 +199,9 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+// SAFETY: "license" is the section the loader reads the licence string
+// from; it holds only this byte array, and nothing executes from it.
 #[unsafe(link_section = "license")]
+// SAFETY: no other symbol of the object is named `LICENSE`.
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

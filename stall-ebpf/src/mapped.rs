@@ -105,6 +105,11 @@ fn count(mapping: u64, first: u64, last: u64, one_page: bool) {
     let Some(e) = inode_entry(&key) else {
         return;
     };
+    // SAFETY: `e` is the non-null value pointer `inode_entry` found; the map
+    // is preallocated, so it stays valid memory for the program's run. Other
+    // threads of the process may fault on the same file on other CPUs: the
+    // byte counts are added atomically, the window fields are plain stores
+    // (a race may count a window twice, never fault).
     let e = unsafe { &mut *e };
     if off.whole_folios != 0 {
         // The page a single-page fault counted alone before is in the cache
@@ -133,6 +138,8 @@ fn add(e: &mut InodeBytes, first: u64, stop: u64) {
     let overlap = stop.min(e.window_stop).saturating_sub(first.max(e.window_start));
     let pages = stop - first - overlap;
     if pages > 0 {
+        // SAFETY: `e` is a live reference to the map value: `mapped` is a
+        // valid, 8-byte aligned `u64`.
         unsafe { atomic_add(&raw mut e.mapped, pages * PAGE_BYTES) };
     }
     if first < e.window_start || stop > e.window_stop {

@@ -59,6 +59,10 @@ fn fill<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
         return 0;
     };
     if let Some(e) = inode_entry(&key) {
+        // SAFETY: `e` is the non-null value pointer `inode_entry` found (the
+        // map is preallocated: valid memory for the program's run);
+        // `storage` is an aligned `u64` that other CPUs add to atomically,
+        // and no reference to it is made.
         unsafe { atomic_add(&raw mut (*e).storage, folio_pages(folio, off) * PAGE_BYTES) };
     }
     0

@@ -15,6 +15,14 @@ use crate::{
 
 #[inline(always)]
 pub(crate) fn slot() -> Option<&'static mut CpuSlot> {
+    // SAFETY: `p` is non-null and points at this CPU's element of a per-CPU
+    // array, valid memory while the map exists (no caller keeps the
+    // `'static` past its run). The agent only reads it. The programs that
+    // use it (scheduler, syscalls, exit) run in task context and take it once
+    // per run; the one overlap is a trampoline preempted on a preemptible
+    // kernel (trampolines run with migration, not preemption, disabled),
+    // whose slot `sched_switch` then rewrites under it: a miscount, never a
+    // fault.
     CPU_SLOT.get_ptr_mut(0).map(|p| unsafe { &mut *p })
 }
 
@@ -39,6 +47,9 @@ pub(crate) fn tracked_slot(cfg: &Config, regs: u64) -> Option<&'static mut CpuSl
         if s.tracked == slot_state::TRACKED {
             // Once per span, not per syscall: a compat (ia32) task numbers
             // its syscalls differently.
+            // SAFETY: bpf_probe_read_kernel checks the address (the saved
+            // registers the tracepoint or trampoline passed); a fault returns
+            // an error, read as 0, never a crash. Any 2 bytes are a `u16`.
             let cs: u16 =
                 unsafe { bpf_probe_read_kernel((regs + u64::from(cfg.regs.cs)) as *const u16) }.unwrap_or(0);
             s.native = u8::from(cs == cfg.regs.user_cs);
@@ -96,6 +107,8 @@ pub(crate) fn set_untracked(s: &mut CpuSlot, tid: u32, gen: u32, state: u8) {
 #[inline(always)]
 pub(crate) fn flush(s: &mut CpuSlot) {
     match THREADS.get_ptr_mut(s.tid) {
+        // SAFETY: the non-null value pointer of the slot thread's `THREADS`
+        // entry, valid for the program's run; see `crate::tracked`.
         Some(t) => flush_into(s, unsafe { &mut *t }),
         None => {
             // The thread is gone (exit removed it): only its file counts remain.
@@ -139,9 +152,16 @@ pub(crate) fn flush_file(s: &mut CpuSlot) {
     }
     let key = FdKey { tgid: s.tgid, fd: s.file_fd };
     if let Some(f) = FILES.get_ptr_mut(key) {
+        // SAFETY: the non-null value pointer of a `FILES` entry; the map is
+        // preallocated, so it stays valid memory for the program's run even
+        // if another thread closes the descriptor meanwhile (a recycled
+        // element: a miscount, never a fault). Other CPUs write the same
+        // entry only through `atomic_add`, as below.
         let f = unsafe { &mut *f };
         if f.file_id == s.file_id {
             // Threads of one process share descriptors: add atomically.
+            // SAFETY: `p` is a `&mut u64` field of the entry: valid and
+            // 8-byte aligned.
             f.add_slot_file_with(s, |p, v| unsafe { atomic_add(p, v) });
         }
     }
@@ -156,6 +176,9 @@ pub(crate) fn flush_file(s: &mut CpuSlot) {
 pub(crate) fn cache_fd(s: &mut CpuSlot, fd: i32) {
     flush_file(s);
     s.file_fd = fd;
+    // SAFETY: `get` is unsafe because another CPU may change or delete the
+    // entry while the reference lives (a preallocated element can be
+    // reused); two fields are copied at once, stale values at worst.
     match unsafe { FILES.get(FdKey { tgid: s.tgid, fd }) } {
         Some(f) => {
             s.file_id = f.file_id;
@@ -227,6 +250,9 @@ pub(crate) fn count_read(s: &mut CpuSlot, bytes: u64, lat: Option<u64>) {
 pub(crate) fn add_to_file(tgid: u32, fd: i32, add: impl FnOnce(&mut FileStats)) -> bool {
     match FILES.get_ptr_mut(FdKey { tgid, fd }) {
         Some(f) => {
+            // SAFETY: the non-null value pointer of a `FILES` entry, valid
+            // for the program's run (see `flush_file`); `add` writes it only
+            // atomically, other threads and completions too.
             let f = unsafe { &mut *f };
             let file = f.kind != fd_kind::OTHER;
             if file {
@@ -252,6 +278,8 @@ pub(crate) fn count_write(s: &mut CpuSlot, bytes: u64) {
     if fd == 1 || fd == 2 {
         s.stdio_write_bytes += bytes;
     }
+    // SAFETY: `f` is the live `FILES` entry `add_to_file` passes: its fields
+    // are valid, 8-byte aligned `u64`s.
     let file = add_to_file(s.tgid, fd, |f| unsafe {
         atomic_add(&mut f.write_bytes, bytes);
         atomic_add(&mut f.write_calls, 1);

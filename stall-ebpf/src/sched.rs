@@ -39,19 +39,26 @@ const TASK_UNINTERRUPTIBLE: u32 = 0x2;
 const TASK_DEAD: u32 = 0x80;
 const TASK_NOLOAD: u32 = 0x400;
 
-/// A `u32` field of a kernel object, 0 if unreadable.
+/// A `u8` field of a kernel object, 0 if unreadable.
 #[inline(always)]
 pub(crate) fn read_u8(base: u64, off: u32) -> u8 {
+    // SAFETY: bpf_probe_read_kernel checks the address (any address, even a
+    // stale or garbage one); a fault returns an error, read as 0, never a
+    // crash. Any byte is a valid `u8`.
     unsafe { bpf_probe_read_kernel((base + u64::from(off)) as *const u8) }.unwrap_or(0)
 }
 
 #[inline(always)]
 pub(crate) fn read_u32(base: u64, off: u32) -> u32 {
+    // SAFETY: as in `read_u8`: the helper checks the address, a fault reads
+    // as 0; any 4 bytes are a valid `u32`.
     unsafe { bpf_probe_read_kernel((base + u64::from(off)) as *const u32) }.unwrap_or(0)
 }
 
 #[inline(always)]
 pub(crate) fn read_u64(base: u64, off: u32) -> u64 {
+    // SAFETY: as in `read_u8`: the helper checks the address, a fault reads
+    // as 0; any 8 bytes are a valid `u64`.
     unsafe { bpf_probe_read_kernel((base + u64::from(off)) as *const u64) }.unwrap_or(0)
 }
 
@@ -78,6 +85,8 @@ pub(crate) fn kclock_flags(cfg: &Config) -> u8 {
 /// The current task, as a plain address (`bpf_get_current_task`, any kernel).
 #[inline(always)]
 pub(crate) fn current_task() -> u64 {
+    // SAFETY: takes no arguments; returns the current task's address, which
+    // is only ever read through bpf_probe_read_kernel.
     unsafe { bpf_get_current_task() }
 }
 
@@ -147,6 +156,9 @@ fn switch<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
     let next_stats = if next_pid > 0 { THREADS.get_ptr_mut(next_pid as u32) } else { None };
     match (next_stats, slot) {
         (Some(p), slot) => {
+            // SAFETY: the non-null value pointer of `next`'s `THREADS` entry,
+            // valid for the program's run (see `crate::tracked`); `next` is
+            // not running yet, so no program of its own writes it meanwhile.
             let t = unsafe { &mut *p };
             crate::timeline::record(&cfg, t, next_pid as u32, true, ts);
             switch_in(t, ts, next, &cfg);
@@ -234,6 +246,9 @@ fn switch_out<const STACK: bool>(
             // wait on another party, like poll.
             let key = FdKey { tgid, fd: t.inflight_fd };
             let is_file = inflight::kind(t.inflight, crate::running::generation()) == inflight::READ
+                // SAFETY: `get` is unsafe because another CPU may change or
+                // delete the entry while the reference lives (a preallocated
+                // element can be reused); one field is read at once.
                 && matches!(unsafe { FILES.get(key) }, Some(f) if f.kind != fd_kind::OTHER);
             if is_file {
                 reason::IO
@@ -260,11 +275,19 @@ pub(crate) fn syscall_nr<const STACK: bool>(prev: u64, cfg: &Config) -> i32 {
         }
         stack + u64::from(cfg.task.regs_in_stack)
     } else {
+        // SAFETY: bpf_get_current_task_btf returns the trusted BTF pointer to
+        // the current task that bpf_task_pt_regs requires (the verifier checks
+        // its type, and rejects the call on kernels without the helper: the
+        // agent loads the `STACK` variant there). The result is used only as
+        // an address for bpf_probe_read_kernel.
         unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as u64 }
     };
     if regs == 0 {
         return -1;
     }
+    // SAFETY: bpf_probe_read_kernel checks the address (computed from the
+    // task's stack or the helper above); a fault returns an error, read as
+    // -1, never a crash. Any 8 bytes are a valid `i64`.
     unsafe { bpf_probe_read_kernel((regs + u64::from(cfg.regs.nr)) as *const i64) }
         .map(|v| v as i32)
         .unwrap_or(-1)
@@ -353,6 +376,10 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
     let Some(p) = THREADS.get_ptr_mut(wakee as u32) else {
         return 0;
     };
+    // SAFETY: the non-null value pointer of the wakee's `THREADS` entry,
+    // valid for the program's run (see `crate::tracked`). The wakee may be
+    // switching on another CPU at this moment: `sched_switch` there writes
+    // the same entry, so a racing wakeup may be misattributed, never a fault.
     let t = unsafe { &mut *p };
     if t.state != run_state::OFF || t.wake_ts != 0 || t.off_reason == reason::RUNQUEUE {
         return 0;
@@ -365,6 +392,9 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let key = WakeKey { wakee: wakee as u32, waker: pid_tgid as u32 };
     if let Some(w) = WAKES.get_ptr_mut(key) {
+        // SAFETY: `w` is the non-null value pointer of a `WAKES` entry
+        // (preallocated: valid memory for the program's run); `count` is an
+        // aligned `u64` that wakers on other CPUs also add to atomically.
         unsafe { atomic_add(&mut (*w).count, 1) };
         return 0;
     }
@@ -377,6 +407,8 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
     // Full (a thousand threads waking one another): count it per process.
     let key = WakeKey { wakee: wakee as u32, waker: waker_tgid | WAKER_ANY_THREAD };
     if let Some(w) = WAKES_BY_PROC.get_ptr_mut(key) {
+        // SAFETY: as for `WAKES` above: a non-null, preallocated value
+        // pointer; `count` is an aligned `u64` only ever added to atomically.
         unsafe { atomic_add(&mut (*w).count, 1) };
     } else if WAKES_BY_PROC.insert(key, fresh, 0).is_err() {
         bump(counter::LOST_WAKE_MAP);

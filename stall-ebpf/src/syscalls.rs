@@ -96,6 +96,9 @@ pub(crate) fn enter(cfg: &Config, s: &mut CpuSlot, what: u8, regs: u64) {
         hook::OPENAT2 => {
             // struct open_how starts with its u64 flags.
             let how = reg(regs, r.arg2).unwrap_or(0);
+            // SAFETY: bpf_probe_read_user checks the user address the task
+            // passed (any value, even 0 or garbage); a fault returns an
+            // error, read as 0, never a crash. Any 8 bytes are a `u64`.
             let flags = unsafe { bpf_probe_read_user(how as *const u64) }.unwrap_or(0) as u32;
             opening(s, arg0 as i32, reg(regs, r.arg1).unwrap_or(0), flags);
         }
@@ -167,6 +170,9 @@ pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, hooked: u8, regs: u64, ret: i6
 /// A syscall argument (or any word) at `off` in the saved registers.
 #[inline(always)]
 fn reg(regs: u64, off: u16) -> Option<u64> {
+    // SAFETY: bpf_probe_read_kernel checks the address (the saved registers
+    // plus an offset from the agent); a fault returns an error (None), never
+    // a crash. Any 8 bytes are a valid `u64`.
     unsafe { bpf_probe_read_kernel((regs + u64::from(off)) as *const u64) }.ok()
 }
 
@@ -213,6 +219,9 @@ fn opening(s: &mut CpuSlot, dfd: i32, path: u64, flags: u32) {
 /// file read through either is a file read), announced with no path.
 #[inline(always)]
 fn duplicated(cfg: &Config, s: &mut CpuSlot, old: i32, fd: i32) {
+    // SAFETY: `get` is unsafe because another CPU may change or delete the
+    // entry while the reference lives (a preallocated element can be
+    // reused); one field is copied at once.
     let kind = unsafe { FILES.get(FdKey { tgid: s.tgid, fd: old }) }.map(|f| f.kind);
     match kind {
         Some(kind) => opened(cfg, s, fd, old, kind),
@@ -230,6 +239,7 @@ fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32, dup_of: i32, kind: u32) {
     // An entry still there for this number (closed without `close`: dup2,
     // close_range, exec; or seeded by the agent a moment ago) is retired
     // with its counts before the new open replaces it.
+    // SAFETY: as in `duplicated`: the value is copied at once.
     if let Some(old) = unsafe { FILES.get(key) }.copied() {
         emit_close(cfg, s, fd, old);
     }
@@ -243,6 +253,13 @@ fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32, dup_of: i32, kind: u32) {
         return;
     };
     let ev = e.as_mut_ptr();
+    // SAFETY: `ev` points at the record reserved above: `size_of::<OpenEvent>()`
+    // bytes of ring buffer, 8-byte aligned, ours alone until submitted (the
+    // verifier bounds-checks each store against the reservation). Fields are
+    // assigned through the raw pointer (all `Copy`, nothing is dropped), and
+    // `ev` is not used after `submit`. bpf_probe_read_user_str writes at most
+    // `PATH_LEN` bytes, the size of `path`, and checks the user address: a
+    // fault returns a negative errno, never a crash.
     unsafe {
         (*ev).hdr = header(event_kind::OPEN, s.tid, s.tgid, s.job, now());
         (*ev).file_id = file_id;
@@ -274,6 +291,8 @@ fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32, dup_of: i32, kind: u32) {
 fn close(cfg: &Config, s: &mut CpuSlot, fd: i32) {
     uncache_fd(s, fd);
     let key = FdKey { tgid: s.tgid, fd };
+    // SAFETY: as in `duplicated`: the value is copied at once, before the
+    // entry is removed.
     let Some(stats) = (unsafe { FILES.get(key) }).copied() else {
         return;
     };
@@ -301,8 +320,14 @@ fn emit_close(cfg: &Config, s: &CpuSlot, fd: i32, stats: FileStats) {
 /// Ids the agent assigns to descriptors found at attach have bit 63 set.
 #[inline(always)]
 fn next_file_id() -> u64 {
+    // SAFETY: takes no arguments; returns the CPU this program runs on.
     let cpu = unsafe { bpf_get_smp_processor_id() } as u64;
     let seq = match FILE_SEQ.get_ptr_mut(0) {
+        // SAFETY: `p` is non-null and points at this CPU's element of a
+        // per-CPU array (the verifier checks the access against the value
+        // size); no other CPU writes it. Only the open paths use it; a
+        // trampoline preempted between the increment and the read
+        // (preemptible kernels) may share a number: a duplicate id at worst.
         Some(p) => unsafe {
             *p += 1;
             *p

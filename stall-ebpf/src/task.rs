@@ -131,6 +131,10 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     // Its io_uring reads, counted apart where they completed, are part of
     // its last counts (added in the entry itself, which goes below: a copy
     // would not fit the stack beside the event).
+    // SAFETY: `get` is unsafe because another CPU may change or delete the
+    // entry while the reference lives (a preallocated element can be
+    // reused); it is read at once, before the removal below. A completion
+    // adding to it on another CPU meanwhile may be missed: a lost count.
     if let Some(u) = unsafe { URING_READS.get(cur.tid) } {
         t.add_uring_reads(u);
         let _ = URING_READS.remove(cur.tid);

@@ -29,11 +29,18 @@ const REQ_FIXED_FILE: u64 = 1;
 #[inline(always)]
 fn arg(ctx: &RawTracePointContext, i: u8) -> u64 {
     let args = ctx.as_ptr() as *const u64;
+    // SAFETY: bpf_probe_read_kernel checks the address: the raw tracepoint's
+    // argument array, index masked to 0..=7 (an index past the tracepoint's
+    // arguments reads whatever follows them on the kernel stack: garbage,
+    // never a fault); a failed read returns an error, read as 0.
     unsafe { bpf_probe_read_kernel(args.wrapping_add(usize::from(i) & 7)) }.unwrap_or(0)
 }
 
 #[inline(always)]
 fn field<T: Copy + Default>(base: u64, off: u16) -> T {
+    // SAFETY: bpf_probe_read_kernel checks the address; a fault returns an
+    // error, read as `T::default()`, never a crash. Callers use only integer
+    // types, for which any bytes are a valid value.
     unsafe { bpf_probe_read_kernel((base + u64::from(off)) as *const T) }.unwrap_or_default()
 }
 
@@ -60,6 +67,10 @@ pub fn uring_submit(ctx: RawTracePointContext) -> i32 {
         // must not get the one of an earlier submission.
         let fd = match URING_FD.get_ptr_mut(0) {
             Some(s) => {
+                // SAFETY: `s` is non-null and points at this CPU's element of
+                // a per-CPU array, valid for the program's run; only this
+                // program and `uring_file_get` use it, both raw tracepoints in
+                // task context (preemption disabled), never nested on a CPU.
                 let s = unsafe { &mut *s };
                 let fd = if s.tid == crate::ids().0 { s.fd } else { -1 };
                 s.tid = 0;
@@ -93,6 +104,8 @@ pub fn uring_file_get(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     if let Some(s) = URING_FD.get_ptr_mut(0) {
+        // SAFETY: as in `uring_submit`: this CPU's element of a per-CPU
+        // array, used by no other CPU and by no nested program.
         let s = unsafe { &mut *s };
         s.tid = crate::ids().0;
         s.fd = arg(&ctx, l.file_fd) as i32;
@@ -116,12 +129,17 @@ pub fn uring_complete(ctx: RawTracePointContext) -> i32 {
         (arg(&ctx, l.complete_user_data), arg(&ctx, l.complete_res) as i32)
     };
     let key = UringKey { ctx: ring, user_data };
+    // SAFETY: `get` is unsafe because another CPU may change or delete the
+    // entry while the reference lives (a preallocated element can be
+    // reused); the value is copied at once, before the removal below.
     let Some(read) = (unsafe { URING_PENDING.get(&key) }).copied() else {
         return 0;
     };
     let _ = URING_PENDING.remove(&key);
     let bytes = if res > 0 { res as u64 } else { 0 };
     let file = read.fd >= 0
+        // SAFETY: `f` is the live `FILES` entry `add_to_file` passes: its
+        // fields are valid, 8-byte aligned `u64`s.
         && add_to_file(read.tgid, read.fd, |f| unsafe {
             atomic_add(&mut f.read_bytes, bytes);
             atomic_add(&mut f.read_calls, 1);
@@ -134,7 +152,13 @@ pub fn uring_complete(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     if let Some(t) = URING_READS.get_ptr_mut(read.tid) {
+        // SAFETY: the non-null value pointer of the thread's `URING_READS`
+        // entry; the map is preallocated, so it stays valid memory for the
+        // program's run even if the thread's exit removes it meanwhile (a
+        // lost count, never a fault).
         let t = unsafe { &mut *t };
+        // SAFETY: `t`'s fields are valid, 8-byte aligned `u64`s; completions
+        // on other CPUs add to the same entry, hence atomically.
         unsafe {
             if file {
                 atomic_add(&mut t.file_bytes, bytes);

@@ -1,0 +1,162 @@
+//! What the agent sets for the programs: the load-time `Config` global, the
+//! per-syscall tables (`SYSCALL_CLASS`, `HOOKS`), the `TRACK_GEN` value, and
+//! the indices of the `COUNTERS` array.
+
+use crate::{inflight, PageCacheOffsets, Regs, TaskOffsets, UringLayout};
+
+/// Load-time configuration, written into the object's `CONFIG` global.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    pub task: TaskOffsets,
+    pub regs: Regs,
+    /// Non-zero: also track any task whose cgroup is in `CGROUPS`.
+    pub cgroup_filter: u8,
+    /// Non-zero: every program returns at once (the benchmark's floor).
+    pub floor: u8,
+    /// Non-zero: send a `SwitchEvent` for every switch of a tracked thread.
+    pub timeline: u8,
+    /// A read is timed when the random draw has none of these bits set
+    /// (0: every read; 7: one in 8).
+    pub latency_mask: u8,
+    /// Wake the agent only once this many bytes wait in the ring buffer
+    /// (it also drains on a short timer): a wakeup per record would cost
+    /// more than the record on fork and open storms.
+    pub ringbuf_wake_bytes: u32,
+    pub page: PageCacheOffsets,
+    pub uring: UringLayout,
+}
+
+/// How a syscall number maps to a wait reason; the values of the
+/// `SYSCALL_CLASS` array map, filled by the agent for its architecture.
+pub mod syscall_class {
+    pub const OTHER: u8 = 0;
+    pub const FUTEX: u8 = 1;
+    /// read-family: refined to IO or POLL by the descriptor's kind.
+    pub const READ: u8 = 2;
+    pub const POLL: u8 = 3;
+    pub const SLEEP: u8 = 4;
+    pub const TABLE_LEN: u32 = 1024;
+}
+
+/// What the raw syscall programs do for a syscall number; the values of the
+/// `HOOKS` array map, filled by the agent for its architecture.
+pub mod hook {
+    pub const NONE: u8 = 0;
+    /// read, pread64, readv, preadv, preadv2 (fd is argument 0 of each).
+    pub const READ: u8 = 1;
+    pub const OPENAT: u8 = 2;
+    pub const CLOSE: u8 = 3;
+    /// write, pwrite64, writev, pwritev, pwritev2 (fd is argument 0 of each).
+    pub const WRITE: u8 = 4;
+    /// open(path, flags): openat without the dirfd.
+    pub const OPEN: u8 = 5;
+    /// creat(path, mode): open(path, O_CREAT | O_WRONLY | O_TRUNC).
+    pub const CREAT: u8 = 10;
+    /// openat2(dfd, path, how, size): the flags are in `how`.
+    pub const OPENAT2: u8 = 6;
+    /// dup, dup2, dup3 (the old descriptor is argument 0).
+    pub const DUP: u8 = 7;
+    /// fcntl: a dup for `F_DUPFD` and `F_DUPFD_CLOEXEC`.
+    pub const FCNTL: u8 = 8;
+    /// sendfile(out_fd, in_fd, ...): a read of argument 1 and a write of
+    /// argument 0.
+    pub const SENDFILE: u8 = 9;
+    /// splice(fd_in, off_in, fd_out, ...), copy_file_range(fd_in, off_in,
+    /// fd_out, ...): a read of argument 0 and a write of argument 2.
+    pub const COPY: u8 = 11;
+
+    /// The hooks whose exit completes what `inflight` kind `k` began.
+    #[inline(always)]
+    pub fn completes(hooked: u8, k: u32) -> bool {
+        match k {
+            super::inflight::READ => matches!(hooked, READ | SENDFILE | COPY),
+            super::inflight::WRITE => hooked == WRITE,
+            super::inflight::OPEN => matches!(hooked, OPENAT | OPEN | CREAT | OPENAT2),
+            super::inflight::DUP => hooked == DUP || hooked == FCNTL,
+            _ => false,
+        }
+    }
+}
+
+/// The `TRACK_GEN` value: the low 24 bits change whenever the agent changes
+/// what is tracked (every CPU slot is looked up again), the top 8 bits
+/// whenever it attaches the syscall hooks (entries in flight from before
+/// are stale; see [`inflight`]).
+pub mod track_gen {
+    const EPOCH_SHIFT: u32 = 24;
+    const TRACK_MASK: u32 = (1 << EPOCH_SHIFT) - 1;
+
+    #[inline(always)]
+    pub fn epoch(gen: u32) -> u32 {
+        gen >> EPOCH_SHIFT
+    }
+
+    /// After a change of what is tracked.
+    pub fn next_tracking(gen: u32) -> u32 {
+        (gen & !TRACK_MASK) | (gen.wrapping_add(1) & TRACK_MASK)
+    }
+
+    /// After the syscall hooks were attached again.
+    pub fn next_epoch(gen: u32) -> u32 {
+        (epoch(gen).wrapping_add(1) << EPOCH_SHIFT) | (gen.wrapping_add(1) & TRACK_MASK)
+    }
+}
+
+/// Indices into the per-CPU `COUNTERS` array: losses by cause, and totals.
+pub mod counter {
+    pub const LOST_RINGBUF: u32 = 0;
+    pub const LOST_THREAD_MAP: u32 = 1;
+    pub const LOST_FD_MAP: u32 = 2;
+    pub const LOST_WAKE_MAP: u32 = 3;
+    pub const LOST_PATH: u32 = 4;
+    /// A page-cache fill or a mapping fault of a tracked process found
+    /// `INODE_BYTES` full.
+    pub const LOST_INODE_MAP: u32 = 5;
+    /// An io_uring read of a tracked thread found `URING_PENDING` or
+    /// `URING_READS` full.
+    pub const LOST_URING_MAP: u32 = 6;
+    /// How many loss causes there are: `LOST_*` run from 0 to this.
+    pub const LOST_CAUSES: usize = 7;
+    /// Events handled for tracked threads (all hooks): the agent's event rate.
+    pub const EVENTS: u32 = 8;
+    /// A switch that did not match the state seen before (switched in while
+    /// marked running, or out while marked off without the kernel's counters
+    /// to repair it, see `SCHED_REPAIRED`): a switch was missed and part of
+    /// that span's attribution is unknown. Should stay 0.
+    pub const SCHED_GAPS: u32 = 9;
+    /// A switch-in the tracepoint never delivered, found at the next
+    /// switch-out and repaired from the kernel's own counters (the span's
+    /// on-CPU, runqueue and blocked parts are exact): nothing is lost.
+    /// Some kernels do not trace every switch (docs/KERNELS.md).
+    pub const SCHED_REPAIRED: u32 = 10;
+    pub const COUNT: u32 = 16;
+    pub const LOST_NAMES: [&str; LOST_CAUSES] = [
+        "ringbuf_full",
+        "thread_map_full",
+        "fd_map_full",
+        "wake_map_full",
+        "path_unreadable",
+        "inode_map_full",
+        "uring_map_full",
+    ];
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: repr(C), Copy, and no implicit padding (nor in the structs it holds).
+    unsafe impl aya::Pod for Config {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    // Sizes are fixed so a change on one side cannot silently desync the other.
+    #[test]
+    fn layouts_have_no_hidden_padding() {
+        assert_eq!(size_of::<Config>(), 64 + size_of::<PageCacheOffsets>() + size_of::<UringLayout>());
+    }
+}

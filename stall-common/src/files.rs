@@ -1,0 +1,167 @@
+//! Per-descriptor and per-file state: the `FILES` map (descriptors of
+//! tracked processes, with their read and write counters), the syscall in
+//! flight between enter and exit, and `INODE_BYTES` (what a process took of
+//! a file outside its read calls).
+
+use crate::{track_gen, CpuSlot};
+
+/// What a tracked descriptor is; set by the agent after it has looked at it.
+pub mod fd_kind {
+    /// Opened with openat, not yet classified: counted as a file.
+    pub const UNKNOWN: u32 = 0;
+    pub const REGULAR: u32 = 1;
+    /// FIFO, socket, device, eventfd...: never file throughput.
+    pub const OTHER: u32 = 2;
+}
+
+/// In-flight syscall kinds recorded at sys_enter for use at sys_exit.
+///
+/// The kind is the low byte; the bits above hold the hooks epoch of
+/// `TRACK_GEN` it was recorded in ([`track_gen`]). The syscall hooks can be
+/// detached and attached again (the daemon's tiers): an entry recorded
+/// before a detach never sees its exit, and must not pair with the exit of
+/// some later, unhooked syscall.
+pub mod inflight {
+    pub const NONE: u32 = 0;
+    pub const READ: u32 = 1;
+    pub const OPEN: u32 = 2;
+    /// write-family: counted at exit on the descriptor's `FILES` entry.
+    pub const WRITE: u32 = 3;
+    /// dup-family: the returned descriptor names the same open as
+    /// `inflight_fd`.
+    pub const DUP: u32 = 4;
+    const KIND_MASK: u32 = 0xff;
+
+    /// `kind` as recorded under `gen` (a `TRACK_GEN` value).
+    #[inline(always)]
+    pub fn tag(kind: u32, gen: u32) -> u32 {
+        kind | (super::track_gen::epoch(gen) << 8)
+    }
+
+    /// The kind of a `tag`ged entry if it was recorded in the epoch of
+    /// `gen`, else `NONE`.
+    #[inline(always)]
+    pub fn kind(tagged: u32, gen: u32) -> u32 {
+        if tagged >> 8 == super::track_gen::epoch(gen) {
+            tagged & KIND_MASK
+        } else {
+            NONE
+        }
+    }
+}
+
+/// Key of the `FILES` map: one open descriptor of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FdKey {
+    pub tgid: u32,
+    pub fd: i32,
+}
+
+/// Value of the `FILES` map. `file_id` names one open(); a reused fd number
+/// gets a new id, so bytes never land on the file that had the number before.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FileStats {
+    pub file_id: u64,
+    pub read_bytes: u64,
+    pub read_calls: u64,
+    /// Time in the timed reads: one read in `Config::latency_mask + 1`,
+    /// picked at random, is timed (the clock costs more than the rest of
+    /// a read's accounting); `timed_calls` counts them.
+    pub read_ns: u64,
+    pub timed_calls: u64,
+    /// Successful write-family calls on this descriptor, and their bytes.
+    pub write_bytes: u64,
+    pub write_calls: u64,
+    pub kind: u32,
+    pub _pad: u32,
+}
+
+impl FileStats {
+    /// Adds the per-file counts a CPU slot (`CPU_SLOT`) holds for its cached
+    /// descriptor (`CpuSlot::file_fd`, if it is still `file_id`), each
+    /// through `add`: the kernel side adds atomically when it flushes the
+    /// slot (threads of one process share descriptors), the agent plainly
+    /// when it reads one.
+    #[inline(always)]
+    pub fn add_slot_file_with(&mut self, s: &CpuSlot, mut add: impl FnMut(&mut u64, u64)) {
+        add(&mut self.read_bytes, s.file_bytes);
+        add(&mut self.read_calls, s.file_calls);
+        add(&mut self.read_ns, s.file_ns);
+        add(&mut self.timed_calls, s.file_timed);
+    }
+
+    /// [`FileStats::add_slot_file_with`] with plain additions.
+    #[inline(always)]
+    pub fn add_slot_file(&mut self, s: &CpuSlot) {
+        self.add_slot_file_with(s, |a, v| *a += v);
+    }
+}
+
+/// Key of the `INODE_BYTES` map: one file (the kernel's device and inode
+/// number, as the page cache knows it) read by one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct InodeKey {
+    pub tgid: u32,
+    /// The kernel's `dev_t`: major << 20 | minor.
+    pub dev: u32,
+    pub ino: u64,
+}
+
+/// Value of the `INODE_BYTES` map: what one process took of one file
+/// outside its read calls, cumulative.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InodeBytes {
+    /// Bytes it caused to be read from storage (page-cache fills by its
+    /// reads, its faults and their read-ahead).
+    pub storage: u64,
+    /// Bytes its faults mapped into it from the file (fault-around windows
+    /// and single-page faults, from the page cache or storage).
+    pub mapped: u64,
+    /// The page range `[window_start, window_stop)` counted last for this
+    /// file: a fault that retries pages of it (not yet read when first
+    /// tried) does not count them again. Zeroed: none.
+    pub window_start: u64,
+    pub window_stop: u64,
+    /// 1 + the page a single-page fault counted alone where the kernel maps
+    /// whole folios: the page was not in the cache yet, so its folio's other
+    /// pages are counted at the file's next fault; 0: none.
+    pub pending: u64,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all these are repr(C), Copy, and have no implicit padding.
+    unsafe impl aya::Pod for FdKey {}
+    unsafe impl aya::Pod for FileStats {}
+    unsafe impl aya::Pod for InodeKey {}
+    unsafe impl aya::Pod for InodeBytes {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    #[test]
+    fn slot_file_counts_add_every_field() {
+        let s = CpuSlot { file_bytes: 100, file_calls: 3, file_ns: 50, file_timed: 1, ..Default::default() };
+        let mut f =
+            FileStats { read_bytes: 1, read_calls: 1, read_ns: 1, timed_calls: 1, ..Default::default() };
+        f.add_slot_file(&s);
+        assert_eq!((f.read_bytes, f.read_calls, f.read_ns, f.timed_calls), (101, 4, 51, 2));
+    }
+
+    // Sizes are fixed so a change on one side cannot silently desync the other.
+    #[test]
+    fn layouts_have_no_hidden_padding() {
+        assert_eq!(size_of::<FdKey>(), 8);
+        assert_eq!(size_of::<FileStats>(), 64);
+        assert_eq!(size_of::<InodeKey>(), 16);
+        assert_eq!(size_of::<InodeBytes>(), 40);
+    }
+}

@@ -1,0 +1,179 @@
+//! The names the agent finds the kernel object's maps, programs and globals
+//! by (`Ebpf::take_map`, `Ebpf::program_mut`, `EbpfLoader::override_global`).
+//!
+//! The kernel side cannot use these: aya-ebpf's `#[map]` and program macros
+//! name a map or program after its Rust identifier (a map's `name = ...`
+//! takes a string literal only), so each constant here equals the identifier
+//! of its `static` or `fn` in `stall-ebpf`. [`MAPS`], [`PROGRAMS`] and
+//! [`GLOBALS`] list every name the object defines, for a check against the
+//! built object.
+
+/// The `static CONFIG: Config` global (main.rs), set at load time.
+pub const CONFIG: &str = "CONFIG";
+
+// Maps (maps.rs).
+pub const THREADS: &str = "THREADS";
+pub const CGROUPS: &str = "CGROUPS";
+pub const FILES: &str = "FILES";
+pub const INODE_BYTES: &str = "INODE_BYTES";
+pub const URING_PENDING: &str = "URING_PENDING";
+pub const URING_READS: &str = "URING_READS";
+/// Kernel-side only: the agent never opens it.
+pub const URING_FD: &str = "URING_FD";
+pub const WAKES: &str = "WAKES";
+pub const WAKES_BY_PROC: &str = "WAKES_BY_PROC";
+pub const SYSCALL_CLASS: &str = "SYSCALL_CLASS";
+pub const HOOKS: &str = "HOOKS";
+pub const CPU_SLOT: &str = "CPU_SLOT";
+pub const TRACK_GEN: &str = "TRACK_GEN";
+/// The ring buffer; also resized by name (`EbpfLoader::map_max_entries`).
+pub const EVENTS: &str = "EVENTS";
+pub const COUNTERS: &str = "COUNTERS";
+/// Kernel-side only: the agent never opens it.
+pub const FILE_SEQ: &str = "FILE_SEQ";
+
+// Scheduler and task programs (sched.rs, task.rs). `*_STACK`: the variant
+// for kernels without `bpf_task_pt_regs`; the agent loads one of the two.
+pub const SCHED_SWITCH: &str = "sched_switch";
+pub const SCHED_SWITCH_STACK: &str = "sched_switch_stack";
+pub const SCHED_WAKING: &str = "sched_waking";
+pub const TASK_NEWTASK: &str = "task_newtask";
+pub const SCHED_PROCESS_EXEC: &str = "sched_process_exec";
+pub const SCHED_PROCESS_EXIT: &str = "sched_process_exit";
+
+// Page cache and mappings (pagecache.rs, mapped.rs).
+pub const PAGE_CACHE_FILL: &str = "page_cache_fill";
+pub const PAGE_CACHE_FILL_STACK: &str = "page_cache_fill_stack";
+pub const MAPPED_WINDOW: &str = "mapped_window";
+pub const MAPPED_PAGE: &str = "mapped_page";
+pub const FENTRY_MAP_PAGES: &str = "fentry_map_pages";
+pub const FENTRY_FILEMAP_FAULT: &str = "fentry_filemap_fault";
+
+// io_uring (uring.rs).
+pub const URING_SUBMIT: &str = "uring_submit";
+pub const URING_FILE_GET: &str = "uring_file_get";
+pub const URING_COMPLETE: &str = "uring_complete";
+
+// Syscall hooks as raw tracepoints (syscalls.rs).
+pub const SYS_ENTER: &str = "sys_enter";
+pub const SYS_EXIT: &str = "sys_exit";
+
+// Syscall hooks as trampolines (trampoline.rs): one per hooked function and
+// side (copy_file_range is "cfr").
+pub const FENTRY_READ: &str = "fentry_read";
+pub const FENTRY_PREAD64: &str = "fentry_pread64";
+pub const FENTRY_READV: &str = "fentry_readv";
+pub const FENTRY_PREADV: &str = "fentry_preadv";
+pub const FENTRY_PREADV2: &str = "fentry_preadv2";
+pub const FENTRY_SENDFILE: &str = "fentry_sendfile";
+pub const FENTRY_SPLICE: &str = "fentry_splice";
+pub const FENTRY_CFR: &str = "fentry_cfr";
+pub const FENTRY_CLOSE: &str = "fentry_close";
+pub const FEXIT_READ: &str = "fexit_read";
+pub const FEXIT_PREAD64: &str = "fexit_pread64";
+pub const FEXIT_READV: &str = "fexit_readv";
+pub const FEXIT_PREADV: &str = "fexit_preadv";
+pub const FEXIT_PREADV2: &str = "fexit_preadv2";
+pub const FEXIT_SENDFILE: &str = "fexit_sendfile";
+pub const FEXIT_SPLICE: &str = "fexit_splice";
+pub const FEXIT_CFR: &str = "fexit_cfr";
+pub const FEXIT_WRITE: &str = "fexit_write";
+pub const FEXIT_PWRITE64: &str = "fexit_pwrite64";
+pub const FEXIT_WRITEV: &str = "fexit_writev";
+pub const FEXIT_PWRITEV: &str = "fexit_pwritev";
+pub const FEXIT_PWRITEV2: &str = "fexit_pwritev2";
+pub const FEXIT_OPEN: &str = "fexit_open";
+pub const FEXIT_OPENAT: &str = "fexit_openat";
+pub const FEXIT_OPENAT2: &str = "fexit_openat2";
+pub const FEXIT_CREAT: &str = "fexit_creat";
+pub const FEXIT_DUP: &str = "fexit_dup";
+pub const FEXIT_DUP2: &str = "fexit_dup2";
+pub const FEXIT_DUP3: &str = "fexit_dup3";
+pub const FEXIT_FCNTL: &str = "fexit_fcntl";
+
+/// Every map the object defines.
+pub const MAPS: &[&str] = &[
+    THREADS,
+    CGROUPS,
+    FILES,
+    INODE_BYTES,
+    URING_PENDING,
+    URING_READS,
+    URING_FD,
+    WAKES,
+    WAKES_BY_PROC,
+    SYSCALL_CLASS,
+    HOOKS,
+    CPU_SLOT,
+    TRACK_GEN,
+    EVENTS,
+    COUNTERS,
+    FILE_SEQ,
+];
+
+/// Every program the object defines.
+pub const PROGRAMS: &[&str] = &[
+    SCHED_SWITCH,
+    SCHED_SWITCH_STACK,
+    SCHED_WAKING,
+    TASK_NEWTASK,
+    SCHED_PROCESS_EXEC,
+    SCHED_PROCESS_EXIT,
+    PAGE_CACHE_FILL,
+    PAGE_CACHE_FILL_STACK,
+    MAPPED_WINDOW,
+    MAPPED_PAGE,
+    FENTRY_MAP_PAGES,
+    FENTRY_FILEMAP_FAULT,
+    URING_SUBMIT,
+    URING_FILE_GET,
+    URING_COMPLETE,
+    SYS_ENTER,
+    SYS_EXIT,
+    FENTRY_READ,
+    FENTRY_PREAD64,
+    FENTRY_READV,
+    FENTRY_PREADV,
+    FENTRY_PREADV2,
+    FENTRY_SENDFILE,
+    FENTRY_SPLICE,
+    FENTRY_CFR,
+    FENTRY_CLOSE,
+    FEXIT_READ,
+    FEXIT_PREAD64,
+    FEXIT_READV,
+    FEXIT_PREADV,
+    FEXIT_PREADV2,
+    FEXIT_SENDFILE,
+    FEXIT_SPLICE,
+    FEXIT_CFR,
+    FEXIT_WRITE,
+    FEXIT_PWRITE64,
+    FEXIT_WRITEV,
+    FEXIT_PWRITEV,
+    FEXIT_PWRITEV2,
+    FEXIT_OPEN,
+    FEXIT_OPENAT,
+    FEXIT_OPENAT2,
+    FEXIT_CREAT,
+    FEXIT_DUP,
+    FEXIT_DUP2,
+    FEXIT_DUP3,
+    FEXIT_FCNTL,
+];
+
+/// Every global the agent sets by name.
+pub const GLOBALS: &[&str] = &[CONFIG];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_listed_once() {
+        let all = || MAPS.iter().chain(PROGRAMS).chain(GLOBALS);
+        for (i, a) in all().enumerate() {
+            assert_eq!(all().skip(i + 1).filter(|b| b == &a).count(), 0, "{a} listed twice");
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! Per-thread scheduling state: why a thread is off-CPU, its counters in
+//! `THREADS`, who wakes it (`WAKES`), the per-CPU slot (`CPU_SLOT`) that
+//! holds a running thread's hot state, and where the kernel keeps the task
+//! and register fields the programs read.
+
+use crate::{uring::UringReads, COMM_LEN};
+
+/// Why a thread is off-CPU; the index into [`ThreadStats::off_ns`].
+pub mod reason {
+    /// Blocked in `futex` (locks, condition variables, `queue.Queue.get`).
+    pub const FUTEX: u8 = 0;
+    /// Blocked reading a regular file, or in uninterruptible sleep outside a
+    /// syscall (page faults on mapped files).
+    pub const IO: u8 = 1;
+    /// Waiting on a pipe, socket or event: poll/select/epoll, or a blocking
+    /// read of a non-file descriptor (a `multiprocessing` queue).
+    pub const POLL: u8 = 2;
+    /// Sleeping on purpose: nanosleep, clock_nanosleep, pause.
+    pub const SLEEP: u8 = 3;
+    /// Runnable but not running: preempted, or woken and waiting for a CPU.
+    pub const RUNQUEUE: u8 = 4;
+    /// Any other blocking syscall; [`super::ThreadStats::other_nr`] names it.
+    pub const OTHER: u8 = 5;
+    pub const COUNT: usize = 6;
+    pub const NAMES: [&str; COUNT] = ["futex", "io", "poll", "sleep", "runqueue", "other"];
+}
+
+/// Scheduling state of a tracked thread as the kernel side last saw it.
+pub mod run_state {
+    /// Tracked, but no switch seen yet and nothing seeded.
+    pub const UNKNOWN: u8 = 0;
+    pub const RUNNING: u8 = 1;
+    pub const OFF: u8 = 2;
+}
+
+/// Value of the `THREADS` map, keyed by tid. Presence in the map is what
+/// makes a thread tracked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadStats {
+    pub tgid: u32,
+    /// Which job (attach target, daemon cgroup) this thread belongs to.
+    pub job: u32,
+    pub on_cpu_ns: u64,
+    pub off_ns: [u64; reason::COUNT],
+    pub file_read_bytes: u64,
+    pub file_read_calls: u64,
+    /// Time in the timed reads only (see `FileStats::read_ns`).
+    pub file_read_ns: u64,
+    pub other_read_bytes: u64,
+    pub other_read_calls: u64,
+    pub other_read_ns: u64,
+    /// Successful write-family calls (bytes as returned) on descriptors
+    /// counted as files (`fd_kind::UNKNOWN`/`REGULAR` in `FILES`): logs,
+    /// checkpoints. Progress signals, never I/O waits.
+    pub file_write_bytes: u64,
+    pub file_write_calls: u64,
+    /// Writes to anything else: pipes, sockets, ttys, untracked descriptors.
+    pub other_write_bytes: u64,
+    pub other_write_calls: u64,
+    /// Writes to fd 1 or 2, whatever they point to (also counted above as
+    /// file or other): a log printed to stdout is progress.
+    pub stdio_write_bytes: u64,
+    pub wakeups: u64,
+    /// Switch-in time while running, switch-out time while off-CPU
+    /// (CLOCK_MONOTONIC ns, as `bpf_ktime_get_ns`).
+    pub last_ts: u64,
+    /// When a wakeup was seen during the current off-CPU span, else 0.
+    pub wake_ts: u64,
+    pub state: u8,
+    pub off_reason: u8,
+    /// [`kclock`]: which of the kernel's own totals below are kept.
+    pub kclock: u8,
+    /// Non-zero: `state` was inferred from /proc by the agent (which cannot
+    /// tell running from runnable, and races the thread): the first switch
+    /// seen settles it and is never counted as a gap.
+    pub seeded: u8,
+    /// Syscall number at switch-out (-1: not in a syscall).
+    pub off_nr: i32,
+    /// Last syscall counted as OTHER, to name it.
+    pub other_nr: i32,
+    pub inflight: u32,
+    pub inflight_ts: u64,
+    /// fd for reads, dfd for openat.
+    pub inflight_fd: i32,
+    pub inflight_kind: u32,
+    /// filename pointer for openat.
+    pub inflight_ptr: u64,
+    /// The kernel's `se.sum_exec_runtime` when tracking began, and as of
+    /// `last_ts` (read at every switch in and out): on-CPU time is their
+    /// difference, plus the span in progress, so a missed switch can never
+    /// skew it (see [`kclock::EXEC`]).
+    pub exec_base: u64,
+    pub exec_ns: u64,
+    /// The kernel's `sched_info.run_delay` when tracking began, and as of
+    /// the last switch-out (see [`kclock::DELAY`]); `rq_at_out` is
+    /// `off_ns[RUNQUEUE]` then.
+    pub delay_base: u64,
+    pub delay_ns: u64,
+    pub rq_at_out: u64,
+}
+
+impl ThreadStats {
+    /// Adds the io_uring reads completed for this thread (`URING_READS`).
+    #[inline(always)]
+    pub fn add_uring_reads(&mut self, u: &UringReads) {
+        self.file_read_bytes += u.file_bytes;
+        self.file_read_calls += u.file_calls;
+        self.other_read_bytes += u.other_bytes;
+        self.other_read_calls += u.other_calls;
+    }
+
+    /// Adds the read and write counts a CPU slot (`CPU_SLOT`) holds for
+    /// this thread: the kernel side when it flushes the slot (then
+    /// [`CpuSlot::clear_thread_counts`]), the agent when it reads one.
+    #[inline(always)]
+    pub fn add_slot_counts(&mut self, r: &CpuSlot) {
+        self.file_read_bytes += r.file_read_bytes;
+        self.file_read_calls += r.file_read_calls;
+        self.file_read_ns += r.file_read_ns;
+        self.other_read_bytes += r.other_read_bytes;
+        self.other_read_calls += r.other_read_calls;
+        self.other_read_ns += r.other_read_ns;
+        self.file_write_bytes += r.file_write_bytes;
+        self.file_write_calls += r.file_write_calls;
+        self.other_write_bytes += r.other_write_bytes;
+        self.other_write_calls += r.other_write_calls;
+        self.stdio_write_bytes += r.stdio_write_bytes;
+    }
+}
+
+/// `ThreadStats::kclock`: the kernel's totals that an entry carries (set by
+/// whoever created it, from a base it read at that moment).
+pub mod kclock {
+    /// `exec_base`/`exec_ns` are valid: on-CPU time comes from them.
+    pub const EXEC: u8 = 1;
+    /// `delay_base`/`delay_ns` are valid: a span whose switch-in was never
+    /// delivered is split into runqueue and blocked time with them.
+    pub const DELAY: u8 = 2;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct WakeKey {
+    pub wakee: u32,
+    /// The waking thread, or (in `WAKES_BY_PROC`, with [`WAKER_ANY_THREAD`])
+    /// its process.
+    pub waker: u32,
+}
+
+/// Set in [`WakeKey::waker`] over a process id: some thread of that process
+/// (PIDs stay below 2^22). `WAKES` holds a pair per waking thread; a
+/// many-threaded job can wake itself in more pairs than it has room for,
+/// and the rest are counted per waking process instead of lost.
+pub const WAKER_ANY_THREAD: u32 = 1 << 31;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WakeStats {
+    pub count: u64,
+    pub waker_tgid: u32,
+    pub _pad: u32,
+    pub waker_comm: [u8; COMM_LEN],
+}
+
+/// Byte offsets of the `struct task_struct` fields the scheduler and task
+/// programs read, taken from the running kernel's BTF (/sys/kernel/btf/vmlinux)
+/// at start-up: the layout moves between kernels and builds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskOffsets {
+    pub pid: u32,
+    pub tgid: u32,
+    /// `__state` (5.14 and later, `unsigned int`) or `state` (before, `long`:
+    /// its low 32 bits are read).
+    pub state: u32,
+    pub exit_state: u32,
+    /// `se.sum_exec_runtime`: the kernel's own on-CPU total, ns.
+    pub sum_exec: u32,
+    /// `sched_info.run_delay`: the kernel's own runqueue-wait total, ns;
+    /// meaningful only with [`task_flags::RUN_DELAY`].
+    pub run_delay: u32,
+    /// `stack`: the task's kernel stack, for kernels without
+    /// `bpf_task_pt_regs` (see [`task_flags::REGS_FROM_STACK`]).
+    pub stack: u32,
+    /// Where the saved user registers sit from `stack`:
+    /// `THREAD_SIZE - sizeof(struct pt_regs)`.
+    pub regs_in_stack: u32,
+    /// [`task_flags`].
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// `TaskOffsets::flags`.
+pub mod task_flags {
+    /// The kernel keeps `sched_info.run_delay` (CONFIG_SCHED_INFO).
+    pub const RUN_DELAY: u32 = 1;
+    /// No `bpf_task_pt_regs` (before 5.15): the saved user registers are
+    /// found from `task->stack` (the `sched_switch_stack` program).
+    pub const REGS_FROM_STACK: u32 = 2;
+}
+
+/// Where the syscall number, arguments and code segment sit in the
+/// architecture's `struct pt_regs` (byte offsets); the raw syscall
+/// tracepoints hand the programs a pointer to it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Regs {
+    /// The syscall number (`orig_ax` on x86-64).
+    pub nr: u16,
+    pub arg0: u16,
+    pub arg1: u16,
+    pub arg2: u16,
+    /// Code segment: a task whose syscalls come with `user_cs` there is a
+    /// native 64-bit one; others (ia32 compat) number syscalls differently
+    /// and are not counted.
+    pub cs: u16,
+    pub user_cs: u16,
+    pub _pad: [u16; 2],
+}
+
+/// `CpuSlot::tracked`.
+pub mod slot_state {
+    /// Not looked up yet (cgroup mode: the task may still be adopted).
+    pub const UNCHECKED: u8 = 0;
+    pub const TRACKED: u8 = 1;
+    pub const UNTRACKED: u8 = 2;
+}
+
+/// The per-CPU slot (`CPU_SLOT`): the task this CPU runs, and — if it is
+/// tracked — its in-flight syscall and the read counts not yet added to
+/// `THREADS`/`FILES`. Syscall programs touch only this (an inlined array
+/// access) instead of two or three hash lookups per read; `sched_switch`
+/// moves the state between the slot and `THREADS` at every switch. The
+/// agent adds the pending counts of every CPU's slot to its snapshots.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuSlot {
+    pub tid: u32,
+    pub tgid: u32,
+    pub job: u32,
+    /// `TRACK_GEN` when filled: the agent bumps it after changing what is
+    /// tracked, which makes every slot look its task up again.
+    pub gen: u32,
+    pub tracked: u8,
+    /// Non-zero: the task makes native syscalls (checked once per span).
+    pub native: u8,
+    pub _pad: [u8; 2],
+    /// The descriptor whose identity is cached below (-1: none).
+    pub file_fd: i32,
+    /// `FileStats::kind` of `file_fd`, or `fd_kind::OTHER` when it is not
+    /// in `FILES` (pipes, sockets: counted as other reads).
+    pub file_kind: u32,
+    pub inflight: u32,
+    pub inflight_fd: i32,
+    pub inflight_kind: u32,
+    /// xorshift32 state: which reads are timed.
+    pub rng: u32,
+    pub _pad1: u32,
+    /// Start of the read in flight if it is timed, else 0.
+    pub inflight_ts: u64,
+    pub inflight_ptr: u64,
+    pub file_id: u64,
+    /// Address of the task's saved user registers, as the raw syscall
+    /// tracepoints pass it (0 until its first syscall on this CPU since it
+    /// was switched in): unique to the task while it runs, so a match
+    /// proves the slot is the current task's without asking for its tid.
+    pub regs: u64,
+    /// Pending: program runs for this thread (`counter::EVENTS`).
+    pub events: u64,
+    /// Pending: added to the thread's `ThreadStats` counters of the same names.
+    pub file_read_bytes: u64,
+    pub file_read_calls: u64,
+    pub file_read_ns: u64,
+    pub other_read_bytes: u64,
+    pub other_read_calls: u64,
+    pub other_read_ns: u64,
+    pub file_write_bytes: u64,
+    pub file_write_calls: u64,
+    pub other_write_bytes: u64,
+    pub other_write_calls: u64,
+    pub stdio_write_bytes: u64,
+    /// Pending: added to `FILES[(tgid, file_fd)]` if it is still `file_id`
+    /// (reads only: writes go to `FILES` at once, see `inflight::WRITE`).
+    pub file_bytes: u64,
+    pub file_calls: u64,
+    pub file_ns: u64,
+    pub file_timed: u64,
+}
+
+impl CpuSlot {
+    /// Zeroes what [`ThreadStats::add_slot_counts`] adds.
+    #[inline(always)]
+    pub fn clear_thread_counts(&mut self) {
+        self.file_read_bytes = 0;
+        self.file_read_calls = 0;
+        self.file_read_ns = 0;
+        self.other_read_bytes = 0;
+        self.other_read_calls = 0;
+        self.other_read_ns = 0;
+        self.file_write_bytes = 0;
+        self.file_write_calls = 0;
+        self.other_write_bytes = 0;
+        self.other_write_calls = 0;
+        self.stdio_write_bytes = 0;
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all these are repr(C), Copy, and have no implicit padding.
+    unsafe impl aya::Pod for ThreadStats {}
+    unsafe impl aya::Pod for WakeKey {}
+    unsafe impl aya::Pod for WakeStats {}
+    unsafe impl aya::Pod for CpuSlot {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    #[test]
+    fn slot_thread_counts_add_and_clear() {
+        let mut s = CpuSlot {
+            file_read_bytes: 5,
+            other_read_calls: 1,
+            file_write_bytes: 100,
+            file_write_calls: 2,
+            other_write_bytes: 30,
+            other_write_calls: 1,
+            stdio_write_bytes: 30,
+            ..Default::default()
+        };
+        let mut t = ThreadStats { file_write_bytes: 1, ..Default::default() };
+        t.add_slot_counts(&s);
+        assert_eq!((t.file_read_bytes, t.other_read_calls), (5, 1));
+        assert_eq!(
+            (
+                t.file_write_bytes,
+                t.file_write_calls,
+                t.other_write_bytes,
+                t.other_write_calls,
+                t.stdio_write_bytes
+            ),
+            (101, 2, 30, 1, 30)
+        );
+        s.clear_thread_counts();
+        let mut z = ThreadStats::default();
+        z.add_slot_counts(&s);
+        assert_eq!(
+            (z.file_read_bytes, z.file_write_bytes, z.stdio_write_bytes, z.other_write_calls),
+            (0, 0, 0, 0)
+        );
+    }
+
+    // Sizes are fixed so a change on one side cannot silently desync the other,
+    // and every struct is a multiple of 8 (ring-buffer reservations need it:
+    // `ThreadStats` travels in `ExitEvent`).
+    #[test]
+    fn layouts_have_no_hidden_padding() {
+        assert_eq!(
+            size_of::<ThreadStats>(),
+            4 * 2 + 8 + 8 * 6 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 5
+        );
+        assert_eq!(size_of::<ThreadStats>() % 8, 0);
+        assert_eq!(size_of::<WakeKey>(), 8);
+        assert_eq!(size_of::<WakeStats>(), 32);
+        assert_eq!(size_of::<TaskOffsets>(), 40);
+        assert_eq!(size_of::<Regs>(), 16);
+        assert_eq!(size_of::<CpuSlot>(), 208);
+    }
+}
