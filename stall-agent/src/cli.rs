@@ -3,7 +3,7 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{capture::SyscallHooks, gpu::GpuSelect};
+use crate::gpu::GpuSelect;
 
 macro_rules! privileges {
     () => {
@@ -47,18 +47,6 @@ pub const EXIT_CODES: &str = exit_codes!();
 pub const PRIVILEGES: &str = privileges!();
 const AFTER_HELP: &str = concat!(privileges!(), "\n\n", exit_codes!());
 
-pub mod exit {
-    pub const INTERNAL: i32 = 1;
-    pub const USAGE: i32 = 2;
-    pub const NOT_PRIVILEGED: i32 = 3;
-    pub const NO_TARGET: i32 = 4;
-    pub const KERNEL: i32 = 5;
-    pub const GPU: i32 = 6;
-    pub const LISTEN: i32 = 7;
-    pub const NOT_EXECUTABLE: i32 = 126;
-    pub const NOT_FOUND: i32 = 127;
-}
-
 #[derive(Parser, Debug)]
 #[command(
     name = "stall",
@@ -92,51 +80,55 @@ pub enum Command {
     },
     /// Watch every job on this node continuously and export Prometheus metrics.
     #[command(after_help = AFTER_HELP)]
-    Daemon {
-        /// A cgroup v2 whose child cgroups are the jobs (repeatable; e.g. kubepods.slice).
-        #[arg(long = "cgroup-root", required = true, value_name = "PATH")]
-        roots: Vec<PathBuf>,
-        /// Watch every job, not only those with a GPU open (machines without GPUs).
-        #[arg(long)]
-        all_jobs: bool,
-        /// Address for /metrics and /jobs.
-        #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
-        listen: std::net::SocketAddr,
-        /// Time between updates: seconds (5, 0.5) or with a unit (30s, 2m, 1h).
-        #[arg(long, default_value = "5", value_parser = parse_duration, value_name = "DURATION")]
-        interval: Duration,
-        /// GPUs to sample: `off`, `all`, or indices like `0,2`.
-        #[arg(long, value_name = "off|all|0,2")]
-        gpu: Option<GpuSelect>,
-        /// NVML library to load (default libnvidia-ml.so.1 on the loader path), e.g. /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1
-        #[arg(long, value_name = "PATH")]
-        nvml_lib: Option<PathBuf>,
-        /// `tiered`: while a job's GPU is busy and it progresses, no syscall hook runs (they tax every
-        /// process of the node); a job that looks wrong gets the full capture for a while. `full`:
-        /// always the full capture. Jobs without GPU data are always captured in full.
-        #[arg(long, value_enum, default_value = "tiered")]
-        capture: CaptureMode,
-        /// Tiered: full capture once a job's GPU has been idle this long.
-        #[arg(long, default_value = "10", value_parser = parse_duration, value_name = "DURATION")]
-        escalate_idle: Duration,
-        /// Tiered: full capture once a job behind a busy GPU has not read or written anything this long.
-        #[arg(long, default_value = "120", value_parser = parse_duration, value_name = "DURATION")]
-        escalate_silent: Duration,
-        /// Tiered: a full capture lasts at most this long (it ends early once the GPU is busy again).
-        #[arg(long, default_value = "60", value_parser = parse_duration, value_name = "DURATION")]
-        full_window: Duration,
-        /// Tiered: after a full capture, no other for the job before this long.
-        #[arg(long, default_value = "120", value_parser = parse_duration, value_name = "DURATION")]
-        cooldown: Duration,
-        #[command(flatten)]
-        hooks: HooksArg,
-    },
+    Daemon(DaemonArgs),
     /// Internal: the exec gate `stall run` starts (see session::gate).
     #[command(name = "__exec-gate", hide = true)]
     ExecGate {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cmd: Vec<OsString>,
     },
+}
+
+/// `stall daemon`'s options.
+#[derive(Args, Debug)]
+pub struct DaemonArgs {
+    /// A cgroup v2 whose child cgroups are the jobs (repeatable; e.g. kubepods.slice).
+    #[arg(long = "cgroup-root", required = true, value_name = "PATH")]
+    pub roots: Vec<PathBuf>,
+    /// Watch every job, not only those with a GPU open (machines without GPUs).
+    #[arg(long)]
+    pub all_jobs: bool,
+    /// Address for /metrics and /jobs.
+    #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
+    pub listen: std::net::SocketAddr,
+    /// Time between updates: seconds (5, 0.5) or with a unit (30s, 2m, 1h).
+    #[arg(long, default_value = "5", value_parser = parse_duration, value_name = "DURATION")]
+    pub interval: Duration,
+    /// GPUs to sample: `off`, `all`, or indices like `0,2`.
+    #[arg(long, value_name = "off|all|0,2")]
+    pub gpu: Option<GpuSelect>,
+    /// NVML library to load (default libnvidia-ml.so.1 on the loader path), e.g. /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+    /// `tiered`: while a job's GPU is busy and it progresses, no syscall hook runs (they tax every
+    /// process of the node); a job that looks wrong gets the full capture for a while. `full`:
+    /// always the full capture. Jobs without GPU data are always captured in full.
+    #[arg(long, value_enum, default_value = "tiered")]
+    pub capture: CaptureMode,
+    /// Tiered: full capture once a job's GPU has been idle this long.
+    #[arg(long, default_value = "10", value_parser = parse_duration, value_name = "DURATION")]
+    pub escalate_idle: Duration,
+    /// Tiered: full capture once a job behind a busy GPU has not read or written anything this long.
+    #[arg(long, default_value = "120", value_parser = parse_duration, value_name = "DURATION")]
+    pub escalate_silent: Duration,
+    /// Tiered: a full capture lasts at most this long (it ends early once the GPU is busy again).
+    #[arg(long, default_value = "60", value_parser = parse_duration, value_name = "DURATION")]
+    pub full_window: Duration,
+    /// Tiered: after a full capture, no other for the job before this long.
+    #[arg(long, default_value = "120", value_parser = parse_duration, value_name = "DURATION")]
+    pub cooldown: Duration,
+    #[command(flatten)]
+    pub hooks: HooksArg,
 }
 
 /// How much the daemon captures (see `stall daemon --help`).
@@ -213,7 +205,19 @@ pub struct HooksArg {
     /// kernel allows them, else tracepoints). The report and the JSON summary (`syscall_backend`)
     /// say which ran; a refused `trampoline` exits 5.
     #[arg(long, value_enum, default_value = "auto", env = "STALL_SYSCALL_HOOKS", value_name = "MODE")]
-    pub syscall_hooks: SyscallHooks,
+    pub syscall_hooks: HooksMode,
+}
+
+/// `--syscall-hooks` values (the capture's backends, as users pick them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum HooksMode {
+    /// Trampolines where the kernel allows them, else the raw tracepoints.
+    #[default]
+    Auto,
+    /// fentry/fexit on the syscalls' functions; exit 5 where refused.
+    Trampoline,
+    /// The raw syscall tracepoints.
+    Tracepoint,
 }
 
 fn parse_sample(s: &str) -> Result<u32, String> {
@@ -253,6 +257,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exit;
     use clap::CommandFactory;
 
     #[test]
@@ -308,7 +313,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match c(&["stall", "daemon", "--cgroup-root", "x", "--interval", "30s"]).unwrap() {
-            Command::Daemon { interval, .. } => assert_eq!(interval, Duration::from_secs(30)),
+            Command::Daemon(d) => assert_eq!(d.interval, Duration::from_secs(30)),
             other => panic!("{other:?}"),
         }
         assert!(c(&["stall", "run", "--duration", "2x", "--", "true"]).is_err());
@@ -348,7 +353,7 @@ mod tests {
         let lib = "/run/nvidia/driver/usr/lib64/libnvidia-ml.so.1";
         let common = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
             Command::Run { common, .. } | Command::Attach { common, .. } => common.nvml_lib,
-            Command::Daemon { nvml_lib, .. } => nvml_lib,
+            Command::Daemon(d) => d.nvml_lib,
             other => panic!("{other:?}"),
         };
         assert_eq!(common(&["stall", "run", "--nvml-lib", lib, "--", "true"]), Some(lib.into()));

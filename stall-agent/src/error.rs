@@ -1,9 +1,9 @@
-//! Errors that end stall with their own exit code (see `cli::exit`); every
+//! Errors that end stall with their own exit code (see `exit`); every
 //! other failure is an internal error. One type for `run`, `attach` and the
 //! daemon, so `main` maps each cause to its code in one place.
 use std::net::SocketAddr;
 
-use crate::{capture::CaptureError, cli::exit, gpu::GpuError};
+use crate::{capture::CaptureError, exit, gpu::GpuError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -38,9 +38,13 @@ impl Error {
                 | CaptureError::MissingKernelField { .. }
                 | CaptureError::MissingFeature(_)
                 | CaptureError::Load(_)
+                | CaptureError::Verifier { .. }
+                | CaptureError::Refused(_)
                 | CaptureError::NoTrampolines(_)
                 | CaptureError::Stub => exit::KERNEL,
-                CaptureError::Map(_) => exit::INTERNAL,
+                CaptureError::Map { .. } | CaptureError::Ring(_) | CaptureError::NotInObject(_) => {
+                    exit::INTERNAL
+                }
                 CaptureError::Config(_) => exit::USAGE,
             },
             Error::Gpu(_) => exit::GPU,
@@ -49,4 +53,17 @@ impl Error {
             Error::Listen { .. } => exit::LISTEN,
         }
     }
+}
+
+/// An error and its causes on one line ("a: b: c"), for messages that go on
+/// after it (the daemon's) as well as the one that ends stall.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }

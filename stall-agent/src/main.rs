@@ -3,9 +3,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use stall_agent::{
-    cli::{exit, CaptureMode, Cli, Command, Common},
+    capture::SyscallHooks,
+    cli::{CaptureMode, Cli, Command, Common, DaemonArgs, HooksMode},
     daemon,
     error::Error,
+    exit,
     session::{self, gate, Options, Target},
 };
 
@@ -34,38 +36,8 @@ fn main() -> ExitCode {
     };
     let (target, common) = match cli.command {
         Command::ExecGate { cmd } => gate::exec_gate(&cmd),
-        Command::Daemon {
-            roots,
-            all_jobs,
-            listen,
-            interval,
-            gpu,
-            nvml_lib,
-            capture,
-            escalate_idle,
-            escalate_silent,
-            full_window,
-            cooldown,
-            hooks,
-        } => {
-            let tiers = daemon::tier::Policy {
-                idle_after: escalate_idle,
-                silent_after: escalate_silent,
-                window: full_window,
-                cooldown,
-            };
-            let tiers = (capture == CaptureMode::Tiered).then_some(tiers);
-            let opts = daemon::Options {
-                roots,
-                all_jobs,
-                listen,
-                interval,
-                gpu,
-                nvml_lib,
-                tiers,
-                syscall_hooks: hooks.syscall_hooks,
-            };
-            return match runtime.block_on(daemon::run(opts)) {
+        Command::Daemon(args) => {
+            return match runtime.block_on(daemon::run(daemon_options(args))) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&e),
             };
@@ -77,7 +49,7 @@ fn main() -> ExitCode {
             (None, None) => unreachable!("clap requires one"),
         },
     };
-    match runtime.block_on(session::run(target, options(common))) {
+    match runtime.block_on(session::run(target, session_options(common))) {
         Ok(outcome) => ExitCode::from(outcome.child_status.unwrap_or(0).clamp(0, 255) as u8),
         Err(e) => fail(&e),
     }
@@ -88,7 +60,28 @@ fn fail(e: &anyhow::Error) -> ExitCode {
     ExitCode::from(code_for(e) as u8)
 }
 
-fn options(c: Common) -> Options {
+/// `stall daemon`'s options, as the daemon takes them.
+fn daemon_options(a: DaemonArgs) -> daemon::Options {
+    let tiers = daemon::tier::Policy {
+        idle_after: a.escalate_idle,
+        silent_after: a.escalate_silent,
+        window: a.full_window,
+        cooldown: a.cooldown,
+    };
+    daemon::Options {
+        roots: a.roots,
+        all_jobs: a.all_jobs,
+        listen: a.listen,
+        interval: a.interval,
+        gpu: a.gpu,
+        nvml_lib: a.nvml_lib,
+        tiers: (a.capture == CaptureMode::Tiered).then_some(tiers),
+        syscall_hooks: syscall_hooks(a.hooks.syscall_hooks),
+    }
+}
+
+/// `stall run`'s and `stall attach`'s options, as the session takes them.
+fn session_options(c: Common) -> Options {
     Options {
         interval: c.interval,
         duration: c.duration,
@@ -102,7 +95,16 @@ fn options(c: Common) -> Options {
         python_stacks_every: c.python_stacks_every,
         timeline: c.timeline,
         timeline_svg: c.timeline_svg,
-        syscall_hooks: c.hooks.syscall_hooks,
+        syscall_hooks: syscall_hooks(c.hooks.syscall_hooks),
+    }
+}
+
+/// `--syscall-hooks` as the capture takes it.
+fn syscall_hooks(mode: HooksMode) -> SyscallHooks {
+    match mode {
+        HooksMode::Auto => SyscallHooks::Auto,
+        HooksMode::Trampoline => SyscallHooks::Trampoline,
+        HooksMode::Tracepoint => SyscallHooks::Tracepoint,
     }
 }
 

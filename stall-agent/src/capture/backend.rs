@@ -20,12 +20,18 @@ use aya::{
     Btf, Ebpf,
 };
 
+use stall_common::names;
+
 use super::{
-    attached_program, btf::KernelBtf, load_err, program, tracefs::Tracefs, verifier_reason, CaptureError,
+    btf::KernelBtf,
+    error::{load_err, verifier_reason},
+    object::{attached_program, program},
+    tracefs::Tracefs,
+    CaptureError,
 };
 
 /// Which backend to use (`--syscall-hooks`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SyscallHooks {
     /// Trampolines where the kernel allows them, else the raw tracepoints.
     #[default]
@@ -55,7 +61,7 @@ impl Backend {
 
 /// (program, tracepoint) for the raw tracepoints: every syscall's entry and
 /// exit (the programs pick the ones in the `HOOKS` table).
-pub const ATTACH_RAW: [(&str, &str); 2] = [("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
+pub const ATTACH_RAW: [(&str, &str); 2] = [(names::SYS_ENTER, "sys_enter"), (names::SYS_EXIT, "sys_exit")];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Side {
@@ -78,36 +84,36 @@ impl Side {
 /// hold the arguments); close at entry only (retired before the number can
 /// be reused). Program names fit the kernel's 15 characters.
 const TRAMPOLINES: [(&str, Side, &str); 30] = [
-    ("fentry_read", Side::Entry, "read"),
-    ("fexit_read", Side::Exit, "read"),
-    ("fentry_pread64", Side::Entry, "pread64"),
-    ("fexit_pread64", Side::Exit, "pread64"),
-    ("fentry_readv", Side::Entry, "readv"),
-    ("fexit_readv", Side::Exit, "readv"),
-    ("fentry_preadv", Side::Entry, "preadv"),
-    ("fexit_preadv", Side::Exit, "preadv"),
-    ("fentry_preadv2", Side::Entry, "preadv2"),
-    ("fexit_preadv2", Side::Exit, "preadv2"),
-    ("fentry_sendfile", Side::Entry, "sendfile"),
-    ("fexit_sendfile", Side::Exit, "sendfile"),
-    ("fentry_splice", Side::Entry, "splice"),
-    ("fexit_splice", Side::Exit, "splice"),
-    ("fentry_cfr", Side::Entry, "copy_file_range"),
-    ("fexit_cfr", Side::Exit, "copy_file_range"),
-    ("fexit_write", Side::Exit, "write"),
-    ("fexit_pwrite64", Side::Exit, "pwrite64"),
-    ("fexit_writev", Side::Exit, "writev"),
-    ("fexit_pwritev", Side::Exit, "pwritev"),
-    ("fexit_pwritev2", Side::Exit, "pwritev2"),
-    ("fexit_open", Side::Exit, "open"),
-    ("fexit_openat", Side::Exit, "openat"),
-    ("fexit_openat2", Side::Exit, "openat2"),
-    ("fexit_creat", Side::Exit, "creat"),
-    ("fexit_dup", Side::Exit, "dup"),
-    ("fexit_dup2", Side::Exit, "dup2"),
-    ("fexit_dup3", Side::Exit, "dup3"),
-    ("fexit_fcntl", Side::Exit, "fcntl"),
-    ("fentry_close", Side::Entry, "close"),
+    (names::FENTRY_READ, Side::Entry, "read"),
+    (names::FEXIT_READ, Side::Exit, "read"),
+    (names::FENTRY_PREAD64, Side::Entry, "pread64"),
+    (names::FEXIT_PREAD64, Side::Exit, "pread64"),
+    (names::FENTRY_READV, Side::Entry, "readv"),
+    (names::FEXIT_READV, Side::Exit, "readv"),
+    (names::FENTRY_PREADV, Side::Entry, "preadv"),
+    (names::FEXIT_PREADV, Side::Exit, "preadv"),
+    (names::FENTRY_PREADV2, Side::Entry, "preadv2"),
+    (names::FEXIT_PREADV2, Side::Exit, "preadv2"),
+    (names::FENTRY_SENDFILE, Side::Entry, "sendfile"),
+    (names::FEXIT_SENDFILE, Side::Exit, "sendfile"),
+    (names::FENTRY_SPLICE, Side::Entry, "splice"),
+    (names::FEXIT_SPLICE, Side::Exit, "splice"),
+    (names::FENTRY_CFR, Side::Entry, "copy_file_range"),
+    (names::FEXIT_CFR, Side::Exit, "copy_file_range"),
+    (names::FEXIT_WRITE, Side::Exit, "write"),
+    (names::FEXIT_PWRITE64, Side::Exit, "pwrite64"),
+    (names::FEXIT_WRITEV, Side::Exit, "writev"),
+    (names::FEXIT_PWRITEV, Side::Exit, "pwritev"),
+    (names::FEXIT_PWRITEV2, Side::Exit, "pwritev2"),
+    (names::FEXIT_OPEN, Side::Exit, "open"),
+    (names::FEXIT_OPENAT, Side::Exit, "openat"),
+    (names::FEXIT_OPENAT2, Side::Exit, "openat2"),
+    (names::FEXIT_CREAT, Side::Exit, "creat"),
+    (names::FEXIT_DUP, Side::Exit, "dup"),
+    (names::FEXIT_DUP2, Side::Exit, "dup2"),
+    (names::FEXIT_DUP3, Side::Exit, "dup3"),
+    (names::FEXIT_FCNTL, Side::Exit, "fcntl"),
+    (names::FENTRY_CLOSE, Side::Entry, "close"),
 ];
 
 /// The kernel function behind a native syscall (`SYSCALL_DEFINE`'s
@@ -197,7 +203,7 @@ impl Hooks {
             }
             Backend::Trampoline => {
                 for (prog, side, _) in TRAMPOLINES {
-                    self.links.push((prog, attach_one(ebpf, prog, side).map_err(CaptureError::Load)?));
+                    self.links.push((prog, attach_one(ebpf, prog, side).map_err(CaptureError::Refused)?));
                 }
             }
         }
@@ -343,7 +349,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::syscalls;
+    use crate::syscalls;
     use stall_common::hook;
 
     #[test]

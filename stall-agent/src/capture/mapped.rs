@@ -3,17 +3,17 @@
 //! (6.11 on), else trampolines on the two functions they sit in, where BTF
 //! and the kernel allow them, else not at all (`mmap_bytes` unknown).
 use aya::{programs::RawTracePoint, Btf, Ebpf};
-use stall_common::PageCacheOffsets;
+use stall_common::{names, PageCacheOffsets};
 
-use super::{backend, program, tracefs::Tracefs, CaptureError};
+use super::{backend, error::load_err, object::program, tracefs::Tracefs, CaptureError};
 
 /// (program, tracepoint), in the `filemap` category.
 const TRACEPOINTS: [(&str, &str); 2] =
-    [("mapped_window", "mm_filemap_map_pages"), ("mapped_page", "mm_filemap_fault")];
+    [(names::MAPPED_WINDOW, "mm_filemap_map_pages"), (names::MAPPED_PAGE, "mm_filemap_fault")];
 
 /// (program, kernel function), the same places as the tracepoints.
 const TRAMPOLINES: [(&str, &str); 2] =
-    [("fentry_map_pages", "filemap_map_pages"), ("fentry_filemap_fault", "filemap_fault")];
+    [(names::FENTRY_MAP_PAGES, "filemap_map_pages"), (names::FENTRY_FILEMAP_FAULT, "filemap_fault")];
 
 /// How the mapping faults are followed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +47,7 @@ pub fn attach(
     }
     if TRACEPOINTS.iter().all(|(_, tp)| tracefs.has("filemap", tp)) {
         for (prog, tp) in TRACEPOINTS {
-            program(ebpf, prog, RawTracePoint::load)?.attach(tp).map_err(super::load_err)?;
+            program(ebpf, prog, RawTracePoint::load)?.attach(tp).map_err(load_err)?;
         }
         return Ok(Some(Way::Tracepoints));
     }

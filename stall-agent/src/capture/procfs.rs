@@ -234,6 +234,30 @@ pub fn cwd(pid: u32) -> Option<PathBuf> {
     fs::read_link(format!("/proc/{pid}/cwd")).ok()
 }
 
+/// The agent's own CPU time, seconds (utime + stime).
+pub fn self_cpu_seconds() -> f64 {
+    let Ok(text) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    let Some(rest) = text.rfind(')').map(|i| &text[i + 2..]) else { return 0.0 };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime, stime are fields 14 and 15 (11 and 12 after the comm).
+    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
+    ticks as f64 / hz
+}
+
+/// The agent's own resident memory, bytes.
+pub fn self_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

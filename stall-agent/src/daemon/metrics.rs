@@ -6,18 +6,14 @@ use std::sync::atomic::AtomicU64;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
-    registry::{Registry, Unit},
+    registry::{Metric, Registry, Unit},
 };
 use stall_common::{
     counter::{LOST_CAUSES, LOST_NAMES},
     reason,
 };
 
-use crate::{
-    aggregate::Window,
-    correlate::Roles,
-    verdict::{GpuWindow, Kind},
-};
+use crate::{aggregate::Window, correlate::Roles, gpu::GpuWindow, verdict::Kind};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabels {
@@ -109,45 +105,81 @@ pub struct CauseLabels {
 type FloatCounter = Counter<f64, AtomicU64>;
 type FloatGauge = Gauge<f64, AtomicU64>;
 
-pub const KINDS: [Kind; 7] = [
-    Kind::InputIoBound,
-    Kind::InputCpuBound,
-    Kind::Hang,
-    Kind::TrainerHostBound,
-    Kind::GpuBusy,
-    Kind::Idle,
-    Kind::Unknown,
-];
 const ROLES: [&str; 3] = ["trainer", "worker", "other"];
 
-pub struct Metrics {
-    pub registry: Registry,
-    read_bytes: Family<RoleLabels, Counter>,
-    read_calls: Family<RoleLabels, Counter>,
-    ipc_read_bytes: Family<RoleLabels, Counter>,
-    storage_bytes: Family<RoleLabels, Counter>,
-    mmap_bytes: Family<RoleLabels, Counter>,
-    write_bytes: Family<RoleLabels, Counter>,
-    on_cpu: Family<RoleLabels, FloatCounter>,
-    off_cpu: Family<ReasonLabels, FloatCounter>,
-    processes: Family<RoleLabels, Gauge>,
-    verdict: Family<VerdictLabels, Gauge>,
-    job_gpu_idle: Family<JobGpuLabels, FloatCounter>,
-    job_gpu_util: Family<JobGpuLabels, FloatGauge>,
-    last_progress_age: Family<JobLabels, FloatGauge>,
-    tier: Family<JobLabels, Gauge>,
-    escalations: Family<JobLabels, Counter>,
-    full_capture: Family<JobLabels, FloatCounter>,
-    pub syscall_hooks: Gauge,
-    gpu_util: Family<GpuLabels, FloatGauge>,
-    gpu_power: Family<GpuLabels, FloatGauge>,
-    gpu_power_limit: Family<GpuLabels, FloatGauge>,
-    gpu_idle: Family<GpuLabels, FloatCounter>,
-    lost: Family<CauseLabels, Counter>,
-    pub agent_cpu: FloatCounter,
-    pub agent_rss: Gauge,
-    pub agent_jobs: Gauge,
-    pub agent_events: Counter,
+/// Declares [`Metrics`], one field per metric, and registers each under
+/// its name (with the `stall_` prefix), help text and unit, in the order
+/// listed (the exposition's order): `field: Type = "name" [in unit], "help";`.
+macro_rules! metrics {
+    (@unit) => { None };
+    (@unit $unit:expr) => { Some($unit) };
+    ($($vis:vis $field:ident: $ty:ty = $name:literal $(in $unit:expr)?, $help:literal;)*) => {
+        pub struct Metrics {
+            pub registry: Registry,
+            $($vis $field: $ty,)*
+        }
+
+        impl Metrics {
+            pub fn new() -> Self {
+                let mut registry = Registry::with_prefix("stall");
+                $(
+                    let $field = <$ty>::default();
+                    register(&mut registry, $name, $help, metrics!(@unit $($unit)?), $field.clone());
+                )*
+                Self { registry, $($field),* }
+            }
+        }
+    };
+}
+
+metrics! {
+    read_bytes: Family<RoleLabels, Counter> = "read" in Unit::Bytes, "Bytes read from regular files";
+    read_calls: Family<RoleLabels, Counter> = "read_calls", "read-family calls on regular files";
+    ipc_read_bytes: Family<RoleLabels, Counter> = "ipc_read" in Unit::Bytes,
+        "Bytes read from pipes, sockets and other non-files";
+    storage_bytes: Family<RoleLabels, Counter> = "storage_read" in Unit::Bytes,
+        "Bytes the processes caused to be read from storage (page-cache fills by reads, mappings and read-ahead)";
+    mmap_bytes: Family<RoleLabels, Counter> = "mmap_read" in Unit::Bytes,
+        "Bytes of files the processes' faults mapped into them (memory-mapped data, and their own code)";
+    write_bytes: Family<RoleLabels, Counter> = "write" in Unit::Bytes,
+        "Bytes written to regular files (logs, checkpoints)";
+    on_cpu: Family<RoleLabels, FloatCounter> = "on_cpu" in Unit::Seconds, "Time on CPU";
+    off_cpu: Family<ReasonLabels, FloatCounter> = "off_cpu" in Unit::Seconds, "Time off CPU, by reason";
+    processes: Family<RoleLabels, Gauge> = "processes", "Live processes of the job, by role";
+    verdict: Family<VerdictLabels, Gauge> = "verdict", "The job's current verdict (1 for the current kind)";
+    job_gpu_idle: Family<JobGpuLabels, FloatCounter> = "job_gpu_idle" in Unit::Seconds,
+        "Time a GPU the job uses spent idle (utilization <= 5%)";
+    job_gpu_util: Family<JobGpuLabels, FloatGauge> = "job_gpu_utilization_percent",
+        "Mean utilization of a GPU the job uses, over the last interval";
+    last_progress_age: Family<JobLabels, FloatGauge> = "last_progress_age" in Unit::Seconds,
+        "Time since the job last read a file or wrote output (its log, checkpoints, stdout)";
+    tier: Family<JobLabels, Gauge> = "capture_tier",
+        "The job's capture tier: 1 full (syscall hooks), 0 cheap (scheduler, GPU and /proc only)";
+    escalations: Family<JobLabels, Counter> = "escalations", "Full captures started for the job";
+    full_capture: Family<JobLabels, FloatCounter> = "full_capture" in Unit::Seconds,
+        "Time the job spent in the full capture";
+    pub syscall_hooks: Gauge = "syscall_hooks_attached",
+        "1 while the syscall hooks are attached (they tax every process of the node)";
+    gpu_power: Family<GpuLabels, FloatGauge> = "gpu_power" in Unit::Other("watts".into()),
+        "Mean board power draw over the last interval";
+    gpu_power_limit: Family<GpuLabels, FloatGauge> = "gpu_power_limit" in Unit::Other("watts".into()),
+        "Enforced board power limit";
+    gpu_util: Family<GpuLabels, FloatGauge> = "gpu_utilization_percent",
+        "Mean GPU utilization over the last interval";
+    gpu_idle: Family<GpuLabels, FloatCounter> = "gpu_idle" in Unit::Seconds, "Time the GPU spent idle";
+    lost: Family<CauseLabels, Counter> = "lost_events", "Events the kernel side dropped, by cause";
+    pub agent_cpu: FloatCounter = "agent_cpu" in Unit::Seconds, "CPU time used by stall itself";
+    pub agent_rss: Gauge = "agent_resident_memory" in Unit::Bytes, "stall's resident memory";
+    pub agent_jobs: Gauge = "agent_jobs", "Jobs attached";
+    pub agent_events: Counter = "agent_events", "Kernel events handled for traced threads";
+}
+
+/// One metric into the registry, with its unit if it has one.
+fn register(registry: &mut Registry, name: &str, help: &str, unit: Option<Unit>, metric: impl Metric) {
+    match unit {
+        Some(unit) => registry.register_with_unit(name, help, unit, metric),
+        None => registry.register(name, help, metric),
+    }
 }
 
 impl Default for Metrics {
@@ -157,137 +189,6 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
-        let mut r = Registry::with_prefix("stall");
-        let m = Self {
-            read_bytes: Family::default(),
-            read_calls: Family::default(),
-            ipc_read_bytes: Family::default(),
-            storage_bytes: Family::default(),
-            mmap_bytes: Family::default(),
-            write_bytes: Family::default(),
-            on_cpu: Family::default(),
-            off_cpu: Family::default(),
-            processes: Family::default(),
-            verdict: Family::default(),
-            job_gpu_idle: Family::default(),
-            job_gpu_util: Family::default(),
-            last_progress_age: Family::default(),
-            tier: Family::default(),
-            escalations: Family::default(),
-            full_capture: Family::default(),
-            syscall_hooks: Gauge::default(),
-            gpu_util: Family::default(),
-            gpu_power: Family::default(),
-            gpu_power_limit: Family::default(),
-            gpu_idle: Family::default(),
-            lost: Family::default(),
-            agent_cpu: FloatCounter::default(),
-            agent_rss: Gauge::default(),
-            agent_jobs: Gauge::default(),
-            agent_events: Counter::default(),
-            registry: Registry::default(),
-        };
-        r.register_with_unit("read", "Bytes read from regular files", Unit::Bytes, m.read_bytes.clone());
-        r.register("read_calls", "read-family calls on regular files", m.read_calls.clone());
-        r.register_with_unit(
-            "ipc_read",
-            "Bytes read from pipes, sockets and other non-files",
-            Unit::Bytes,
-            m.ipc_read_bytes.clone(),
-        );
-        r.register_with_unit(
-            "storage_read",
-            "Bytes the processes caused to be read from storage (page-cache fills by reads, mappings and read-ahead)",
-            Unit::Bytes,
-            m.storage_bytes.clone(),
-        );
-        r.register_with_unit(
-            "mmap_read",
-            "Bytes of files the processes' faults mapped into them (memory-mapped data, and their own code)",
-            Unit::Bytes,
-            m.mmap_bytes.clone(),
-        );
-        r.register_with_unit(
-            "write",
-            "Bytes written to regular files (logs, checkpoints)",
-            Unit::Bytes,
-            m.write_bytes.clone(),
-        );
-        r.register_with_unit("on_cpu", "Time on CPU", Unit::Seconds, m.on_cpu.clone());
-        r.register_with_unit("off_cpu", "Time off CPU, by reason", Unit::Seconds, m.off_cpu.clone());
-        r.register("processes", "Live processes of the job, by role", m.processes.clone());
-        r.register("verdict", "The job's current verdict (1 for the current kind)", m.verdict.clone());
-        r.register_with_unit(
-            "job_gpu_idle",
-            "Time a GPU the job uses spent idle (utilization <= 5%)",
-            Unit::Seconds,
-            m.job_gpu_idle.clone(),
-        );
-        r.register(
-            "job_gpu_utilization_percent",
-            "Mean utilization of a GPU the job uses, over the last interval",
-            m.job_gpu_util.clone(),
-        );
-        r.register_with_unit(
-            "last_progress_age",
-            "Time since the job last read a file or wrote output (its log, checkpoints, stdout)",
-            Unit::Seconds,
-            m.last_progress_age.clone(),
-        );
-        r.register(
-            "capture_tier",
-            "The job's capture tier: 1 full (syscall hooks), 0 cheap (scheduler, GPU and /proc only)",
-            m.tier.clone(),
-        );
-        r.register("escalations", "Full captures started for the job", m.escalations.clone());
-        r.register_with_unit(
-            "full_capture",
-            "Time the job spent in the full capture",
-            Unit::Seconds,
-            m.full_capture.clone(),
-        );
-        r.register(
-            "syscall_hooks_attached",
-            "1 while the syscall hooks are attached (they tax every process of the node)",
-            m.syscall_hooks.clone(),
-        );
-        r.register_with_unit(
-            "gpu_power",
-            "Mean board power draw over the last interval",
-            Unit::Other("watts".into()),
-            m.gpu_power.clone(),
-        );
-        r.register_with_unit(
-            "gpu_power_limit",
-            "Enforced board power limit",
-            Unit::Other("watts".into()),
-            m.gpu_power_limit.clone(),
-        );
-        r.register(
-            "gpu_utilization_percent",
-            "Mean GPU utilization over the last interval",
-            m.gpu_util.clone(),
-        );
-        r.register_with_unit("gpu_idle", "Time the GPU spent idle", Unit::Seconds, m.gpu_idle.clone());
-        r.register("lost_events", "Events the kernel side dropped, by cause", m.lost.clone());
-        r.register_with_unit(
-            "agent_cpu",
-            "CPU time used by stall itself",
-            Unit::Seconds,
-            m.agent_cpu.clone(),
-        );
-        r.register_with_unit(
-            "agent_resident_memory",
-            "stall's resident memory",
-            Unit::Bytes,
-            m.agent_rss.clone(),
-        );
-        r.register("agent_jobs", "Jobs attached", m.agent_jobs.clone());
-        r.register("agent_events", "Kernel events handled for traced threads", m.agent_events.clone());
-        Self { registry: r, ..m }
-    }
-
     /// Adds one interval of a job.
     pub fn add_window(&self, job: &JobLabels, w: &Window, roles: &Roles) {
         let mut live = [0i64; 3];
@@ -319,7 +220,7 @@ impl Metrics {
     }
 
     pub fn set_verdict(&self, job: &JobLabels, kind: Kind) {
-        for k in KINDS {
+        for k in Kind::ALL {
             self.verdict.get_or_create(&job.kind(k)).set(i64::from(k == kind));
         }
     }
@@ -387,7 +288,7 @@ impl Metrics {
                 self.off_cpu.remove(&job.reason(role, name));
             }
         }
-        for k in KINDS {
+        for k in Kind::ALL {
             self.verdict.remove(&job.kind(k));
         }
         for g in gpus {
@@ -489,7 +390,10 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains(r#"stall_verdict{cgroup="jobs/a",pod="",container="",kind="input-io-bound"} 1"#),
+            text.contains(&format!(
+                r#"stall_verdict{{cgroup="jobs/a",pod="",container="",kind="{}"}} 1"#,
+                Kind::InputIoBound
+            )),
             "{text}"
         );
         assert!(text.contains(

@@ -12,6 +12,7 @@
 mod fake;
 mod nvml;
 mod select;
+mod window;
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -22,6 +23,7 @@ pub use crate::clock::{monotonic_ns, ClockSnapshot};
 pub use fake::FakeGpu;
 pub use nvml::{NvmlGpu, DEFAULT_NVML_LIB};
 pub use select::GpuSelect;
+pub use window::{gpu_window, GpuWindow, IDLE_UTIL_PCT};
 
 /// One device-utilization sample.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]

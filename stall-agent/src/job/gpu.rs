@@ -8,9 +8,8 @@ use std::{
     path::Path,
 };
 
-use crate::{
-    gpu::{self, GpuError, GpuSelect, GpuSnapshot, GpuSource, DEFAULT_NVML_LIB},
-    verdict::{self, rules::IDLE_UTIL_PCT, GpuWindow},
+use crate::gpu::{
+    self, gpu_window, GpuError, GpuSelect, GpuSnapshot, GpuSource, GpuWindow, DEFAULT_NVML_LIB, IDLE_UTIL_PCT,
 };
 
 /// Recent samples kept per device (NVML gives about 6 per second).
@@ -162,7 +161,7 @@ impl GpuTrack {
 
     pub fn window(&self, start_ns: u64, end_ns: u64) -> GpuWindow {
         let samples: Vec<(u64, f64)> = self.recent.iter().copied().collect();
-        let mut w = verdict::gpu_window(self.index, &self.name, &samples, start_ns, end_ns);
+        let mut w = gpu_window(self.index, &self.name, &samples, start_ns, end_ns);
         let inside: Vec<&Reading> =
             self.readings.iter().filter(|r| r.ts >= start_ns && r.ts <= end_ns).collect();
         let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);

@@ -1,6 +1,6 @@
 //! What a job asks of the machine beyond the decoded stream: what a
 //! descriptor is, what a new process inherited, the kernel entries of what
-//! ended, and names from /proc. [`Capture`] answers for real; tests answer
+//! ended, and names from /proc. [`LiveHost`] answers for real; tests answer
 //! from a script, so a [`super::Job`] runs without root.
 use std::collections::HashSet;
 
@@ -8,7 +8,7 @@ use crate::{
     capture::{procfs, Capture},
     clock::ClockSnapshot,
     decode::{FileSnap, JobEvent},
-    pystack::PyStack,
+    pystack::{PyStack, PyStacks},
 };
 
 /// A process as /proc shows it now.
@@ -52,25 +52,38 @@ pub trait Host {
     fn python_stacks_due(&self, every: std::time::Duration) -> bool;
 }
 
-impl Host for Capture {
+/// The machine as it is: the capture, and beside it the readers of the
+/// traced processes' Python stacks.
+pub struct LiveHost {
+    pub capture: Capture,
+    pub stacks: PyStacks,
+}
+
+impl LiveHost {
+    pub fn new(capture: Capture) -> Self {
+        Self { capture, stacks: PyStacks::new() }
+    }
+}
+
+impl Host for LiveHost {
     fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<procfs::Opened> {
-        Capture::classify_open(self, tgid, fd, path)
+        self.capture.classify_open(tgid, fd, path)
     }
 
     fn mark_not_file(&mut self, tgid: u32, fd: i32, file_id: u64) {
-        self.set_fd_kind(tgid, fd, file_id, stall_common::fd_kind::OTHER);
+        self.capture.set_fd_kind(tgid, fd, file_id, stall_common::fd_kind::OTHER);
     }
 
     fn inherited_files(&mut self, pid: u32, job: u32) -> Vec<JobEvent> {
-        self.seed_fds(pid, job)
+        self.capture.seed_fds(pid, job)
     }
 
     fn retire(&mut self, tgids: &HashSet<u32>, tids: &HashSet<u32>) -> Vec<FileSnap> {
-        Capture::retire(self, tgids, tids)
+        self.capture.retire(tgids, tids)
     }
 
     fn forget_files(&mut self, tgids: &HashSet<u32>) -> Vec<FileSnap> {
-        Capture::retire(self, tgids, &HashSet::new())
+        self.capture.retire(tgids, &HashSet::new())
     }
 
     fn io_chars(&self, pid: u32) -> Option<u64> {
@@ -90,11 +103,11 @@ impl Host for Capture {
     }
 
     fn python_stacks(&mut self, threads: &[(u32, u32, String)]) -> (Vec<PyStack>, Vec<String>) {
-        self.py_stacks().read(threads)
+        self.stacks.read(threads)
     }
 
     fn python_stacks_due(&self, every: std::time::Duration) -> bool {
-        self.py_stacks_ref().due(every)
+        self.stacks.due(every)
     }
 
     fn outputs(&self, pid: u32) -> Vec<(String, u64)> {

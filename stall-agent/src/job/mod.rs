@@ -15,15 +15,16 @@ use stall_common::fd_kind;
 pub use self::{
     feed::{Feed, Received, Wake},
     gpu::{GpuFleet, GpuTrack},
-    host::{Host, ProcInfo},
+    host::{Host, LiveHost, ProcInfo},
 };
 use crate::{
     aggregate::{push_recent, Model, Window},
     correlate::{self, Roles},
     decode::{Event, Snapshot},
+    gpu::GpuWindow,
     progress::{Progress, ProgressView},
     pystack::PyStack,
-    verdict::{self, GpuWindow, Kind, Verdict},
+    verdict::{self, Kind, Verdict},
 };
 
 /// The shortest steady state the final verdict is given alone.
@@ -259,9 +260,7 @@ impl Job {
         self.watch_startup(summary, &interval, &roles, &interval_gpus);
         let progress = self.progress.view(snap.ts);
         let mut verdict = verdict::judge(&recent, &roles, &gpu_windows, &progress);
-        if matches!(verdict.kind, Kind::Hang | Kind::InputIoBound | Kind::InputCpuBound)
-            || matches!(self.stacks, Stacks::Every(_))
-        {
+        if verdict.kind.wants_stacks() || matches!(self.stacks, Stacks::Every(_)) {
             self.add_stacks(host, &mut verdict, false);
         }
         Tick {
@@ -296,7 +295,7 @@ impl Job {
                 .iter()
                 .any(|t| t.woken_by.iter().any(|w| w.count > 0 && roles.workers.contains(&w.tgid)))
         });
-        let gpu_ran = gpus.iter().any(|g| g.samples > 0 && g.util_mean_pct > verdict::rules::IDLE_UTIL_PCT);
+        let gpu_ran = gpus.iter().any(|g| g.samples > 0 && g.util_mean_pct > crate::gpu::IDLE_UTIL_PCT);
         if !(workers_ran || fed || gpu_ran) {
             self.startup = Startup::Watching { before: summary };
             return;

@@ -7,8 +7,9 @@ use super::View;
 use crate::{
     aggregate::{ProcWindow, ThreadWindow},
     decode::ThreadCounters,
+    gpu::GpuWindow,
     progress::ProgressView,
-    verdict::{GpuWindow, Verdict},
+    verdict::Verdict,
 };
 
 pub const SCHEMA: u32 = 1;

@@ -127,8 +127,9 @@ mod tests {
     use crate::{
         aggregate::{FileWindow, ProcWindow, ThreadWindow, Window},
         correlate::Roles,
+        gpu::GpuWindow,
         progress::ProgressView,
-        verdict::{GpuWindow, Kind, Verdict},
+        verdict::{Kind, Verdict},
     };
 
     #[test]
@@ -211,7 +212,7 @@ mod tests {
             assert!(lines.len() < rows, "{rows} rows: {} lines", lines.len());
             assert!(lines[0].starts_with("stall  python3 train.py") || cols < 60, "{cols}: {}", lines[0]);
             assert!(lines[0].ends_with("events 5000/s  lost 0") || cols < 40, "{cols}: {}", lines[0]);
-            assert!(body.contains("input-io-bound"), "{cols}");
+            assert!(body.contains(Kind::InputIoBound.as_str()), "{cols}");
         }
     }
 }

@@ -1,14 +1,12 @@
-//! What people read: the live view, the final report, and JSON Lines.
+//! What people read: the live view, the final report, JSON Lines, and the
+//! daemon's `/jobs`.
+pub mod jobs;
 pub mod json;
 pub mod live;
 pub mod report;
 
 use crate::{
-    aggregate::Window,
-    correlate::Roles,
-    progress::ProgressView,
-    units,
-    verdict::{GpuWindow, Verdict},
+    aggregate::Window, correlate::Roles, gpu::GpuWindow, progress::ProgressView, units, verdict::Verdict,
 };
 
 /// Everything an output needs about one window.

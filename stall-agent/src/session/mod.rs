@@ -17,7 +17,7 @@ use crate::{
     clock::monotonic_ns,
     error::Error,
     gpu::GpuSelect,
-    job::{Feed, GpuFleet, GpuScope, Job, Stacks, Tick, Wake},
+    job::{Feed, GpuFleet, GpuScope, Job, LiveHost, Stacks, Tick, Wake},
     output::{self, View},
     timeline::Recording,
     verdict::Verdict,
@@ -169,7 +169,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         (trace, svg) => Some(Recording::create(trace.as_deref(), svg.as_deref(), monotonic_ns())?),
     };
     let mut feed = Feed::new(opts.interval)?;
-    let mut capture = Capture::load(&CaptureOptions {
+    let capture = Capture::load(&CaptureOptions {
         ringbuf_bytes: opts.ringbuf_bytes,
         floor: opts.floor,
         cgroup_mode: matches!(target, Target::Cgroup(_)),
@@ -179,6 +179,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         syscall_hooks: opts.syscall_hooks,
     })
     .map_err(Error::from)?;
+    let mut live = LiveHost::new(capture);
     let start_ns = monotonic_ns();
     let mut gpus =
         GpuFleet::open(opts.gpu.as_ref(), opts.nvml_lib.as_deref(), start_ns).map_err(Error::from)?;
@@ -189,7 +190,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         Target::Run(cmd) => {
             let mut g =
                 Gate::spawn(cmd).map_err(|e| Error::Spawn(format!("cannot start stall's exec gate: {e}")))?;
-            seeded.extend(capture.track_tree(g.pid, JOB).map_err(Error::from)?);
+            seeded.extend(live.capture.track_tree(g.pid, JOB).map_err(Error::from)?);
             g.release().context("releasing the command")?;
             let pid = g.pid;
             gate = Some(g);
@@ -197,12 +198,12 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
             (Some(pid), shown.join(" "), None)
         }
         Target::Pid(pid) => {
-            seeded.extend(capture.track_tree(*pid, JOB).map_err(Error::from)?);
+            seeded.extend(live.capture.track_tree(*pid, JOB).map_err(Error::from)?);
             (Some(*pid), format!("pid {pid}"), None)
         }
         Target::Cgroup(path) => {
             let dir = cgroup::resolve(path).map_err(Error::from)?;
-            seeded.extend(capture.watch_cgroup(&dir, JOB).map_err(Error::from)?);
+            seeded.extend(live.capture.watch_cgroup(&dir, JOB).map_err(Error::from)?);
             (None, format!("cgroup {}", dir.display()), Some(dir))
         }
     };
@@ -213,9 +214,9 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
     let mut job = Job::new(JOB, start_ns, root, GpuScope::All);
     job.stacks = opts.python_stacks_every.map_or(Stacks::On, Stacks::Every);
     // The first snapshot names every process found at attach.
-    let snap = capture.snapshot();
-    job.absorb(&mut capture, &snap);
-    job.observe(&mut capture, seeded.into_iter().map(|(_, ev)| ev));
+    let snap = live.capture.snapshot();
+    job.absorb(&mut live, &snap);
+    job.observe(&mut live, seeded.into_iter().map(|(_, ev)| ev));
 
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let sleep_until = async move {
@@ -228,33 +229,33 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
     let mut child_status = None;
     feed.start();
     let gpu_note = gpus.note.clone();
-    let hooks_line = capture.syscall_backend_line();
+    let hooks_line = live.capture.syscall_backend_line();
     let out = Out {
         label: &label,
         gpu_note: gpu_note.as_deref(),
-        syscall_backend: capture.syscall_backend().name(),
+        syscall_backend: live.capture.syscall_backend().name(),
         hooks_line: &hooks_line,
-        mmap_hooks: capture.mmap_hooks(),
+        mmap_hooks: live.capture.mmap_hooks(),
     };
     loop {
         tokio::select! {
-            wake = feed.next(&mut capture) => match wake? {
+            wake = feed.next(&mut live.capture) => match wake? {
                 Wake::Events => {
                     if let Some(t) = &mut timeline {
                         t.take_switches(&mut feed.events)?;
                     }
-                    job.observe(&mut capture, feed.events.drain(..).map(|(_, ev)| ev));
+                    job.observe(&mut live, feed.events.drain(..).map(|(_, ev)| ev));
                 }
                 Wake::Tick => {
-                    let tick = interval(&mut job, &mut capture, &mut feed, &mut gpus, timeline.as_mut())?;
+                    let tick = interval(&mut job, &mut live, &mut feed, &mut gpus, timeline.as_mut())?;
                     emit_interval(sinks, &tick, &out)?;
                     if let Some(dir) = &cgroup_dir {
                         if !dir.exists() {
                             break;
                         }
-                        let seeded = capture.watch_cgroup(dir, JOB).unwrap_or_default();
-                        job.observe(&mut capture, seeded.into_iter().map(|(_, ev)| ev));
-                    } else if gate.is_none() && job.root_gone(&capture) {
+                        let seeded = live.capture.watch_cgroup(dir, JOB).unwrap_or_default();
+                        job.observe(&mut live, seeded.into_iter().map(|(_, ev)| ev));
+                    } else if gate.is_none() && job.root_gone(&live) {
                         break;
                     }
                 }
@@ -277,9 +278,9 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
 
     // Let the last exits and closes arrive, then read everything once more.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let _ = interval(&mut job, &mut capture, &mut feed, &mut gpus, timeline.as_mut())?;
+    let _ = interval(&mut job, &mut live, &mut feed, &mut gpus, timeline.as_mut())?;
     let end_ns = monotonic_ns();
-    let report = job.finish(&mut capture, end_ns, &gpus);
+    let report = job.finish(&mut live, end_ns, &gpus);
     if let Some(t) = timeline {
         t.finish(&report, end_ns, &label)?;
     }
@@ -316,22 +317,22 @@ const JOB: u32 = 1;
 /// poll, then the job's tick (and the timeline's).
 fn interval(
     job: &mut Job,
-    capture: &mut Capture,
+    live: &mut LiveHost,
     feed: &mut Feed,
     gpus: &mut GpuFleet,
     timeline: Option<&mut Recording>,
 ) -> Result<Tick> {
-    capture.drain_events(&mut feed.events);
+    live.capture.drain_events(&mut feed.events);
     let mut timeline = timeline;
     if let Some(t) = timeline.as_deref_mut() {
         t.take_switches(&mut feed.events)?;
     }
-    job.observe(capture, feed.events.drain(..).map(|(_, ev)| ev));
-    let snap = capture.snapshot();
+    job.observe(live, feed.events.drain(..).map(|(_, ev)| ev));
+    let snap = live.capture.snapshot();
     for w in gpus.poll() {
         eprintln!("stall: {w}");
     }
-    let tick = job.tick(capture, &snap, gpus);
+    let tick = job.tick(live, &snap, gpus);
     if let Some(t) = timeline {
         t.tick(&tick, gpus)?;
     }

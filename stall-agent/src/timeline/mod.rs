@@ -21,8 +21,8 @@ use serde_json::json;
 use stall_common::reason;
 
 pub use self::{record::Recording, svg::render as render_svg};
-use crate::capture::syscalls;
 pub use crate::decode::Switch;
+use crate::{syscalls, verdict::Kind};
 
 /// A thread state, as a slice's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -349,7 +349,7 @@ impl<W: Write> Timeline<W> {
     }
 
     /// The verdict of an interval, as an instant event.
-    pub fn verdict(&mut self, ts: u64, kind: &str, summary: &str) -> std::io::Result<()> {
+    pub fn verdict(&mut self, ts: u64, kind: Kind, summary: &str) -> std::io::Result<()> {
         let ev = json!({"ph": "i", "s": "g", "name": format!("verdict: {kind}"), "pid": GPU_PID, "tid": 0,
             "ts": self.us(ts), "args": {"summary": summary}});
         self.write(ev, ts)

@@ -79,7 +79,7 @@ impl Recording {
                 self.timeline.gpu_power(g.index, w.end_ns, watts)?;
             }
         }
-        self.timeline.verdict(w.end_ns, tick.verdict.kind.as_str(), &tick.verdict.summary)?;
+        self.timeline.verdict(w.end_ns, tick.verdict.kind, &tick.verdict.summary)?;
         Ok(())
     }
 

@@ -169,7 +169,7 @@ fn reads_gpu_and_verdicts_have_their_tracks_and_the_svg_draws_them() {
         t.gpu(0, k * 100 * MS, if k < 5 { 95.0 } else { 0.0 }).unwrap();
     }
     t.gpu_power(0, 1_000 * MS, 400.0).unwrap();
-    t.verdict(1_000 * MS, "input-io-bound", "workers wait on storage").unwrap();
+    t.verdict(1_000 * MS, Kind::InputIoBound, "workers wait on storage").unwrap();
     let mut names = Names::default();
     names.processes.insert(100, ("python".into(), "worker".into()));
     names.threads.insert(5, "pt_data_worker".into());
@@ -182,7 +182,7 @@ fn reads_gpu_and_verdicts_have_their_tracks_and_the_svg_draws_them() {
     assert_eq!(read["args"]["bytes"], 9 << 20);
     assert_eq!(ev.iter().filter(|e| e["ph"] == "C" && e["name"] == "GPU0 utilization %").count(), 10);
     assert!(ev.iter().any(|e| e["ph"] == "C" && e["name"] == "GPU0 power W"));
-    assert!(ev.iter().any(|e| e["ph"] == "i" && e["name"] == "verdict: input-io-bound"));
+    assert!(ev.iter().any(|e| e["ph"] == "i" && e["name"] == format!("verdict: {}", Kind::InputIoBound)));
     assert!(ev.iter().any(|e| e["ph"] == "M" && e["args"]["name"] == "worker python (100)"));
     assert!(ev.iter().any(|e| e["ph"] == "M" && e["tid"] == 5 && e["args"]["name"] == "pt_data_worker"));
     let svg = render_svg(&pic, "demo");

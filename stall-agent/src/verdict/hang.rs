@@ -3,24 +3,44 @@
 //! only believed while the job progresses or the GPU draws real power.
 use stall_common::reason;
 
-use super::{
-    power_share, power_words, reason_name, rules, workers_word, GpuWindow, ProcWindow, Shares, ThreadWindow,
-    Window,
+use super::{rules, shares::Shares};
+use crate::{
+    aggregate::{ProcWindow, ThreadWindow, Window},
+    gpu::GpuWindow,
+    progress::ProgressView,
 };
-use crate::{capture::syscalls, progress::ProgressView, units};
+
+/// A busy GPU behind a job that stopped moving.
+pub(in crate::verdict) struct BehindBusyGpu<'a> {
+    pub gpu: &'a GpuWindow,
+    /// Where the trainer's main thread waits most (reason, share).
+    pub wait: (u8, f64),
+}
+
+/// Everyone blocked: the threads, as they wait now.
+pub(in crate::verdict) struct NoProgress {
+    pub blocked: Vec<BlockedThread>,
+}
+
+pub(in crate::verdict) struct BlockedThread {
+    pub comm: String,
+    pub tid: u32,
+    pub reason: u8,
+    /// The syscall it waits in (-1: none known).
+    pub syscall: i32,
+}
 
 /// A GPU reports busy, but the job has not moved for much longer than its
 /// own rhythm, the trainer waits off-CPU, and the GPU draws little power
 /// (or does not say): a kernel spinning or wedged, or a collective waiting
 /// for a peer, keeps utilization at 100 % while nothing gets done.
-pub(super) fn behind_busy_gpu(
-    g: &GpuWindow,
-    trainer: &ProcWindow,
+pub(in crate::verdict) fn behind_busy_gpu<'a>(
+    g: &'a GpuWindow,
     main: &ThreadWindow,
     tm: &Shares,
     progress: &ProgressView,
-) -> Option<String> {
-    if power_share(g).is_some_and(|s| s >= rules::GPU_WORKING_POWER) {
+) -> Option<BehindBusyGpu<'a>> {
+    if g.power_share().is_some_and(|s| s >= rules::GPU_WORKING_POWER) {
         return None;
     }
     let needed = if progress.known {
@@ -31,43 +51,19 @@ pub(super) fn behind_busy_gpu(
     if progress.silent_s < needed || main.now.running || tm.on > rules::HANG_MAX_ON_CPU {
         return None;
     }
-    let (r, share) = tm.top_wait();
-    let rhythm = match progress.rhythm_s {
-        Some(r) => format!(" (it used to move at least every {})", units::span(r)),
-        None => String::new(),
-    };
-    Some(format!(
-        "GPU{} reports {:.0}% busy{}, but nothing progressed for {}{rhythm}{}; trainer main thread (pid {}) blocked in {} {}: utilization is not progress, the job is hung (a kernel spinning or wedged, or a collective waiting for a peer)",
-        g.index,
-        g.util_mean_pct,
-        power_words(g),
-        units::span(progress.silent_s),
-        stale_output(progress),
-        trainer.tgid,
-        reason_name(r, main),
-        units::pct(share),
-    ))
-}
-
-/// ": train.log last written 8 min ago", when an output is known.
-fn stale_output(progress: &ProgressView) -> String {
-    match &progress.last_output {
-        Some(o) => format!(": {} last written {} ago", o.path, units::span(o.ago_s)),
-        None => String::new(),
-    }
+    Some(BehindBusyGpu { gpu: g, wait: tm.top_wait() })
 }
 
 /// Nobody is on CPU: the trainer and its workers are blocked, nobody reads
 /// a file, nobody wakes the trainer. For a GPU that is idle or absent.
-pub(super) fn no_progress(
+pub(in crate::verdict) fn no_progress(
     w: &Window,
     trainer: &ProcWindow,
     main: &ThreadWindow,
     tm: &Shares,
     workers: &[&ProcWindow],
     secs: f64,
-    progress: &ProgressView,
-) -> Option<String> {
+) -> Option<NoProgress> {
     if secs < rules::HANG_MIN_S || main.now.running || tm.on > rules::HANG_MAX_ON_CPU {
         return None;
     }
@@ -91,35 +87,16 @@ pub(super) fn no_progress(
             return None;
         }
     }
-    let mut blocked: Vec<String> = Vec::new();
+    let mut blocked = Vec::new();
     for p in std::iter::once(trainer).chain(workers.iter().copied()) {
         for t in p.threads.iter().filter(|t| t.alive && !t.now.running) {
-            let r = t.now.reason;
-            let what = if r == reason::OTHER || t.now.syscall >= 0 && r != reason::IO {
-                format!(
-                    "{} in {}",
-                    reason::NAMES[usize::from(r).min(5)],
-                    syscalls::name(i64::from(t.now.syscall))
-                )
-            } else {
-                reason::NAMES[usize::from(r).min(5)].to_string()
-            };
-            blocked.push(format!("{} {} ({})", t.comm, t.tid, what));
+            blocked.push(BlockedThread {
+                comm: t.comm.clone(),
+                tid: t.tid,
+                reason: t.now.reason,
+                syscall: t.now.syscall,
+            });
         }
     }
-    let shown = blocked.len().min(8);
-    let more =
-        if blocked.len() > shown { format!(" and {} more", blocked.len() - shown) } else { String::new() };
-    let silent = if progress.known && progress.silent_s > secs {
-        format!("for {}", units::span(progress.silent_s))
-    } else {
-        format!("in the last {}", units::secs(secs))
-    };
-    Some(format!(
-        "No progress {silent}: trainer (pid {}) and {} blocked, no file reads, nobody wakes the trainer{}: the job is hung. Blocked: {}{more}",
-        trainer.tgid,
-        workers_word(workers.len()),
-        stale_output(progress),
-        blocked[..shown].join(", ")
-    ))
+    Some(NoProgress { blocked })
 }

@@ -7,12 +7,13 @@ use stall_common::{counter::LOST_CAUSES, fd_kind, reason};
 use super::*;
 use crate::progress::OutputAge;
 use crate::{
-    aggregate::Model,
+    aggregate::{is_code_file, Model},
     correlate,
     decode::{
         Event, FileCounters, FileSnap, Inode, InodeSnap, Snapshot, ThreadCounters, ThreadNow, ThreadSnap,
         WakeSnap,
     },
+    gpu::gpu_window,
 };
 
 const S: u64 = 1_000_000_000;

@@ -1,0 +1,268 @@
+//! Loading: the kernel's features and layouts probed, the object loaded
+//! with them, and the programs attached. What fails says why in one line.
+use aya::{
+    maps::{Array, MapData, MapType, RingBuf},
+    programs::{ProgramType, RawTracePoint},
+    sys::BpfHelper,
+    Btf, EbpfLoader,
+};
+use stall_common::{names, Config, Regs};
+use tokio::io::unix::AsyncFd;
+
+use super::{
+    backend::{self, SyscallHooks},
+    btf,
+    error::{load_err, map_err},
+    mapped,
+    object::{program, take, BPF_OBJECT},
+    tracefs, uring, Capture, CaptureError,
+};
+use crate::syscalls;
+
+/// (program, category, tracepoint) for the scheduler and task hooks, all
+/// raw tracepoints (never skipped while `bpf_prog_active` is held, unlike
+/// perf-event tracepoint programs). `sched_switch` is replaced by
+/// `sched_switch_stack` on kernels without `bpf_task_pt_regs`.
+const ATTACH: [(&str, &str, &str); 5] = [
+    (names::SCHED_SWITCH, "sched", "sched_switch"),
+    (names::SCHED_WAKING, "sched", "sched_waking"),
+    (names::TASK_NEWTASK, "task", "task_newtask"),
+    (names::SCHED_PROCESS_EXEC, "sched", "sched_process_exec"),
+    (names::SCHED_PROCESS_EXIT, "sched", "sched_process_exit"),
+];
+
+/// (program, category, tracepoint) for page-cache fills (storage bytes per
+/// file); attached where the kernel's BTF has the fields it reads.
+const PAGE_CACHE_FILL: (&str, &str, &str) =
+    (names::PAGE_CACHE_FILL, "filemap", "mm_filemap_add_to_page_cache");
+
+/// x86-64's `struct pt_regs`: `orig_ax` (the syscall a task is in), `di`,
+/// `si`, `dx` (arguments 0-2), `cs`. Native syscalls come from `__USER_CS`.
+#[cfg(target_arch = "x86_64")]
+const REGS: Regs = Regs { nr: 120, arg0: 112, arg1: 104, arg2: 96, cs: 136, user_cs: 0x33, _pad: [0; 2] };
+
+/// The ring buffer's size as declared in stall-ebpf's maps.rs.
+const DEFAULT_RINGBUF_BYTES: u32 = 4 << 20;
+
+#[derive(Debug, Clone, Default)]
+pub struct CaptureOptions {
+    /// Ring buffer size in bytes (power of two, multiple of the page size).
+    pub ringbuf_bytes: Option<u32>,
+    /// Programs return at once: the benchmark's floor.
+    pub floor: bool,
+    /// Also track tasks by cgroup (see [`Capture::watch_cgroup`]).
+    pub cgroup_mode: bool,
+    /// Time one read in this many (a power of two up to 128; 0: the
+    /// default, [`DEFAULT_LATENCY_SAMPLE`]).
+    pub latency_sample: u32,
+    /// Send a record of every switch of a tracked thread (`--timeline`).
+    pub timeline: bool,
+    /// Leave the syscall hooks detached at load, until
+    /// [`Capture::set_syscall_hooks`] (the daemon's cheap tier).
+    pub syscall_hooks_on_demand: bool,
+    /// Which syscall hooks to use (see [`backend`]).
+    pub syscall_hooks: SyscallHooks,
+}
+
+/// One read in 8 is timed unless asked otherwise: the two clock reads are
+/// most of what a traced read costs, and 1 in 8 (picked at random) gives
+/// the per-file average latency to a few percent once a file has had a few
+/// hundred reads. Bytes and calls are always exact.
+pub const DEFAULT_LATENCY_SAMPLE: u32 = 8;
+
+fn latency_mask(sample: u32) -> Result<u8, CaptureError> {
+    let n = if sample == 0 { DEFAULT_LATENCY_SAMPLE } else { sample };
+    if !n.is_power_of_two() || n > 128 {
+        return Err(CaptureError::Config(format!(
+            "--latency-sample {n}: must be a power of two from 1 to 128"
+        )));
+    }
+    Ok((n - 1) as u8)
+}
+
+impl Capture {
+    /// Loads and attaches every program. Nothing is tracked until
+    /// [`Capture::track_tree`] or [`Capture::watch_cgroup`] says so.
+    pub fn load(opts: &CaptureOptions) -> Result<Self, CaptureError> {
+        if BPF_OBJECT.is_empty() {
+            return Err(CaptureError::Stub);
+        }
+        let missing = crate::caps::missing(crate::caps::effective());
+        if !missing.is_empty() {
+            return Err(CaptureError::MissingCaps(missing));
+        }
+        let tracefs = tracefs::Tracefs::open()?;
+        // The raw syscall tracepoints are checked when that backend is chosen.
+        if let Some((_, c, n)) = ATTACH.iter().find(|(_, c, n)| !tracefs.has(c, n)) {
+            return Err(CaptureError::MissingTracepoint { name: format!("{c}:{n}") });
+        }
+        let features = Features::probe()?;
+        // io_uring reads are followed where the tracepoints and their
+        // layout are known (docs/KERNELS.md).
+        let uring_submit = uring::SUBMIT.iter().copied().find(|e| tracefs.has("io_uring", e));
+        let kernel_btf = btf::KernelBtf::open()?;
+        let config = Config {
+            task: kernel_btf.task_offsets(!features.task_pt_regs)?,
+            regs: REGS,
+            cgroup_filter: u8::from(opts.cgroup_mode),
+            floor: u8::from(opts.floor),
+            timeline: u8::from(opts.timeline),
+            latency_mask: latency_mask(opts.latency_sample)?,
+            ringbuf_wake_bytes: opts.ringbuf_bytes.unwrap_or(DEFAULT_RINGBUF_BYTES) / 8,
+            page: if tracefs.has(PAGE_CACHE_FILL.1, PAGE_CACHE_FILL.2) {
+                kernel_btf.page_cache_offsets(mapped::whole_folios()).unwrap_or_default()
+            } else {
+                Default::default()
+            },
+            uring: uring_submit
+                .filter(|_| tracefs.has("io_uring", uring::COMPLETE))
+                .and_then(|submit| uring::layout(&kernel_btf, submit))
+                .unwrap_or_default(),
+        };
+        // Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
+        let _ = nix::sys::resource::setrlimit(
+            nix::sys::resource::Resource::RLIMIT_MEMLOCK,
+            nix::sys::resource::RLIM_INFINITY,
+            nix::sys::resource::RLIM_INFINITY,
+        );
+        // aya's own reading of the kernel's BTF: trampolines are loaded
+        // against a function found in it.
+        let btf = Btf::from_sys_fs().ok();
+        let mut loader = EbpfLoader::new();
+        loader.btf(btf.as_ref());
+        loader.override_global(names::CONFIG, &config, true);
+        if let Some(bytes) = opts.ringbuf_bytes {
+            loader.map_max_entries(names::EVENTS, bytes);
+        }
+        let mut ebpf = loader.load(BPF_OBJECT).map_err(load_err)?;
+
+        for (prog, _, name) in ATTACH {
+            let prog = if prog == names::SCHED_SWITCH && !features.task_pt_regs {
+                names::SCHED_SWITCH_STACK
+            } else {
+                prog
+            };
+            program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
+        }
+        let storage_known = config.page.mapping != 0;
+        if storage_known {
+            let (prog, _, name) = PAGE_CACHE_FILL;
+            let prog = if features.task_pt_regs { prog } else { names::PAGE_CACHE_FILL_STACK };
+            program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
+        }
+        // Needs the page-cache fields too: None where the fill program is not attached.
+        let mapped = mapped::attach(&mut ebpf, &tracefs, &config.page, btf.as_ref())?;
+        if config.uring.on != 0 {
+            let submit = uring_submit.unwrap_or(uring::SUBMIT[0]);
+            program(&mut ebpf, names::URING_SUBMIT, RawTracePoint::load)?.attach(submit).map_err(load_err)?;
+            program(&mut ebpf, names::URING_COMPLETE, RawTracePoint::load)?
+                .attach(uring::COMPLETE)
+                .map_err(load_err)?;
+            if config.uring.submit_req == 0 {
+                program(&mut ebpf, names::URING_FILE_GET, RawTracePoint::load)?
+                    .attach(uring::FILE_GET)
+                    .map_err(load_err)?;
+            }
+        }
+        // The tables first: a program attached before them would see every
+        // syscall as unhooked, which is only harmless because nothing is
+        // tracked yet.
+        let mut classes: Array<_, u8> = take(&mut ebpf, names::SYSCALL_CLASS)?;
+        for (nr, class) in syscalls::class_table() {
+            classes.set(nr, class, 0).map_err(map_err(names::SYSCALL_CLASS))?;
+        }
+        let mut hooks: Array<_, u8> = take(&mut ebpf, names::HOOKS)?;
+        for (nr, what) in syscalls::hook_table() {
+            hooks.set(nr, what, 0).map_err(map_err(names::HOOKS))?;
+        }
+        let hooks = backend::Hooks::load(
+            &mut ebpf,
+            opts.syscall_hooks,
+            btf.as_ref(),
+            &kernel_btf,
+            &tracefs,
+            opts.syscall_hooks_on_demand,
+        )?;
+        let ring: RingBuf<MapData> = take(&mut ebpf, names::EVENTS)?;
+        // SAFETY: the RingBuf owns its map fd for as long as the AsyncFd lives.
+        let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| CaptureError::Ring(e.into_parts().1))?;
+        Ok(Self {
+            threads: take(&mut ebpf, names::THREADS)?,
+            files: take(&mut ebpf, names::FILES)?,
+            wakes: take(&mut ebpf, names::WAKES)?,
+            wakes_by_proc: take(&mut ebpf, names::WAKES_BY_PROC)?,
+            cgroups: take(&mut ebpf, names::CGROUPS)?,
+            inode_bytes: if storage_known { Some(take(&mut ebpf, names::INODE_BYTES)?) } else { None },
+            mapped,
+            uring_reads: take(&mut ebpf, names::URING_READS)?,
+            uring_pending: take(&mut ebpf, names::URING_PENDING)?,
+            counters: take(&mut ebpf, names::COUNTERS)?,
+            cpu_slot: take(&mut ebpf, names::CPU_SLOT)?,
+            track_gen: take(&mut ebpf, names::TRACK_GEN)?,
+            gen: 0,
+            ring,
+            seed_seq: 0,
+            decode_errors: 0,
+            hooks,
+            task_flags: config.task.flags,
+            ebpf,
+        })
+    }
+}
+
+/// What the kernel offers beyond the base stall needs, probed before
+/// loading: a missing must-have ends start-up with one line naming it.
+struct Features {
+    /// `bpf_task_pt_regs` (5.15) with `bpf_get_current_task_btf` (5.11):
+    /// else `sched_switch_stack` finds the registers from `task->stack`.
+    task_pt_regs: bool,
+}
+
+impl Features {
+    fn probe() -> Result<Self, CaptureError> {
+        let raw = ProgramType::RawTracePoint;
+        if !aya::sys::is_program_supported(raw).unwrap_or(true) {
+            return Err(CaptureError::MissingFeature("BPF raw tracepoint programs (Linux 4.17)".into()));
+        }
+        if !aya::sys::is_map_supported(MapType::RingBuf).unwrap_or(true) {
+            return Err(CaptureError::MissingFeature("the BPF ring buffer (Linux 5.8)".into()));
+        }
+        for (helper, what) in [
+            (BpfHelper::BPF_FUNC_probe_read_kernel, "the BPF helper bpf_probe_read_kernel (Linux 5.5)"),
+            (BpfHelper::BPF_FUNC_ringbuf_reserve, "the BPF helper bpf_ringbuf_reserve (Linux 5.8)"),
+        ] {
+            if !aya::sys::is_helper_supported(raw, helper).unwrap_or(true) {
+                return Err(CaptureError::MissingFeature(what.into()));
+            }
+        }
+        let has = |h| aya::sys::is_helper_supported(raw, h).unwrap_or(false);
+        Ok(Self {
+            task_pt_regs: has(BpfHelper::BPF_FUNC_task_pt_regs)
+                && has(BpfHelper::BPF_FUNC_get_current_task_btf),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The agent finds maps and programs by the names in `stall_common::names`;
+    /// the kernel side names them after its identifiers. Both must agree.
+    #[test]
+    fn every_name_the_agent_uses_is_in_the_object() {
+        assert!(!BPF_OBJECT.is_empty(), "built with STALL_BPF_STUB: no kernel object to check");
+        let obj = aya_obj::Object::parse(BPF_OBJECT).expect("the kernel object parses");
+        for map in names::MAPS {
+            assert!(obj.maps.contains_key(*map), "map {map} not in the object");
+        }
+        for prog in names::PROGRAMS {
+            assert!(obj.programs.contains_key(*prog), "program {prog} not in the object");
+        }
+        assert_eq!(
+            obj.programs.len(),
+            names::PROGRAMS.len(),
+            "a program of the object is not in names::PROGRAMS"
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! The counter maps, read back: one snapshot of every thread, descriptor,
+//! waker and page-cache count, and retirement of what ended.
+use std::collections::HashSet;
+
+use aya::maps::{HashMap, MapData};
+use stall_common::{counter, slot_state, CpuSlot, FdKey, FileStats, ThreadStats, WakeKey, WAKER_ANY_THREAD};
+
+use super::Capture;
+use crate::{
+    clock::monotonic_ns,
+    decode::{self, FileSnap, Inode, InodeSnap, Snapshot, ThreadSnap, WakeSnap},
+};
+
+impl Capture {
+    /// Reads every counter map once.
+    pub fn snapshot(&self) -> Snapshot {
+        let ts = monotonic_ns();
+        let mut threads: Vec<(u32, ThreadStats)> = self.threads.iter().filter_map(Result::ok).collect();
+        for (tid, u) in self.uring_reads.iter().filter_map(Result::ok) {
+            if let Some((_, t)) = threads.iter_mut().find(|(t, _)| *t == tid) {
+                t.add_uring_reads(&u);
+            }
+        }
+        let mut files: Vec<(FdKey, FileStats)> = self.files.iter().filter_map(Result::ok).collect();
+        // After the maps: a slot flushed meanwhile is then counted in
+        // neither (until the next snapshot), never in both.
+        let slots = self.cpu_slots();
+        let mut events = self.counter_sum(counter::EVENTS);
+        for r in &slots {
+            events += r.events;
+            if let Some((_, t)) = threads.iter_mut().find(|(tid, _)| *tid == r.tid) {
+                t.add_slot_counts(r);
+            }
+            if r.file_calls > 0 {
+                if let Some((_, f)) = files
+                    .iter_mut()
+                    .find(|(k, f)| k.tgid == r.tgid && k.fd == r.file_fd && f.file_id == r.file_id)
+                {
+                    f.add_slot_file(r);
+                }
+            }
+        }
+        let files = files.iter().map(|(k, s)| FileSnap::of(k, s)).collect();
+        let threads = threads
+            .into_iter()
+            .map(|(tid, s)| {
+                let (counters, now) = decode::fold(&s, ts);
+                ThreadSnap { tid, tgid: s.tgid, job: s.job, counters, now, other_nr: s.other_nr }
+            })
+            .collect();
+        let wakes = self
+            .wakes
+            .iter()
+            .chain(self.wakes_by_proc.iter())
+            .filter_map(Result::ok)
+            .map(|(k, w)| WakeSnap {
+                wakee: k.wakee,
+                waker: k.waker,
+                waker_tgid: w.waker_tgid,
+                waker_comm: decode::comm(&w.waker_comm),
+                count: w.count,
+            })
+            .collect();
+        let mut lost = [0u64; counter::LOST_CAUSES];
+        for (i, slot) in lost.iter_mut().enumerate() {
+            *slot = self.counter_sum(i as u32);
+        }
+        lost[counter::LOST_RINGBUF as usize] += self.decode_errors;
+        Snapshot {
+            ts,
+            threads,
+            files,
+            wakes,
+            lost,
+            events,
+            sched_gaps: self.counter_sum(counter::SCHED_GAPS),
+            sched_repaired: self.counter_sum(counter::SCHED_REPAIRED),
+            inode_bytes: self.inode_bytes.as_ref().map(|m| {
+                m.iter()
+                    .filter_map(Result::ok)
+                    .map(|(k, b)| InodeSnap {
+                        tgid: k.tgid,
+                        inode: Inode { dev: k.dev, ino: k.ino },
+                        storage_bytes: b.storage,
+                        mmap_bytes: b.mapped,
+                    })
+                    .collect()
+            }),
+            mmap_known: self.mapped.is_some(),
+        }
+    }
+
+    /// Every CPU's slot (`CPU_SLOT`) that holds a tracked thread.
+    fn cpu_slots(&self) -> Vec<CpuSlot> {
+        match self.cpu_slot.get(&0, 0) {
+            Ok(v) => v.iter().filter(|r| r.tracked == slot_state::TRACKED).copied().collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn counter_sum(&self, idx: u32) -> u64 {
+        self.counters.get(&idx, 0).map(|v| v.iter().sum()).unwrap_or(0)
+    }
+
+    /// Forgets processes and threads that are gone: their descriptors (whose
+    /// final counts are returned; exit closes files without `close`), and
+    /// the waker counts of the threads. (Thread entries the kernel removes at
+    /// exit itself.)
+    pub fn retire(&mut self, tgids: &HashSet<u32>, tids: &HashSet<u32>) -> Vec<FileSnap> {
+        let mut out = Vec::new();
+        if !tgids.is_empty() {
+            out = remove_where(&mut self.files, |k, _| tgids.contains(&k.tgid))
+                .iter()
+                .map(|(k, s)| FileSnap::of(k, s))
+                .collect();
+            if let Some(inode_bytes) = self.inode_bytes.as_mut() {
+                // Their last counts were in the snapshot just taken.
+                remove_where(inode_bytes, |k, _| tgids.contains(&k.tgid));
+            }
+        }
+        if tids.is_empty() && tgids.is_empty() {
+            return out;
+        }
+        // Dead wakers too: a parent woken by each of a million short-lived
+        // children would otherwise fill the map (the model keeps the counts).
+        let gone = |k: &WakeKey| {
+            tids.contains(&k.wakee)
+                || match k.waker & WAKER_ANY_THREAD {
+                    0 => tids.contains(&k.waker),
+                    _ => tgids.contains(&(k.waker & !WAKER_ANY_THREAD)),
+                }
+        };
+        remove_where(&mut self.wakes, |k, _| gone(k));
+        remove_where(&mut self.wakes_by_proc, |k, _| gone(k));
+        remove_where(&mut self.uring_reads, |tid, _| tids.contains(tid));
+        // Reads in flight when their process ended never complete for it.
+        remove_where(&mut self.uring_pending, |_, r| tgids.contains(&r.tgid));
+        out
+    }
+}
+
+/// Removes the entries of `map` that are `gone` (by key and value); returns them as they
+/// stood just before (a process's last counts).
+fn remove_where<K: aya::Pod, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    gone: impl Fn(&K, &V) -> bool,
+) -> Vec<(K, V)> {
+    let removed: Vec<(K, V)> = map.iter().filter_map(Result::ok).filter(|(k, v)| gone(k, v)).collect();
+    for (k, _) in &removed {
+        let _ = map.remove(k);
+    }
+    removed
+}

@@ -1,0 +1,248 @@
+//! What is tracked: a PID tree or cgroups, seeded from /proc with the state
+//! each thread is in now and the files each process has open, so the
+//! kernel side counts from the first moment on.
+use std::{collections::HashSet, path::Path};
+
+use stall_common::{
+    fd_kind, kclock, names, reason, run_state, syscall_class, task_flags, track_gen, FdKey, FileStats,
+    ThreadStats,
+};
+
+use super::{cgroup, error::map_err, procfs, Capture, CaptureError};
+use crate::{
+    clock::monotonic_ns,
+    decode::{Event, JobEvent},
+    syscalls,
+};
+
+impl Capture {
+    /// Tracks `root`, all its threads and all its descendants, and returns
+    /// the files they already had open (as `Open` events). The kernel
+    /// follows every task created from here on; inserting parents before
+    /// listing their children, and listing until nothing new appears, closes
+    /// the window in which a fork could slip through.
+    pub fn track_tree(&mut self, root: u32, job: u32) -> Result<Vec<JobEvent>, CaptureError> {
+        if !procfs::exists(root) {
+            return Err(CaptureError::NoSuchProcess(root));
+        }
+        let mut done: HashSet<u32> = HashSet::new();
+        let mut todo = vec![root];
+        let mut opened = Vec::new();
+        loop {
+            while let Some(pid) = todo.pop() {
+                if done.insert(pid) {
+                    self.track_process(pid, job)?;
+                    opened.extend(self.seed_fds(pid, job));
+                }
+            }
+            let children = procfs::children_map();
+            let mut stack: Vec<u32> = done.iter().copied().collect();
+            while let Some(p) = stack.pop() {
+                for &c in children.get(&p).into_iter().flatten() {
+                    if !done.contains(&c) && !todo.contains(&c) {
+                        todo.push(c);
+                        stack.push(c);
+                    }
+                }
+            }
+            if todo.is_empty() {
+                break;
+            }
+        }
+        self.changed();
+        Ok(opened)
+    }
+
+    /// Tells the kernel side that what is tracked changed: every CPU's
+    /// slot (`CPU_SLOT`) is looked up again at its next syscall.
+    pub(super) fn changed(&mut self) {
+        self.gen = track_gen::next_tracking(self.gen);
+        let _ = self.track_gen.set(0, self.gen, 0);
+    }
+
+    /// Adds every thread of `pid`, with its state as /proc shows it now.
+    pub fn track_process(&mut self, pid: u32, job: u32) -> Result<(), CaptureError> {
+        let mut seen: HashSet<u32> = HashSet::new();
+        loop {
+            let fresh: Vec<u32> = procfs::threads(pid).into_iter().filter(|t| !seen.contains(t)).collect();
+            if fresh.is_empty() {
+                return Ok(());
+            }
+            for tid in fresh {
+                seen.insert(tid);
+                self.seed_thread(pid, tid, job)?;
+            }
+            self.changed();
+        }
+    }
+
+    fn seed_thread(&mut self, tgid: u32, tid: u32, job: u32) -> Result<(), CaptureError> {
+        let now = monotonic_ns();
+        let Some(st) = procfs::thread_stat(tgid, tid) else { return Ok(()) };
+        let mut t = ThreadStats {
+            tgid,
+            job,
+            last_ts: now,
+            off_nr: -1,
+            other_nr: -1,
+            seeded: 1,
+            ..Default::default()
+        };
+        // The kernel's totals so far: what it adds from now on is this job's.
+        if let Some(k) = procfs::thread_schedstat(tgid, tid) {
+            t.kclock = kclock::EXEC;
+            t.exec_base = k.exec_ns;
+            t.exec_ns = k.exec_ns;
+            if self.task_flags & task_flags::RUN_DELAY != 0 {
+                t.kclock |= kclock::DELAY;
+                t.delay_base = k.delay_ns;
+                t.delay_ns = k.delay_ns;
+            }
+        }
+        if st.state == 'R' {
+            t.state = run_state::RUNNING;
+        } else {
+            let nr = procfs::thread_syscall(tgid, tid).unwrap_or(-1);
+            let fd_regular = || {
+                let text = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/syscall")).ok()?;
+                let arg0 = text.split_whitespace().nth(1)?;
+                let fd = i32::from_str_radix(arg0.trim_start_matches("0x"), 16).ok()?;
+                procfs::fd_info(tgid, fd).map(|o| o.regular)
+            };
+            t.state = run_state::OFF;
+            t.off_reason = classify_blocked(nr, st.state, fd_regular);
+            t.off_nr = nr as i32;
+        }
+        // BPF_NOEXIST: the kernel may already have created it (a new thread).
+        match self.threads.insert(tid, t, 1) {
+            Ok(()) => Ok(()),
+            Err(_) if self.threads.get(&tid, 0).is_ok() => Ok(()),
+            Err(e) => Err(map_err(names::THREADS)(e)),
+        }
+    }
+
+    /// Registers the regular files `pid` has open, so reads of descriptors
+    /// opened before attach (or inherited over fork) are counted.
+    pub fn seed_fds(&mut self, pid: u32, job: u32) -> Vec<JobEvent> {
+        let now = monotonic_ns();
+        let mut out = Vec::new();
+        for f in procfs::open_fds(pid).into_iter().filter(|f| f.regular) {
+            self.seed_seq += 1;
+            let file_id = (1 << 63) | (u64::from(pid) << 24) | (self.seed_seq & 0xff_ffff);
+            let stats = FileStats { file_id, kind: fd_kind::REGULAR, ..Default::default() };
+            if self.files.insert(FdKey { tgid: pid, fd: f.fd }, stats, 1).is_ok() {
+                let open = Event::Open {
+                    ts: now,
+                    tid: pid,
+                    tgid: pid,
+                    fd: f.fd,
+                    file_id,
+                    path: f.target,
+                    dfd: -100,
+                    dup_of: None,
+                };
+                out.push((job, open));
+            }
+        }
+        self.changed();
+        out
+    }
+
+    /// Tracks every task of the cgroup `dir` and its descendants: those in it
+    /// now, and any that later runs there. Returns the files already open.
+    pub fn watch_cgroup(&mut self, dir: &Path, job: u32) -> Result<Vec<JobEvent>, CaptureError> {
+        let mut opened = Vec::new();
+        for d in cgroup::subtree(dir) {
+            let Some(id) = cgroup::id(&d) else { continue };
+            if self.cgroups.get(&id, 0).is_ok() {
+                continue;
+            }
+            self.cgroups.insert(id, job, 0).map_err(map_err(names::CGROUPS))?;
+            let mut pids = HashSet::new();
+            for (pid, tid) in cgroup::threads(&d) {
+                self.seed_thread(pid, tid, job)?;
+                pids.insert(pid);
+            }
+            for pid in pids {
+                opened.extend(self.seed_fds(pid, job));
+            }
+        }
+        self.changed();
+        Ok(opened)
+    }
+
+    /// Stops following a cgroup (daemon: the job is gone).
+    pub fn unwatch_cgroup(&mut self, dir: &Path) {
+        for d in cgroup::subtree(dir) {
+            if let Some(id) = cgroup::id(&d) {
+                let _ = self.cgroups.remove(&id);
+            }
+        }
+        self.changed();
+    }
+
+    /// What an opened descriptor is. An absolute path is `stat`ed (the
+    /// descriptor may be closed, or its number reused, by the time the
+    /// event is read: a file mapped and closed at once); a relative one is
+    /// looked up in /proc, where the descriptor says what it points to.
+    pub fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<procfs::Opened> {
+        if path.starts_with('/') {
+            if let Some(opened) = procfs::path_info(path) {
+                return Some(opened);
+            }
+        }
+        procfs::fd_info(tgid, fd)
+    }
+
+    /// Records that an opened descriptor is not a regular file (FIFO,
+    /// device...), so the kernel stops counting it as file reads; only if
+    /// it still names the same open. This rewrites the whole entry: reads
+    /// counted between the lookup and the update are lost, which is why it
+    /// is used only for non-files, whose per-file counts nothing reports.
+    pub fn set_fd_kind(&mut self, tgid: u32, fd: i32, file_id: u64, kind: u32) {
+        let key = FdKey { tgid, fd };
+        if let Ok(mut s) = self.files.get(&key, 0) {
+            if s.file_id == file_id && s.kind != kind {
+                s.kind = kind;
+                let _ = self.files.insert(key, s, 2); // BPF_EXIST
+                self.changed();
+            }
+        }
+    }
+}
+
+/// The wait reason of a thread found blocked at attach, from what /proc
+/// shows: the syscall it is in, its state letter, and (for reads) whether
+/// the descriptor is a regular file. Mirrors the kernel side's rules.
+pub fn classify_blocked(nr: i64, state: char, fd_regular: impl FnOnce() -> Option<bool>) -> u8 {
+    match syscalls::class(nr) {
+        syscall_class::FUTEX => reason::FUTEX,
+        syscall_class::POLL => reason::POLL,
+        syscall_class::SLEEP => reason::SLEEP,
+        syscall_class::READ if nr >= 0 => {
+            if fd_regular().unwrap_or(false) {
+                reason::IO
+            } else {
+                reason::POLL
+            }
+        }
+        _ if state == 'D' => reason::IO,
+        _ => reason::OTHER,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocked_reasons_from_proc() {
+        assert_eq!(classify_blocked(202, 'S', || None), reason::FUTEX);
+        assert_eq!(classify_blocked(0, 'S', || Some(false)), reason::POLL);
+        assert_eq!(classify_blocked(0, 'D', || Some(true)), reason::IO);
+        assert_eq!(classify_blocked(7, 'S', || None), reason::POLL);
+        assert_eq!(classify_blocked(230, 'S', || None), reason::SLEEP);
+        assert_eq!(classify_blocked(-1, 'D', || None), reason::IO);
+        assert_eq!(classify_blocked(61, 'S', || None), reason::OTHER);
+    }
+}

@@ -1,0 +1,184 @@
+//! The node's jobs: which cgroups are jobs (those holding a GPU, unless
+//! every job is watched), found anew each interval, attached when they
+//! appear and detached when they go; and the syscall hooks that the jobs
+//! under full capture need, attached while any is.
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::{Path, PathBuf},
+};
+
+use super::{
+    kube,
+    metrics::{JobLabels, Metrics},
+    tier::JobTier,
+};
+use crate::{
+    capture::{cgroup, procfs},
+    clock::monotonic_ns,
+    decode::{Event, JobEvent},
+    job::{GpuFleet, GpuScope, Job, LiveHost, Tick},
+    output::jobs::JobView,
+    verdict::Verdict,
+};
+
+/// A job of the node: a cgroup directly under a root.
+pub(super) struct Watched {
+    pub job: Job,
+    pub dir: PathBuf,
+    pub labels: JobLabels,
+    /// The last interval's outcome, for `/jobs`.
+    pub last: Option<Tick>,
+    pub tier: JobTier,
+    /// The verdict published (the live one, or what the cheap tier can
+    /// vouch for).
+    pub published: Option<Verdict>,
+}
+
+/// The node: its jobs, by cgroup directory, and how they are found.
+pub(super) struct Node {
+    pub jobs: BTreeMap<PathBuf, Watched>,
+    next_id: u32,
+    roots: Vec<PathBuf>,
+    mount: PathBuf,
+    all_jobs: bool,
+}
+
+impl Node {
+    pub fn new(roots: Vec<PathBuf>, mount: PathBuf, all_jobs: bool) -> Self {
+        Self { jobs: BTreeMap::new(), next_id: 1, roots, mount, all_jobs }
+    }
+
+    /// Attaches jobs that appeared (and qualify), detaches those that are
+    /// gone, and follows cgroups created inside a job since the last look.
+    pub fn discover(&mut self, live: &mut LiveHost, gpus: &GpuFleet, metrics: &Metrics) {
+        let on_gpu = gpus.holders();
+        let mut present = HashSet::new();
+        for root in &self.roots {
+            let Ok(rd) = std::fs::read_dir(root) else { continue };
+            for dir in rd
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+            {
+                // A root below another root (kubepods.slice and its QoS
+                // slices) is a level of the hierarchy, not a job.
+                if self.roots.contains(&dir) {
+                    continue;
+                }
+                present.insert(dir.clone());
+                if let Some(w) = self.jobs.get_mut(&dir) {
+                    // New sub-cgroups of a watched job, and their tasks.
+                    if let Ok(seeded) = live.capture.watch_cgroup(&dir, w.job.id) {
+                        w.job.observe(live, seeded.into_iter().map(|(_, ev)| ev));
+                    }
+                    continue;
+                }
+                if !self.all_jobs && !uses_gpu(&dir, &on_gpu) {
+                    continue;
+                }
+                let id = self.next_id;
+                self.next_id += 1;
+                let rel = dir.strip_prefix(&self.mount).unwrap_or(&dir).to_string_lossy().into_owned();
+                let ids = kube::parse(&rel);
+                let mut job = Job::new(id, monotonic_ns(), None, GpuScope::Held);
+                match live.capture.watch_cgroup(&dir, id) {
+                    Ok(seeded) => {
+                        job.observe(live, seeded.into_iter().map(|(_, ev)| ev));
+                        let labels = JobLabels { cgroup: rel, pod: ids.pod, container: ids.container };
+                        self.jobs.insert(
+                            dir.clone(),
+                            Watched {
+                                job,
+                                dir,
+                                labels,
+                                last: None,
+                                tier: JobTier::default(),
+                                published: None,
+                            },
+                        );
+                    }
+                    Err(e) => eprintln!("stall: cannot watch {}: {}", dir.display(), crate::error::chain(&e)),
+                }
+            }
+        }
+        let gone: Vec<PathBuf> =
+            self.jobs.keys().filter(|d| !present.contains(*d) || !d.exists()).cloned().collect();
+        for dir in gone {
+            if let Some(w) = self.jobs.remove(&dir) {
+                live.capture.unwatch_cgroup(&w.dir);
+                let devices: Vec<u32> = w.job.devices.iter().copied().collect();
+                metrics.remove_job(&w.labels, &devices);
+            }
+        }
+    }
+
+    /// Hands each job its events, one batch per job.
+    pub fn route(&mut self, live: &mut LiveHost, events: &mut Vec<JobEvent>) {
+        let mut by_id: HashMap<u32, Vec<Event>> = HashMap::new();
+        for (id, ev) in events.drain(..) {
+            by_id.entry(id).or_default().push(ev);
+        }
+        for w in self.jobs.values_mut() {
+            if let Some(batch) = by_id.remove(&w.job.id) {
+                w.job.observe(live, batch);
+            }
+        }
+    }
+}
+
+/// Does any task of the cgroup (or below) hold an NVIDIA device open, or
+/// does NVML list it?
+fn uses_gpu(dir: &Path, on_gpu: &HashSet<u32>) -> bool {
+    cgroup::subtree(dir).iter().flat_map(|d| cgroup::threads(d)).any(|(pid, tid)| {
+        pid == tid
+            && (on_gpu.contains(&pid)
+                || procfs::open_fds(pid).iter().any(|f| f.target.starts_with("/dev/nvidia")))
+    })
+}
+
+/// Attaches or detaches the syscall hooks; after attaching, every job's
+/// descriptors are looked up afresh (opens and closes were not seen).
+pub(super) fn set_hooks(live: &mut LiveHost, node: &mut Node, on: bool, now_ns: u64) {
+    if on == live.capture.syscall_hooks() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    if let Err(e) = live.capture.set_syscall_hooks(on) {
+        let what = if on { "attach" } else { "detach" };
+        eprintln!("stall: cannot {what} the syscall hooks: {}", crate::error::chain(&e));
+        return;
+    }
+    // Attaching trampolines patches the kernel's text once per program:
+    // say how long the loop stood still for it.
+    eprintln!(
+        "stall daemon: syscall hooks ({}) {} in {:.2} s",
+        live.capture.syscall_backend().name(),
+        if on { "attached" } else { "detached" },
+        started.elapsed().as_secs_f64()
+    );
+    if on {
+        for w in node.jobs.values_mut() {
+            w.job.reseed(live, now_ns);
+        }
+    }
+}
+
+impl Node {
+    /// `/jobs` for every job, as of its last interval.
+    pub fn views(&self) -> Vec<JobView<'_>> {
+        self.jobs
+            .values()
+            .map(|j| JobView {
+                job: &j.labels.cgroup,
+                cgroup: j.dir.display().to_string(),
+                pod: &j.labels.pod,
+                container: &j.labels.container,
+                verdict: j.published.as_ref(),
+                progress: j.last.as_ref().map(|t| &t.progress),
+                processes: j.job.model.procs.values().filter(|p| p.alive).count(),
+                recent: j.last.as_ref().map(|t| &t.recent),
+                gpus: j.job.devices.iter().copied().collect(),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,104 @@
+//! The kinds of verdict and everything about each: its name (in the report,
+//! JSON, metrics and timeline), whether its threads' Python stacks are
+//! worth reading, and whether the daemon's cheap tier can vouch for it.
+//! Adding a kind: a variant here, its rule in `classify`, its words in
+//! `words`, a test, and its line in docs/VERDICTS.md.
+use serde::{Serialize, Serializer};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Kind {
+    InputIoBound,
+    InputCpuBound,
+    Hang,
+    TrainerHostBound,
+    GpuBusy,
+    Idle,
+    #[default]
+    Unknown,
+}
+
+impl Kind {
+    /// Every kind, in the order the metrics list them.
+    pub const ALL: [Kind; 7] = [
+        Kind::InputIoBound,
+        Kind::InputCpuBound,
+        Kind::Hang,
+        Kind::TrainerHostBound,
+        Kind::GpuBusy,
+        Kind::Idle,
+        Kind::Unknown,
+    ];
+
+    /// The kind's name, the one place it is spelled.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::InputIoBound => "input-io-bound",
+            Kind::InputCpuBound => "input-cpu-bound",
+            Kind::Hang => "hang",
+            Kind::TrainerHostBound => "trainer-host-bound",
+            Kind::GpuBusy => "gpu-busy",
+            Kind::Idle => "idle",
+            Kind::Unknown => "unknown",
+        }
+    }
+
+    /// Whether the Python stacks of the threads it blames are read live:
+    /// where they wait is the next question for a hang or a slow input
+    /// pipeline, and not for the rest.
+    pub fn wants_stacks(self) -> bool {
+        matches!(self, Kind::Hang | Kind::InputIoBound | Kind::InputCpuBound)
+    }
+
+    /// Whether the daemon's cheap tier (the GPU, the scheduler and /proc, no
+    /// syscall hook) sees enough to publish it: a busy GPU, or a hang behind
+    /// one. The others rest on file reads only the full capture counts.
+    pub fn cheap_tier_vouches(self) -> bool {
+        matches!(self, Kind::GpuBusy | Kind::Hang)
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Kind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_distinct_kebab_case_and_serialize_as_such() {
+        let names: std::collections::HashSet<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names.len(), Kind::ALL.len());
+        for k in Kind::ALL {
+            assert!(k.as_str().chars().all(|c| c.is_ascii_lowercase() || c == '-'), "{k}");
+            assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{}\"", k.as_str()));
+        }
+    }
+
+    #[test]
+    fn every_kind_is_listed_once() {
+        // The match is exhaustive: a new variant needs a position here, and
+        // then a place in ALL for this to pass.
+        let position = |k: Kind| match k {
+            Kind::InputIoBound => 0,
+            Kind::InputCpuBound => 1,
+            Kind::Hang => 2,
+            Kind::TrainerHostBound => 3,
+            Kind::GpuBusy => 4,
+            Kind::Idle => 5,
+            Kind::Unknown => 6,
+        };
+        for (i, k) in Kind::ALL.iter().enumerate() {
+            assert_eq!(position(*k), i, "{k}");
+        }
+        assert_eq!(position(Kind::Unknown) + 1, Kind::ALL.len());
+    }
+}

@@ -1,0 +1,59 @@
+//! A thread's window as shares of its own time: on CPU, and off CPU by
+//! reason. What the rules compare against their thresholds.
+use stall_common::reason;
+
+use crate::aggregate::ThreadWindow;
+
+/// Shares of a thread's window by state (each of on-CPU and the reasons).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Shares {
+    pub on: f64,
+    off: [f64; reason::COUNT],
+}
+
+impl Shares {
+    /// Shares of the thread's own time in the window: a worker that lived
+    /// one epoch of three is judged on that epoch (non-persistent
+    /// DataLoader workers), not diluted by the time before it existed.
+    pub fn of(t: &ThreadWindow, secs: f64) -> Self {
+        let window = secs.max(1e-9) * 1e9;
+        let accounted = (t.delta.on_cpu_ns + t.delta.off_cpu_ns()) as f64;
+        let wall = if accounted > 0.0 { accounted.min(window) } else { window };
+        let mut off = [0.0; reason::COUNT];
+        for (i, v) in off.iter_mut().enumerate() {
+            *v = t.delta.off_ns[i] as f64 / wall;
+        }
+        Self { on: t.delta.on_cpu_ns as f64 / wall, off }
+    }
+
+    pub fn r(&self, r: u8) -> f64 {
+        self.off[usize::from(r)]
+    }
+
+    pub fn blocked(&self) -> f64 {
+        self.off.iter().sum::<f64>() - self.r(reason::RUNQUEUE)
+    }
+
+    pub fn cpu(&self) -> f64 {
+        self.on + self.r(reason::RUNQUEUE)
+    }
+
+    /// Where the thread spent most of the window (reason, share).
+    pub fn top_wait(&self) -> (u8, f64) {
+        (0..reason::COUNT as u8)
+            .filter(|r| *r != reason::RUNQUEUE)
+            .map(|r| (r, self.r(r)))
+            .fold((reason::OTHER, 0.0), |a, b| if b.1 > a.1 { b } else { a })
+    }
+
+    /// The waits at or above `min`, largest first.
+    pub fn waits_above(&self, min: f64) -> Vec<(u8, f64)> {
+        let mut parts: Vec<(u8, f64)> = (0..reason::COUNT as u8)
+            .filter(|r| *r != reason::RUNQUEUE)
+            .map(|r| (r, self.r(r)))
+            .filter(|x| x.1 >= min)
+            .collect();
+        parts.sort_by(|a, b| b.1.total_cmp(&a.1));
+        parts
+    }
+}

@@ -1,0 +1,363 @@
+//! How a finding is told: the summary line and the evidence, with numbers.
+//! No rule here; `classify` decided.
+use stall_common::reason;
+
+use super::{
+    classify::{Finding, Scene},
+    hang::{BehindBusyGpu, NoProgress},
+    rules,
+    shares::Shares,
+    Verdict, MAX_WORKER_LINES,
+};
+use crate::{
+    aggregate::{is_code_file, storage_share, PageCache, ProcWindow, ThreadWindow, Waker, Window},
+    gpu::GpuWindow,
+    progress::ProgressView,
+    syscalls, units,
+};
+
+/// The verdict for `finding`: its summary and the evidence of the scene.
+pub(super) fn verdict(s: &Scene, finding: &Finding) -> Verdict {
+    let gpu_line = gpu_prefix(s.gpus, s.secs);
+    let text = summary(s, finding);
+    let mut summary = match &gpu_line {
+        Some(g) => format!("{g}. {text}"),
+        None => format!("{text} (no GPU data: host-side verdict)"),
+    };
+    let lost = s.w.lost_total();
+    if lost > 0 {
+        summary.push_str(" [partial: events were lost]");
+    }
+    let mut evidence: Vec<String> = gpu_line.into_iter().collect();
+    if lost > 0 {
+        evidence.push(format!("{lost} events lost: figures are partial"));
+    }
+    evidence.extend(job_evidence(s));
+    evidence.dedup();
+    Verdict { kind: finding.kind(), summary, evidence, host_only: s.host_only(), ..Default::default() }
+}
+
+fn summary(s: &Scene, finding: &Finding) -> String {
+    let secs = s.secs;
+    let (Some(trainer), Some((main, tm))) = (s.trainer, s.main.as_ref()) else {
+        return match finding {
+            Finding::GpuBusy(g) => busy_text(g),
+            Finding::TrainerUntraced => "the trainer has no traced thread".into(),
+            _ => format!("not enough data ({} of tracing)", units::secs(secs)),
+        };
+    };
+    let waiting = |waits: f64| {
+        format!(
+            "Trainer main thread blocked {} of {} ({}){}",
+            units::pct(waits),
+            units::secs(secs),
+            wait_breakdown(main, tm),
+            wakers_of(main, &s.workers)
+        )
+    };
+    let reader_bytes = s.reader_bytes();
+    match finding {
+        Finding::GpuBusy(g) => busy_text(g),
+        Finding::HangBehindBusyGpu(h) => behind_busy_gpu(h, trainer, main, s.progress),
+        Finding::HangNoProgress(h) => no_progress(h, trainer, s.workers.len(), secs, s.progress),
+        Finding::InputIo { waits, worker_io } => format!(
+            "{}; {} read {} at {}{}, {} off-CPU in file reads: input pipeline is I/O-bound",
+            waiting(*waits),
+            workers_word(s.workers.len()),
+            units::bytes(reader_bytes),
+            units::rate(reader_bytes, secs),
+            from_storage(&s.workers, reader_bytes),
+            units::pct(*worker_io)
+        ),
+        Finding::InputCpu { waits, worker_cpu } => format!(
+            "{}; {} on CPU {} of the time (read {} at {}): input pipeline is CPU-bound",
+            waiting(*waits),
+            workers_word(s.workers.len()),
+            units::pct(*worker_cpu),
+            units::bytes(reader_bytes),
+            units::rate(reader_bytes, secs)
+        ),
+        Finding::TrainerReads { own_io } => {
+            let own = trainer.input_bytes();
+            format!(
+                "Trainer main thread {} off-CPU in file reads of {} ({} at {}{}), no workers: input is I/O-bound",
+                units::pct(*own_io),
+                units::secs(secs),
+                units::bytes(own),
+                units::rate(own, secs),
+                from_storage(&[trainer], own)
+            )
+        }
+        Finding::TrainerBusy { cpu } if s.host_only() => format!(
+            "Trainer main thread on CPU {} of {}: it is busy on the host (input is not the bottleneck)",
+            units::pct(*cpu),
+            units::secs(secs)
+        ),
+        Finding::TrainerBusy { cpu } => format!(
+            "Trainer main thread on CPU {} of {} while the GPU idles: trainer is host-bound",
+            units::pct(*cpu),
+            units::secs(secs)
+        ),
+        Finding::Idle { job_cpu } => {
+            let (r, share) = tm.top_wait();
+            format!(
+                "Nothing is happening: the job used {:.1}% of a CPU and read no files in {}; trainer main thread mostly in {} ({})",
+                job_cpu * 100.0,
+                units::secs(secs),
+                reason_name(r, main),
+                units::pct(share)
+            )
+        }
+        Finding::NoSingleBottleneck | Finding::NotEnoughData | Finding::TrainerUntraced => format!(
+            "No single bottleneck: trainer main thread on CPU {}, blocked {} ({})",
+            units::pct(tm.cpu()),
+            units::pct(tm.blocked()),
+            wait_breakdown(main, tm)
+        ),
+    }
+}
+
+/// The trainer's and the busiest workers' lines, the files read most and
+/// the last output, once there is a trainer to speak of.
+fn job_evidence(s: &Scene) -> Vec<String> {
+    let (Some(trainer), Some((main, tm))) = (s.trainer, s.main.as_ref()) else { return Vec::new() };
+    let mut evidence = vec![thread_line("trainer main thread", trainer, main, tm)];
+    // The busiest readers first; a handful is evidence, thousands is noise.
+    let mut shown: Vec<&&ProcWindow> = s.workers.iter().collect();
+    shown.sort_by_key(|p| (std::cmp::Reverse(p.input_bytes()), p.tgid));
+    if shown.len() > MAX_WORKER_LINES {
+        evidence.push(format!("{} workers; the {MAX_WORKER_LINES} that read most:", shown.len()));
+        shown.truncate(MAX_WORKER_LINES);
+    }
+    for wp in shown {
+        if let Some(t) = wp.main_thread() {
+            let shares = Shares::of(t, s.secs);
+            evidence.push(format!(
+                "{}; read {} at {}",
+                thread_line("worker", wp, t, &shares),
+                units::bytes(wp.input_bytes()),
+                units::rate(wp.input_bytes(), s.secs)
+            ));
+        }
+    }
+    evidence.extend(top_files(s.w, s.secs));
+    if let Some(o) = &s.progress.last_output {
+        evidence.push(format!("output {} (pid {}) last written {} ago", o.path, o.pid, units::span(o.ago_s)));
+    }
+    evidence
+}
+
+fn behind_busy_gpu(
+    h: &BehindBusyGpu,
+    trainer: &ProcWindow,
+    main: &ThreadWindow,
+    progress: &ProgressView,
+) -> String {
+    let g = h.gpu;
+    let (r, share) = h.wait;
+    let rhythm = match progress.rhythm_s {
+        Some(r) => format!(" (it used to move at least every {})", units::span(r)),
+        None => String::new(),
+    };
+    format!(
+        "GPU{} reports {:.0}% busy{}, but nothing progressed for {}{rhythm}{}; trainer main thread (pid {}) blocked in {} {}: utilization is not progress, the job is hung (a kernel spinning or wedged, or a collective waiting for a peer)",
+        g.index,
+        g.util_mean_pct,
+        power_words(g),
+        units::span(progress.silent_s),
+        stale_output(progress),
+        trainer.tgid,
+        reason_name(r, main),
+        units::pct(share),
+    )
+}
+
+fn no_progress(
+    h: &NoProgress,
+    trainer: &ProcWindow,
+    workers: usize,
+    secs: f64,
+    progress: &ProgressView,
+) -> String {
+    let blocked: Vec<String> = h
+        .blocked
+        .iter()
+        .map(|t| {
+            let r = t.reason;
+            let what = if r == reason::OTHER || t.syscall >= 0 && r != reason::IO {
+                format!(
+                    "{} in {}",
+                    reason::NAMES[usize::from(r).min(5)],
+                    syscalls::name(i64::from(t.syscall))
+                )
+            } else {
+                reason::NAMES[usize::from(r).min(5)].to_string()
+            };
+            format!("{} {} ({})", t.comm, t.tid, what)
+        })
+        .collect();
+    let shown = blocked.len().min(8);
+    let more =
+        if blocked.len() > shown { format!(" and {} more", blocked.len() - shown) } else { String::new() };
+    let silent = if progress.known && progress.silent_s > secs {
+        format!("for {}", units::span(progress.silent_s))
+    } else {
+        format!("in the last {}", units::secs(secs))
+    };
+    format!(
+        "No progress {silent}: trainer (pid {}) and {} blocked, no file reads, nobody wakes the trainer{}: the job is hung. Blocked: {}{more}",
+        trainer.tgid,
+        workers_word(workers),
+        stale_output(progress),
+        blocked[..shown].join(", ")
+    )
+}
+
+/// ": train.log last written 8 min ago", when an output is known.
+fn stale_output(progress: &ProgressView) -> String {
+    match &progress.last_output {
+        Some(o) => format!(": {} last written {} ago", o.path, units::span(o.ago_s)),
+        None => String::new(),
+    }
+}
+
+fn reason_name(r: u8, t: &ThreadWindow) -> String {
+    if r == reason::OTHER && t.other_nr >= 0 {
+        format!("other ({})", syscalls::name(i64::from(t.other_nr)))
+    } else {
+        reason::NAMES[usize::from(r).min(reason::COUNT - 1)].to_string()
+    }
+}
+
+fn gpu_prefix(gpus: &[GpuWindow], secs: f64) -> Option<String> {
+    let parts: Vec<String> = gpus
+        .iter()
+        .map(|g| {
+            let gap =
+                if g.max_gap_s > 2.0 { format!(", sample gap {:.1}s", g.max_gap_s) } else { String::new() };
+            if g.samples == 0 {
+                format!("GPU{}: no samples", g.index)
+            } else {
+                format!(
+                    "GPU{} idle {} of {}{}{gap}",
+                    g.index,
+                    units::pct(g.idle_fraction),
+                    units::secs(secs),
+                    power_words(g)
+                )
+            }
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+/// " at 95 W of 700 W", when the device says.
+fn power_words(g: &GpuWindow) -> String {
+    match (g.power_w, g.power_limit_w) {
+        (Some(p), Some(l)) => format!(" at {p:.0} W of {l:.0} W"),
+        (Some(p), None) => format!(" at {p:.0} W"),
+        _ => String::new(),
+    }
+}
+
+fn busy_text(g: &GpuWindow) -> String {
+    let mut text = format!("GPU{} busy {:.0}% on average{}", g.index, g.util_mean_pct, power_words(g));
+    match g.power_share() {
+        Some(share) if share < rules::GPU_LOW_POWER => text.push_str(&format!(
+            " ({} of its power limit: a kernel is resident but barely computing; watch for a hang)",
+            units::pct(share)
+        )),
+        _ => text.push_str(": no input stall"),
+    }
+    text
+}
+
+fn thread_line(label: &str, p: &ProcWindow, t: &ThreadWindow, s: &Shares) -> String {
+    format!(
+        "{label} {} ({} pid {}): on CPU {}, runqueue {}, blocked {} ({})",
+        t.tid,
+        p.comm,
+        p.tgid,
+        units::pct(s.on),
+        units::pct(s.r(reason::RUNQUEUE)),
+        units::pct(s.blocked()),
+        wait_breakdown(t, s)
+    )
+}
+
+/// "futex 60%, poll 37%": the waits above 5%, largest first.
+fn wait_breakdown(t: &ThreadWindow, s: &Shares) -> String {
+    let parts = s.waits_above(0.05);
+    if parts.is_empty() {
+        return "no wait above 5%".into();
+    }
+    parts
+        .iter()
+        .map(|(r, v)| format!("{} {}", reason_name(*r, t), units::pct(*v)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn workers_word(n: usize) -> String {
+    if n == 1 {
+        "1 worker".into()
+    } else {
+        format!("{n} workers")
+    }
+}
+
+/// ", woken 1,240 times by 4 workers (most by 84810)".
+fn wakers_of(main: &ThreadWindow, workers: &[&ProcWindow]) -> String {
+    let from_workers: Vec<&Waker> =
+        main.woken_by.iter().filter(|b| workers.iter().any(|w| w.tgid == b.tgid)).collect();
+    let n: u64 = from_workers.iter().map(|b| b.count).sum();
+    if n == 0 {
+        return String::new();
+    }
+    let procs: std::collections::HashSet<u32> = from_workers.iter().map(|b| b.tgid).collect();
+    // Count per worker process (its queue feeder threads do the waking).
+    let mut per_proc: Vec<(u32, u64)> = procs.iter().map(|p| (*p, 0)).collect();
+    for b in &from_workers {
+        if let Some(e) = per_proc.iter_mut().find(|e| e.0 == b.tgid) {
+            e.1 += b.count;
+        }
+    }
+    per_proc.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let (top_pid, top_n) = per_proc[0];
+    format!(", woken {n} times by {} (most by pid {top_pid} ×{top_n})", workers_word(procs.len()))
+}
+
+/// " (98 % from storage, page cache cold)": how much of what `procs` took
+/// in (`bytes`) the page cache had to bring from storage; empty where the
+/// kernel does not show it.
+fn from_storage(procs: &[&ProcWindow], bytes: u64) -> String {
+    let known: Vec<u64> = procs.iter().filter_map(|p| p.storage_bytes).collect();
+    if known.is_empty() || bytes == 0 {
+        return String::new();
+    }
+    let share = storage_share(known.iter().sum(), bytes);
+    let cache = match PageCache::of(share) {
+        Some(PageCache::Cold) => ", page cache cold",
+        Some(PageCache::Warm) => ", from the page cache",
+        None => "",
+    };
+    format!(" ({:.0} % from storage{cache})", share * 100.0)
+}
+
+fn top_files(w: &Window, secs: f64) -> Vec<String> {
+    w.files_by_bytes()
+        .iter()
+        .filter(|(_, f)| !is_code_file(f.resolved.as_deref().unwrap_or(&f.path)))
+        .take(5)
+        .map(|(pid, f)| {
+            let source = f.source().map(|s| format!(", {s}")).unwrap_or_default();
+            format!(
+                "file {}: {} {} by pid {pid} ({} while open{source})",
+                f.path,
+                units::bytes(f.bytes_in()),
+                f.taken_by(),
+                units::rate(f.bytes_in(), f.rate_secs(secs))
+            )
+        })
+        .collect()
+}
