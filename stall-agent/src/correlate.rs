@@ -29,12 +29,84 @@ pub struct Roles {
     by_tgid: HashMap<u32, Role>,
     pub trainers: Vec<u32>,
     pub workers: Vec<u32>,
+    /// A distributed run: each rank and its trainer process, by rank
+    /// (empty: not a run).
+    pub ranks: Vec<(u32, u32)>,
+    /// The rank each trainer and worker of a run works for.
+    rank_of: HashMap<u32, u32>,
+    /// The run's id, as its ranks' environments name it.
+    pub run_id: Option<String>,
 }
 
 impl Roles {
     pub fn of(&self, tgid: u32) -> Role {
         self.by_tgid.get(&tgid).copied().unwrap_or(Role::Other)
     }
+
+    /// The rank a trainer or worker works for (None: not a run, or neither).
+    pub fn rank_of(&self, tgid: u32) -> Option<u32> {
+        self.rank_of.get(&tgid).copied()
+    }
+
+    /// One rank's part of the job: its trainer and the workers that work
+    /// for it.
+    pub fn of_rank(&self, rank: u32) -> Roles {
+        let Some(&(_, trainer)) = self.ranks.iter().find(|(r, _)| *r == rank) else {
+            return Roles::default();
+        };
+        let workers: Vec<u32> =
+            self.workers.iter().copied().filter(|w| self.rank_of(*w) == Some(rank)).collect();
+        let by_tgid = std::iter::once((trainer, Role::Trainer))
+            .chain(workers.iter().map(|w| (*w, Role::Worker)))
+            .collect();
+        Roles {
+            by_tgid,
+            trainers: vec![trainer],
+            workers,
+            ranks: Vec::new(),
+            rank_of: HashMap::new(),
+            run_id: None,
+        }
+    }
+}
+
+/// The processes that are ranks of a distributed run: those whose
+/// environment names a rank that their parent's does not (a rank's
+/// DataLoader workers inherit its environment), as (rank, tgid) by rank.
+/// Only the most specific launcher counts: torch's `RANK` where any
+/// process has it, else Slurm's task, else MPI's. A helper that inherited a
+/// rank's environment (multiprocessing's resource tracker, started while
+/// the launcher's environment named a rank) is not that rank: of several
+/// processes claiming one rank, the busiest is.
+fn rank_processes(w: &Window, by_tgid: &HashMap<u32, &ProcWindow>) -> Vec<(u32, u32)> {
+    let Some(best) = w.procs.iter().filter_map(|p| Some(p.rank.as_ref()?.source)).max() else {
+        return Vec::new();
+    };
+    let mut claims: HashMap<(u32, Option<&str>), &ProcWindow> = HashMap::new();
+    for p in &w.procs {
+        let Some(r) = p.rank.as_ref().filter(|r| r.source == best) else { continue };
+        let parent_same = p
+            .ppid
+            .and_then(|pp| by_tgid.get(&pp))
+            .and_then(|pp| pp.rank.as_ref())
+            .is_some_and(|pr| pr.same_as(r));
+        let tracker = p.cmdline.as_deref().is_some_and(|c| c.contains("resource_tracker"));
+        if parent_same || tracker {
+            continue;
+        }
+        let busier = |q: &ProcWindow| (q.sum().on_cpu_ns, std::cmp::Reverse(q.tgid));
+        claims
+            .entry((r.rank, r.run_id.as_deref()))
+            .and_modify(|q| {
+                if busier(p) > busier(q) {
+                    *q = p;
+                }
+            })
+            .or_insert(p);
+    }
+    let mut out: Vec<(u32, u32)> = claims.into_iter().map(|((rank, _), p)| (rank, p.tgid)).collect();
+    out.sort_unstable();
+    out
 }
 
 /// Assigns roles over `w` (normally the whole run, so they stay stable).
@@ -74,7 +146,14 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
         }
     }
 
-    let mut trainers: Vec<u32> = w.procs.iter().map(|p| p.tgid).filter(|t| gpu_pids.contains(t)).collect();
+    // A run's ranks are its trainers, whatever else looks like one (the
+    // launcher waits for them; NVML may not map them).
+    let ranks = rank_processes(w, &by_tgid);
+    let mut trainers: Vec<u32> = if ranks.is_empty() {
+        w.procs.iter().map(|p| p.tgid).filter(|t| gpu_pids.contains(t)).collect()
+    } else {
+        ranks.iter().map(|(_, t)| *t).collect()
+    };
     if trainers.is_empty() {
         let depth = |mut t: u32| {
             let mut d = 0;
@@ -130,11 +209,16 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
     };
     // Programs run by the trainer (or by such programs), below the trainer.
     let is_helper = |t: u32| helper_of(t, &by_tgid, &parent, &trainer_set);
+    // What started the ranks (torchrun's agent, mp.spawn's parent) hands
+    // them their start-up data but feeds none of them.
+    let launchers = ancestors(ranks.iter().map(|(_, t)| *t), &parent);
     let mut roles = HashMap::new();
     let mut workers = Vec::new();
     for p in &w.procs {
         let role = if trainer_set.contains(&p.tgid) {
             Role::Trainer
+        } else if launchers.contains(&p.tgid) {
+            Role::Other
         } else {
             let feeds = trainers.iter().any(|t| feeders.get(t).is_some_and(|f| f.contains(&p.tgid)));
             let wakes = trainers.iter().any(|t| wakers.get(t).is_some_and(|f| f.contains(&p.tgid)));
@@ -151,7 +235,41 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
         };
         roles.insert(p.tgid, role);
     }
-    Roles { by_tgid: roles, trainers, workers }
+    let rank_of = rank_of_each(&ranks, &workers, &parent);
+    let run_id = ranks.iter().find_map(|(_, t)| by_tgid.get(t)?.rank.as_ref()?.run_id.clone());
+    Roles { by_tgid: roles, trainers, workers, ranks, rank_of, run_id }
+}
+
+/// Every process above `of` in the tree.
+fn ancestors(of: impl Iterator<Item = u32>, parent: &HashMap<u32, u32>) -> HashSet<u32> {
+    let mut out = HashSet::new();
+    for mut t in of {
+        for _ in 0..64 {
+            let Some(&pp) = parent.get(&t) else { break };
+            if !out.insert(pp) {
+                break;
+            }
+            t = pp;
+        }
+    }
+    out
+}
+
+/// Each rank's trainer, and each worker's nearest rank above it.
+fn rank_of_each(ranks: &[(u32, u32)], workers: &[u32], parent: &HashMap<u32, u32>) -> HashMap<u32, u32> {
+    let mut out: HashMap<u32, u32> = ranks.iter().map(|(r, t)| (*t, *r)).collect();
+    for &w in workers {
+        let mut t = w;
+        for _ in 0..64 {
+            let Some(&pp) = parent.get(&t) else { break };
+            if let Some(&(r, _)) = ranks.iter().find(|(_, trainer)| *trainer == pp) {
+                out.insert(w, r);
+                break;
+            }
+            t = pp;
+        }
+    }
+    out
 }
 
 /// A child that looks like a data worker of its parent even when idle (a

@@ -17,6 +17,7 @@ pub mod job;
 pub mod output;
 pub mod progress;
 pub mod pystack;
+pub mod rank;
 pub mod session;
 pub mod syscalls;
 pub mod timeline;

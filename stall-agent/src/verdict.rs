@@ -6,21 +6,18 @@
 //! tells that finding with numbers; `kind` holds all a kind is.
 use serde::Serialize;
 
-use crate::{
-    aggregate::{ProcWindow, Window},
-    correlate::Roles,
-    gpu,
-    progress::ProgressView,
-    pystack::PyStack,
-};
+use crate::{aggregate::Window, correlate::Roles, gpu, progress::ProgressView, pystack::PyStack};
 
 mod classify;
 mod hang;
 mod kind;
+mod run;
 mod shares;
+mod trainer;
 mod words;
 
 pub use kind::Kind;
+pub use run::{RankVerdict, RunVerdict, Straggler};
 // Until every user imports it from `gpu`.
 pub use gpu::GpuWindow;
 
@@ -40,6 +37,10 @@ pub struct Verdict {
     /// Why some blamed processes' stacks could not be read, one line each.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub python_notes: Vec<String>,
+    /// A distributed run: its ranks' verdicts and its straggler (`ranks`,
+    /// `straggler` beside the other fields; absent for one trainer).
+    #[serde(flatten)]
+    pub run: Option<RunVerdict>,
 }
 
 /// A thread a verdict names, and as what.
@@ -90,38 +91,10 @@ pub mod rules {
 /// `w`: the window judged (the last few seconds live, the whole run at the
 /// end); `progress`: when the job last moved, which spans more than `w`.
 pub fn judge(w: &Window, roles: &Roles, gpus: &[gpu::GpuWindow], progress: &ProgressView) -> Verdict {
-    let scene = classify::Scene::of(w, roles, gpus, progress);
-    let mut v = words::verdict(&scene, &classify::classify(&scene));
-    v.blamed = blamed(w, roles, v.kind);
-    v
-}
-
-/// The trainer's main thread, the workers the evidence names, and in a
-/// hang every blocked thread of them.
-fn blamed(w: &Window, roles: &Roles, kind: Kind) -> Vec<Blamed> {
-    let Some(trainer) = roles.trainers.iter().find_map(|t| w.proc(*t)) else { return Vec::new() };
-    let mut out = Vec::new();
-    if let Some(m) = trainer.main_thread() {
-        out.push(Blamed { pid: trainer.tgid, tid: m.tid, what: "trainer main thread" });
+    if roles.ranks.len() > 1 {
+        return run::judge(w, roles, gpus, progress);
     }
-    let mut workers: Vec<&ProcWindow> = w.procs.iter().filter(|p| roles.workers.contains(&p.tgid)).collect();
-    workers.sort_by_key(|p| (std::cmp::Reverse(p.input_bytes()), p.tgid));
-    workers.truncate(MAX_WORKER_LINES);
-    for p in &workers {
-        if let Some(t) = p.main_thread() {
-            out.push(Blamed { pid: p.tgid, tid: t.tid, what: "worker" });
-        }
-    }
-    if kind == Kind::Hang {
-        for p in std::iter::once(trainer).chain(workers.iter().copied()) {
-            for t in p.threads.iter().filter(|t| t.alive && !t.now.running) {
-                if !out.iter().any(|b| b.tid == t.tid) {
-                    out.push(Blamed { pid: p.tgid, tid: t.tid, what: "blocked thread" });
-                }
-            }
-        }
-    }
-    out
+    trainer::judge(w, roles, gpus, progress)
 }
 
 /// Worker lines in the evidence, and workers blamed, at most.

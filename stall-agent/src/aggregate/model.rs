@@ -16,7 +16,10 @@ use stall_common::{counter::LOST_CAUSES, fd_kind};
 use self::ended::Folded;
 pub use self::ended::MAX_ENDED;
 use super::window::FileWindow;
-use crate::decode::{Event, FileCounters, FileSnap, Inode, Snapshot, ThreadCounters, ThreadNow};
+use crate::{
+    decode::{Event, FileCounters, FileSnap, Inode, Snapshot, ThreadCounters, ThreadNow},
+    rank::Rank,
+};
 
 #[derive(Debug, Clone, Default)]
 pub struct Proc {
@@ -24,6 +27,8 @@ pub struct Proc {
     pub ppid: Option<u32>,
     pub comm: String,
     pub cmdline: Option<String>,
+    /// Its rank of a distributed run, from its environment.
+    pub rank: Option<Rank>,
     pub alive: bool,
     /// Its threads (an index: exits and folding touch one process, not
     /// every thread of the job).
@@ -172,6 +177,13 @@ impl Model {
         }
         if cmdline.is_some() {
             p.cmdline = cmdline;
+        }
+    }
+
+    /// Records a process's rank (read at its first sight and at each exec).
+    pub fn note_rank(&mut self, tgid: u32, rank: Option<Rank>) {
+        if let Some(p) = self.procs.get_mut(&tgid) {
+            p.rank = rank;
         }
     }
 

@@ -34,6 +34,18 @@ impl Window {
     pub fn proc(&self, tgid: u32) -> Option<&ProcWindow> {
         self.procs.iter().find(|p| p.tgid == tgid)
     }
+    /// The same span with only the processes `keep` names (one rank's).
+    pub fn only(&self, keep: impl Fn(u32) -> bool) -> Window {
+        Window {
+            start_ns: self.start_ns,
+            end_ns: self.end_ns,
+            procs: self.procs.iter().filter(|p| keep(p.tgid)).cloned().collect(),
+            lost: self.lost,
+            events: self.events,
+            sched_gaps: self.sched_gaps,
+            sched_repaired: self.sched_repaired,
+        }
+    }
     /// The files that were read, most bytes first, with their reader's pid.
     pub fn files_by_bytes(&self) -> Vec<(u32, &FileWindow)> {
         self.files_by(FileWindow::bytes_in)
@@ -228,6 +240,7 @@ impl Window {
                         ppid: p.ppid,
                         comm: p.comm.clone(),
                         cmdline: p.cmdline.clone(),
+                        rank: p.rank.clone(),
                         alive: p.alive,
                         born_ns: p.born_ns,
                         exec_ns: p.exec_ns,
@@ -300,6 +313,8 @@ pub struct ProcWindow {
     pub ppid: Option<u32>,
     pub comm: String,
     pub cmdline: Option<String>,
+    /// Its rank of a distributed run (None: not one).
+    pub rank: Option<crate::rank::Rank>,
     pub alive: bool,
     pub threads: Vec<ThreadWindow>,
     pub files: Vec<FileWindow>,

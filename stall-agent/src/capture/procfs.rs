@@ -94,6 +94,12 @@ pub fn io_chars(pid: u32) -> Option<u64> {
     Some(field("rchar:")? + field("wchar:")?)
 }
 
+/// The process's environment as it was at exec (NUL-separated). Callers
+/// keep only what they name: environments hold secrets.
+pub fn environ(pid: u32) -> Option<Vec<u8>> {
+    fs::read(format!("/proc/{pid}/environ")).ok()
+}
+
 pub fn cmdline(pid: u32) -> Option<String> {
     let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let parts: Vec<String> = raw

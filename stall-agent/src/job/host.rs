@@ -9,6 +9,7 @@ use crate::{
     clock::ClockSnapshot,
     decode::{FileSnap, JobEvent},
     pystack::{PyStack, PyStacks},
+    rank::Rank,
 };
 
 /// A process as /proc shows it now.
@@ -40,6 +41,8 @@ pub trait Host {
     fn io_chars(&self, pid: u32) -> Option<u64>;
     fn process(&self, tgid: u32) -> Option<ProcInfo>;
     fn cmdline(&self, tgid: u32) -> Option<String>;
+    /// Its rank of a distributed run, from its environment.
+    fn rank(&self, tgid: u32) -> Option<Rank>;
     fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String>;
     /// The outputs a process has open (regular files open for writing, and
     /// stdout/stderr when they are files): path and last write, in
@@ -96,6 +99,10 @@ impl Host for LiveHost {
 
     fn cmdline(&self, tgid: u32) -> Option<String> {
         procfs::cmdline(tgid)
+    }
+
+    fn rank(&self, tgid: u32) -> Option<Rank> {
+        Rank::from_environ(&procfs::environ(tgid)?)
     }
 
     fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String> {

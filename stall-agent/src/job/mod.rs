@@ -194,6 +194,8 @@ impl Job {
                     if let Some(c) = host.cmdline(*tgid) {
                         self.model.note_process(*tgid, None, "", Some(c));
                     }
+                    // A launcher execs its ranks with their environment.
+                    self.model.note_rank(*tgid, host.rank(*tgid));
                 }
                 _ => {}
             }
@@ -239,6 +241,7 @@ impl Job {
             info.as_ref().map_or("", |i| i.comm.as_str()),
             host.cmdline(tgid),
         );
+        self.model.note_rank(tgid, host.rank(tgid));
     }
 
     /// Ends an interval at the snapshot's time: absorbs it, cuts the

@@ -29,6 +29,8 @@ struct ScriptedHost {
     outputs: Vec<(u32, String, u64)>,
     /// /proc I/O counters by pid.
     io: HashMap<u32, u64>,
+    /// Ranks, as their environments say.
+    ranks: HashMap<u32, crate::rank::Rank>,
 }
 
 impl Host for ScriptedHost {
@@ -70,6 +72,9 @@ impl Host for ScriptedHost {
     fn cmdline(&self, tgid: u32) -> Option<String> {
         // DataLoader workers are forks: the trainer's command line.
         self.procs.get(&tgid).map(|_| "python train.py".to_string())
+    }
+    fn rank(&self, tgid: u32) -> Option<crate::rank::Rank> {
+        self.ranks.get(&tgid).cloned()
     }
     fn thread_comm(&self, tgid: u32, _tid: u32) -> Option<String> {
         self.procs.get(&tgid).map(|p| p.comm.clone())

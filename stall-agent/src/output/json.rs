@@ -34,6 +34,8 @@ pub struct Record<'a> {
     /// switch).
     pub sched_repaired: u64,
     pub gpu_available: bool,
+    /// The distributed run the job's ranks belong to (null: not a run).
+    pub run_id: Option<&'a str>,
     pub processes: Vec<Process>,
     pub gpus: &'a [GpuWindow],
     /// When the job last moved (reads, writes) and its newest output.
@@ -83,6 +85,8 @@ pub struct Process {
     pub comm: String,
     pub cmdline: Option<String>,
     pub role: &'static str,
+    /// The rank of a distributed run it works for (its trainer's; null: not a run).
+    pub rank: Option<u32>,
     pub alive: bool,
     pub read_bytes: u64,
     pub read_calls: u64,
@@ -191,7 +195,7 @@ fn thread(t: &ThreadWindow) -> Thread {
     }
 }
 
-fn process(p: &ProcWindow, role: &'static str) -> Process {
+fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
     let sum = p.sum();
     Process {
         pid: p.tgid,
@@ -199,6 +203,7 @@ fn process(p: &ProcWindow, role: &'static str) -> Process {
         comm: p.comm.clone(),
         cmdline: p.cmdline.clone(),
         role,
+        rank,
         alive: p.alive,
         read_bytes: p.file_read_bytes(),
         read_calls: p.files.iter().map(|f| f.read_calls).sum(),
@@ -249,7 +254,12 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         sched_gaps: w.sched_gaps,
         sched_repaired: w.sched_repaired,
         gpu_available: !v.gpus.is_empty(),
-        processes: w.procs.iter().map(|p| process(p, v.roles.of(p.tgid).as_str())).collect(),
+        processes: w
+            .procs
+            .iter()
+            .map(|p| process(p, v.roles.of(p.tgid).as_str(), v.roles.rank_of(p.tgid)))
+            .collect(),
+        run_id: v.roles.run_id.as_deref(),
         gpus: v.gpus,
         progress: v.progress,
         startup_s: v.startup_s,

@@ -34,10 +34,20 @@ pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String>
         Role::Worker => 1,
         Role::Other => 2,
     };
-    procs.sort_by_key(|p| (rank(v.roles.of(p.tgid)), p.tgid));
+    // A run's threads grouped by the rank they work for, then as before.
+    procs.sort_by_key(|p| (v.roles.rank_of(p.tgid).unwrap_or(u32::MAX), rank(v.roles.of(p.tgid)), p.tgid));
     let mut hidden = 0;
+    let mut group = None;
     for p in procs.into_iter().filter(|p| notable(v, p)) {
         let role = v.roles.of(p.tgid).as_str();
+        let of_rank = v.roles.rank_of(p.tgid);
+        if !v.roles.ranks.is_empty() && of_rank != group && rows.len() <= max_rows {
+            group = of_rank;
+            rows.push(match of_rank {
+                Some(r) => format!("-- rank {r}"),
+                None => "-- not a rank".to_string(),
+            });
+        }
         let top = p.files.first().filter(|f| f.read_bytes > 0).map(|f| f.path.as_str()).unwrap_or("");
         for t in &p.threads {
             let pct = |ns: u64| ns as f64 / 1e9 / secs;

@@ -19,7 +19,7 @@ use crate::{
 const S: u64 = 1_000_000_000;
 
 /// Shares of a window by state: (on, [futex, io, poll, sleep, runqueue, other]).
-fn counters(secs: u64, on: f64, off: [f64; 6], file_bytes: u64) -> ThreadCounters {
+pub(super) fn counters(secs: u64, on: f64, off: [f64; 6], file_bytes: u64) -> ThreadCounters {
     let ns = |f: f64| (f * (secs * S) as f64) as u64;
     let mut off_ns = [0; reason::COUNT];
     for (i, v) in off.iter().enumerate() {

@@ -22,11 +22,11 @@ pub(super) fn verdict(s: &Scene, finding: &Finding) -> Verdict {
     let text = summary(s, finding);
     let mut summary = match &gpu_line {
         Some(g) => format!("{g}. {text}"),
-        None => format!("{text} (no GPU data: host-side verdict)"),
+        None => format!("{text}{HOST_ONLY_NOTE}"),
     };
     let lost = s.w.lost_total();
     if lost > 0 {
-        summary.push_str(" [partial: events were lost]");
+        summary.push_str(PARTIAL_NOTE);
     }
     let mut evidence: Vec<String> = gpu_line.into_iter().collect();
     if lost > 0 {
@@ -35,6 +35,19 @@ pub(super) fn verdict(s: &Scene, finding: &Finding) -> Verdict {
     evidence.extend(job_evidence(s));
     evidence.dedup();
     Verdict { kind: finding.kind(), summary, evidence, host_only: s.host_only(), ..Default::default() }
+}
+
+/// Said after a summary without GPU data, and after one with lost events.
+pub(super) const HOST_ONLY_NOTE: &str = " (no GPU data: host-side verdict)";
+pub(super) const PARTIAL_NOTE: &str = " [partial: events were lost]";
+
+/// `text` as a summary of the GPUs' window: after their line, or said to
+/// be host-side without them.
+pub(super) fn with_gpus(text: &str, gpus: &[GpuWindow], secs: f64) -> String {
+    match gpu_prefix(gpus, secs) {
+        Some(g) => format!("{g}. {text}"),
+        None => format!("{text}{HOST_ONLY_NOTE}"),
+    }
 }
 
 fn summary(s: &Scene, finding: &Finding) -> String {

@@ -95,6 +95,7 @@ impl Model {
                 ppid: p.ppid,
                 comm: p.comm.clone(),
                 cmdline: p.cmdline.clone(),
+                rank: p.rank.clone(),
                 alive: p.alive,
                 born_ns: p.born_ns,
                 exec_ns: p.exec_ns,

@@ -1,0 +1,157 @@
+//! A distributed run: every rank judged on its own trainer and workers,
+//! and the rank that holds the others back named. Ranks end each step in a
+//! collective, so one rank held by its own cause (its input, its host CPU,
+//! a hang) leaves every other rank waiting for it: their own pipelines are
+//! fine, their trainers blocked.
+use serde::Serialize;
+
+use super::{rules, shares::Shares, trainer, words, Kind, Verdict};
+use crate::{aggregate::Window, correlate::Roles, gpu::GpuWindow, progress::ProgressView, units};
+
+/// What the run's ranks did, and who holds them back.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct RunVerdict {
+    pub ranks: Vec<RankVerdict>,
+    /// The rank that holds the others (null: none does, or all alike).
+    pub straggler: Option<Straggler>,
+}
+
+/// One rank, judged on its own part of the job (host side).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankVerdict {
+    pub rank: u32,
+    /// Its trainer process.
+    pub pid: u32,
+    pub kind: Kind,
+    pub summary: String,
+    /// Share of the window its trainer's main thread was blocked while its
+    /// own pipeline kept up: waiting for its peers (0 where its own cause
+    /// holds it).
+    pub peer_wait: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Straggler {
+    pub rank: u32,
+    pub pid: u32,
+    pub kind: Kind,
+    /// The ranks that wait for it, and their mean share waiting.
+    pub waiting_ranks: Vec<u32>,
+    pub peer_wait: f64,
+}
+
+/// Kinds that are a rank's own cause: what it waits for is on its side.
+fn holds(kind: Kind) -> bool {
+    matches!(kind, Kind::InputIoBound | Kind::InputCpuBound | Kind::TrainerHostBound | Kind::Hang)
+}
+
+/// The run's verdict: the straggler's, named as the run's, or (ranks even)
+/// what most ranks say.
+pub(super) fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressView) -> Verdict {
+    // Busy GPUs answer for every rank the way they do for one trainer.
+    if !gpus.is_empty() && gpus.iter().all(|g| g.util_mean_pct >= rules::GPU_BUSY_PCT) {
+        return trainer::judge(w, roles, gpus, progress);
+    }
+    let secs = w.secs();
+    let judged: Vec<(RankVerdict, Verdict)> = roles
+        .ranks
+        .iter()
+        .map(|&(rank, pid)| {
+            // Its own trainer and workers: their files, their CPU.
+            let own = w.only(|tgid| roles.rank_of(tgid) == Some(rank));
+            let v = trainer::judge(&own, &roles.of_rank(rank), &[], progress);
+            let blocked =
+                w.proc(pid).and_then(|p| p.main_thread()).map_or(0.0, |m| Shares::of(m, secs).blocked());
+            let peer_wait = if holds(v.kind) || blocked < rules::TRAINER_WAITS { 0.0 } else { blocked };
+            (RankVerdict { rank, pid, kind: v.kind, summary: v.summary.clone(), peer_wait }, v)
+        })
+        .collect();
+    let ranks: Vec<RankVerdict> = judged.iter().map(|(r, _)| r.clone()).collect();
+    let waiting: Vec<&RankVerdict> = ranks.iter().filter(|r| r.peer_wait > 0.0).collect();
+    // The holder that waits least for anyone: the others wait for it.
+    let holder = judged.iter().filter(|(r, _)| holds(r.kind)).min_by(|a, b| {
+        own_wait(w, a.0.pid, secs).total_cmp(&own_wait(w, b.0.pid, secs)).then(a.0.rank.cmp(&b.0.rank))
+    });
+    let (mut v, straggler) = match holder {
+        Some((r, v)) if !waiting.is_empty() => {
+            let mean_wait = waiting.iter().map(|x| x.peer_wait).sum::<f64>() / waiting.len() as f64;
+            let straggler = Straggler {
+                rank: r.rank,
+                pid: r.pid,
+                kind: r.kind,
+                waiting_ranks: waiting.iter().map(|x| x.rank).collect(),
+                peer_wait: mean_wait,
+            };
+            let mut v = v.clone();
+            v.summary = format!(
+                "rank {} (pid {}) holds the run: {} — {}; {} wait for it {} of the time",
+                r.rank,
+                r.pid,
+                r.kind,
+                strip_host_note(&r.summary),
+                ranks_word(&straggler.waiting_ranks),
+                units::pct(mean_wait)
+            );
+            (v, Some(straggler))
+        }
+        _ => (even(&judged), None),
+    };
+    v.host_only = gpus.is_empty();
+    v.summary = words::with_gpus(&v.summary, gpus, secs);
+    if w.lost_total() > 0 {
+        v.summary.push_str(words::PARTIAL_NOTE);
+    }
+    let mut evidence: Vec<String> = ranks
+        .iter()
+        .map(|r| format!("rank {} (pid {}): {} — {}", r.rank, r.pid, r.kind, strip_host_note(&r.summary)))
+        .collect();
+    evidence.append(&mut v.evidence);
+    v.evidence = evidence;
+    v.run = Some(RunVerdict { ranks, straggler });
+    v
+}
+
+/// No rank holds the others: what most ranks say, from the lowest of them.
+fn even(judged: &[(RankVerdict, Verdict)]) -> Verdict {
+    let count = |k: Kind| judged.iter().filter(|(r, _)| r.kind == k).count();
+    let Some((first, v)) =
+        judged.iter().max_by(|a, b| count(a.0.kind).cmp(&count(b.0.kind)).then(b.0.rank.cmp(&a.0.rank)))
+    else {
+        return Verdict::default();
+    };
+    let mut v = v.clone();
+    v.summary = format!(
+        "{} of {} ranks {}; rank {} (pid {}): {}",
+        count(first.kind),
+        judged.len(),
+        first.kind,
+        first.rank,
+        first.pid,
+        strip_host_note(&first.summary)
+    );
+    v
+}
+
+/// How much a rank's trainer waits at all (its main thread blocked).
+fn own_wait(w: &Window, pid: u32, secs: f64) -> f64 {
+    w.proc(pid).and_then(|p| p.main_thread()).map_or(0.0, |m| Shares::of(m, secs).blocked())
+}
+
+/// A rank's summary without the per-rank note that it is host-side (the
+/// run's summary says so once).
+fn strip_host_note(s: &str) -> &str {
+    let s = s.strip_suffix(words::PARTIAL_NOTE).unwrap_or(s);
+    s.strip_suffix(words::HOST_ONLY_NOTE).unwrap_or(s)
+}
+
+/// "ranks 0, 1, 3" / "rank 1".
+fn ranks_word(ranks: &[u32]) -> String {
+    let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+    match ranks.len() {
+        1 => format!("rank {}", list[0]),
+        _ => format!("ranks {}", list.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,192 @@
+//! Runs of several ranks on synthetic streams: a launcher, its ranks and
+//! their DataLoader workers, through Model → Window → roles → judge.
+use std::collections::HashSet;
+
+use stall_common::{fd_kind, reason};
+
+use super::super::judge;
+use super::*;
+use crate::{
+    aggregate::Model,
+    correlate::{self, Role},
+    decode::{Event, FileCounters, FileSnap, Snapshot, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
+    rank::Rank,
+};
+
+const S: u64 = 1_000_000_000;
+const SECS: u64 = 10;
+const LAUNCHER: u32 = 10;
+
+/// (on, [futex, io, poll, sleep, runqueue, other]) as shares of the window.
+fn counters(on: f64, off: [f64; 6], bytes: u64) -> ThreadCounters {
+    crate::verdict::tests::counters(SECS, on, off, bytes)
+}
+
+fn rank(r: u32) -> Rank {
+    Rank::from_env([
+        ("RANK", &*r.to_string()),
+        ("WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+    ])
+    .expect("a rank")
+}
+
+const BLOCKED: ThreadNow = ThreadNow { running: false, reason: reason::FUTEX, syscall: 202, for_ns: 1 };
+//                              futex io    poll  sleep runq other
+const IO_WORKER: [f64; 6] = [0.0, 0.85, 0.0, 0.0, 0.02, 0.0];
+const IDLE_WORKER: [f64; 6] = [0.95, 0.0, 0.0, 0.0, 0.0, 0.0];
+const FED_TRAINER: [f64; 6] = [0.3, 0.0, 0.6, 0.0, 0.0, 0.0];
+const PEER_WAIT: [f64; 6] = [0.7, 0.0, 0.05, 0.0, 0.0, 0.0];
+
+#[derive(Default)]
+struct Run {
+    model: Model,
+    threads: Vec<ThreadSnap>,
+    files: Vec<FileSnap>,
+    wakes: Vec<WakeSnap>,
+}
+
+impl Run {
+    fn new() -> Self {
+        let mut model = Model::new(0);
+        model.note_process(
+            LAUNCHER,
+            Some(1),
+            "torchrun",
+            Some("torchrun --nproc-per-node 4 train.py".into()),
+        );
+        let mut run = Run { model, ..Default::default() };
+        run.thread(LAUNCHER, LAUNCHER, counters(0.0, [0.0, 0.0, 0.0, 0.0, 0.0, 1.0], 0));
+        run
+    }
+
+    fn thread(&mut self, tid: u32, tgid: u32, c: ThreadCounters) {
+        self.threads.push(ThreadSnap { tid, tgid, job: 1, counters: c, now: BLOCKED, other_nr: -1 });
+    }
+
+    /// Rank `r` at pid `r*100+100`: its trainer, and two workers reading
+    /// `bytes` each; `slow`: its workers wait on storage and it waits on
+    /// them, else it waits on its peers while its workers idle.
+    fn rank(mut self, r: u32, slow: bool) -> Self {
+        let pid = 100 + r * 100;
+        self.model.note_process(pid, Some(LAUNCHER), "python", Some("python train.py".into()));
+        self.model.note_rank(pid, Some(rank(r)));
+        self.thread(pid, pid, counters(0.05, if slow { FED_TRAINER } else { PEER_WAIT }, 0));
+        for w in [pid + 1, pid + 2] {
+            self.model.note_process(w, Some(pid), "pt_data_worker", Some("python train.py".into()));
+            self.model.note_rank(w, Some(rank(r)));
+            let bytes = if slow { 300_000_000 } else { 20_000_000 };
+            self.model.apply(&Event::Open {
+                ts: 0,
+                tid: w,
+                tgid: w,
+                fd: 5,
+                file_id: u64::from(w),
+                path: format!("/data/shard_{w}.pt"),
+                dfd: -100,
+                dup_of: None,
+            });
+            self.files.push(FileSnap {
+                tgid: w,
+                fd: 5,
+                file_id: u64::from(w),
+                kind: fd_kind::REGULAR,
+                counters: FileCounters {
+                    read_bytes: bytes,
+                    read_calls: bytes / 65536,
+                    read_ns: 1,
+                    timed_calls: 1,
+                    ..Default::default()
+                },
+            });
+            self.thread(w, w, counters(0.05, if slow { IO_WORKER } else { IDLE_WORKER }, bytes));
+            self.wakes.push(WakeSnap {
+                wakee: pid,
+                waker: w,
+                waker_tgid: w,
+                waker_comm: "pt_data_worker".into(),
+                count: 200,
+            });
+        }
+        self
+    }
+
+    fn judged(mut self) -> (Verdict, correlate::Roles) {
+        let end = SECS * S;
+        self.model.apply_snapshot(&Snapshot {
+            ts: end,
+            threads: self.threads.clone(),
+            files: self.files.clone(),
+            wakes: self.wakes.clone(),
+            ..Default::default()
+        });
+        let w = self.model.summary(end);
+        let roles = correlate::assign(&w, &HashSet::new(), Some(LAUNCHER));
+        (judge(&w, &roles, &[], &Default::default()), roles)
+    }
+}
+
+#[test]
+fn the_launcher_is_no_trainer_and_workers_belong_to_their_rank() {
+    let (_, roles) = Run::new().rank(0, false).rank(1, false).rank(2, true).rank(3, false).judged();
+    assert_eq!(roles.ranks, vec![(0, 100), (1, 200), (2, 300), (3, 400)]);
+    assert_eq!(roles.trainers, vec![100, 200, 300, 400]);
+    assert_eq!(roles.of(LAUNCHER), Role::Other);
+    for r in 0..4 {
+        let pid = 100 + r * 100;
+        assert_eq!(roles.of(pid + 1), Role::Worker);
+        assert_eq!(
+            (roles.rank_of(pid), roles.rank_of(pid + 1), roles.rank_of(pid + 2)),
+            (Some(r), Some(r), Some(r))
+        );
+        assert_eq!(roles.of_rank(r).workers, vec![pid + 1, pid + 2]);
+    }
+    assert_eq!(roles.rank_of(LAUNCHER), None);
+    assert_eq!(roles.run_id.as_deref(), Some("127.0.0.1:29500"));
+}
+
+#[test]
+fn the_rank_others_wait_for_is_named() {
+    let (v, _) = Run::new().rank(0, false).rank(1, false).rank(2, true).rank(3, false).judged();
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    let run = v.run.as_ref().expect("a run");
+    let s = run.straggler.as_ref().expect("a straggler");
+    assert_eq!((s.rank, s.pid, s.kind), (2, 300, Kind::InputIoBound));
+    assert_eq!(s.waiting_ranks, vec![0, 1, 3]);
+    // Blocked 0.75 of a window it was accounted for 0.8 of.
+    assert!((s.peer_wait - 0.9375).abs() < 0.01, "{}", s.peer_wait);
+    assert!(v.summary.starts_with("rank 2 (pid 300) holds the run: input-io-bound — "), "{}", v.summary);
+    assert!(v.summary.contains("2 workers read 600 MB at 60.0 MB/s"), "{}", v.summary);
+    assert!(v.summary.contains("ranks 0, 1, 3 wait for it 94% of the time"), "{}", v.summary);
+    assert!(v.summary.ends_with("(no GPU data: host-side verdict)"), "{}", v.summary);
+    assert_eq!(run.ranks.len(), 4);
+    assert!(run.ranks.iter().filter(|r| r.rank != 2).all(|r| r.kind == Kind::Unknown && r.peer_wait > 0.9));
+    assert!(v.evidence[0].starts_with("rank 0 (pid 100): unknown"), "{:?}", v.evidence);
+    // Python stacks: the straggler's trainer and workers.
+    assert!(v.blamed.iter().any(|b| b.pid == 300 && b.what == "trainer main thread"), "{:?}", v.blamed);
+    assert!(v.blamed.iter().all(|b| [300, 301, 302].contains(&b.pid)), "{:?}", v.blamed);
+    let json = serde_json::to_value(&v).unwrap();
+    assert_eq!(json["straggler"]["rank"], 2);
+    assert_eq!(json["ranks"][1]["kind"], "unknown");
+}
+
+#[test]
+fn ranks_that_keep_pace_name_no_straggler() {
+    let (v, _) = Run::new().rank(0, true).rank(1, true).rank(2, true).rank(3, true).judged();
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    assert_eq!(v.run.as_ref().unwrap().straggler, None);
+    assert!(v.summary.starts_with("4 of 4 ranks input-io-bound; rank 0 (pid 100): "), "{}", v.summary);
+    let json = serde_json::to_value(&v).unwrap();
+    assert!(json["straggler"].is_null() && json["ranks"].as_array().unwrap().len() == 4);
+}
+
+#[test]
+fn one_rank_is_judged_as_one_trainer_without_the_launcher() {
+    let (v, roles) = Run::new().rank(0, true).judged();
+    assert_eq!(roles.trainers, vec![100]);
+    assert_eq!(roles.of(LAUNCHER), Role::Other);
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    assert!(v.run.is_none());
+    assert!(serde_json::to_value(&v).unwrap().get("straggler").is_none());
+}
