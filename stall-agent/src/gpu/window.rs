@@ -24,6 +24,9 @@ pub struct GpuWindow {
     /// Mean SM utilization of the processes on the device, summed over
     /// them (when per-process accounting works).
     pub sm_util_pct: Option<f64>,
+    /// The processes NVML saw on the device (which rank's GPU it is).
+    #[serde(skip)]
+    pub pids: Vec<u32>,
 }
 
 impl GpuWindow {
@@ -54,5 +57,6 @@ pub fn gpu_window(index: u32, name: &str, samples: &[(u64, f64)], start_ns: u64,
         power_w: None,
         power_limit_w: None,
         sm_util_pct: None,
+        pids: Vec::new(),
     }
 }

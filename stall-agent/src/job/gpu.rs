@@ -168,6 +168,7 @@ impl GpuTrack {
         w.power_w = mean(inside.iter().filter_map(|r| r.power_mw).map(|mw| f64::from(mw) / 1e3).collect());
         w.sm_util_pct = mean(inside.iter().filter_map(|r| r.sm_pct).collect());
         w.power_limit_w = self.power_limit_mw.map(|mw| f64::from(mw) / 1e3);
+        w.pids = self.pids.iter().copied().collect();
         w
     }
 
@@ -195,6 +196,7 @@ impl GpuTrack {
             power_w: (self.power_n > 0).then(|| self.power_sum_mw / self.power_n as f64 / 1e3),
             power_limit_w: self.power_limit_mw.map(|mw| f64::from(mw) / 1e3),
             sm_util_pct: (self.sm_n > 0).then(|| self.sm_sum / self.sm_n as f64),
+            pids: self.pids.iter().copied().collect(),
         }
     }
 }

@@ -179,6 +179,7 @@ mod tests {
             power_w: Some(95.0),
             power_limit_w: Some(700.0),
             sm_util_pct: Some(3.0),
+            pids: vec![],
         }];
         let verdict = Verdict {
             kind: Kind::InputIoBound,

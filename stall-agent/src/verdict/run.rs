@@ -57,9 +57,16 @@ pub(super) fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &Pr
         .ranks
         .iter()
         .map(|&(rank, pid)| {
-            // Its own trainer and workers: their files, their CPU.
+            // Its own trainer and workers: their files, their CPU, and the
+            // GPUs NVML saw them on.
             let own = w.only(|tgid| roles.rank_of(tgid) == Some(rank));
-            let v = trainer::judge(&own, &roles.of_rank(rank), &[], progress);
+            let own_gpus: Vec<GpuWindow> = gpus
+                .iter()
+                .filter(|g| g.pids.iter().any(|p| roles.rank_of(*p) == Some(rank)))
+                .cloned()
+                .collect();
+            let mut v = trainer::judge(&own, &roles.of_rank(rank), &own_gpus, progress);
+            v.summary = words::bare(&v.summary, &own_gpus, secs).to_string();
             let blocked =
                 w.proc(pid).and_then(|p| p.main_thread()).map_or(0.0, |m| Shares::of(m, secs).blocked());
             let peer_wait = if holds(v.kind) || blocked < rules::TRAINER_WAITS { 0.0 } else { blocked };
@@ -88,7 +95,7 @@ pub(super) fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &Pr
                 r.rank,
                 r.pid,
                 r.kind,
-                strip_host_note(&r.summary),
+                &r.summary,
                 ranks_word(&straggler.waiting_ranks),
                 units::pct(mean_wait)
             );
@@ -103,7 +110,7 @@ pub(super) fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &Pr
     }
     let mut evidence: Vec<String> = ranks
         .iter()
-        .map(|r| format!("rank {} (pid {}): {} — {}", r.rank, r.pid, r.kind, strip_host_note(&r.summary)))
+        .map(|r| format!("rank {} (pid {}): {} — {}", r.rank, r.pid, r.kind, &r.summary))
         .collect();
     evidence.append(&mut v.evidence);
     v.evidence = evidence;
@@ -127,7 +134,7 @@ fn even(judged: &[(RankVerdict, Verdict)]) -> Verdict {
         first.kind,
         first.rank,
         first.pid,
-        strip_host_note(&first.summary)
+        &first.summary
     );
     v
 }
@@ -135,13 +142,6 @@ fn even(judged: &[(RankVerdict, Verdict)]) -> Verdict {
 /// How much a rank's trainer waits at all (its main thread blocked).
 fn own_wait(w: &Window, pid: u32, secs: f64) -> f64 {
     w.proc(pid).and_then(|p| p.main_thread()).map_or(0.0, |m| Shares::of(m, secs).blocked())
-}
-
-/// A rank's summary without the per-rank note that it is host-side (the
-/// run's summary says so once).
-fn strip_host_note(s: &str) -> &str {
-    let s = s.strip_suffix(words::PARTIAL_NOTE).unwrap_or(s);
-    s.strip_suffix(words::HOST_ONLY_NOTE).unwrap_or(s)
 }
 
 /// "ranks 0, 1, 3" / "rank 1".

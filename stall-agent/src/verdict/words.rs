@@ -50,6 +50,16 @@ pub(super) fn with_gpus(text: &str, gpus: &[GpuWindow], secs: f64) -> String {
     }
 }
 
+/// A summary without what `verdict` put around its finding (the GPUs'
+/// line, the host-side note, the partial note): a rank's line in a run's.
+pub(super) fn bare<'a>(summary: &'a str, gpus: &[GpuWindow], secs: f64) -> &'a str {
+    let s = summary.strip_suffix(PARTIAL_NOTE).unwrap_or(summary);
+    match gpu_prefix(gpus, secs) {
+        Some(g) => s.strip_prefix(g.as_str()).and_then(|s| s.strip_prefix(". ")).unwrap_or(s),
+        None => s.strip_suffix(HOST_ONLY_NOTE).unwrap_or(s),
+    }
+}
+
 fn summary(s: &Scene, finding: &Finding) -> String {
     let secs = s.secs;
     let (Some(trainer), Some((main, tm))) = (s.trainer, s.main.as_ref()) else {

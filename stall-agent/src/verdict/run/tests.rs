@@ -10,6 +10,7 @@ use crate::{
     aggregate::Model,
     correlate::{self, Role},
     decode::{Event, FileCounters, FileSnap, Snapshot, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
+    gpu::gpu_window,
     rank::Rank,
 };
 
@@ -112,7 +113,11 @@ impl Run {
         self
     }
 
-    fn judged(mut self) -> (Verdict, correlate::Roles) {
+    fn judged(self) -> (Verdict, correlate::Roles) {
+        self.judged_with(&[])
+    }
+
+    fn judged_with(mut self, gpus: &[GpuWindow]) -> (Verdict, correlate::Roles) {
         let end = SECS * S;
         self.model.apply_snapshot(&Snapshot {
             ts: end,
@@ -122,8 +127,9 @@ impl Run {
             ..Default::default()
         });
         let w = self.model.summary(end);
-        let roles = correlate::assign(&w, &HashSet::new(), Some(LAUNCHER));
-        (judge(&w, &roles, &[], &Default::default()), roles)
+        let on_gpu: HashSet<u32> = gpus.iter().flat_map(|g| g.pids.iter().copied()).collect();
+        let roles = correlate::assign(&w, &on_gpu, Some(LAUNCHER));
+        (judge(&w, &roles, gpus, &Default::default()), roles)
     }
 }
 
@@ -189,4 +195,34 @@ fn one_rank_is_judged_as_one_trainer_without_the_launcher() {
     assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
     assert!(v.run.is_none());
     assert!(serde_json::to_value(&v).unwrap().get("straggler").is_none());
+}
+
+#[test]
+fn each_rank_is_judged_with_its_own_gpu() {
+    // One GPU per rank, all idle while rank 2's workers fall behind.
+    let gpus: Vec<GpuWindow> = (0..4u32)
+        .map(|r| {
+            let samples: Vec<(u64, f64)> = (0..SECS * 10).map(|i| (i * S / 10, 1.0)).collect();
+            GpuWindow { pids: vec![100 + r * 100], ..gpu_window(r, "NVIDIA H200", &samples, 0, SECS * S) }
+        })
+        .collect();
+    let (v, _) = Run::new().rank(0, false).rank(1, false).rank(2, true).rank(3, false).judged_with(&gpus);
+    let s = v.run.as_ref().unwrap().straggler.as_ref().expect("a straggler");
+    assert_eq!((s.rank, s.kind), (2, Kind::InputIoBound), "{v:?}");
+    assert!(!v.host_only);
+    // The GPUs' line once, before the run's line; none in the ranks' own.
+    assert!(v.summary.starts_with("GPU0 idle 100% of 10.0s, GPU1 idle 100%"), "{}", v.summary);
+    assert!(
+        v.summary.contains(". rank 2 (pid 300) holds the run: input-io-bound — Trainer main thread"),
+        "{}",
+        v.summary
+    );
+    assert_eq!(v.summary.matches("GPU2 idle").count(), 1, "{}", v.summary);
+    assert!(v
+        .run
+        .as_ref()
+        .unwrap()
+        .ranks
+        .iter()
+        .all(|r| !r.summary.contains("GPU") && !r.summary.contains("host-side")));
 }
