@@ -5,7 +5,8 @@
 //! They need root (to load eBPF programs). Without it they fail loudly:
 //! a skipped kernel test would hide exactly what CI is for.
 use std::{
-    io::Read,
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Output, Stdio},
     sync::OnceLock,
@@ -691,5 +692,68 @@ impl Drop for Attached {
     fn drop(&mut self) {
         stop(&mut self.child, Signal::SIGKILL);
         let _ = std::fs::remove_file(&self.json);
+    }
+}
+
+/// A TCP port free on the loopback now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The body of a GET on the loopback, if it answered 200.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    // Decode a chunked body (axum streams it so).
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let mut out = String::new();
+        let mut rest = body;
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).ok()?;
+            if n == 0 {
+                break;
+            }
+            out.push_str(tail.get(..n)?);
+            rest = tail.get(n + 2..)?;
+        }
+        return Some(out);
+    }
+    Some(body.to_string())
+}
+
+/// `q` percent-encoded for a URL's query.
+pub fn encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A scalar from Prometheus's instant query API, if the query has a result.
+pub fn query(port: u16, q: &str) -> Option<f64> {
+    let body = http_get(port, &format!("/api/v1/query?query={}", encode(q)))?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let r = v["data"]["result"].as_array()?.first()?.clone();
+    r["value"][1].as_str()?.parse().ok()
+}
+
+/// Ends the processes a test started (before its cgroups are removed).
+pub struct Killer(pub Vec<Child>);
+
+impl Drop for Killer {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }

@@ -4,75 +4,14 @@
 //! verdict series; promtool must accept the exposition; SIGTERM must leave no
 //! program behind. (Its own test binary: cargo runs binaries one at a time.)
 use std::{
-    io::{Read, Write},
-    net::{TcpListener, TcpStream},
+    io::Write,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
 };
 
 use stall_tests::*;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return None;
-    }
-    // Decode a chunked body (axum streams it so).
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        let mut out = String::new();
-        let mut rest = body;
-        while let Some((size, tail)) = rest.split_once("\r\n") {
-            let n = usize::from_str_radix(size.trim(), 16).ok()?;
-            if n == 0 {
-                break;
-            }
-            out.push_str(tail.get(..n)?);
-            rest = tail.get(n + 2..)?;
-        }
-        return Some(out);
-    }
-    Some(body.to_string())
-}
-
-fn encode(q: &str) -> String {
-    q.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// A scalar from Prometheus's instant query API, if the query has a result.
-fn query(port: u16, q: &str) -> Option<f64> {
-    let body = http_get(port, &format!("/api/v1/query?query={}", encode(q)))?;
-    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-    let r = v["data"]["result"].as_array()?.first()?.clone();
-    r["value"][1].as_str()?.parse().ok()
-}
-
-/// Ends the processes a test started (before its cgroups are removed).
-struct Killer(Vec<Child>);
-
-impl Drop for Killer {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 #[test]
 fn prometheus_scrapes_the_daemon() {
@@ -191,7 +130,7 @@ fn alert_rules_pass_promtool() {
     let rules = root.join("deploy/stall-alerts.yml");
     let out = Command::new("promtool").args(["check", "rules"]).arg(&rules).output().unwrap();
     assert!(out.status.success(), "promtool check rules: {}", String::from_utf8_lossy(&out.stdout));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("SUCCESS: 4 rules found"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("SUCCESS: 5 rules found"));
     let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("alerts");
     let out = Command::new("promtool")
         .args(["test", "rules", "stall-alerts.test.yml"])

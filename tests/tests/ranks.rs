@@ -3,8 +3,15 @@
 //! workers each, and a TCP all-reduce ending every step. Checked against the
 //! pids the job reports: the launcher is no trainer, each rank is its own
 //! trainer, each worker belongs to its rank, and the rank whose workers are
-//! slow is named as the one the others wait for.
-use std::{path::Path, sync::Mutex, time::Duration};
+//! slow is named as the one the others wait for — by `stall run`, and by
+//! Prometheus across two daemons each watching the ranks of its own "node".
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    sync::Mutex,
+    thread::sleep,
+    time::{Duration, Instant},
+};
 
 use serde_json::Value;
 use stall_tests::*;
@@ -110,4 +117,122 @@ fn ranks_that_keep_pace_name_no_straggler() {
     let v = &run.summary()["verdict"];
     assert!(v["straggler"].is_null(), "{v:#}");
     assert_eq!(v["ranks"].as_array().unwrap().len(), 4);
+}
+
+/// Two daemons, each watching its own cgroup root as if it were a node,
+/// ranks 0 and 1 on node a and ranks 2 and 3 on node b; a real Prometheus
+/// scrapes both and evaluates deploy/stall-alerts.yml: `StallStragglerRank`
+/// (pending within its `for`) names rank 2 and node b's daemon, joined with
+/// the waiting ranks of node a by `run_id`.
+#[test]
+fn prometheus_names_the_straggler_across_two_nodes() {
+    require_root();
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let prometheus = Path::new("/usr/bin/prometheus");
+    assert!(prometheus.exists(), "Debian's prometheus is needed (cargo xtask test installs it)");
+    let dir = Scratch::new("nodes");
+    let nodes = [Cgroup::new("node-a"), Cgroup::new("node-b")];
+    let pods = [nodes[0].child("pod"), nodes[1].child("pod")];
+    // Dropped before the cgroups: the ranks and workers in them end first.
+    let _evict = Evict(&pods);
+    let mut guard = Killer(vec![]);
+    let ports = [free_port(), free_port()];
+    for (node, port) in nodes.iter().zip(ports) {
+        let daemon = Command::new(stall_bin())
+            .args(["daemon", "--cgroup-root", &node.name, "--all-jobs", "--interval", "1", "--gpu", "off"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        guard.0.push(daemon);
+        wait_until("a daemon's /metrics", Duration::from_secs(20), || http_get(port, "/metrics").is_some());
+    }
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("deploy/stall-alerts.yml");
+    let config = dir.path("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['{}']\nscrape_configs:\n  - job_name: stall\n    static_configs:\n      - targets: ['127.0.0.1:{}', '127.0.0.1:{}']\n",
+            rules.display(),
+            ports[0],
+            ports[1]
+        ),
+    )
+    .unwrap();
+    let prom_port = free_port();
+    let prom = Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path("tsdb").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    guard.0.push(prom);
+    wait_until("prometheus", Duration::from_secs(30), || http_get(prom_port, "/-/ready").is_some());
+
+    let cgroups = [&pods[0], &pods[0], &pods[1], &pods[1]].map(|c| c.dir.display().to_string()).join(",");
+    let dir_arg = dir.0.display().to_string();
+    let job = Command::new(python())
+        .arg(ranks_py())
+        .args([
+            "--dir",
+            &dir_arg,
+            "--port",
+            "29614",
+            "--slow-rank",
+            "2",
+            "--seconds",
+            "40",
+            "--cgroups",
+            &cgroups,
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    guard.0.insert(0, job);
+
+    let alert = |rank: u32| {
+        format!(
+            r#"ALERTS{{alertname="StallStragglerRank",run_id="stall-test-run",rank="{rank}",instance="127.0.0.1:{}"}}"#,
+            ports[rank as usize / 2]
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(35);
+    while Instant::now() < deadline && query(prom_port, &alert(2)).is_none() {
+        sleep(Duration::from_millis(500));
+    }
+    let waits = |rank: u32| {
+        query(prom_port, &format!(r#"stall_rank_peer_wait_ratio{{run_id="stall-test-run",rank="{rank}"}}"#))
+    };
+    assert_eq!(
+        query(prom_port, &alert(2)),
+        Some(1.0),
+        "no StallStragglerRank for rank 2; peer waits of ranks 0, 1, 3: {:?} {:?} {:?}",
+        waits(0),
+        waits(1),
+        waits(3)
+    );
+    assert!(waits(0).is_some_and(|w| w > 0.5), "rank 0 on node a waits: {:?}", waits(0));
+    for other in [0, 1, 3] {
+        assert_eq!(query(prom_port, &alert(other)), None, "rank {other} is no straggler");
+    }
+}
+
+/// Kills every task of the cgroups when dropped (the ranks outlive their
+/// launcher), so that the cgroups can go.
+struct Evict<'a>(&'a [Cgroup]);
+
+impl Drop for Evict<'_> {
+    fn drop(&mut self) {
+        for c in self.0 {
+            let procs = std::fs::read_to_string(c.dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
 }

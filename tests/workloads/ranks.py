@@ -9,7 +9,8 @@ through multiprocessing queues) and ends every step in a collective: an
 all-reduce over TCP through rank 0, as gloo's would on one host. The workers
 of --slow-rank spend --slow-ms of CPU per batch, so every other rank waits
 for it in the collective. The ground truth (pids of the launcher, each rank
-and its workers) goes to $TRUTH.
+and its workers) goes to $TRUTH. With --cgroups each rank moves itself into
+a cgroup of its own before its workers start: ranks on two "nodes".
 """
 import argparse
 import json
@@ -87,6 +88,10 @@ def connect(rank, world, addr, port):
 
 def rank_main(args):
     rank = int(os.environ["RANK"])
+    if args.cgroups:
+        # Each rank on its own "node": its cgroup, before its workers fork.
+        with open(os.path.join(args.cgroups.split(",")[rank], "cgroup.procs"), "w") as f:
+            f.write("0")
     world = int(os.environ["WORLD_SIZE"])
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     path = os.path.join(args.dir, f"shard_{rank}.bin")
@@ -138,6 +143,8 @@ def main():
     p.add_argument("--launch", choices=["torchrun", "spawn"], default="torchrun",
                    help="start ranks as new programs (torchrun) or multiprocessing spawn children (mp.spawn)")
     p.add_argument("--dir", required=True)
+    p.add_argument("--cgroups", default=None,
+                   help="comma-separated cgroup directories, one per rank, each rank moves itself into its own")
     p.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_main:

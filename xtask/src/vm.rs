@@ -43,7 +43,7 @@ const DEFAULT_TIMEOUT_SECS: u64 = 1200;
 /// distributed runs (ranks) are calibrated the same way: which rank holds
 /// the others is a matter of CPU shares between sixteen Python processes.
 /// They run natively.
-const VM_SKIP: [(&str, &str); 7] = [
+const VM_SKIP: [(&str, &str); 8] = [
     ("scenarios", "cpu_bound_transforms"),
     ("scenarios", "a_short_run_is_judged_after_its_startup"),
     ("scenarios", "attach_to_cgroup"),
@@ -51,6 +51,7 @@ const VM_SKIP: [(&str, &str); 7] = [
     ("ranks", "torchrun_like_run_names_the_slow_rank"),
     ("ranks", "mp_spawn_like_run_names_the_slow_rank"),
     ("ranks", "ranks_that_keep_pace_name_no_straggler"),
+    ("ranks", "prometheus_names_the_straggler_across_two_nodes"),
 ];
 
 #[derive(Subcommand)]

@@ -48,6 +48,16 @@ impl JobLabels {
             kind: kind.as_str().to_string(),
         }
     }
+    /// A rank of a distributed run that runs in the job.
+    pub fn rank(&self, run_id: &str, rank: u32) -> RankLabels {
+        RankLabels {
+            cgroup: self.cgroup.clone(),
+            pod: self.pod.clone(),
+            container: self.container.clone(),
+            run_id: run_id.to_string(),
+            rank: rank.to_string(),
+        }
+    }
     fn gpu(&self, gpu: u32) -> JobGpuLabels {
         JobGpuLabels {
             cgroup: self.cgroup.clone(),
@@ -80,6 +90,39 @@ pub struct VerdictLabels {
     pub cgroup: String,
     pub pod: String,
     pub container: String,
+    pub kind: String,
+}
+
+/// One rank of a run: the series an alert joins across nodes by `run_id`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RankLabels {
+    pub cgroup: String,
+    pub pod: String,
+    pub container: String,
+    pub run_id: String,
+    pub rank: String,
+}
+
+impl RankLabels {
+    fn kind(&self, kind: Kind) -> RankVerdictLabels {
+        RankVerdictLabels {
+            cgroup: self.cgroup.clone(),
+            pod: self.pod.clone(),
+            container: self.container.clone(),
+            run_id: self.run_id.clone(),
+            rank: self.rank.clone(),
+            kind: kind.as_str().to_string(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RankVerdictLabels {
+    pub cgroup: String,
+    pub pod: String,
+    pub container: String,
+    pub run_id: String,
+    pub rank: String,
     pub kind: String,
 }
 
@@ -147,6 +190,10 @@ metrics! {
     off_cpu: Family<ReasonLabels, FloatCounter> = "off_cpu" in Unit::Seconds, "Time off CPU, by reason";
     processes: Family<RoleLabels, Gauge> = "processes", "Live processes of the job, by role";
     verdict: Family<VerdictLabels, Gauge> = "verdict", "The job's current verdict (1 for the current kind)";
+    rank_verdict: Family<RankVerdictLabels, Gauge> = "rank_verdict",
+        "A rank's own verdict, judged on its trainer and workers (1 for the current kind)";
+    rank_peer_wait: Family<RankLabels, FloatGauge> = "rank_peer_wait_ratio",
+        "Share of the last window a rank's trainer waited for its peers while its own pipeline kept up (0 where its own cause holds it)";
     job_gpu_idle: Family<JobGpuLabels, FloatCounter> = "job_gpu_idle" in Unit::Seconds,
         "Time a GPU the job uses spent idle (utilization <= 5%)";
     job_gpu_util: Family<JobGpuLabels, FloatGauge> = "job_gpu_utilization_percent",
@@ -222,6 +269,31 @@ impl Metrics {
     pub fn set_verdict(&self, job: &JobLabels, kind: Kind) {
         for k in Kind::ALL {
             self.verdict.get_or_create(&job.kind(k)).set(i64::from(k == kind));
+        }
+    }
+
+    /// The ranks of a run in the job, each with its own verdict and peer
+    /// wait; the ranks of `before` that are gone are dropped. Returns the
+    /// ranks set now.
+    pub fn set_ranks(&self, now: Vec<(RankLabels, Kind, f64)>, before: &[RankLabels]) -> Vec<RankLabels> {
+        let gone: Vec<RankLabels> =
+            before.iter().filter(|b| !now.iter().any(|(n, _, _)| n == *b)).cloned().collect();
+        self.remove_ranks(&gone);
+        for (l, kind, wait) in &now {
+            for k in Kind::ALL {
+                self.rank_verdict.get_or_create(&l.kind(k)).set(i64::from(k == *kind));
+            }
+            self.rank_peer_wait.get_or_create(l).set(*wait);
+        }
+        now.into_iter().map(|(l, _, _)| l).collect()
+    }
+
+    pub fn remove_ranks(&self, ranks: &[RankLabels]) {
+        for l in ranks {
+            for k in Kind::ALL {
+                self.rank_verdict.remove(&l.kind(k));
+            }
+            self.rank_peer_wait.remove(l);
         }
     }
 
@@ -406,5 +478,28 @@ mod tests {
         assert!(!classic.contains("# EOF") && !classic.contains("# UNIT"));
         m.remove_job(&job(), &[]);
         assert!(!m.encode().contains("jobs/a"));
+    }
+
+    #[test]
+    fn ranks_come_and_go_with_their_runs() {
+        let m = Metrics::new();
+        let (r0, r1) = (job().rank("run-7", 0), job().rank("run-7", 1));
+        let set =
+            m.set_ranks(vec![(r0.clone(), Kind::InputIoBound, 0.0), (r1.clone(), Kind::Unknown, 0.8)], &[]);
+        let text = m.encode();
+        let series =
+            |rank: u32| format!(r#"cgroup="jobs/a",pod="",container="",run_id="run-7",rank="{rank}""#);
+        assert!(
+            text.contains(&format!(r#"stall_rank_verdict{{{},kind="{}"}} 1"#, series(0), Kind::InputIoBound)),
+            "{text}"
+        );
+        assert!(text.contains(&format!(r#"stall_rank_peer_wait_ratio{{{}}} 0.8"#, series(1))), "{text}");
+        // Rank 1 leaves the job; then the job ends.
+        let set = m.set_ranks(vec![(r0, Kind::Hang, 0.0)], &set);
+        let text = m.encode();
+        assert!(!text.contains(r#"rank="1""#), "{text}");
+        assert!(text.contains(&format!(r#"stall_rank_verdict{{{},kind="hang"}} 1"#, series(0))), "{text}");
+        m.remove_ranks(&set);
+        assert!(!m.encode().contains("run-7"));
     }
 }

@@ -9,7 +9,7 @@ use std::{
 
 use super::{
     kube,
-    metrics::{JobLabels, Metrics},
+    metrics::{JobLabels, Metrics, RankLabels},
     tier::JobTier,
 };
 use crate::{
@@ -32,6 +32,8 @@ pub(super) struct Watched {
     /// The verdict published (the live one, or what the cheap tier can
     /// vouch for).
     pub published: Option<Verdict>,
+    /// The ranks of a run whose series are exported.
+    pub ranks: Vec<RankLabels>,
 }
 
 /// The node: its jobs, by cgroup directory, and how they are found.
@@ -94,6 +96,7 @@ impl Node {
                                 last: None,
                                 tier: JobTier::default(),
                                 published: None,
+                                ranks: Vec::new(),
                             },
                         );
                     }
@@ -108,6 +111,7 @@ impl Node {
                 live.capture.unwatch_cgroup(&w.dir);
                 let devices: Vec<u32> = w.job.devices.iter().copied().collect();
                 metrics.remove_job(&w.labels, &devices);
+                metrics.remove_ranks(&w.ranks);
             }
         }
     }

@@ -49,6 +49,10 @@ pub(super) fn step(
         }
     };
     metrics.set_verdict(&w.labels, verdict.kind);
+    let run_id = tick.roles.run_id.as_deref().unwrap_or("");
+    let ranks = verdict.run.iter().flat_map(|r| &r.ranks);
+    let ranks = ranks.map(|r| (w.labels.rank(run_id, r.rank), r.kind, r.peer_wait)).collect();
+    w.ranks = metrics.set_ranks(ranks, &w.ranks);
     w.published = Some(verdict);
     w.last = Some(tick);
     w.job.prune();
