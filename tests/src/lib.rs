@@ -757,3 +757,13 @@ impl Drop for Killer {
         }
     }
 }
+
+/// PyTorch for the distributed-run tests, a directory for `PYTHONPATH`:
+/// $STALL_TORCH_PATH (`cargo xtask test` installs it and sets it).
+pub fn torch_path() -> PathBuf {
+    let dir = std::env::var_os("STALL_TORCH_PATH").map(PathBuf::from).unwrap_or_else(|| {
+        panic!("STALL_TORCH_PATH is not set: run the tests with `cargo xtask test`, which installs PyTorch")
+    });
+    assert!(dir.join("torch/__init__.py").exists(), "no PyTorch in {} (STALL_TORCH_PATH)", dir.display());
+    dir
+}

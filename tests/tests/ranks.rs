@@ -110,6 +110,72 @@ fn mp_spawn_like_run_names_the_slow_rank() {
     straggler_named("spawn", "29612");
 }
 
+/// The same with PyTorch itself: torchrun starts four ranks (its agent
+/// waits for them), each trains on batches from a DataLoader with two
+/// workers and all-reduces its gradients with gloo; rank 2's dataset costs
+/// CPU per sample.
+#[test]
+fn torchrun_gloo_run_names_the_slow_rank() {
+    let torch = torch_path();
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Scratch::new("torch");
+    let dir_arg = dir.0.display().to_string();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/torch_ranks.py").display().to_string();
+    let argv = [
+        "run",
+        "-q",
+        "--",
+        python(),
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        script.as_str(),
+        "--dir",
+        dir_arg.as_str(),
+        "--slow-rank",
+        "2",
+        "--seconds",
+        "12",
+    ];
+    let run = stall(&argv, &[("PYTHONPATH", &torch)], Duration::from_secs(240));
+    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
+    let ranks: Vec<Value> = (0..4)
+        .map(|r| {
+            serde_json::from_str(&std::fs::read_to_string(dir.path(&format!("rank_{r}.json"))).unwrap())
+                .unwrap()
+        })
+        .collect();
+    for r in &ranks {
+        let trainer = run.process(pid(&r["pid"]));
+        assert_eq!(
+            (&trainer["role"], &trainer["rank"]),
+            (&Value::from("trainer"), &r["rank"]),
+            "pid {}",
+            r["pid"]
+        );
+        for w in r["workers"].as_array().unwrap() {
+            let worker = run.process(pid(w));
+            assert_eq!((&worker["role"], &worker["rank"]), (&Value::from("worker"), &r["rank"]), "pid {w}");
+        }
+        // torchrun's agent started it and is no trainer.
+        let agent = run.process(pid(&trainer["ppid"]));
+        assert_eq!(
+            (&agent["role"], &agent["rank"]),
+            (&Value::from("other"), &Value::Null),
+            "pid {}",
+            agent["pid"]
+        );
+    }
+    assert!(run.summary()["run_id"].is_string());
+    let v = &run.summary()["verdict"];
+    let s = &v["straggler"];
+    assert_eq!((&s["rank"], &s["pid"]), (&Value::from(2), &ranks[2]["pid"]), "{v:#}");
+    assert_eq!(s["kind"], "input-cpu-bound", "{v:#}");
+    assert_eq!(s["waiting_ranks"], serde_json::json!([0, 1, 3]), "{v:#}");
+}
+
 #[test]
 fn ranks_that_keep_pace_name_no_straggler() {
     let (run, truth) = traced_run("even", &["--port", "29613", "--seconds", "6"]);

@@ -173,8 +173,34 @@ fn installed_packages() -> Result<HashMap<String, String>> {
 /// Debian packages the integration tests use besides the toolchain: a real
 /// Prometheus server (and promtool) for the daemon's test, capsh to run
 /// stall as `nobody` with exact capabilities (privilege.rs), bpftool to
-/// list what stall leaves loaded (faults.rs).
-const TEST_PACKAGES: [&str; 3] = ["prometheus", "libcap2-bin", "bpftool"];
+/// list what stall leaves loaded (faults.rs), pip for PyTorch.
+const TEST_PACKAGES: [&str; 4] = ["prometheus", "libcap2-bin", "bpftool", "python3-pip"];
+
+/// PyTorch for the distributed-run tests (torchrun, gloo on CPU), from
+/// PyPI with its CUDA wheels (about 5 GB, about a minute here): installed
+/// once per machine into this directory, for the system Python the tests
+/// run (`PYTHONPATH`), and kept.
+const TORCH_DIR: &str = "/var/cache/stall-tests/torch-2.15.0";
+const TORCH_PACKAGES: [&str; 2] = ["torch==2.15.0", "numpy"];
+
+/// The directory holding PyTorch for the tests, installed if missing.
+pub fn ensure_torch() -> Result<PathBuf> {
+    let dir = PathBuf::from(TORCH_DIR);
+    if dir.join("torch/__init__.py").exists() {
+        return Ok(dir);
+    }
+    let partial = dir.with_extension("partial");
+    let _ = fs::remove_dir_all(&partial);
+    let started = Instant::now();
+    let mut pip = cmd::command("/usr/bin/python3");
+    pip.args(["-m", "pip", "install", "--quiet", "--no-cache-dir", "--target"])
+        .arg(&partial)
+        .args(TORCH_PACKAGES);
+    cmd::run(&mut pip).context("installing PyTorch for the distributed-run tests")?;
+    fs::rename(&partial, &dir).with_context(|| format!("moving PyTorch into {}", dir.display()))?;
+    println!("xtask: PyTorch installed in {} ({:.0}s)", dir.display(), started.elapsed().as_secs_f64());
+    Ok(dir)
+}
 
 /// Installs [`TEST_PACKAGES`] if any is missing (quiet when all are there).
 pub fn ensure_test_packages() -> Result<()> {

@@ -20,6 +20,7 @@ pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
     cmd::require_root(NEED_ROOT)?;
     setup::ensure()?;
     setup::ensure_test_packages()?;
+    let torch = setup::ensure_torch()?;
     if !skip_lint {
         lint()?;
     }
@@ -31,7 +32,8 @@ pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
         .args(EXCLUDE_EBPF)
         .arg("--release")
         .env("STALL_BIN", &stall)
-        .env("STALL_NVML_SCRIPT_LIB", &nvml);
+        .env("STALL_NVML_SCRIPT_LIB", &nvml)
+        .env("STALL_TORCH_PATH", &torch);
     if !extra.is_empty() {
         test.arg("--").args(extra);
     }

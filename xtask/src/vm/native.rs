@@ -15,12 +15,14 @@ use crate::cmd;
 /// prefixed with `[host]`.
 pub fn run(stall: &Path, tests: &[TestBin], args: &[String]) -> Result<Row> {
     let start = Instant::now();
+    let torch = crate::setup::ensure_torch()?;
     let (mut passed, mut failed, mut failing) = (0, 0, Vec::new());
     for t in tests {
         let mut test = cmd::command(&t.path);
         test.args(args)
             .env("STALL_BIN", stall)
             .env("STALL_NVML_SCRIPT_LIB", crate::build::nvml_script_next_to(stall)?)
+            .env("STALL_TORCH_PATH", &torch)
             .current_dir(cmd::workspace_root().join("tests"));
         println!("xtask: $ {}", cmd::describe(&test));
         let mut child =
