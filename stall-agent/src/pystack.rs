@@ -32,7 +32,30 @@ pub struct PyStack {
     pub frames: Vec<PyFrame>,
 }
 
+/// Functions that are a collective of a distributed run, whatever library
+/// defines them (torch.distributed's, or a job's own over sockets).
+const COLLECTIVES: [&str; 9] = [
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "barrier",
+    "monitored_barrier",
+    "all_to_all",
+];
+
 impl PyStack {
+    /// Whether the thread waits inside a collective of a distributed run
+    /// (any frame in torch.distributed, or a collective by its name).
+    pub fn in_collective(&self) -> bool {
+        self.frames.iter().any(|f| {
+            let name = f.function.rsplit('.').next().unwrap_or(&f.function);
+            f.file.contains("torch/distributed/") || COLLECTIVES.contains(&name)
+        })
+    }
+
     /// "Event.wait (threading.py:629) ← train_step (train.py:29)": the
     /// innermost frames down to the first of the job's own code.
     pub fn line(&self) -> String {

@@ -17,7 +17,7 @@ mod trainer;
 mod words;
 
 pub use kind::Kind;
-pub use run::{RankVerdict, RunVerdict, Straggler};
+pub use run::{collective_waits, RankVerdict, RunVerdict, Straggler};
 // Until every user imports it from `gpu`.
 pub use gpu::GpuWindow;
 
@@ -92,9 +92,21 @@ pub mod rules {
 /// end); `progress`: when the job last moved, which spans more than `w`.
 pub fn judge(w: &Window, roles: &Roles, gpus: &[gpu::GpuWindow], progress: &ProgressView) -> Verdict {
     if roles.ranks.len() > 1 {
-        return run::judge(w, roles, gpus, progress);
+        return run::judge(w, roles, gpus, progress, &Default::default());
     }
     trainer::judge(w, roles, gpus, progress)
+}
+
+/// A run judged again once its trainers' Python stacks say which ranks wait
+/// inside a collective ([`collective_waits`]).
+pub fn judge_placed(
+    w: &Window,
+    roles: &Roles,
+    gpus: &[gpu::GpuWindow],
+    progress: &ProgressView,
+    in_collective: &std::collections::HashMap<u32, bool>,
+) -> Verdict {
+    run::judge(w, roles, gpus, progress, in_collective)
 }
 
 /// Worker lines in the evidence, and workers blamed, at most.

@@ -176,6 +176,75 @@ fn torchrun_gloo_run_names_the_slow_rank() {
     assert_eq!(s["waiting_ranks"], serde_json::json!([0, 1, 3]), "{v:#}");
 }
 
+/// Rank 2 stops for good before a collective (a deadlock of its own) and
+/// every other rank waits in the all-reduce forever: every rank looks hung;
+/// their trainers' Python stacks tell the three inside the collective from
+/// the one that never reached it, which the hang names.
+#[test]
+fn a_rank_that_never_reaches_the_collective_is_named_in_the_hang() {
+    use std::os::unix::process::CommandExt;
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Scratch::new("hung");
+    let truth_path = dir.path("truth.json");
+    let dir_arg = dir.0.display().to_string();
+    // Its own process group: the hung run is ended with one kill.
+    let job = Command::new(python())
+        .arg(ranks_py())
+        .args([
+            "--dir",
+            &dir_arg,
+            "--port",
+            "29615",
+            "--hang-rank",
+            "2",
+            "--hang-after",
+            "2",
+            "--seconds",
+            "600",
+        ])
+        .env("TRUTH", &truth_path)
+        .process_group(0)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let launcher = job.id();
+    struct EndGroup(std::process::Child);
+    impl Drop for EndGroup {
+        fn drop(&mut self) {
+            let group = nix::unistd::Pid::from_raw(self.0.id() as i32);
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            let _ = self.0.wait();
+        }
+    }
+    let _job = EndGroup(job);
+    wait_until("the ranks", Duration::from_secs(20), || {
+        (0..4).all(|r| dir.path(&format!("rank_{r}.json")).exists())
+    });
+    let launcher_arg = launcher.to_string();
+    let run =
+        stall(&["attach", "-q", "--pid", &launcher_arg, "--duration", "12"], &[], Duration::from_secs(60));
+    assert_eq!(run.status, 0, "stall attach failed:\n{}", run.stderr);
+    let rank = |r: u32| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.path(&format!("rank_{r}.json"))).unwrap()).unwrap()
+    };
+    let v = &run.summary()["verdict"];
+    assert_eq!(v["kind"], "hang", "{v:#}");
+    let s = &v["straggler"];
+    assert_eq!(
+        (&s["rank"], &s["pid"], &s["kind"]),
+        (&Value::from(2), &rank(2)["pid"], &Value::from("hang")),
+        "{v:#}"
+    );
+    assert_eq!(s["waiting_ranks"], serde_json::json!([0, 1, 3]), "{v:#}");
+    let stacks = v["python_stacks"].as_array().expect("the ranks' stacks");
+    let stack_of = |pid: &Value| stacks.iter().find(|st| &st["pid"] == pid && &st["tid"] == pid).cloned();
+    let in_fn = |st: Option<Value>, f: &str| {
+        st.is_some_and(|st| st["frames"].as_array().unwrap().iter().any(|fr| fr["function"] == f))
+    };
+    assert!(in_fn(stack_of(&rank(2)["pid"]), "stuck"), "{v:#}");
+    assert!(in_fn(stack_of(&rank(0)["pid"]), "all_reduce"), "{v:#}");
+}
+
 #[test]
 fn ranks_that_keep_pace_name_no_straggler() {
     let (run, truth) = traced_run("even", &["--port", "29613", "--seconds", "6"]);

@@ -8,7 +8,8 @@ trainer with --workers DataLoader-like workers (forked, feeding it batches
 through multiprocessing queues) and ends every step in a collective: an
 all-reduce over TCP through rank 0, as gloo's would on one host. The workers
 of --slow-rank spend --slow-ms of CPU per batch, so every other rank waits
-for it in the collective. The ground truth (pids of the launcher, each rank
+for it in the collective; --hang-rank stops for good before a collective, so
+every other rank waits in it forever. The ground truth (pids of the launcher, each rank
 and its workers) goes to $TRUTH. With --cgroups each rank moves itself into
 a cgroup of its own before its workers start: ranks on two "nodes".
 """
@@ -20,6 +21,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -54,7 +56,7 @@ def recv_exact(sock, n):
     return buf
 
 
-def collective(rank, world, server, peers, value):
+def all_reduce(rank, world, server, peers, value):
     """All-reduce of one number through rank 0 (a star, as a tiny gloo)."""
     if rank == 0:
         total = value
@@ -65,6 +67,11 @@ def collective(rank, world, server, peers, value):
         return total
     server.sendall(struct.pack("!d", value))
     return struct.unpack("!d", recv_exact(server, 8))[0]
+
+
+def stuck():
+    """A rank that never reaches the next collective (a deadlock of its own)."""
+    threading.Event().wait()
 
 
 def connect(rank, world, addr, port):
@@ -114,6 +121,7 @@ def rank_main(args):
         requests.put(step)
         step += 1
     end = time.monotonic() + args.seconds
+    hang_at = time.monotonic() + args.hang_after
     total = 0.0
     while True:
         _, n = batches.get()
@@ -121,7 +129,9 @@ def rank_main(args):
         step += 1
         spin(args.compute_ms)
         # Every rank takes part in every collective, so all stop together.
-        go_on = collective(rank, world, server, peers, 1.0 if time.monotonic() < end else 0.0)
+        if rank == args.hang_rank and time.monotonic() > hang_at:
+            stuck()
+        go_on = all_reduce(rank, world, server, peers, 1.0 if time.monotonic() < end else 0.0)
         total += n
         if go_on < world:
             break
@@ -137,6 +147,8 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--slow-rank", type=int, default=-1, help="rank whose workers are slow (-1: none)")
     p.add_argument("--slow-ms", type=float, default=120.0, help="CPU per batch of the slow rank's workers")
+    p.add_argument("--hang-rank", type=int, default=-1, help="rank that stops before a collective (-1: none)")
+    p.add_argument("--hang-after", type=float, default=3.0, help="seconds before --hang-rank stops")
     p.add_argument("--compute-ms", type=float, default=2.0, help="CPU per step of each trainer")
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--port", type=int, default=29517)

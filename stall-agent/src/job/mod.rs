@@ -265,6 +265,7 @@ impl Job {
         let mut verdict = verdict::judge(&recent, &roles, &gpu_windows, &progress);
         if verdict.kind.wants_stacks() || matches!(self.stacks, Stacks::Every(_)) {
             self.add_stacks(host, &mut verdict, false);
+            verdict = placed(verdict, &recent, &roles, &gpu_windows, &progress);
         }
         Tick {
             progress,
@@ -330,8 +331,9 @@ impl Job {
         let progress = self.progress.view(end_ns);
         let recent_verdict = verdict::judge(&recent, &roles, &recent_gpus, &progress);
         let summary_gpus: Vec<GpuWindow> = tracks.iter().map(|g| g.summary(end_ns)).collect();
+        let hung_now = recent_verdict.kind == Kind::Hang;
         let (startup_s, verdict) = match &self.startup {
-            _ if recent_verdict.kind == Kind::Hang => (None, recent_verdict),
+            _ if hung_now => (None, recent_verdict),
             // A steady state too short to judge (the pipeline started as the
             // job ended) is no reason to drop the rest.
             Startup::Done { before }
@@ -347,6 +349,9 @@ impl Job {
         };
         let mut verdict = verdict;
         self.add_stacks(host, &mut verdict, true);
+        if hung_now {
+            verdict = placed(verdict, &recent, &roles, &recent_gpus, &progress);
+        }
         Report { summary, gpus: summary_gpus, roles, verdict, progress, startup_s }
     }
 
@@ -445,6 +450,17 @@ impl Job {
         let on_gpu: HashSet<u32> = tracks.iter().flat_map(|g| g.pids.iter().copied()).collect();
         correlate::assign(summary, &on_gpu, self.root)
     }
+}
+
+/// A run whose ranks all look hung, judged again once the Python stacks
+/// read for it tell the ranks waiting in a collective from the one that
+/// never reached it (the stacks stay with the verdict).
+fn placed(v: Verdict, w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressView) -> Verdict {
+    let Some(in_collective) = verdict::collective_waits(&v) else { return v };
+    let mut placed = verdict::judge_placed(w, roles, gpus, progress, &in_collective);
+    placed.python_stacks = v.python_stacks;
+    placed.python_notes = v.python_notes;
+    placed
 }
 
 #[cfg(test)]

@@ -3,9 +3,11 @@
 //! collective, so one rank held by its own cause (its input, its host CPU,
 //! a hang) leaves every other rank waiting for it: their own pipelines are
 //! fine, their trainers blocked.
+use std::collections::HashMap;
+
 use serde::Serialize;
 
-use super::{rules, shares::Shares, trainer, words, Kind, Verdict};
+use super::{rules, shares::Shares, trainer, words, Blamed, Kind, Verdict};
 use crate::{aggregate::Window, correlate::Roles, gpu::GpuWindow, progress::ProgressView, units};
 
 /// What the run's ranks did, and who holds them back.
@@ -46,8 +48,17 @@ fn holds(kind: Kind) -> bool {
 }
 
 /// The run's verdict: the straggler's, named as the run's, or (ranks even)
-/// what most ranks say.
-pub(super) fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressView) -> Verdict {
+/// what most ranks say. `in_collective`: for the trainers (by pid) whose
+/// Python stacks were read, whether their main thread waits inside a
+/// collective: such a rank waits for its peers whatever its own verdict
+/// says (a run stuck behind one hung rank looks hung on every rank).
+pub(super) fn judge(
+    w: &Window,
+    roles: &Roles,
+    gpus: &[GpuWindow],
+    progress: &ProgressView,
+    in_collective: &HashMap<u32, bool>,
+) -> Verdict {
     // Busy GPUs answer for every rank the way they do for one trainer.
     if !gpus.is_empty() && gpus.iter().all(|g| g.util_mean_pct >= rules::GPU_BUSY_PCT) {
         return trainer::judge(w, roles, gpus, progress);
@@ -69,18 +80,26 @@ pub(super) fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &Pr
             v.summary = words::bare(&v.summary, &own_gpus, secs).to_string();
             let blocked =
                 w.proc(pid).and_then(|p| p.main_thread()).map_or(0.0, |m| Shares::of(m, secs).blocked());
-            let peer_wait = if holds(v.kind) || blocked < rules::TRAINER_WAITS { 0.0 } else { blocked };
+            let peer_wait = match in_collective.get(&pid) {
+                Some(true) => blocked,
+                _ if holds(v.kind) || blocked < rules::TRAINER_WAITS => 0.0,
+                _ => blocked,
+            };
             (RankVerdict { rank, pid, kind: v.kind, summary: v.summary.clone(), peer_wait }, v)
         })
         .collect();
     let ranks: Vec<RankVerdict> = judged.iter().map(|(r, _)| r.clone()).collect();
     let waiting: Vec<&RankVerdict> = ranks.iter().filter(|r| r.peer_wait > 0.0).collect();
     // The holder that waits least for anyone: the others wait for it.
-    let holder = judged.iter().filter(|(r, _)| holds(r.kind)).min_by(|a, b| {
+    let holders: Vec<&(RankVerdict, Verdict)> =
+        judged.iter().filter(|(r, _)| holds(r.kind) && r.peer_wait == 0.0).collect();
+    let holder = holders.iter().min_by(|a, b| {
         own_wait(w, a.0.pid, secs).total_cmp(&own_wait(w, b.0.pid, secs)).then(a.0.rank.cmp(&b.0.rank))
     });
+    // A few ranks holding the rest back; where most ranks "hold", nothing
+    // says which of them the others wait for.
     let (mut v, straggler) = match holder {
-        Some((r, v)) if !waiting.is_empty() => {
+        Some((r, v)) if !waiting.is_empty() && holders.len() <= waiting.len() => {
             let mean_wait = waiting.iter().map(|x| x.peer_wait).sum::<f64>() / waiting.len() as f64;
             let straggler = Straggler {
                 rank: r.rank,
@@ -103,6 +122,16 @@ pub(super) fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &Pr
         }
         _ => (even(&judged), None),
     };
+    // Every rank looks hung: their trainers' Python stacks (read for the
+    // blamed threads) can tell the ranks waiting in a collective from the
+    // one that never reached it.
+    if straggler.is_none() && ranks.iter().filter(|r| r.kind == Kind::Hang).count() >= 2 {
+        for r in ranks.iter().filter(|r| r.kind == Kind::Hang) {
+            if !v.blamed.iter().any(|b| b.tid == r.pid) {
+                v.blamed.push(Blamed { pid: r.pid, tid: r.pid, what: "rank trainer main thread" });
+            }
+        }
+    }
     v.host_only = gpus.is_empty();
     v.summary = words::with_gpus(&v.summary, gpus, secs);
     if w.lost_total() > 0 {
@@ -116,6 +145,22 @@ pub(super) fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &Pr
     v.evidence = evidence;
     v.run = Some(RunVerdict { ranks, straggler });
     v
+}
+
+/// For a run whose hung ranks name no straggler yet: whether each trainer
+/// whose main thread's Python stack was read waits inside a collective (by
+/// pid), when that tells some ranks apart.
+pub fn collective_waits(v: &Verdict) -> Option<HashMap<u32, bool>> {
+    let run = v.run.as_ref().filter(|r| r.straggler.is_none())?;
+    let map: HashMap<u32, bool> = run
+        .ranks
+        .iter()
+        .filter_map(|r| {
+            let stack = v.python_stacks.iter().find(|s| s.pid == r.pid && s.tid == r.pid)?;
+            Some((r.pid, stack.in_collective()))
+        })
+        .collect();
+    (map.values().any(|c| *c) && map.values().any(|c| !*c)).then_some(map)
 }
 
 /// No rank holds the others: what most ranks say, from the lowest of them.

@@ -113,11 +113,26 @@ impl Run {
         self
     }
 
+    /// Rank `r` blocked for good: its trainer and its workers wait, nobody
+    /// reads or wakes anyone.
+    fn hung_rank(mut self, r: u32) -> Self {
+        let pid = 100 + r * 100;
+        self.model.note_process(pid, Some(LAUNCHER), "python", Some("python train.py".into()));
+        self.model.note_rank(pid, Some(rank(r)));
+        self.thread(pid, pid, counters(0.0, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0], 0));
+        for w in [pid + 1, pid + 2] {
+            self.model.note_process(w, Some(pid), "pt_data_worker", Some("python train.py".into()));
+            self.model.note_rank(w, Some(rank(r)));
+            self.thread(w, w, counters(0.0, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0], 0));
+        }
+        self
+    }
+
     fn judged(self) -> (Verdict, correlate::Roles) {
         self.judged_with(&[])
     }
 
-    fn judged_with(mut self, gpus: &[GpuWindow]) -> (Verdict, correlate::Roles) {
+    fn window(&mut self) -> crate::aggregate::Window {
         let end = SECS * S;
         self.model.apply_snapshot(&Snapshot {
             ts: end,
@@ -126,7 +141,11 @@ impl Run {
             wakes: self.wakes.clone(),
             ..Default::default()
         });
-        let w = self.model.summary(end);
+        self.model.summary(end)
+    }
+
+    fn judged_with(mut self, gpus: &[GpuWindow]) -> (Verdict, correlate::Roles) {
+        let w = self.window();
         let on_gpu: HashSet<u32> = gpus.iter().flat_map(|g| g.pids.iter().copied()).collect();
         let roles = correlate::assign(&w, &on_gpu, Some(LAUNCHER));
         (judge(&w, &roles, gpus, &Default::default()), roles)
@@ -225,4 +244,51 @@ fn each_rank_is_judged_with_its_own_gpu() {
         .ranks
         .iter()
         .all(|r| !r.summary.contains("GPU") && !r.summary.contains("host-side")));
+}
+
+fn stack(pid: u32, functions: &[&str]) -> crate::pystack::PyStack {
+    let frames = functions
+        .iter()
+        .map(|f| crate::pystack::PyFrame {
+            function: f.to_string(),
+            file: "train.py".into(),
+            line: 1,
+            own: true,
+        })
+        .collect();
+    crate::pystack::PyStack { pid, tid: pid, what: "rank trainer main thread".into(), frames }
+}
+
+#[test]
+fn a_hung_rank_outside_the_collective_is_named_by_the_stacks() {
+    let mut run = Run::new().hung_rank(0).hung_rank(1).hung_rank(2).hung_rank(3);
+    let w = run.window();
+    let roles = correlate::assign(&w, &HashSet::new(), Some(LAUNCHER));
+    let progress = Default::default();
+    let mut v = judge(&w, &roles, &[], &progress);
+    // Every rank looks hung, and nothing tells which: no straggler, but
+    // every rank's trainer is blamed, so that its stack is read.
+    assert_eq!(v.kind, Kind::Hang, "{v:?}");
+    assert!(v.run.as_ref().unwrap().straggler.is_none());
+    for pid in [100, 200, 300, 400] {
+        assert!(v.blamed.iter().any(|b| b.pid == pid && b.tid == pid), "{pid}: {:?}", v.blamed);
+    }
+    assert_eq!(super::collective_waits(&v), None, "no stacks read yet");
+    v.python_stacks = vec![
+        stack(100, &["recv_exact", "all_reduce", "main"]),
+        stack(200, &["ProcessGroupGloo.wait", "all_reduce", "main"]),
+        stack(300, &["Event.wait", "stuck", "main"]),
+        stack(400, &["barrier", "main"]),
+    ];
+    let inside = super::collective_waits(&v).expect("the stacks tell the ranks apart");
+    assert_eq!(inside.get(&300), Some(&false));
+    assert_eq!(inside.get(&100), Some(&true));
+    let placed = crate::verdict::judge_placed(&w, &roles, &[], &progress, &inside);
+    let s = placed.run.as_ref().unwrap().straggler.as_ref().expect("rank 2 named");
+    assert_eq!((s.rank, s.pid, s.kind), (2, 300, Kind::Hang));
+    assert_eq!(s.waiting_ranks, vec![0, 1, 3]);
+    assert!(placed.summary.starts_with("rank 2 (pid 300) holds the run: hang — "), "{}", placed.summary);
+    // All inside, or none: nothing to tell apart.
+    v.python_stacks.retain(|st| st.pid != 300);
+    assert_eq!(super::collective_waits(&v), None);
 }
