@@ -32,6 +32,18 @@ pub struct PyStack {
     pub frames: Vec<PyFrame>,
 }
 
+impl PyFrame {
+    /// A library entry point a stack is read for: the DataLoader handing
+    /// out a batch, a collective, a checkpoint being saved or loaded.
+    fn is_landmark(&self) -> bool {
+        let name = self.function.rsplit('.').next().unwrap_or(&self.function);
+        (self.file.contains("torch/utils/data/") && name == "__next__")
+            || self.file.contains("torch/distributed/")
+            || (self.file.contains("torch/serialization.py") && matches!(name, "save" | "load"))
+            || COLLECTIVES.contains(&name)
+    }
+}
+
 /// Functions that are a collective of a distributed run, whatever library
 /// defines them (torch.distributed's, or a job's own over sockets).
 const COLLECTIVES: [&str; 9] = [
@@ -57,19 +69,27 @@ impl PyStack {
     }
 
     /// "Event.wait (threading.py:629) ← train_step (train.py:29)": the
-    /// innermost frames down to the first of the job's own code.
+    /// innermost frames down to the first of the job's own code, and
+    /// between them the library call the job made that people look for
+    /// (`_BaseDataLoaderIter.__next__`, a `torch.distributed` collective,
+    /// `torch.save`), where there is one.
     pub fn line(&self) -> String {
         let own = self.frames.iter().position(|f| f.own);
-        let mut shown: Vec<&PyFrame> = self.frames.iter().take(2).collect();
-        if let Some(i) = own {
-            if i >= 2 {
-                shown.push(&self.frames[i]);
+        let mut shown: Vec<usize> = (0..self.frames.len().min(2)).collect();
+        if let Some(i) = own.filter(|i| *i >= 2) {
+            // The outermost landmark: the call the job's own code made.
+            if let Some(l) = (2..i).rev().find(|l| self.frames[*l].is_landmark()) {
+                shown.push(l);
             }
+            shown.push(i);
         }
-        let mut parts: Vec<String> =
-            shown.iter().map(|f| format!("{} ({}:{})", f.function, f.file, f.line)).collect();
-        if own.is_some_and(|i| i > 2) {
-            parts.insert(2, "…".into());
+        let mut parts = Vec::new();
+        for (n, &i) in shown.iter().enumerate() {
+            if n > 0 && i > shown[n - 1] + 1 {
+                parts.push("…".to_string());
+            }
+            let f = &self.frames[i];
+            parts.push(format!("{} ({}:{})", f.function, f.file, f.line));
         }
         parts.join(" ← ")
     }
@@ -262,6 +282,53 @@ mod tests {
         );
         let short = PyStack { frames: s.frames[3..].to_vec(), ..s.clone() };
         assert_eq!(short.line(), "train_step (/home/me/train.py:29) ← <module> (/home/me/train.py:40)");
+    }
+
+    #[test]
+    fn the_line_keeps_the_library_call_the_job_made() {
+        let dl = "/opt/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py";
+        let s = PyStack {
+            pid: 1,
+            tid: 1,
+            what: "trainer main thread".into(),
+            frames: vec![
+                f("_PollLikeSelector.select", "/usr/lib/python3.11/selectors.py", 415),
+                f("wait", "/usr/lib/python3.11/multiprocessing/connection.py", 947),
+                f("_poll", "/usr/lib/python3.11/multiprocessing/connection.py", 440),
+                f("_get_data", dl, 1295),
+                f("_next_data", dl, 1441),
+                f("_BaseDataLoaderIter.__next__", dl, 725),
+                f("main", "/home/me/train.py", 130),
+            ],
+        };
+        assert_eq!(
+            s.line(),
+            format!(
+                "_PollLikeSelector.select (/usr/lib/python3.11/selectors.py:415) ← \
+                 wait (/usr/lib/python3.11/multiprocessing/connection.py:947) ← … ← \
+                 _BaseDataLoaderIter.__next__ ({dl}:725) ← main (/home/me/train.py:130)"
+            )
+        );
+        // Several torch.distributed frames: the outermost, the call the job
+        // made (here right after the innermost two: nothing elided).
+        let c10d = "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py";
+        let s = PyStack {
+            frames: vec![
+                f("Work.wait", "/usr/lib/python3.11/threading.py", 0),
+                f("all_reduce", c10d, 2800),
+                f("wrapper", "/opt/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", 81),
+                f("train_step", "/home/me/train.py", 12),
+            ],
+            ..s
+        };
+        assert_eq!(
+            s.line(),
+            format!(
+                "Work.wait (/usr/lib/python3.11/threading.py:0) ← all_reduce ({c10d}:2800) ← \
+                 wrapper (/opt/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:81) ← \
+                 train_step (/home/me/train.py:12)"
+            )
+        );
     }
 
     #[test]
