@@ -498,7 +498,10 @@ mod tests {
         let set = m.set_ranks(vec![(r0, Kind::Hang, 0.0)], &set);
         let text = m.encode();
         assert!(!text.contains(r#"rank="1""#), "{text}");
-        assert!(text.contains(&format!(r#"stall_rank_verdict{{{},kind="hang"}} 1"#, series(0))), "{text}");
+        assert!(
+            text.contains(&format!(r#"stall_rank_verdict{{{},kind="{}"}} 1"#, series(0), Kind::Hang)),
+            "{text}"
+        );
         m.remove_ranks(&set);
         assert!(!m.encode().contains("run-7"));
     }

@@ -193,7 +193,7 @@ fn the_rank_others_wait_for_is_named() {
     assert!(v.blamed.iter().all(|b| [300, 301, 302].contains(&b.pid)), "{:?}", v.blamed);
     let json = serde_json::to_value(&v).unwrap();
     assert_eq!(json["straggler"]["rank"], 2);
-    assert_eq!(json["ranks"][1]["kind"], "unknown");
+    assert_eq!(json["ranks"][1]["kind"], Kind::Unknown.as_str());
 }
 
 #[test]
