@@ -767,3 +767,23 @@ pub fn torch_path() -> PathBuf {
     assert!(dir.join("torch/__init__.py").exists(), "no PyTorch in {} (STALL_TORCH_PATH)", dir.display());
     dir
 }
+
+/// A real Prometheus (Debian's, which `cargo xtask test` installs) on a free
+/// loopback port, with `config` (YAML) and its data in `dir`; returns it once
+/// it is ready, and its port.
+pub fn start_prometheus(dir: &Scratch, config: &str) -> (Child, u16) {
+    let prometheus = Path::new("/usr/bin/prometheus");
+    assert!(prometheus.exists(), "Debian's prometheus is needed (cargo xtask test installs it)");
+    let path = dir.path("prometheus.yml");
+    std::fs::write(&path, config).unwrap();
+    let port = free_port();
+    let child = Command::new(prometheus)
+        .arg(format!("--config.file={}", path.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path("tsdb").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    (child, port)
+}

@@ -16,8 +16,6 @@ use stall_tests::*;
 #[test]
 fn prometheus_scrapes_the_daemon() {
     require_root();
-    let prometheus = Path::new("/usr/bin/prometheus");
-    assert!(prometheus.exists(), "Debian's prometheus is needed (cargo xtask test installs it)");
     let s = Scratch::new("daemon");
     let size = 8_000_033usize;
     let data = s.file("d.bin", size);
@@ -50,23 +48,12 @@ fn prometheus_scrapes_the_daemon() {
     assert_eq!(out.status.code(), Some(7), "{err}");
     assert!(err.lines().any(|l| l.contains("cannot listen on") && l.contains("in use")), "{err}");
 
-    let prom_port = free_port();
-    let config = s.path("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
+    let (prom, prom_port) = start_prometheus(
+        &s,
+        &format!(
             "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: stall\n    static_configs:\n      - targets: ['127.0.0.1:{daemon_port}']\n"
         ),
-    )
-    .unwrap();
-    let prom = Command::new(prometheus)
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.tsdb.path={}", s.path("tsdb").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    );
     guard.0.push(prom);
     wait_until("prometheus", Duration::from_secs(30), || http_get(prom_port, "/-/ready").is_some());
 
