@@ -785,5 +785,8 @@ pub fn start_prometheus(dir: &Scratch, config: &str) -> (Child, u16) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    (child, port)
+    // Ended if it never gets ready.
+    let mut started = Killer(vec![child]);
+    wait_until("prometheus", Duration::from_secs(30), || http_get(port, "/-/ready").is_some());
+    (started.0.pop().expect("the child"), port)
 }

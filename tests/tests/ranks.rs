@@ -24,6 +24,12 @@ fn ranks_py() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/ranks.py").display().to_string()
 }
 
+/// What rank `r` of a run in `dir` said of itself: its pid and its workers'.
+fn rank_report(dir: &Scratch, r: u32) -> Value {
+    let path = dir.path(&format!("rank_{r}.json"));
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
 /// `stall run` on the run; returns stall's run and the job's truth.
 fn traced_run(tag: &str, args: &[&str]) -> (Run, Value) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -141,12 +147,7 @@ fn torchrun_gloo_run_names_the_slow_rank() {
     ];
     let run = stall(&argv, &[("PYTHONPATH", &torch)], Duration::from_secs(240));
     assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
-    let ranks: Vec<Value> = (0..4)
-        .map(|r| {
-            serde_json::from_str(&std::fs::read_to_string(dir.path(&format!("rank_{r}.json"))).unwrap())
-                .unwrap()
-        })
-        .collect();
+    let ranks: Vec<Value> = (0..4).map(|r| rank_report(&dir, r)).collect();
     for r in &ranks {
         let trainer = run.process(pid(&r["pid"]));
         assert_eq!(
@@ -224,9 +225,7 @@ fn a_rank_that_never_reaches_the_collective_is_named_in_the_hang() {
     let run =
         stall(&["attach", "-q", "--pid", &launcher_arg, "--duration", "12"], &[], Duration::from_secs(60));
     assert_eq!(run.status, 0, "stall attach failed:\n{}", run.stderr);
-    let rank = |r: u32| -> Value {
-        serde_json::from_str(&std::fs::read_to_string(dir.path(&format!("rank_{r}.json"))).unwrap()).unwrap()
-    };
+    let rank = |r: u32| rank_report(&dir, r);
     let v = &run.summary()["verdict"];
     assert_eq!(v["kind"], "hang", "{v:#}");
     let s = &v["straggler"];
@@ -291,7 +290,6 @@ fn prometheus_names_the_straggler_across_two_nodes() {
         ),
     );
     guard.0.push(prom);
-    wait_until("prometheus", Duration::from_secs(30), || http_get(prom_port, "/-/ready").is_some());
 
     let cgroups = [&pods[0], &pods[0], &pods[1], &pods[1]].map(|c| c.dir.display().to_string()).join(",");
     let dir_arg = dir.0.display().to_string();

@@ -64,7 +64,7 @@ pub(super) fn judge(
         return trainer::judge(w, roles, gpus, progress);
     }
     let secs = w.secs();
-    let judged: Vec<(RankVerdict, Verdict)> = roles
+    let judged: Vec<Judged> = roles
         .ranks
         .iter()
         .map(|&(rank, pid)| {
@@ -76,30 +76,33 @@ pub(super) fn judge(
                 .filter(|g| g.pids.iter().any(|p| roles.rank_of(*p) == Some(rank)))
                 .cloned()
                 .collect();
-            let mut v = trainer::judge(&own, &roles.of_rank(rank), &own_gpus, progress);
-            v.summary = words::bare(&v.summary, &own_gpus, secs).to_string();
+            let (verdict, summary) =
+                trainer::judge_with_line(&own, &roles.of_rank(rank), &own_gpus, progress);
             let blocked =
                 w.proc(pid).and_then(|p| p.main_thread()).map_or(0.0, |m| Shares::of(m, secs).blocked());
             let peer_wait = match in_collective.get(&pid) {
                 Some(true) => blocked,
-                _ if holds(v.kind) || blocked < rules::TRAINER_WAITS => 0.0,
+                _ if holds(verdict.kind) || blocked < rules::TRAINER_WAITS => 0.0,
                 _ => blocked,
             };
-            (RankVerdict { rank, pid, kind: v.kind, summary: v.summary.clone(), peer_wait }, v)
+            Judged {
+                rank: RankVerdict { rank, pid, kind: verdict.kind, summary, peer_wait },
+                verdict,
+                blocked,
+            }
         })
         .collect();
-    let ranks: Vec<RankVerdict> = judged.iter().map(|(r, _)| r.clone()).collect();
+    let ranks: Vec<RankVerdict> = judged.iter().map(|j| j.rank.clone()).collect();
     let waiting: Vec<&RankVerdict> = ranks.iter().filter(|r| r.peer_wait > 0.0).collect();
     // The holder that waits least for anyone: the others wait for it.
-    let holders: Vec<&(RankVerdict, Verdict)> =
-        judged.iter().filter(|(r, _)| holds(r.kind) && r.peer_wait == 0.0).collect();
-    let holder = holders.iter().min_by(|a, b| {
-        own_wait(w, a.0.pid, secs).total_cmp(&own_wait(w, b.0.pid, secs)).then(a.0.rank.cmp(&b.0.rank))
-    });
+    let holders: Vec<&Judged> =
+        judged.iter().filter(|j| holds(j.rank.kind) && j.rank.peer_wait == 0.0).collect();
+    let holder =
+        holders.iter().min_by(|a, b| a.blocked.total_cmp(&b.blocked).then(a.rank.rank.cmp(&b.rank.rank)));
     // A few ranks holding the rest back; where most ranks "hold", nothing
     // says which of them the others wait for.
     let (mut v, straggler) = match holder {
-        Some((r, v)) if !waiting.is_empty() && holders.len() <= waiting.len() => {
+        Some(Judged { rank: r, verdict: v, .. }) if !waiting.is_empty() && holders.len() <= waiting.len() => {
             let mean_wait = waiting.iter().map(|x| x.peer_wait).sum::<f64>() / waiting.len() as f64;
             let straggler = Straggler {
                 rank: r.rank,
@@ -164,10 +167,11 @@ pub fn collective_waits(v: &Verdict) -> Option<HashMap<u32, bool>> {
 }
 
 /// No rank holds the others: what most ranks say, from the lowest of them.
-fn even(judged: &[(RankVerdict, Verdict)]) -> Verdict {
-    let count = |k: Kind| judged.iter().filter(|(r, _)| r.kind == k).count();
-    let Some((first, v)) =
-        judged.iter().max_by(|a, b| count(a.0.kind).cmp(&count(b.0.kind)).then(b.0.rank.cmp(&a.0.rank)))
+fn even(judged: &[Judged]) -> Verdict {
+    let count = |k: Kind| judged.iter().filter(|j| j.rank.kind == k).count();
+    let Some(Judged { rank: first, verdict: v, .. }) = judged
+        .iter()
+        .max_by(|a, b| count(a.rank.kind).cmp(&count(b.rank.kind)).then(b.rank.rank.cmp(&a.rank.rank)))
     else {
         return Verdict::default();
     };
@@ -184,9 +188,12 @@ fn even(judged: &[(RankVerdict, Verdict)]) -> Verdict {
     v
 }
 
-/// How much a rank's trainer waits at all (its main thread blocked).
-fn own_wait(w: &Window, pid: u32, secs: f64) -> f64 {
-    w.proc(pid).and_then(|p| p.main_thread()).map_or(0.0, |m| Shares::of(m, secs).blocked())
+/// One rank as judged: its line in the run, its own verdict, and how much
+/// of the window its trainer's main thread was blocked at all.
+struct Judged {
+    rank: RankVerdict,
+    verdict: Verdict,
+    blocked: f64,
 }
 
 /// "ranks 0, 1, 3" / "rank 1".

@@ -10,10 +10,20 @@ use crate::{
 
 /// One trainer (the first of `roles`) and its workers.
 pub(super) fn judge(w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressView) -> Verdict {
+    judge_with_line(w, roles, gpus, progress).0
+}
+
+/// [`judge`], and the finding's own line (see `words::verdict`).
+pub(super) fn judge_with_line(
+    w: &Window,
+    roles: &Roles,
+    gpus: &[GpuWindow],
+    progress: &ProgressView,
+) -> (Verdict, String) {
     let scene = classify::Scene::of(w, roles, gpus, progress);
-    let mut v = words::verdict(&scene, &classify::classify(&scene));
+    let (mut v, line) = words::verdict(&scene, &classify::classify(&scene));
     v.blamed = blamed(w, roles, v.kind);
-    v
+    (v, line)
 }
 
 /// The trainer's main thread, the workers the evidence names, and in a

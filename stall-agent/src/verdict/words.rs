@@ -16,14 +16,13 @@ use crate::{
     syscalls, units,
 };
 
-/// The verdict for `finding`: its summary and the evidence of the scene.
-pub(super) fn verdict(s: &Scene, finding: &Finding) -> Verdict {
+/// The verdict for `finding`: its summary and the evidence of the scene;
+/// and the finding's own line, without the GPUs' line or notes around it
+/// (a rank's line in a run's).
+pub(super) fn verdict(s: &Scene, finding: &Finding) -> (Verdict, String) {
     let gpu_line = gpu_prefix(s.gpus, s.secs);
     let text = summary(s, finding);
-    let mut summary = match &gpu_line {
-        Some(g) => format!("{g}. {text}"),
-        None => format!("{text}{HOST_ONLY_NOTE}"),
-    };
+    let mut summary = around(&text, gpu_line.as_deref());
     let lost = s.w.lost_total();
     if lost > 0 {
         summary.push_str(PARTIAL_NOTE);
@@ -34,29 +33,24 @@ pub(super) fn verdict(s: &Scene, finding: &Finding) -> Verdict {
     }
     evidence.extend(job_evidence(s));
     evidence.dedup();
-    Verdict { kind: finding.kind(), summary, evidence, host_only: s.host_only(), ..Default::default() }
+    let v =
+        Verdict { kind: finding.kind(), summary, evidence, host_only: s.host_only(), ..Default::default() };
+    (v, text)
 }
 
-/// Said after a summary without GPU data, and after one with lost events.
-pub(super) const HOST_ONLY_NOTE: &str = " (no GPU data: host-side verdict)";
+/// Said after a summary with lost events.
 pub(super) const PARTIAL_NOTE: &str = " [partial: events were lost]";
 
 /// `text` as a summary of the GPUs' window: after their line, or said to
 /// be host-side without them.
 pub(super) fn with_gpus(text: &str, gpus: &[GpuWindow], secs: f64) -> String {
-    match gpu_prefix(gpus, secs) {
-        Some(g) => format!("{g}. {text}"),
-        None => format!("{text}{HOST_ONLY_NOTE}"),
-    }
+    around(text, gpu_prefix(gpus, secs).as_deref())
 }
 
-/// A summary without what `verdict` put around its finding (the GPUs'
-/// line, the host-side note, the partial note): a rank's line in a run's.
-pub(super) fn bare<'a>(summary: &'a str, gpus: &[GpuWindow], secs: f64) -> &'a str {
-    let s = summary.strip_suffix(PARTIAL_NOTE).unwrap_or(summary);
-    match gpu_prefix(gpus, secs) {
-        Some(g) => s.strip_prefix(g.as_str()).and_then(|s| s.strip_prefix(". ")).unwrap_or(s),
-        None => s.strip_suffix(HOST_ONLY_NOTE).unwrap_or(s),
+fn around(text: &str, gpu_line: Option<&str>) -> String {
+    match gpu_line {
+        Some(g) => format!("{g}. {text}"),
+        None => format!("{text} (no GPU data: host-side verdict)"),
     }
 }
 
