@@ -66,6 +66,8 @@ pub struct Job {
     /// The outputs open at attach have been looked at.
     outputs_noted: bool,
     startup: Startup,
+    /// A distributed run: the ranks whose input pipeline has run.
+    ranks_started: BTreeSet<u32>,
     /// Last sum of /proc I/O counters ([`Job::note_io`]).
     io_chars: Option<u64>,
     pub stacks: Stacks,
@@ -125,6 +127,7 @@ impl Job {
             progress: Progress::new(start_ns),
             outputs_noted: false,
             startup: Startup::Watching { before: Window::default() },
+            ranks_started: BTreeSet::new(),
             io_chars: None,
             stacks: Stacks::Off,
             last_stacks: None,
@@ -290,17 +293,35 @@ impl Job {
         if matches!(self.startup, Startup::Done { .. }) {
             return;
         }
-        let workers_ran = roles.workers.iter().filter_map(|w| interval.proc(*w)).any(|p| {
-            let c = p.sum();
-            c.on_cpu_ns > 0 || c.file_read_bytes > 0 || p.input_bytes() > 0
-        });
-        let fed = roles.trainers.iter().filter_map(|t| interval.proc(*t)).any(|p| {
-            p.threads
-                .iter()
-                .any(|t| t.woken_by.iter().any(|w| w.count > 0 && roles.workers.contains(&w.tgid)))
-        });
+        let worker_ran = |w: &u32| {
+            interval.proc(*w).is_some_and(|p| {
+                let c = p.sum();
+                c.on_cpu_ns > 0 || c.file_read_bytes > 0 || p.input_bytes() > 0
+            })
+        };
+        let fed = |t: &u32| {
+            interval.proc(*t).is_some_and(|p| {
+                p.threads
+                    .iter()
+                    .any(|t| t.woken_by.iter().any(|w| w.count > 0 && roles.workers.contains(&w.tgid)))
+            })
+        };
         let gpu_ran = gpus.iter().any(|g| g.samples > 0 && g.util_mean_pct > crate::gpu::IDLE_UTIL_PCT);
-        if !(workers_ran || fed || gpu_ran) {
+        let started = if roles.ranks.len() > 1 {
+            // A run's ranks import and start at their own pace: its startup
+            // lasts until every rank's pipeline has run once.
+            for &(rank, trainer) in &roles.ranks {
+                if fed(&trainer)
+                    || roles.workers.iter().any(|w| roles.rank_of(*w) == Some(rank) && worker_ran(w))
+                {
+                    self.ranks_started.insert(rank);
+                }
+            }
+            gpu_ran || roles.ranks.iter().all(|(rank, _)| self.ranks_started.contains(rank))
+        } else {
+            roles.workers.iter().any(worker_ran) || roles.trainers.iter().any(fed) || gpu_ran
+        };
+        if !started {
             self.startup = Startup::Watching { before: summary };
             return;
         }
