@@ -349,6 +349,18 @@ pub fn assert_close(what: &str, got: f64, want: f64, tol: f64) {
     );
 }
 
+/// A whole thread's total that stall counts to the thread's end, against
+/// the kernel's figure read by the thread shortly before it ended: `got`
+/// is at least `at_read` and at most `at_read` plus the `tail` the thread
+/// lived on after the read, each within `tol`.
+pub fn assert_thread_total(what: &str, got: f64, at_read: f64, tail: f64, tol: f64) {
+    assert!(
+        got >= at_read * (1.0 - tol) && got <= (at_read + tail) * (1.0 + tol),
+        "{what}: got {got:.4}, want {at_read:.4} (+ up to {tail:.4} after the read) within {:.0}%",
+        tol * 100.0
+    );
+}
+
 /// Where cgroup v2 is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified on
 /// hybrid systems). Panics without one: the cgroup tests cannot run.
 pub fn cgroup2_mount() -> PathBuf {

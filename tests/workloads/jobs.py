@@ -40,13 +40,18 @@ def cap_eff():
 
 def run_together(start, *fns):
     """Runs `fns` on threads of their own, released together by the barrier
-    `start` (one party each, plus this thread), and waits for them."""
+    `start` (one party each, plus this thread), and waits for them. Returns
+    when each join returned (monotonic s): no later than that, the thread
+    had ended."""
     threads = [threading.Thread(target=f) for f in fns]
     for t in threads:
         t.start()
     start.wait()
+    joined = []
     for t in threads:
         t.join()
+        joined.append(time.monotonic())
+    return joined
 
 
 def make_file(path, size):
@@ -224,8 +229,14 @@ def job_waits(args):
             truth["burn_runq_s"] = int(wait_ns) / 1e9
         except OSError:
             pass
+        truth["burn_read_t"] = time.monotonic()
 
-    run_together(start, futexer, poller, burner)
+    joined = run_together(start, futexer, poller, burner)
+    # The thread runs on after those reads (its teardown; under emulation,
+    # with every CPU busy, tens of ms in the runqueue and on CPU), and stall
+    # counts it to its end: its totals lie between the reads and the reads
+    # plus this tail.
+    truth["burn_tail_s"] = joined[2] - truth["burn_read_t"]
     write_truth(truth)
 
 
