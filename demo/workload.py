@@ -50,6 +50,13 @@ Other input pipelines (--mode), for stall's scenario tests:
            set, before reading anything; the trainer polls its result queue
            every 5 s like DataLoader -> hang (runs until killed or
            --max-seconds)
+  checkpoint  the input keeps up (as in healthy mode, --decode-ms default 5,
+           --compute-ms default 20), but every --checkpoint-every batches the
+           trainer saves a --checkpoint-mb MB state as torch.save does with a
+           safe rename: written in 1 MiB write(2) calls to
+           <cache-dir>/ckpt-<pid>.bin.tmp, fsync'd, renamed over
+           ckpt-<pid>.bin; --throttle-mbps caps the job's disk *writes* ->
+           output-io-bound
   healthy  the trainer is the bottleneck: --compute-ms (default 200) per
            batch; the workers make batches from memory in --decode-ms
            (default 30) and then idle -> not an input verdict
@@ -95,12 +102,12 @@ def log(msg):
     print(f"{TAG} {msg}", file=sys.stderr, flush=True)
 
 
-MODES = ("io", "mmap", "cpu", "hang", "healthy")
+MODES = ("io", "mmap", "cpu", "hang", "healthy", "checkpoint")
 # The modes whose workers read shard files.
 FILE_MODES = ("io", "mmap")
 # Per-mode defaults of --compute-ms and --decode-ms.
-COMPUTE_MS = {"io": 2.0, "mmap": 2.0, "cpu": 2.0, "hang": 2.0, "healthy": 200.0}
-DECODE_MS = {"io": 0.0, "mmap": 0.0, "cpu": 50.0, "hang": 0.0, "healthy": 30.0}
+COMPUTE_MS = {"io": 2.0, "mmap": 2.0, "cpu": 2.0, "hang": 2.0, "healthy": 200.0, "checkpoint": 20.0}
+DECODE_MS = {"io": 0.0, "mmap": 0.0, "cpu": 50.0, "hang": 0.0, "healthy": 30.0, "checkpoint": 5.0}
 
 
 def parse_args(argv=None):
@@ -127,8 +134,12 @@ def parse_args(argv=None):
     p.add_argument("--respawn", action="store_true",
                    help="new worker processes every epoch; the old ones exit at its end")
     p.add_argument("--throttle-mbps", type=float, default=100.0,
-                   help="cap the job's disk reads at this many MB/s with a cgroup; 0: no throttle "
-                        "(default: %(default)s; io mode only)")
+                   help="cap the job's disk reads (its writes in checkpoint mode) at this many MB/s with "
+                        "a cgroup; 0: no throttle (default: %(default)s; io, mmap and checkpoint modes)")
+    p.add_argument("--checkpoint-mb", type=int, default=64,
+                   help="checkpoint mode: MB saved per checkpoint (default: %(default)s)")
+    p.add_argument("--checkpoint-every", type=int, default=20,
+                   help="checkpoint mode: batches between checkpoints (default: %(default)s)")
     p.add_argument("--cgroup-name", default=None,
                    help="name of the throttling cgroup (default: stall-demo-<pid>)")
     p.add_argument("--start-delay", type=float, default=1.5,
@@ -145,7 +156,8 @@ def parse_args(argv=None):
     p.add_argument("--prepare-only", action="store_true",
                    help="io mode: generate the sample files, then exit")
     a = p.parse_args(argv)
-    for name in ("files", "file_mb", "workers", "batch_kb", "epochs", "batches", "prefetch"):
+    for name in ("files", "file_mb", "workers", "batch_kb", "epochs", "batches", "prefetch", "checkpoint_mb",
+                 "checkpoint_every"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if a.compute_ms is None:
@@ -313,7 +325,7 @@ def remove_stale(parent):
             pass
 
 
-def setup_v2(parent, name, back, major, minor, bps, description):
+def setup_v2(parent, name, back, major, minor, key, bps, description):
     # io must be passed down from the root to `parent`: enable it on every
     # level that does not yet (each holds no processes, the root excepted).
     mnt = cgroup2_mount()
@@ -344,7 +356,7 @@ def setup_v2(parent, name, back, major, minor, bps, description):
         path = os.path.join(parent, name)
         os.mkdir(path)
         try:
-            write(os.path.join(path, "io.max"), f"{major}:{minor} rbps={bps}")
+            write(os.path.join(path, "io.max"), f"{major}:{minor} {key}={bps}")
         except OSError:
             os.rmdir(path)
             raise
@@ -354,23 +366,26 @@ def setup_v2(parent, name, back, major, minor, bps, description):
     return Throttle("io.max", path, back, f"{description} ({path}/io.max)", undo)
 
 
-def setup_throttle(cache_dir, mbps, name):
-    """Returns (Throttle or None, a sentence saying what the job's reads get)."""
+def setup_throttle(cache_dir, mbps, name, writes=False):
+    """Returns (Throttle or None, a sentence saying what the job's reads, or
+    with `writes` its writes, get)."""
+    what = "writes" if writes else "reads"
     if mbps <= 0:
-        return None, "not throttled (--throttle-mbps 0): reads run at the disk's own speed"
+        return None, f"not throttled (--throttle-mbps 0): {what} run at the disk's own speed"
     if os.geteuid() != 0:
-        return None, "NOT throttled: creating a cgroup needs root; reads run at the disk's own speed"
+        return None, f"NOT throttled: creating a cgroup needs root; {what} run at the disk's own speed"
     disk = block_device(cache_dir)
     if disk is None:
         return None, (f"NOT throttled: {cache_dir} is not on a block device that a cgroup can throttle; "
-                      "reads run at the disk's own speed")
+                      f"{what} run at the disk's own speed")
     major, minor, dev_name = disk
     bps = int(mbps * 1e6)
     rule = f"{major}:{minor} {bps}"
     errors = []
 
     v1 = "/sys/fs/cgroup/blkio"
-    if os.path.exists(os.path.join(v1, "blkio.throttle.read_bps_device")):
+    v1_file = "blkio.throttle.write_bps_device" if writes else "blkio.throttle.read_bps_device"
+    if os.path.exists(os.path.join(v1, v1_file)):
         rel = (own_cgroup("blkio") or "/").lstrip("/")
         parent = os.path.join(v1, rel) if rel else v1
         remove_stale(parent)
@@ -378,13 +393,13 @@ def setup_throttle(cache_dir, mbps, name):
         try:
             os.mkdir(path)
             try:
-                write(os.path.join(path, "blkio.throttle.read_bps_device"), rule)
+                write(os.path.join(path, v1_file), rule)
             except OSError:
                 os.rmdir(path)
                 raise
             return (Throttle("blkio", path, parent,
                              f"throttled to {mbps:g} MB/s on {dev_name} ({major}:{minor}) with cgroup v1 "
-                             f"blkio ({path}/blkio.throttle.read_bps_device)"), None)
+                             f"blkio ({path}/{v1_file})"), None)
         except OSError as e:
             errors.append(f"cgroup v1 blkio: {e}")
 
@@ -405,14 +420,14 @@ def setup_throttle(cache_dir, mbps, name):
             candidates = [os.path.dirname(own), mnt] if own != mnt.rstrip("/") else [mnt]
             for parent in dict.fromkeys(p.rstrip("/") or "/" for p in candidates):
                 try:
-                    return (setup_v2(parent, name, own, major, minor, bps,
+                    return (setup_v2(parent, name, own, major, minor, ("wbps" if writes else "rbps"), bps,
                                      f"throttled to {mbps:g} MB/s on {dev_name} ({major}:{minor}) with "
                                      f"cgroup v2 io.max"), None)
                 except OSError as e:
                     errors.append(f"cgroup v2 io under {parent}: {e}")
     if not errors:
         errors.append("no cgroup v1 blkio or cgroup v2 mount found")
-    return None, "NOT throttled (" + "; ".join(errors) + "): reads run at the disk's own speed"
+    return None, "NOT throttled (" + "; ".join(errors) + f"): {what} run at the disk's own speed"
 
 
 # ------------------------------------------------------------------- the job
@@ -539,7 +554,10 @@ class Job:
         self.result_queue = self.ctx.Queue()
         self.never = self.ctx.Event()  # hang mode: nobody sets it
         # cpu/healthy: the "encoded samples", in memory (getrandom(2), no file).
-        self.data = os.urandom(64 * 1024) if args.mode in ("cpu", "healthy") else None
+        self.data = os.urandom(64 * 1024) if args.mode in ("cpu", "healthy", "checkpoint") else None
+        # checkpoint mode: what was saved, and the time in writes and fsync.
+        self.ckpt = {"count": 0, "bytes": 0, "write_s": 0.0, "sync_s": 0.0,
+                     "path": os.path.join(args.cache_dir, f"ckpt-{os.getpid()}.bin")}
         self.deadline = None if args.max_seconds is None else started + args.max_seconds
         self.workers, self.index_queues, self.current, self.records = [], [], [], []
         self.t0 = self.t_end = None
@@ -571,6 +589,7 @@ class Job:
             "batches": self.batches,
             "files": self.paths,
             "throttle": self.note,
+            "checkpoint": self.ckpt,
         }
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
@@ -683,6 +702,25 @@ class Job:
                 self.index_queues[w].put(nxt)
                 nxt += 1
             compute(a.compute_ms)
+            if a.mode == "checkpoint" and done % a.checkpoint_every == 0:
+                self.checkpoint()
+
+    def checkpoint(self):
+        """Saves the "state" as torch.save with a safe rename does: written,
+        fsync'd, renamed over the last one."""
+        c, chunk = self.ckpt, os.urandom(CHUNK)
+        tmp = c["path"] + ".tmp"
+        t0 = time.monotonic()
+        with open(tmp, "wb", buffering=0) as f:
+            for _ in range(self.args.checkpoint_mb):
+                c["bytes"] += f.write(chunk)
+            t1 = time.monotonic()
+            os.fsync(f.fileno())
+            t2 = time.monotonic()
+        os.replace(tmp, c["path"])
+        c["count"] += 1
+        c["write_s"] += t1 - t0
+        c["sync_s"] += t2 - t1
 
     def run(self):
         a = self.args
@@ -736,6 +774,10 @@ class Job:
         else:
             print(f"workload: {self.args.mode} mode: {self.batches} batches in {secs:.1f} s = "
                   f"{self.batches / secs:.1f} batches/s ({self.stopped})", flush=True)
+        if self.ckpt["count"]:
+            c = self.ckpt
+            print(f"workload: {c['count']} checkpoints, {c['bytes'] / 1e6:.0f} MB: {c['write_s']:.1f} s writing, "
+                  f"{c['sync_s']:.1f} s in fsync; writes {self.note}", flush=True)
 
 
 def on_sigterm(_signum, _frame):
@@ -759,6 +801,14 @@ def main(argv=None):
         if not throttle and args.throttle_mbps > 0:
             log("on a fast disk an unthrottled job may hardly wait for its input (then it does not look "
                 "input-bound)")
+    elif args.mode == "checkpoint":
+        paths = []
+        os.makedirs(args.cache_dir, exist_ok=True)
+        throttle, note = setup_throttle(args.cache_dir, args.throttle_mbps,
+                                        args.cgroup_name or f"stall-demo-{os.getpid()}", writes=True)
+        if throttle:
+            note = throttle.description
+        log(f"job's disk writes: {note}")
     else:
         paths, note = [], f"none: {args.mode} mode reads no files"
     set_comm("trainer")
@@ -772,6 +822,9 @@ def main(argv=None):
     finally:
         if throttle:
             throttle.remove()
+        if args.mode == "checkpoint":
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(args.cache_dir, f"ckpt-{os.getpid()}.bin"))
     return 0
 
 

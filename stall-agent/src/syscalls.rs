@@ -28,14 +28,14 @@ const TABLE: &[(u32, &str, u8)] = &[
     (35, "nanosleep", class::SLEEP),
     (230, "clock_nanosleep", class::SLEEP),
     (34, "pause", class::SLEEP),
-    (1, "write", class::OTHER),
+    (1, "write", class::WRITE),
     (2, "open", class::OTHER),
     (3, "close", class::OTHER),
     (9, "mmap", class::OTHER),
-    (18, "pwrite64", class::OTHER),
-    (20, "writev", class::OTHER),
-    (296, "pwritev", class::OTHER),
-    (328, "pwritev2", class::OTHER),
+    (18, "pwrite64", class::WRITE),
+    (20, "writev", class::WRITE),
+    (296, "pwritev", class::WRITE),
+    (328, "pwritev2", class::WRITE),
     (42, "connect", class::OTHER),
     (44, "sendto", class::OTHER),
     (46, "sendmsg", class::OTHER),
@@ -44,8 +44,12 @@ const TABLE: &[(u32, &str, u8)] = &[
     (59, "execve", class::OTHER),
     (61, "wait4", class::OTHER),
     (62, "kill", class::OTHER),
-    (74, "fsync", class::OTHER),
-    (75, "fdatasync", class::OTHER),
+    (74, "fsync", class::SYNC),
+    (75, "fdatasync", class::SYNC),
+    (277, "sync_file_range", class::SYNC),
+    (26, "msync", class::SYNC),
+    (162, "sync", class::SYNC),
+    (306, "syncfs", class::SYNC),
     (72, "fcntl", class::OTHER),
     (101, "ptrace", class::OTHER),
     (128, "rt_sigtimedwait", class::OTHER),
@@ -81,13 +85,13 @@ const TABLE: &[(u32, &str, u8)] = &[
 compile_error!("stall's syscall table covers x86-64 only so far");
 
 /// What the raw syscall programs do per syscall number: the `HOOKS` table.
-/// The read family is the `READ` wait class; the rest are named.
+/// The read and write families are their wait classes; the rest are named.
 pub fn hook_table() -> Vec<(u32, u8)> {
     TABLE
         .iter()
         .filter_map(|&(nr, name, c)| match (name, c) {
             (_, class::READ) => Some((nr, hook::READ)),
-            ("write" | "pwrite64" | "writev" | "pwritev" | "pwritev2", _) => Some((nr, hook::WRITE)),
+            (_, class::WRITE) => Some((nr, hook::WRITE)),
             ("openat", _) => Some((nr, hook::OPENAT)),
             ("open", _) => Some((nr, hook::OPEN)),
             ("creat", _) => Some((nr, hook::CREAT)),
@@ -138,6 +142,9 @@ mod tests {
         assert_eq!(name(202), "futex");
         assert_eq!(name(9999), "syscall 9999");
         assert_eq!(class(7), class::POLL);
+        assert_eq!(class(1), class::WRITE);
+        let syncs: Vec<u32> = TABLE.iter().filter(|t| t.2 == class::SYNC).map(|t| t.0).collect();
+        assert_eq!(syncs, [74, 75, 277, 26, 162, 306]);
     }
 
     #[test]

@@ -62,6 +62,9 @@ pub mod rules {
     pub const TRAINER_WAITS: f64 = 0.5;
     /// Workers' I/O or CPU share that names the bottleneck.
     pub const WORKER_SHARE: f64 = 0.3;
+    /// Trainer blocked writing and syncing files at least this share (and
+    /// more than it waits for input): output-I/O-bound.
+    pub const TRAINER_OUTPUT: f64 = 0.3;
     /// Trainer on CPU at least this share: host-bound.
     pub const TRAINER_BUSY: f64 = 0.5;
     /// Hang: the trainer and its workers show no progress for this long.

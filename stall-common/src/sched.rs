@@ -10,7 +10,7 @@ pub mod reason {
     /// Blocked in `futex` (locks, condition variables, `queue.Queue.get`).
     pub const FUTEX: u8 = 0;
     /// Blocked reading a regular file, or in uninterruptible sleep outside a
-    /// syscall (page faults on mapped files).
+    /// syscall (page faults on mapped files): the job's input.
     pub const IO: u8 = 1;
     /// Waiting on a pipe, socket or event: poll/select/epoll, or a blocking
     /// read of a non-file descriptor (a `multiprocessing` queue).
@@ -21,8 +21,19 @@ pub mod reason {
     pub const RUNQUEUE: u8 = 4;
     /// Any other blocking syscall; [`super::ThreadStats::other_nr`] names it.
     pub const OTHER: u8 = 5;
-    pub const COUNT: usize = 6;
-    pub const NAMES: [&str; COUNT] = ["futex", "io", "poll", "sleep", "runqueue", "other"];
+    /// Blocked writing a regular file: its I/O, or the writeback throttling
+    /// the kernel puts a writer to sleep in (checkpoints, logs).
+    pub const WRITE: u8 = 6;
+    /// Blocked in `fsync`, `fdatasync`, `sync_file_range`, `msync`, `sync`
+    /// or `syncfs`: waiting for written data to reach storage.
+    pub const SYNC: u8 = 7;
+    pub const COUNT: usize = 8;
+    pub const NAMES: [&str; COUNT] = ["futex", "io", "poll", "sleep", "runqueue", "other", "write", "sync"];
+
+    /// The reason's name; "other" for a value no reason has.
+    pub fn name(r: u8) -> &'static str {
+        NAMES.get(usize::from(r)).copied().unwrap_or(NAMES[OTHER as usize])
+    }
 }
 
 /// Scheduling state of a tracked thread as the kernel side last saw it.
@@ -362,7 +373,7 @@ mod tests {
     fn layouts_have_no_hidden_padding() {
         assert_eq!(
             size_of::<ThreadStats>(),
-            4 * 2 + 8 + 8 * 6 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 5
+            4 * 2 + 8 + 8 * 8 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 5
         );
         assert_eq!(size_of::<ThreadStats>() % 8, 0);
         assert_eq!(size_of::<WakeKey>(), 8);

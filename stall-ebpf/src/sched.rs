@@ -241,26 +241,44 @@ fn switch_out<const STACK: bool>(
         syscall_class::FUTEX => reason::FUTEX,
         syscall_class::POLL => reason::POLL,
         syscall_class::SLEEP => reason::SLEEP,
+        // A blocking read or write of a file is I/O; of a pipe or socket it
+        // is a wait on another party, like poll.
         syscall_class::READ => {
-            // A blocking read of a file is I/O; of a pipe or socket it is a
-            // wait on another party, like poll.
-            let key = FdKey { tgid, fd: t.inflight_fd };
-            let is_file = inflight::kind(t.inflight, crate::running::generation()) == inflight::READ
-                // SAFETY: `get` is unsafe because another CPU may change or
-                // delete the entry while the reference lives (a preallocated
-                // element can be reused); one field is read at once.
-                && matches!(unsafe { FILES.get(key) }, Some(f) if f.kind != fd_kind::OTHER);
-            if is_file {
+            if on_file(t, tgid, inflight::READ, state) {
                 reason::IO
             } else {
                 reason::POLL
             }
         }
+        syscall_class::WRITE => {
+            if on_file(t, tgid, inflight::WRITE, state) {
+                reason::WRITE
+            } else {
+                reason::POLL
+            }
+        }
+        syscall_class::SYNC => reason::SYNC,
         // Uninterruptible sleep outside the known waits: disk I/O (page
         // faults on mapped files, metadata reads), rarely a kernel lock.
         _ if state == UNINTERRUPTIBLE => reason::IO,
         _ => reason::OTHER,
     };
+}
+
+/// Whether the read or write (`what`, an `inflight` kind) `t` blocks in is
+/// on a file: by the descriptor's `FILES` entry where the syscall programs
+/// recorded the call; else (they are not attached) by the sleep, as files
+/// block uninterruptibly and pipes and sockets do not.
+#[inline(always)]
+fn on_file(t: &ThreadStats, tgid: u32, what: u32, state: u8) -> bool {
+    if inflight::kind(t.inflight, crate::running::generation()) != what {
+        return state == UNINTERRUPTIBLE;
+    }
+    let key = FdKey { tgid, fd: t.inflight_fd };
+    // SAFETY: `get` is unsafe because another CPU may change or delete the
+    // entry while the reference lives (a preallocated element can be
+    // reused); one field is read at once.
+    matches!(unsafe { FILES.get(key) }, Some(f) if f.kind != fd_kind::OTHER)
 }
 
 /// The syscall the current task (`prev`) is in, from its saved user

@@ -551,6 +551,72 @@ fn healthy_job_is_not_input_bound() {
 
 /// 5. Non-persistent workers, new ones every epoch: every worker of every
 ///    epoch is in the summary with its exact bytes.
+/// A trainer whose input keeps up but that saves a 24 MiB checkpoint every
+/// 10 steps (write, fsync, rename) to storage whose writes are throttled to
+/// 12 MB/s: blocked mostly in fsync, it is output-io-bound, with the
+/// checkpoint's bytes exact and its time in sync and write as it measured
+/// them.
+#[test]
+fn checkpoints_to_slow_storage_are_output_io_bound() {
+    let _t = Timed::start("checkpoints_to_slow_storage_are_output_io_bound");
+    let s = disk_scratch("checkpoint");
+    let truth_path = s.path("truth.json");
+    let run = stall_run(&[
+        "--mode",
+        "checkpoint",
+        "--cache-dir",
+        s.path("ckpt").to_str().unwrap(),
+        "--workers",
+        "2",
+        "--batches",
+        "40",
+        "--checkpoint-every",
+        "10",
+        "--checkpoint-mb",
+        "24",
+        "--throttle-mbps",
+        "12",
+        "--start-delay",
+        "0",
+        "--truth",
+        truth_path.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    assert_eq!(t["stopped"], "completed", "{t}");
+    assert_throttled(&t);
+    let c = &t["checkpoint"];
+    assert_eq!(u(&c["count"]), 4, "{t}");
+    let trainer = u(&t["trainer"]);
+    let tmp = format!("{}.tmp", c["path"].as_str().unwrap());
+    let f = run.file(trainer, Path::new(&tmp));
+    assert_eq!(u(&f["write_bytes"]), u(&c["bytes"]), "checkpoint bytes: {f}");
+    assert_eq!(u(&f["write_calls"]), 4 * 24, "{f}");
+    let main = run.thread(trainer);
+    let by = &main["off_cpu_by_reason"];
+    eprintln!(
+        "checkpoint: trainer sync {:.3}s (own clock {:.3}s), write {:.3}s (own clock {:.3}s), io {:.3}s; {}",
+        secs(&by["sync"]),
+        secs(&c["sync_s"]),
+        secs(&by["write"]),
+        secs(&c["write_s"]),
+        secs(&by["io"]),
+        verdict_summary(&run)
+    );
+    // Blocked in fsync for all but the fsync's own CPU time.
+    let want = secs(&c["sync_s"]);
+    assert!(want >= 4.0 * 24.0 * 1.048 / 12.0 * 0.8, "the fsyncs waited for the throttle: {t}");
+    assert!(secs(&by["sync"]) <= want * 1.02 && secs(&by["sync"]) >= want * 0.9, "sync: {main}");
+    // Writes into the page cache block little; what does is counted as write.
+    assert!(secs(&by["write"]) <= secs(&c["write_s"]) * 1.05 + 0.01, "write: {main}");
+    assert!(secs(&by["io"]) < 0.1 * want, "a sync is not a read: {main}");
+    assert_eq!(kind(run.summary()), "output-io-bound", "{}", verdict_summary(&run));
+    let line = verdict_summary(&run);
+    assert!(line.contains(&format!("writing {tmp} (")), "{line}");
+    assert!(line.contains(&format!("{} at ", human_bytes(u(&c["bytes"])))), "{line}");
+    assert!(evidence(&run).iter().any(|e| e.starts_with(&format!("file {tmp}: "))), "{:?}", evidence(&run));
+}
+
 #[test]
 fn respawned_workers_every_epoch() {
     let _t = Timed::start("respawned_workers_every_epoch");

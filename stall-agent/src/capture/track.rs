@@ -219,13 +219,15 @@ pub fn classify_blocked(nr: i64, state: char, fd_regular: impl FnOnce() -> Optio
         syscall_class::FUTEX => reason::FUTEX,
         syscall_class::POLL => reason::POLL,
         syscall_class::SLEEP => reason::SLEEP,
-        syscall_class::READ if nr >= 0 => {
-            if fd_regular().unwrap_or(false) {
-                reason::IO
-            } else {
-                reason::POLL
+        syscall_class::READ | syscall_class::WRITE if nr >= 0 => {
+            let file = fd_regular().unwrap_or(state == 'D');
+            match (syscalls::class(nr) == syscall_class::READ, file) {
+                (_, false) => reason::POLL,
+                (true, true) => reason::IO,
+                (false, true) => reason::WRITE,
             }
         }
+        syscall_class::SYNC => reason::SYNC,
         _ if state == 'D' => reason::IO,
         _ => reason::OTHER,
     }
@@ -244,5 +246,12 @@ mod tests {
         assert_eq!(classify_blocked(230, 'S', || None), reason::SLEEP);
         assert_eq!(classify_blocked(-1, 'D', || None), reason::IO);
         assert_eq!(classify_blocked(61, 'S', || None), reason::OTHER);
+        assert_eq!(classify_blocked(1, 'D', || Some(true)), reason::WRITE);
+        assert_eq!(classify_blocked(1, 'S', || Some(false)), reason::POLL);
+        // Descriptor unknown: a file blocks uninterruptibly, a pipe does not.
+        assert_eq!(classify_blocked(18, 'D', || None), reason::WRITE);
+        assert_eq!(classify_blocked(1, 'S', || None), reason::POLL);
+        assert_eq!(classify_blocked(74, 'D', || None), reason::SYNC);
+        assert_eq!(classify_blocked(75, 'S', || None), reason::SYNC);
     }
 }

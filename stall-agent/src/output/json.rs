@@ -1,4 +1,4 @@
-//! JSON Lines, schema 1 (docs/JSON.md): one `interval` record per interval,
+//! JSON Lines, schema 2 (docs/JSON.md): one `interval` record per interval,
 //! one `summary` at the end. Bytes are integers, times are seconds.
 use serde::Serialize;
 use stall_common::{counter, reason};
@@ -12,7 +12,7 @@ use crate::{
     verdict::Verdict,
 };
 
-pub const SCHEMA: u32 = 1;
+pub const SCHEMA: u32 = 2;
 
 #[derive(Serialize)]
 pub struct Record<'a> {
@@ -62,6 +62,8 @@ pub struct OffCpu {
     pub sleep: f64,
     pub runqueue: f64,
     pub other: f64,
+    pub write: f64,
+    pub sync: f64,
 }
 
 impl From<&ThreadCounters> for OffCpu {
@@ -74,6 +76,8 @@ impl From<&ThreadCounters> for OffCpu {
             sleep: s(reason::SLEEP),
             runqueue: s(reason::RUNQUEUE),
             other: s(reason::OTHER),
+            write: s(reason::WRITE),
+            sync: s(reason::SYNC),
         }
     }
 }
@@ -173,7 +177,7 @@ fn thread(t: &ThreadWindow) -> Thread {
     } else if t.now.running {
         "running"
     } else {
-        reason::NAMES[usize::from(t.now.reason).min(reason::COUNT - 1)]
+        reason::name(t.now.reason)
     };
     Thread {
         tid: t.tid,

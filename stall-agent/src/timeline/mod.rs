@@ -37,7 +37,7 @@ impl State {
     pub fn name(self) -> String {
         match self {
             State::OnCpu => "on-cpu".into(),
-            State::Off(r) => reason::NAMES[usize::from(r).min(reason::COUNT - 1)].into(),
+            State::Off(r) => reason::name(r).into(),
             State::Other(nr) => format!("other:{}", syscalls::name(i64::from(nr))),
         }
     }

@@ -79,6 +79,13 @@ pub(super) enum Finding<'a> {
     TrainerReads {
         own_io: f64,
     },
+    /// The trainer is blocked writing or syncing files (checkpoints, logs)
+    /// more than it waits for its input.
+    OutputIo {
+        /// Its share blocked writing and syncing, and syncing alone.
+        out: f64,
+        sync: f64,
+    },
     /// The trainer's main thread is on CPU (or waiting for one).
     TrainerBusy {
         cpu: f64,
@@ -98,6 +105,7 @@ impl Finding<'_> {
             Finding::HangBehindBusyGpu(_) | Finding::HangNoProgress(_) => Kind::Hang,
             Finding::InputIo { .. } | Finding::TrainerReads { .. } => Kind::InputIoBound,
             Finding::InputCpu { .. } => Kind::InputCpuBound,
+            Finding::OutputIo { .. } => Kind::OutputIoBound,
             Finding::TrainerBusy { .. } => Kind::TrainerHostBound,
             Finding::Idle { .. } => Kind::Idle,
         }
@@ -125,6 +133,10 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
 
     let waits = tm.r(reason::FUTEX) + tm.r(reason::POLL);
     let own_io = tm.r(reason::IO);
+    let out = tm.r(reason::WRITE) + tm.r(reason::SYNC);
+    if out >= rules::TRAINER_OUTPUT && out >= waits + own_io {
+        return Finding::OutputIo { out, sync: tm.r(reason::SYNC) };
+    }
     let (worker_io, worker_cpu) = worker_shares(&s.workers, s.secs);
     if waits + own_io >= rules::TRAINER_WAITS {
         let waits = waits + own_io;

@@ -67,8 +67,10 @@ pub(in crate::verdict) fn no_progress(
     if secs < rules::HANG_MIN_S || main.now.running || tm.on > rules::HANG_MAX_ON_CPU {
         return None;
     }
-    // Sleeping on purpose is idleness, not a hang.
-    if tm.r(reason::SLEEP) >= 0.5 || tm.blocked() < 0.9 {
+    // Sleeping on purpose is idleness, not a hang; a long write or sync
+    // (a checkpoint to slow storage) moves data all along.
+    let writing = tm.r(reason::WRITE) + tm.r(reason::SYNC);
+    if tm.r(reason::SLEEP) >= 0.5 || writing >= 0.5 || tm.blocked() < 0.9 {
         return None;
     }
     let ipc: u64 = w.procs.iter().map(|p| p.other_read_bytes).sum();

@@ -9,6 +9,7 @@ use serde::{Serialize, Serializer};
 pub enum Kind {
     InputIoBound,
     InputCpuBound,
+    OutputIoBound,
     Hang,
     TrainerHostBound,
     GpuBusy,
@@ -19,9 +20,10 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order the metrics list them.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::InputIoBound,
         Kind::InputCpuBound,
+        Kind::OutputIoBound,
         Kind::Hang,
         Kind::TrainerHostBound,
         Kind::GpuBusy,
@@ -34,6 +36,7 @@ impl Kind {
         match self {
             Kind::InputIoBound => "input-io-bound",
             Kind::InputCpuBound => "input-cpu-bound",
+            Kind::OutputIoBound => "output-io-bound",
             Kind::Hang => "hang",
             Kind::TrainerHostBound => "trainer-host-bound",
             Kind::GpuBusy => "gpu-busy",
@@ -43,10 +46,10 @@ impl Kind {
     }
 
     /// Whether the Python stacks of the threads it blames are read live:
-    /// where they wait is the next question for a hang or a slow input
-    /// pipeline, and not for the rest.
+    /// where they wait is the next question for a hang, a slow input
+    /// pipeline or a blocking save, and not for the rest.
     pub fn wants_stacks(self) -> bool {
-        matches!(self, Kind::Hang | Kind::InputIoBound | Kind::InputCpuBound)
+        matches!(self, Kind::Hang | Kind::InputIoBound | Kind::InputCpuBound | Kind::OutputIoBound)
     }
 
     /// Whether the daemon's cheap tier (the GPU, the scheduler and /proc, no
@@ -90,11 +93,12 @@ mod tests {
         let position = |k: Kind| match k {
             Kind::InputIoBound => 0,
             Kind::InputCpuBound => 1,
-            Kind::Hang => 2,
-            Kind::TrainerHostBound => 3,
-            Kind::GpuBusy => 4,
-            Kind::Idle => 5,
-            Kind::Unknown => 6,
+            Kind::OutputIoBound => 2,
+            Kind::Hang => 3,
+            Kind::TrainerHostBound => 4,
+            Kind::GpuBusy => 5,
+            Kind::Idle => 6,
+            Kind::Unknown => 7,
         };
         for (i, k) in Kind::ALL.iter().enumerate() {
             assert_eq!(position(*k), i, "{k}");

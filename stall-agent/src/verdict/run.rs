@@ -44,7 +44,10 @@ pub struct Straggler {
 
 /// Kinds that are a rank's own cause: what it waits for is on its side.
 fn holds(kind: Kind) -> bool {
-    matches!(kind, Kind::InputIoBound | Kind::InputCpuBound | Kind::TrainerHostBound | Kind::Hang)
+    matches!(
+        kind,
+        Kind::InputIoBound | Kind::InputCpuBound | Kind::OutputIoBound | Kind::TrainerHostBound | Kind::Hang
+    )
 }
 
 /// The run's verdict: the straggler's, named as the run's, or (ranks even)

@@ -18,8 +18,9 @@ use crate::{
 
 const S: u64 = 1_000_000_000;
 
-/// Shares of a window by state: (on, [futex, io, poll, sleep, runqueue, other]).
-pub(super) fn counters(secs: u64, on: f64, off: [f64; 6], file_bytes: u64) -> ThreadCounters {
+/// Shares of a window by state: (on, [futex, io, poll, sleep, runqueue, other,
+/// write, sync]), the trailing ones zero where left out.
+pub(super) fn counters<const N: usize>(secs: u64, on: f64, off: [f64; N], file_bytes: u64) -> ThreadCounters {
     let ns = |f: f64| (f * (secs * S) as f64) as u64;
     let mut off_ns = [0; reason::COUNT];
     for (i, v) in off.iter().enumerate() {
@@ -71,7 +72,7 @@ impl Job {
         self
     }
 
-    fn trainer(self, on: f64, off: [f64; 6], now: ThreadNow) -> Self {
+    fn trainer<const N: usize>(self, on: f64, off: [f64; N], now: ThreadNow) -> Self {
         let c = counters(self.secs, on, off, 0);
         self.thread(100, 100, c, now)
     }
@@ -95,7 +96,7 @@ impl Job {
     }
 
     /// A worker process (child of the trainer) reading `bytes` from its own file.
-    fn worker(mut self, pid: u32, on: f64, off: [f64; 6], bytes: u64) -> Self {
+    fn worker<const N: usize>(mut self, pid: u32, on: f64, off: [f64; N], bytes: u64) -> Self {
         let id = self.worker_opening(pid, format!("/data/rows_{pid}.pt"));
         self.files.push(FileSnap {
             tgid: pid,
@@ -118,7 +119,7 @@ impl Job {
     /// A worker that maps its shard (opened, mapped, closed), faults
     /// `mapped` bytes of it in (None: faults not followed), `storage` of
     /// them from storage: no read() at all.
-    fn mapping_worker(mut self, pid: u32, on: f64, off: [f64; 6], storage: u64, mapped: Option<u64>) -> Self {
+    fn mapping_worker<const N: usize>(mut self, pid: u32, on: f64, off: [f64; N], storage: u64, mapped: Option<u64>) -> Self {
         let id = self.worker_opening(pid, format!("/data/shard_{pid}.safetensors"));
         let inode = Inode { dev: 8 << 20, ino: id };
         self.model.set_file_kind(id, fd_kind::REGULAR);
@@ -338,6 +339,72 @@ fn input_cpu_bound() {
     let v = job.judge(&[gpu(1.0, 10, None)]);
     assert_eq!(v.kind, Kind::InputCpuBound, "{v:?}");
     assert!(v.summary.contains("on CPU 95% of the time"), "{}", v.summary);
+}
+
+/// The trainer wrote `bytes` to `path` (fd 4) in the window.
+fn trainer_writes(job: &mut Job, path: &str, bytes: u64) {
+    job.model.apply(&Event::Open {
+        ts: 0,
+        tid: 100,
+        tgid: 100,
+        fd: 4,
+        file_id: 7,
+        path: path.into(),
+        dfd: -100,
+        dup_of: None,
+    });
+    job.files.push(FileSnap {
+        tgid: 100,
+        fd: 4,
+        file_id: 7,
+        kind: fd_kind::REGULAR,
+        counters: FileCounters { write_bytes: bytes, write_calls: bytes / 65536, ..Default::default() },
+    });
+}
+
+#[test]
+fn trainer_blocked_writing_and_syncing_a_checkpoint_is_output_io_bound() {
+    // 20 s: 50% in fsync, 32% in write, while its workers keep up.
+    let mut job = Job::new(20);
+    trainer_writes(&mut job, "/ckpt/ckpt.pt.tmp", 720_000_000);
+    let mut job = job.trainer(0.1, [0.03, 0.0, 0.03, 0.0, 0.02, 0.0, 0.32, 0.5], blocked(reason::SYNC));
+    for pid in 101..=102 {
+        job = job.worker(pid, 0.05, [0.9, 0.0, 0.0, 0.0, 0.0, 0.0], 1_000_000);
+    }
+    let v = job.judge(&[gpu(2.0, 20, None)]);
+    assert_eq!(v.kind, Kind::OutputIoBound, "{v:?}");
+    assert!(v.summary.starts_with("GPU0 "), "{}", v.summary);
+    assert!(
+        v.summary.contains(
+            "Trainer main thread blocked 82% of 20.0s writing /ckpt/ckpt.pt.tmp (720 MB at 43.9 MB/s, 61% of it in sync)"
+        ),
+        "{}",
+        v.summary
+    );
+    assert!(v.evidence.iter().any(|e| e.starts_with("file /ckpt/ckpt.pt.tmp: 720 MB written by pid 100")), "{:?}", v.evidence);
+    // Without GPU data the same, said to be host-side.
+    let mut job = Job::new(20);
+    trainer_writes(&mut job, "/ckpt/ckpt.pt.tmp", 720_000_000);
+    let v = job.trainer(0.1, [0.03, 0.0, 0.03, 0.0, 0.02, 0.0, 0.32, 0.5], blocked(reason::SYNC)).judge(&[]);
+    assert_eq!(v.kind, Kind::OutputIoBound, "{v:?}");
+    assert!(v.host_only);
+}
+
+#[test]
+fn output_waits_below_the_input_waits_leave_the_input_verdict() {
+    // 35% writing, 55% waiting for workers that read: the input comes first.
+    let mut job = Job::new(10);
+    trainer_writes(&mut job, "/logs/metrics.jsonl", 1_000_000);
+    let mut job = job.trainer(0.05, [0.3, 0.0, 0.25, 0.0, 0.0, 0.0, 0.35, 0.0], blocked(reason::FUTEX));
+    for pid in 101..=104 {
+        job = job.worker(pid, 0.05, IO_WORKER, 50_000_000);
+    }
+    let v = job.judge(&[gpu(1.0, 10, None)]);
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    // A trainer blocked in fsync alone for the whole window is writing, not
+    // hung, even with nothing counted as progress in it.
+    let v = Job::new(10).trainer(0.0, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0], blocked(reason::SYNC)).judge(&[]);
+    assert_eq!(v.kind, Kind::OutputIoBound, "{v:?}");
 }
 
 #[test]

@@ -31,6 +31,9 @@ pub(super) fn verdict(s: &Scene, finding: &Finding) -> (Verdict, String) {
     if lost > 0 {
         evidence.push(format!("{lost} events lost: figures are partial"));
     }
+    if let (Finding::OutputIo { .. }, Some(trainer)) = (finding, s.trainer) {
+        evidence.extend(written_files(trainer, s.secs));
+    }
     evidence.extend(job_evidence(s));
     evidence.dedup();
     let v =
@@ -103,6 +106,23 @@ fn summary(s: &Scene, finding: &Finding) -> String {
                 units::bytes(own),
                 units::rate(own, secs),
                 from_storage(&[trainer], own)
+            )
+        }
+        Finding::OutputIo { out, sync } => {
+            let written = trainer.file_write_bytes();
+            // The files that carry the bytes, not every control file touched.
+            let files: Vec<_> =
+                by_written(trainer).into_iter().filter(|f| f.write_bytes * 10 >= written).collect();
+            let names: Vec<&str> = files.iter().take(2).map(|f| f.path.as_str()).collect();
+            let more = if files.len() > 2 { format!(" and {} more", files.len() - 2) } else { String::new() };
+            format!(
+                "Trainer main thread blocked {} of {} writing {}{more} ({} at {}, {} of it in sync): writing output (checkpoints, logs) stalls the trainer",
+                units::pct(*out),
+                units::secs(secs),
+                if names.is_empty() { "files".to_string() } else { names.join(", ") },
+                units::bytes(written),
+                units::rate(written, out * secs),
+                units::pct(if *out > 0.0 { sync / out } else { 0.0 })
             )
         }
         Finding::TrainerBusy { cpu } if s.host_only() => format!(
@@ -204,11 +224,11 @@ fn no_progress(
             let what = if r == reason::OTHER || t.syscall >= 0 && r != reason::IO {
                 format!(
                     "{} in {}",
-                    reason::NAMES[usize::from(r).min(5)],
+                    reason::name(r),
                     syscalls::name(i64::from(t.syscall))
                 )
             } else {
-                reason::NAMES[usize::from(r).min(5)].to_string()
+                reason::name(r).to_string()
             };
             format!("{} {} ({})", t.comm, t.tid, what)
         })
@@ -242,7 +262,7 @@ fn reason_name(r: u8, t: &ThreadWindow) -> String {
     if r == reason::OTHER && t.other_nr >= 0 {
         format!("other ({})", syscalls::name(i64::from(t.other_nr)))
     } else {
-        reason::NAMES[usize::from(r).min(reason::COUNT - 1)].to_string()
+        reason::name(r).to_string()
     }
 }
 
@@ -359,6 +379,33 @@ fn from_storage(procs: &[&ProcWindow], bytes: u64) -> String {
         None => "",
     };
     format!(" ({:.0} % from storage{cache})", share * 100.0)
+}
+
+/// The files a process wrote in the window, most bytes first.
+fn by_written(p: &ProcWindow) -> Vec<&crate::aggregate::FileWindow> {
+    let mut files: Vec<_> = p.files.iter().filter(|f| f.write_bytes > 0).collect();
+    files.sort_by(|a, b| b.write_bytes.cmp(&a.write_bytes).then_with(|| a.path.cmp(&b.path)));
+    files
+}
+
+/// Evidence: the files that took at least 1% of what `p` wrote.
+fn written_files(p: &ProcWindow, secs: f64) -> Vec<String> {
+    let written = p.file_write_bytes();
+    by_written(p)
+        .iter()
+        .filter(|f| f.write_bytes * 100 >= written)
+        .take(5)
+        .map(|f| {
+            format!(
+                "file {}: {} written by pid {} in {} calls ({} over the window)",
+                f.path,
+                units::bytes(f.write_bytes),
+                p.tgid,
+                f.write_calls,
+                units::rate(f.write_bytes, secs)
+            )
+        })
+        .collect()
 }
 
 fn top_files(w: &Window, secs: f64) -> Vec<String> {

@@ -18,8 +18,9 @@ const S: u64 = 1_000_000_000;
 const SECS: u64 = 10;
 const LAUNCHER: u32 = 10;
 
-/// (on, [futex, io, poll, sleep, runqueue, other]) as shares of the window.
-fn counters(on: f64, off: [f64; 6], bytes: u64) -> ThreadCounters {
+/// (on, [futex, io, poll, sleep, runqueue, other, write, sync]) as shares of
+/// the window, the trailing ones zero where left out.
+fn counters<const N: usize>(on: f64, off: [f64; N], bytes: u64) -> ThreadCounters {
     crate::verdict::tests::counters(SECS, on, off, bytes)
 }
 
@@ -194,6 +195,19 @@ fn the_rank_others_wait_for_is_named() {
     let json = serde_json::to_value(&v).unwrap();
     assert_eq!(json["straggler"]["rank"], 2);
     assert_eq!(json["ranks"][1]["kind"], Kind::Unknown.as_str());
+}
+
+#[test]
+fn a_rank_blocked_saving_a_checkpoint_holds_the_run() {
+    let mut run = Run::new().rank(0, false).rank(1, false).rank(2, false).rank(3, false);
+    // Rank 1's trainer spends the window writing and syncing its checkpoint.
+    let t = run.threads.iter_mut().find(|t| t.tid == 200).unwrap();
+    t.counters = counters(0.05, [0.02, 0.0, 0.02, 0.0, 0.0, 0.0, 0.3, 0.6], 0);
+    let (v, _) = run.judged();
+    let s = v.run.as_ref().and_then(|r| r.straggler.as_ref()).expect("a straggler");
+    assert_eq!((s.rank, s.pid, s.kind), (1, 200, Kind::OutputIoBound), "{v:?}");
+    assert_eq!(s.waiting_ranks, vec![0, 2, 3]);
+    assert!(v.summary.starts_with("rank 1 (pid 200) holds the run: output-io-bound — "), "{}", v.summary);
 }
 
 #[test]
