@@ -549,8 +549,6 @@ fn healthy_job_is_not_input_bound() {
     }
 }
 
-/// 5. Non-persistent workers, new ones every epoch: every worker of every
-///    epoch is in the summary with its exact bytes.
 /// A trainer whose input keeps up but that saves a 24 MiB checkpoint every
 /// 10 steps (write, fsync, rename) to storage whose writes are throttled to
 /// 12 MB/s: blocked mostly in fsync, it is output-io-bound, with the
@@ -617,6 +615,8 @@ fn checkpoints_to_slow_storage_are_output_io_bound() {
     assert!(evidence(&run).iter().any(|e| e.starts_with(&format!("file {tmp}: "))), "{:?}", evidence(&run));
 }
 
+/// 5. Non-persistent workers, new ones every epoch: every worker of every
+///    epoch is in the summary with its exact bytes.
 #[test]
 fn respawned_workers_every_epoch() {
     let _t = Timed::start("respawned_workers_every_epoch");

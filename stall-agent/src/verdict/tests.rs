@@ -119,7 +119,14 @@ impl Job {
     /// A worker that maps its shard (opened, mapped, closed), faults
     /// `mapped` bytes of it in (None: faults not followed), `storage` of
     /// them from storage: no read() at all.
-    fn mapping_worker<const N: usize>(mut self, pid: u32, on: f64, off: [f64; N], storage: u64, mapped: Option<u64>) -> Self {
+    fn mapping_worker<const N: usize>(
+        mut self,
+        pid: u32,
+        on: f64,
+        off: [f64; N],
+        storage: u64,
+        mapped: Option<u64>,
+    ) -> Self {
         let id = self.worker_opening(pid, format!("/data/shard_{pid}.safetensors"));
         let inode = Inode { dev: 8 << 20, ino: id };
         self.model.set_file_kind(id, fd_kind::REGULAR);
@@ -381,7 +388,11 @@ fn trainer_blocked_writing_and_syncing_a_checkpoint_is_output_io_bound() {
         "{}",
         v.summary
     );
-    assert!(v.evidence.iter().any(|e| e.starts_with("file /ckpt/ckpt.pt.tmp: 720 MB written by pid 100")), "{:?}", v.evidence);
+    assert!(
+        v.evidence.iter().any(|e| e.starts_with("file /ckpt/ckpt.pt.tmp: 720 MB written by pid 100")),
+        "{:?}",
+        v.evidence
+    );
     // Without GPU data the same, said to be host-side.
     let mut job = Job::new(20);
     trainer_writes(&mut job, "/ckpt/ckpt.pt.tmp", 720_000_000);
@@ -403,7 +414,8 @@ fn output_waits_below_the_input_waits_leave_the_input_verdict() {
     assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
     // A trainer blocked in fsync alone for the whole window is writing, not
     // hung, even with nothing counted as progress in it.
-    let v = Job::new(10).trainer(0.0, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0], blocked(reason::SYNC)).judge(&[]);
+    let v =
+        Job::new(10).trainer(0.0, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0], blocked(reason::SYNC)).judge(&[]);
     assert_eq!(v.kind, Kind::OutputIoBound, "{v:?}");
 }
 

@@ -222,11 +222,7 @@ fn no_progress(
         .map(|t| {
             let r = t.reason;
             let what = if r == reason::OTHER || t.syscall >= 0 && r != reason::IO {
-                format!(
-                    "{} in {}",
-                    reason::name(r),
-                    syscalls::name(i64::from(t.syscall))
-                )
+                format!("{} in {}", reason::name(r), syscalls::name(i64::from(t.syscall)))
             } else {
                 reason::name(r).to_string()
             };
