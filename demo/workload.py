@@ -136,6 +136,9 @@ def parse_args(argv=None):
     p.add_argument("--throttle-mbps", type=float, default=100.0,
                    help="cap the job's disk reads (its writes in checkpoint mode) at this many MB/s with "
                         "a cgroup; 0: no throttle (default: %(default)s; io, mmap and checkpoint modes)")
+    p.add_argument("--cpu-limit", type=float, default=None, metavar="CPUS",
+                   help="run the job in a cgroup whose CPU quota is this many CPUs (a Kubernetes CPU "
+                        "limit: cgroup v1 cpu.cfs_quota_us or v2 cpu.max, 100 ms periods)")
     p.add_argument("--checkpoint-mb", type=int, default=64,
                    help="checkpoint mode: MB saved per checkpoint (default: %(default)s)")
     p.add_argument("--checkpoint-every", type=int, default=20,
@@ -164,6 +167,8 @@ def parse_args(argv=None):
         a.compute_ms = COMPUTE_MS[a.mode]
     if a.decode_ms is None:
         a.decode_ms = DECODE_MS[a.mode]
+    if a.cpu_limit is not None and a.cpu_limit <= 0:
+        p.error("--cpu-limit must be positive")
     if a.throttle_mbps < 0 or a.compute_ms < 0 or a.decode_ms < 0 or a.start_delay < 0 or a.import_s < 0:
         p.error("--throttle-mbps, --compute-ms, --decode-ms, --start-delay and --import-s must not be negative")
     if a.max_seconds is not None and a.max_seconds <= 0:
@@ -282,7 +287,8 @@ def own_cgroup(controller):
 
 
 class Throttle:
-    """A cgroup that caps disk reads; `description` says what was done."""
+    """A cgroup that caps disk reads or writes, or CPU; `description` says
+    what was done."""
 
     def __init__(self, kind, path, back, description, undo=None):
         self.kind, self.path, self.back, self.description, self.undo = kind, path, back, description, undo
@@ -325,7 +331,56 @@ def remove_stale(parent):
             pass
 
 
-def setup_v2(parent, name, back, major, minor, key, bps, description):
+def cpu_stat(path):
+    """The throttling counters of a cgroup's cpu.stat, throttled time in ns."""
+    out = {}
+    with open(os.path.join(path, "cpu.stat")) as f:
+        for line in f:
+            key, _, value = line.partition(" ")
+            out[key] = int(value)
+    ns = out.get("throttled_time", out.get("throttled_usec", 0) * 1000)
+    return {"periods": out.get("nr_periods", 0), "throttled_periods": out.get("nr_throttled", 0),
+            "throttled_ns": ns}
+
+
+def setup_cpu_limit(cpus, name):
+    """Returns (Throttle or None, a sentence saying what the job's CPU gets):
+    a cgroup whose CFS quota is `cpus` CPUs per 100 ms period."""
+    if os.geteuid() != 0:
+        return None, "NOT limited: creating a cgroup needs root"
+    quota, period = int(cpus * 100000), 100000
+    errors = []
+    v1 = "/sys/fs/cgroup/cpu"
+    if os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")):
+        parent = os.path.join(v1, (own_cgroup("cpu") or "/").lstrip("/")).rstrip("/")
+        remove_stale(parent)
+        path = os.path.join(parent, name)
+        try:
+            os.mkdir(path)
+            try:
+                write(os.path.join(path, "cpu.cfs_period_us"), str(period))
+                write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
+            except OSError:
+                os.rmdir(path)
+                raise
+            return Throttle("cpu", path, parent, f"limited to {cpus:g} CPU with cgroup v1 cpu ({path})"), None
+        except OSError as e:
+            errors.append(f"cgroup v1 cpu: {e}")
+    mnt = cgroup2_mount()
+    if mnt:
+        own = os.path.join(mnt, (own_cgroup(None) or "/").lstrip("/")).rstrip("/")
+        candidates = [os.path.dirname(own), mnt] if own != mnt.rstrip("/") else [mnt]
+        for parent in dict.fromkeys(p.rstrip("/") or "/" for p in candidates):
+            try:
+                t = setup_v2(parent, name, own, 0, 0, None, 0, f"limited to {cpus:g} CPU with cgroup v2 cpu.max",
+                             controller="cpu", setting=("cpu.max", f"{quota} {period}"))
+                return t, None
+            except OSError as e:
+                errors.append(f"cgroup v2 cpu under {parent}: {e}")
+    return None, "NOT limited (" + "; ".join(errors or ["no cgroup cpu controller found"]) + ")"
+
+
+def setup_v2(parent, name, back, major, minor, key, bps, description, controller="io", setting=None):
     # io must be passed down from the root to `parent`: enable it on every
     # level that does not yet (each holds no processes, the root excepted).
     mnt = cgroup2_mount()
@@ -340,7 +395,7 @@ def setup_v2(parent, name, back, major, minor, key, bps, description):
     def undo():
         for control in reversed(enabled):
             try:
-                write(control, "-io")
+                write(control, f"-{controller}")
             except OSError:
                 pass
 
@@ -348,22 +403,23 @@ def setup_v2(parent, name, back, major, minor, key, bps, description):
         for level in reversed(levels):
             control = os.path.join(level, "cgroup.subtree_control")
             with open(control) as f:
-                if "io" in f.read().split():
+                if controller in f.read().split():
                     continue
-            write(control, "+io")
+            write(control, f"+{controller}")
             enabled.append(control)
         remove_stale(parent)
         path = os.path.join(parent, name)
         os.mkdir(path)
+        file, value = setting or ("io.max", f"{major}:{minor} {key}={bps}")
         try:
-            write(os.path.join(path, "io.max"), f"{major}:{minor} {key}={bps}")
+            write(os.path.join(path, file), value)
         except OSError:
             os.rmdir(path)
             raise
     except OSError:
         undo()
         raise
-    return Throttle("io.max", path, back, f"{description} ({path}/io.max)", undo)
+    return Throttle(file, path, back, f"{description} ({path}/{file})", undo)
 
 
 def setup_throttle(cache_dir, mbps, name, writes=False):
@@ -568,6 +624,16 @@ class Job:
 
     # ----------------------------------------------------------- ground truth
 
+    def cpu_limit_truth(self):
+        """The CPU limit's cgroup and its cpu.stat now (None: no limit)."""
+        c = getattr(self, "cpu_limit", None)
+        if c is None:
+            return None
+        try:
+            return {"cgroup": c.path, "cpus": self.args.cpu_limit, **cpu_stat(c.path)}
+        except OSError:
+            return None
+
     def write_truth(self):
         path = self.args.truth
         if not path:
@@ -590,6 +656,7 @@ class Job:
             "files": self.paths,
             "throttle": self.note,
             "checkpoint": self.ckpt,
+            "cpu_limit": self.cpu_limit_truth(),
         }
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
@@ -811,17 +878,26 @@ def main(argv=None):
         log(f"job's disk writes: {note}")
     else:
         paths, note = [], f"none: {args.mode} mode reads no files"
+    limit = None
+    if args.cpu_limit is not None:
+        limit, cpu_note = setup_cpu_limit(args.cpu_limit, f"stall-demo-cpu-{os.getpid()}")
+        log(f"job's CPU: {limit.description if limit else cpu_note}")
     set_comm("trainer")
     try:
-        if throttle:
-            throttle.enter()  # before forking: the workers inherit the cgroup
-        Job(args, paths, note, started).run()
+        # Before forking: the workers inherit the cgroups.
+        for cgroup in (throttle, limit):
+            if cgroup:
+                cgroup.enter()
+        job = Job(args, paths, note, started)
+        job.cpu_limit = limit
+        job.run()
     except KeyboardInterrupt:
         log("interrupted; workers stopped")
         return 130
     finally:
-        if throttle:
-            throttle.remove()
+        for cgroup in (limit, throttle):
+            if cgroup:
+                cgroup.remove()
         if args.mode == "checkpoint":
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(args.cache_dir, f"ckpt-{os.getpid()}.bin"))

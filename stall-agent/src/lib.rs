@@ -8,6 +8,7 @@ pub mod capture;
 pub mod cli;
 pub mod clock;
 pub mod correlate;
+pub mod cpulimit;
 pub mod daemon;
 pub mod decode;
 pub mod error;

@@ -33,6 +33,12 @@ pub fn pct(frac: f64) -> String {
     format!("{:.0}%", (frac * 100.0).clamp(0.0, 100.0))
 }
 
+/// A CPU count such as a limit: "0.6", "2", "1.25".
+pub fn cpus(n: f64) -> String {
+    let s = format!("{n:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 pub fn secs(s: f64) -> String {
     if s >= 100.0 {
         format!("{s:.0}s")

@@ -27,8 +27,13 @@ pub mod reason {
     /// Blocked in `fsync`, `fdatasync`, `sync_file_range`, `msync`, `sync`
     /// or `syncfs`: waiting for written data to reach storage.
     pub const SYNC: u8 = 7;
-    pub const COUNT: usize = 8;
-    pub const NAMES: [&str; COUNT] = ["futex", "io", "poll", "sleep", "runqueue", "other", "write", "sync"];
+    /// Runnable but held back by its cgroup's CPU limit (CFS bandwidth
+    /// throttling). The kernel side never sets it: the agent moves it out
+    /// of RUNQUEUE, apportioned from the cgroup's `cpu.stat`.
+    pub const THROTTLED: u8 = 8;
+    pub const COUNT: usize = 9;
+    pub const NAMES: [&str; COUNT] =
+        ["futex", "io", "poll", "sleep", "runqueue", "other", "write", "sync", "throttled"];
 
     /// The reason's name; "other" for a value no reason has.
     pub fn name(r: u8) -> &'static str {
@@ -373,7 +378,7 @@ mod tests {
     fn layouts_have_no_hidden_padding() {
         assert_eq!(
             size_of::<ThreadStats>(),
-            4 * 2 + 8 + 8 * 8 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 5
+            4 * 2 + 8 + 8 * 9 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 5
         );
         assert_eq!(size_of::<ThreadStats>() % 8, 0);
         assert_eq!(size_of::<WakeKey>(), 8);

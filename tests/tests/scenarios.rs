@@ -410,6 +410,61 @@ fn cpu_bound_transforms() {
     }
 }
 
+/// 2a. The same workers in a cgroup limited to 0.6 CPU (a Kubernetes CPU
+///     limit): input-cpu-bound because of the limit, which the verdict
+///     names with its throttling; the throttled time matches cpu.stat, and
+///     each worker's on-CPU time is its own CPU time, never its waiting.
+#[test]
+fn a_cpu_limit_throttling_the_workers_is_named() {
+    let _t = Timed::start("a_cpu_limit_throttling_the_workers_is_named");
+    let s = disk_scratch("cpulimit");
+    let truth_path = s.path("truth.json");
+    let run = stall_run(&cpu_job(150, &truth_path, &["--cpu-limit", "0.6"]));
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = finished_truth(&truth_path, "cpu");
+    let limit = &t["cpu_limit"];
+    assert!(limit.is_object(), "the job ran without its CPU limit: {t}");
+    let cgroup = limit["cgroup"].as_str().unwrap();
+    let sum = run.summary();
+    let got = sum["cpu_limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["cgroup"] == cgroup)
+        .unwrap_or_else(|| panic!("{cgroup} not among {}", sum["cpu_limits"]));
+    eprintln!("cpu limit: stall {got}; cpu.stat at the end {limit}; {}", verdict_summary(&run));
+    assert_eq!(got["cpu_limit_cpus"], 0.6);
+    // stall reads cpu.stat once per interval: the last second (after its
+    // last reading, before the job removed its cgroup) is missing.
+    let want_s = u(&limit["throttled_ns"]) as f64 / 1e9;
+    assert!(want_s >= 5.0, "the limit throttled the job: {limit}");
+    assert_cpu_close("throttled seconds", secs(&got["throttled_s"]), want_s, 0.15);
+    assert_cpu_close(
+        "throttled periods",
+        u(&got["throttled_periods"]) as f64,
+        u(&limit["throttled_periods"]) as f64,
+        0.15,
+    );
+    assert_eq!(kind(sum), "input-cpu-bound", "{}", verdict_summary(&run));
+    let line = verdict_summary(&run);
+    assert!(
+        line.contains(&format!("the cgroup's CPU limit (0.6 CPU, {cgroup}) throttled them in ")),
+        "{line}"
+    );
+    for w in workers(&t) {
+        let pid = u(&w["pid"]);
+        assert_eq!(run.process(pid)["cpu_limit_cgroup"], cgroup);
+        let main = run.thread(pid);
+        let want = secs(&w["cpu_s"]);
+        assert_cpu_close(&format!("worker {pid} on-CPU ({main})"), secs(&main["on_cpu_s"]), want, 0.05);
+        let by = &main["off_cpu_by_reason"];
+        assert!(
+            secs(&by["throttled"]) > secs(&main["on_cpu_s"]),
+            "worker {pid} held back by the limit: {main}"
+        );
+    }
+}
+
 /// 2b. A short run whose trainer first spends longer importing (on CPU)
 ///     than its CPU-bound pipeline then runs: the verdict is on the steady
 ///     state after the workers start, and the report says how long startup

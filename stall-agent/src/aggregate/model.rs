@@ -8,13 +8,14 @@
 //! counted twice. Pure: no kernel, no /proc; unit-tested on synthetic streams.
 mod cut;
 mod ended;
+mod throttle;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use stall_common::{counter::LOST_CAUSES, fd_kind};
 
-use self::ended::Folded;
 pub use self::ended::MAX_ENDED;
+use self::{ended::Folded, throttle::LimitTally};
 use super::window::FileWindow;
 use crate::{
     decode::{Event, FileCounters, FileSnap, Inode, Snapshot, ThreadCounters, ThreadNow},
@@ -37,6 +38,8 @@ pub struct Proc {
     /// it ran before tracing started).
     pub born_ns: u64,
     pub exec_ns: u64,
+    /// The cgroup that caps its CPU, if any.
+    pub cpu_limit: Option<String>,
     /// Ended and its kernel entries freed (see [`Model::dead`]).
     retired: bool,
     /// Its threads that ended and whose ids a new thread took (pids wrap),
@@ -49,12 +52,18 @@ pub struct Thread {
     pub tid: u32,
     pub tgid: u32,
     pub comm: String,
+    /// The kernel's counters, with the runqueue wait its CPU limit caused
+    /// moved to `THROTTLED` (see `throttle`).
     pub total: ThreadCounters,
     mark: ThreadCounters,
     pub now: ThreadNow,
     pub other_nr: i32,
     pub alive: bool,
     retired: bool,
+    /// Runqueue wait apportioned to its CPU limit so far.
+    throttled_ns: u64,
+    /// Its on-CPU and runnable time when last apportioned.
+    apportioned: (u64, u64),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -152,6 +161,10 @@ pub struct Model {
     ended: VecDeque<u32>,
     /// Ended processes beyond [`MAX_ENDED`], summed (fork storms).
     folded: Folded,
+    /// The limited cgroups of the job's processes, by directory, and when
+    /// they were last read.
+    cpu_limits: BTreeMap<String, LimitTally>,
+    limits_ns: u64,
 }
 
 /// What the kernel counts per (process, file) outside read calls.
@@ -302,7 +315,7 @@ impl Model {
     /// A thread ended; its process too once no thread of it is alive.
     fn exit(&mut self, ts: u64, tid: u32, tgid: u32, comm: &str, counters: &ThreadCounters, other_nr: i32) {
         let t = self.thread_mut(tid, tgid);
-        t.total = *counters;
+        t.total = throttle::with_throttled(counters, t.throttled_ns);
         t.alive = false;
         t.other_nr = other_nr;
         t.now = ThreadNow::default();
@@ -326,7 +339,7 @@ impl Model {
         for s in &snap.threads {
             let t = self.thread_mut(s.tid, s.tgid);
             if t.alive {
-                t.total = s.counters;
+                t.total = throttle::with_throttled(&s.counters, t.throttled_ns);
                 t.now = s.now;
                 t.other_nr = s.other_nr;
             }

@@ -22,6 +22,32 @@ pub struct Window {
     /// Switches the tracepoint never delivered, repaired from the kernel's
     /// counters (cumulative; nothing lost).
     pub sched_repaired: u64,
+    /// The CPU limits of the job's cgroups, and what they throttled in the
+    /// window.
+    pub cpu_limits: Vec<CpuLimitWindow>,
+}
+
+/// A cgroup's CPU limit and its throttling in a window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CpuLimitWindow {
+    pub cgroup: String,
+    /// The limit, in CPUs (quota over period).
+    pub cpus: f64,
+    pub periods: u64,
+    pub throttled_periods: u64,
+    /// Time its run queues were throttled, summed over CPUs.
+    pub throttled_ns: u64,
+}
+
+impl CpuLimitWindow {
+    /// Share of its periods in which it ran out of quota.
+    pub fn throttled_share(&self) -> f64 {
+        if self.periods == 0 {
+            0.0
+        } else {
+            self.throttled_periods as f64 / self.periods as f64
+        }
+    }
 }
 
 impl Window {
@@ -44,7 +70,14 @@ impl Window {
             events: self.events,
             sched_gaps: self.sched_gaps,
             sched_repaired: self.sched_repaired,
+            cpu_limits: self.cpu_limits.clone(),
         }
+    }
+
+    /// The limit of the cgroup that caps `p`'s CPU, as counted in this window.
+    pub fn cpu_limit_of(&self, p: &ProcWindow) -> Option<&CpuLimitWindow> {
+        let cgroup = p.cpu_limit.as_deref()?;
+        self.cpu_limits.iter().find(|l| l.cgroup == cgroup)
     }
     /// The files that were read, most bytes first, with their reader's pid.
     pub fn files_by_bytes(&self) -> Vec<(u32, &FileWindow)> {
@@ -144,6 +177,19 @@ impl Window {
         for (i, l) in out.lost.iter_mut().enumerate() {
             *l = self.lost[i].saturating_sub(before.lost[i]);
         }
+        out.cpu_limits = self
+            .cpu_limits
+            .iter()
+            .map(|l| match before.cpu_limits.iter().find(|b| b.cgroup == l.cgroup) {
+                Some(b) => CpuLimitWindow {
+                    periods: l.periods.saturating_sub(b.periods),
+                    throttled_periods: l.throttled_periods.saturating_sub(b.throttled_periods),
+                    throttled_ns: l.throttled_ns.saturating_sub(b.throttled_ns),
+                    ..l.clone()
+                },
+                None => l.clone(),
+            })
+            .collect();
         for p in &self.procs {
             let Some(b) = before.proc(p.tgid) else {
                 out.procs.push(p.clone());
@@ -231,6 +277,17 @@ impl Window {
                 out.lost[i] += l;
             }
             out.events += w.events;
+            for l in &w.cpu_limits {
+                match out.cpu_limits.iter_mut().find(|o| o.cgroup == l.cgroup) {
+                    Some(o) => {
+                        o.cpus = l.cpus;
+                        o.periods += l.periods;
+                        o.throttled_periods += l.throttled_periods;
+                        o.throttled_ns += l.throttled_ns;
+                    }
+                    None => out.cpu_limits.push(l.clone()),
+                }
+            }
             out.sched_gaps = out.sched_gaps.max(w.sched_gaps);
             out.sched_repaired = out.sched_repaired.max(w.sched_repaired);
             for p in &w.procs {
@@ -244,6 +301,7 @@ impl Window {
                         alive: p.alive,
                         born_ns: p.born_ns,
                         exec_ns: p.exec_ns,
+                        cpu_limit: p.cpu_limit.clone(),
                         ..Default::default()
                     });
                     thread_at.push(HashMap::new());
@@ -253,6 +311,7 @@ impl Window {
                 let op = &mut out.procs[pi];
                 op.alive = p.alive;
                 op.exec_ns = op.exec_ns.max(p.exec_ns);
+                op.cpu_limit.clone_from(&p.cpu_limit);
                 op.comm.clone_from(&p.comm);
                 op.other_read_bytes += p.other_read_bytes;
                 op.storage_bytes = add_known(op.storage_bytes, p.storage_bytes);
@@ -330,6 +389,8 @@ pub struct ProcWindow {
     /// When it was forked and last exec'd, if seen while traced (0: not).
     pub born_ns: u64,
     pub exec_ns: u64,
+    /// The cgroup that caps its CPU (see [`Window::cpu_limits`]).
+    pub cpu_limit: Option<String>,
 }
 
 impl ProcWindow {

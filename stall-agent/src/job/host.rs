@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use crate::{
     capture::{procfs, Capture},
     clock::ClockSnapshot,
+    cpulimit::{self, Hierarchy, Reading},
     decode::{FileSnap, JobEvent},
     pystack::{PyStack, PyStacks},
     rank::Rank,
@@ -53,6 +54,12 @@ pub trait Host {
     fn python_stacks(&mut self, threads: &[(u32, u32, String)]) -> (Vec<PyStack>, Vec<String>);
     /// Whether a live read of Python stacks is due (at most one per `every`).
     fn python_stacks_due(&self, every: std::time::Duration) -> bool;
+    /// The cgroup that caps the process's CPU, if any.
+    fn cpu_limit(&self, tgid: u32) -> Option<String>;
+    /// A limited cgroup's limit and throttling counters now.
+    fn read_cpu_limit(&self, cgroup: &str) -> Option<Reading>;
+    /// How many CPUs the job's tasks may run on.
+    fn usable_cpus(&self) -> u32;
 }
 
 /// The machine as it is: the capture, and beside it the readers of the
@@ -60,11 +67,14 @@ pub trait Host {
 pub struct LiveHost {
     pub capture: Capture,
     pub stacks: PyStacks,
+    /// Where CPU limits are kept on this machine (None: no cgroup CPU
+    /// controller found).
+    cpu: Option<Hierarchy>,
 }
 
 impl LiveHost {
     pub fn new(capture: Capture) -> Self {
-        Self { capture, stacks: PyStacks::new() }
+        Self { capture, stacks: PyStacks::new(), cpu: Hierarchy::find() }
     }
 }
 
@@ -115,6 +125,18 @@ impl Host for LiveHost {
 
     fn python_stacks_due(&self, every: std::time::Duration) -> bool {
         self.stacks.due(every)
+    }
+
+    fn cpu_limit(&self, tgid: u32) -> Option<String> {
+        Some(self.cpu.as_ref()?.limit_of(tgid)?.cgroup)
+    }
+
+    fn read_cpu_limit(&self, cgroup: &str) -> Option<Reading> {
+        self.cpu.as_ref()?.read(cgroup)
+    }
+
+    fn usable_cpus(&self) -> u32 {
+        cpulimit::usable_cpus()
     }
 
     fn outputs(&self, pid: u32) -> Vec<(String, u64)> {

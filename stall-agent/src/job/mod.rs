@@ -30,6 +30,11 @@ use crate::{
 /// The shortest steady state the final verdict is given alone.
 const MIN_STEADY_NS: u64 = 1_000_000_000;
 
+/// Every this many snapshots, which cgroup caps each live process's CPU is
+/// looked up again (processes move between cgroups; each lookup reads
+/// /proc and the cgroup files).
+const CPU_LIMIT_REFRESH: u64 = 5;
+
 /// Whether to read the Python stacks of the threads a verdict blames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stacks {
@@ -70,6 +75,8 @@ pub struct Job {
     ranks_started: BTreeSet<u32>,
     /// Last sum of /proc I/O counters ([`Job::note_io`]).
     io_chars: Option<u64>,
+    /// Snapshots absorbed.
+    snapshots: u64,
     pub stacks: Stacks,
     /// The last Python stacks read, reused between live reads.
     last_stacks: Option<(Kind, Vec<PyStack>, Vec<String>)>,
@@ -129,6 +136,7 @@ impl Job {
             startup: Startup::Watching { before: Window::default() },
             ranks_started: BTreeSet::new(),
             io_chars: None,
+            snapshots: 0,
             stacks: Stacks::Off,
             last_stacks: None,
         }
@@ -217,6 +225,7 @@ impl Job {
         for t in &snap.threads {
             self.note_process(host, t.tgid);
         }
+        self.note_cpu_limits(host, snap.ts);
         self.model.refresh_names(|tgid, tid| host.thread_comm(tgid, tid));
         if !self.outputs_noted && !snap.threads.is_empty() {
             self.outputs_noted = true;
@@ -232,11 +241,31 @@ impl Job {
         self.model.mark_retired(&tgids, &tids);
     }
 
+    /// The CPU limits of the job's cgroups at the snapshot's time: which
+    /// caps each process (looked up again now and then), their counters,
+    /// and the runqueue wait they caused.
+    fn note_cpu_limits(&mut self, host: &dyn Host, ts: u64) {
+        self.snapshots += 1;
+        if self.snapshots % CPU_LIMIT_REFRESH == 1 {
+            let live: Vec<u32> = self.model.procs.values().filter(|p| p.alive).map(|p| p.tgid).collect();
+            for tgid in live {
+                self.model.note_cpu_limit(tgid, host.cpu_limit(tgid));
+            }
+        }
+        let cgroups = self.model.limited_cgroups();
+        if cgroups.is_empty() {
+            return;
+        }
+        let readings: Vec<_> = cgroups.iter().filter_map(|c| host.read_cpu_limit(c)).collect();
+        self.model.apply_cpu_limits(ts, &readings, host.usable_cpus());
+    }
+
     /// Names a process once, from the host.
     fn note_process(&mut self, host: &dyn Host, tgid: u32) {
         if self.model.procs.get(&tgid).is_some_and(|p| p.cmdline.is_some()) {
             return;
         }
+        self.model.note_cpu_limit(tgid, host.cpu_limit(tgid));
         let info = host.process(tgid);
         self.model.note_process(
             tgid,

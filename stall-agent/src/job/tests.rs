@@ -31,6 +31,9 @@ struct ScriptedHost {
     io: HashMap<u32, u64>,
     /// Ranks, as their environments say.
     ranks: HashMap<u32, crate::rank::Rank>,
+    /// The cgroup capping each process's CPU, and each such cgroup now.
+    cpu_limits: HashMap<u32, String>,
+    cpu_readings: HashMap<String, crate::cpulimit::Reading>,
 }
 
 impl Host for ScriptedHost {
@@ -81,6 +84,15 @@ impl Host for ScriptedHost {
     }
     fn outputs(&self, pid: u32) -> Vec<(String, u64)> {
         self.outputs.iter().filter(|o| o.0 == pid).map(|o| (o.1.clone(), o.2)).collect()
+    }
+    fn cpu_limit(&self, tgid: u32) -> Option<String> {
+        self.cpu_limits.get(&tgid).cloned()
+    }
+    fn read_cpu_limit(&self, cgroup: &str) -> Option<crate::cpulimit::Reading> {
+        self.cpu_readings.get(cgroup).cloned()
+    }
+    fn usable_cpus(&self) -> u32 {
+        2
     }
 }
 

@@ -36,6 +36,9 @@ pub struct Record<'a> {
     pub gpu_available: bool,
     /// The distributed run the job's ranks belong to (null: not a run).
     pub run_id: Option<&'a str>,
+    /// The CPU limits capping the job's processes, and their throttling in
+    /// the window.
+    pub cpu_limits: Vec<CpuLimit<'a>>,
     pub processes: Vec<Process>,
     pub gpus: &'a [GpuWindow],
     /// When the job last moved (reads, writes) and its newest output.
@@ -55,6 +58,15 @@ pub struct Record<'a> {
 }
 
 #[derive(Serialize)]
+pub struct CpuLimit<'a> {
+    pub cgroup: &'a str,
+    pub cpu_limit_cpus: f64,
+    pub periods: u64,
+    pub throttled_periods: u64,
+    pub throttled_s: f64,
+}
+
+#[derive(Serialize)]
 pub struct OffCpu {
     pub futex: f64,
     pub io: f64,
@@ -64,6 +76,7 @@ pub struct OffCpu {
     pub other: f64,
     pub write: f64,
     pub sync: f64,
+    pub throttled: f64,
 }
 
 impl From<&ThreadCounters> for OffCpu {
@@ -78,6 +91,7 @@ impl From<&ThreadCounters> for OffCpu {
             other: s(reason::OTHER),
             write: s(reason::WRITE),
             sync: s(reason::SYNC),
+            throttled: s(reason::THROTTLED),
         }
     }
 }
@@ -91,6 +105,8 @@ pub struct Process {
     pub role: &'static str,
     /// The rank of a distributed run it works for (its trainer's; null: not a run).
     pub rank: Option<u32>,
+    /// The cgroup capping its CPU (one of `cpu_limits`; null: none).
+    pub cpu_limit_cgroup: Option<String>,
     pub alive: bool,
     pub read_bytes: u64,
     pub read_calls: u64,
@@ -208,6 +224,7 @@ fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
         cmdline: p.cmdline.clone(),
         role,
         rank,
+        cpu_limit_cgroup: p.cpu_limit.clone(),
         alive: p.alive,
         read_bytes: p.file_read_bytes(),
         read_calls: p.files.iter().map(|f| f.read_calls).sum(),
@@ -264,6 +281,17 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
             .map(|p| process(p, v.roles.of(p.tgid).as_str(), v.roles.rank_of(p.tgid)))
             .collect(),
         run_id: v.roles.run_id.as_deref(),
+        cpu_limits: w
+            .cpu_limits
+            .iter()
+            .map(|l| CpuLimit {
+                cgroup: &l.cgroup,
+                cpu_limit_cpus: l.cpus,
+                periods: l.periods,
+                throttled_periods: l.throttled_periods,
+                throttled_s: l.throttled_ns as f64 / 1e9,
+            })
+            .collect(),
         gpus: v.gpus,
         progress: v.progress,
         startup_s: v.startup_s,

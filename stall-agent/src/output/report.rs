@@ -13,7 +13,7 @@ use crate::{correlate::Role, units};
 pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String> {
     let secs = v.window.secs().max(1e-9);
     let mut rows = vec![format!(
-        "{:<8} {:>7} {:>7} {:<15} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10}  {}",
+        "{:<8} {:>7} {:>7} {:<15} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10}  {}",
         "ROLE",
         "PID",
         "TID",
@@ -24,6 +24,9 @@ pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String>
         "POLL",
         "SLEEP",
         "RUNQ",
+        "THROTL",
+        "WRITE",
+        "SYNC",
         "OTHER",
         "READ/s",
         "TOP FILE"
@@ -59,7 +62,7 @@ pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String>
             let off = |r: u8| units::pct(pct(t.delta.off_ns[usize::from(r)]));
             let file = if t.tid == p.tgid { shorten(top, file_cols) } else { String::new() };
             rows.push(format!(
-                "{:<8} {:>7} {:>7} {:<15} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10}  {}",
+                "{:<8} {:>7} {:>7} {:<15} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10}  {}",
                 role,
                 p.tgid,
                 t.tid,
@@ -70,6 +73,9 @@ pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String>
                 off(reason::POLL),
                 off(reason::SLEEP),
                 off(reason::RUNQUEUE),
+                off(reason::THROTTLED),
+                off(reason::WRITE),
+                off(reason::SYNC),
                 off(reason::OTHER),
                 units::rate(t.delta.file_read_bytes, secs),
                 file
@@ -199,6 +205,21 @@ pub fn render(v: &View) -> String {
             units::bytes(f.write_bytes),
             f.write_calls,
             v.roles.of(*pid).as_str()
+        );
+    }
+    if !w.cpu_limits.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "CPU limits (throttled time apportioned to threads from cpu.stat):");
+    }
+    for l in &w.cpu_limits {
+        let _ = writeln!(
+            out,
+            "  {}: {} CPU; throttled in {} of {} periods, {} of run-queue time",
+            l.cgroup,
+            units::cpus(l.cpus),
+            l.throttled_periods,
+            l.periods,
+            units::secs(l.throttled_ns as f64 / 1e9)
         );
     }
     let _ = writeln!(out);

@@ -16,11 +16,13 @@ pub struct Band {
 }
 
 /// Colours by `State::index`: on-CPU, futex, io, poll, sleep, runqueue,
-/// other, write, sync.
-const COLORS: [&str; STATES] =
-    ["#2e7d32", "#f9a825", "#c62828", "#1565c0", "#9e9e9e", "#ef6c00", "#6a1b9a", "#ad1457", "#4e342e"];
+/// other, write, sync, throttled.
+const COLORS: [&str; STATES] = [
+    "#2e7d32", "#f9a825", "#c62828", "#1565c0", "#9e9e9e", "#ef6c00", "#6a1b9a", "#ad1457", "#4e342e",
+    "#00838f",
+];
 const NAMES: [&str; STATES] =
-    ["on-cpu", "futex", "io", "poll", "sleep", "runqueue", "other", "write", "sync"];
+    ["on-cpu", "futex", "io", "poll", "sleep", "runqueue", "other", "write", "sync", "throttled"];
 
 const WIDTH: f64 = 1000.0;
 const LABEL: f64 = 230.0;

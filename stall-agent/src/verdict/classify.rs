@@ -70,10 +70,10 @@ pub(super) enum Finding<'a> {
         waits: f64,
         worker_io: f64,
     },
-    /// The trainer waits, its workers compute.
+    /// The trainer waits, its workers want the CPU (on it, waiting for
+    /// one, or held back by a CPU limit).
     InputCpu {
         waits: f64,
-        worker_cpu: f64,
     },
     /// The trainer waits on its own file reads, without workers.
     TrainerReads {
@@ -144,7 +144,7 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
             return Finding::InputIo { waits, worker_io };
         }
         if !s.workers.is_empty() && worker_cpu >= rules::WORKER_SHARE && worker_cpu > worker_io {
-            return Finding::InputCpu { waits, worker_cpu };
+            return Finding::InputCpu { waits };
         }
         if own_io >= rules::WORKER_SHARE {
             return Finding::TrainerReads { own_io };

@@ -30,18 +30,25 @@ impl Shares {
         self.off[usize::from(r)]
     }
 
+    /// Off CPU while not runnable.
     pub fn blocked(&self) -> f64 {
-        self.off.iter().sum::<f64>() - self.r(reason::RUNQUEUE)
+        self.off.iter().sum::<f64>() - self.runnable()
     }
 
+    /// Runnable but off CPU: waiting for a CPU, or held back by a CPU limit.
+    pub fn runnable(&self) -> f64 {
+        self.r(reason::RUNQUEUE) + self.r(reason::THROTTLED)
+    }
+
+    /// What the thread wanted of the CPU: on it, or runnable.
     pub fn cpu(&self) -> f64 {
-        self.on + self.r(reason::RUNQUEUE)
+        self.on + self.runnable()
     }
 
     /// Where the thread spent most of the window (reason, share).
     pub fn top_wait(&self) -> (u8, f64) {
         (0..reason::COUNT as u8)
-            .filter(|r| *r != reason::RUNQUEUE)
+            .filter(|r| !is_runnable(*r))
             .map(|r| (r, self.r(r)))
             .fold((reason::OTHER, 0.0), |a, b| if b.1 > a.1 { b } else { a })
     }
@@ -49,11 +56,15 @@ impl Shares {
     /// The waits at or above `min`, largest first.
     pub fn waits_above(&self, min: f64) -> Vec<(u8, f64)> {
         let mut parts: Vec<(u8, f64)> = (0..reason::COUNT as u8)
-            .filter(|r| *r != reason::RUNQUEUE)
+            .filter(|r| !is_runnable(*r))
             .map(|r| (r, self.r(r)))
             .filter(|x| x.1 >= min)
             .collect();
         parts.sort_by(|a, b| b.1.total_cmp(&a.1));
         parts
     }
+}
+
+fn is_runnable(r: u8) -> bool {
+    r == reason::RUNQUEUE || r == reason::THROTTLED
 }

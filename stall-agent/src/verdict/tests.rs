@@ -47,6 +47,8 @@ struct Job {
     gpu_pids: HashSet<u32>,
     lost: [u64; LOST_CAUSES],
     progress: ProgressView,
+    /// The job's processes are in one cgroup with this CPU limit.
+    cpu_limit: Option<crate::cpulimit::Reading>,
 }
 
 impl Job {
@@ -64,6 +66,7 @@ impl Job {
             gpu_pids: HashSet::new(),
             lost: [0; LOST_CAUSES],
             progress: ProgressView { known: true, ..Default::default() },
+            cpu_limit: None,
         }
     }
 
@@ -173,6 +176,13 @@ impl Job {
             mmap_known: self.mmap_known,
             ..Default::default()
         });
+        if let Some(r) = &self.cpu_limit {
+            let pids: Vec<u32> = self.model.procs.keys().copied().collect();
+            for pid in pids {
+                self.model.note_cpu_limit(pid, Some(r.limit.cgroup.clone()));
+            }
+            self.model.apply_cpu_limits(end, std::slice::from_ref(r), 2);
+        }
         let w = self.model.summary(end);
         let roles = correlate::assign(&w, &self.gpu_pids, Some(100));
         judge(&w, &roles, gpus, &self.progress)
@@ -345,7 +355,7 @@ fn input_cpu_bound() {
     }
     let v = job.judge(&[gpu(1.0, 10, None)]);
     assert_eq!(v.kind, Kind::InputCpuBound, "{v:?}");
-    assert!(v.summary.contains("on CPU 95% of the time"), "{}", v.summary);
+    assert!(v.summary.contains("on CPU 84% of the time, waiting for a CPU 11% (read"), "{}", v.summary);
 }
 
 /// The trainer wrote `bytes` to `path` (fd 4) in the window.
@@ -417,6 +427,34 @@ fn output_waits_below_the_input_waits_leave_the_input_verdict() {
     let v =
         Job::new(10).trainer(0.0, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0], blocked(reason::SYNC)).judge(&[]);
     assert_eq!(v.kind, Kind::OutputIoBound, "{v:?}");
+}
+
+/// Workers throttled by their cgroup's CPU limit (what a Kubernetes CPU
+/// limit does): input-cpu-bound, naming the limit, with on-CPU time apart
+/// from the waits.
+#[test]
+fn workers_held_back_by_a_cpu_limit_name_the_limit() {
+    use crate::cpulimit::{CpuStat, Limit, Reading};
+    let mut job = Job::new(18).trainer(0.03, TRAINER_WAITS, blocked(reason::FUTEX));
+    for pid in 101..=104 {
+        // Runnable 85%: the kernel does not say how much of it the limit caused.
+        job = job.worker(pid, 0.15, [0.0, 0.0, 0.0, 0.0, 0.85, 0.0], 1_000_000);
+    }
+    job.cpu_limit = Some(Reading {
+        limit: Limit { cgroup: "/sys/fs/cgroup/kubepods/pod1".into(), cpus: 0.6, period_ns: 100_000_000 },
+        // Both run queues throttled 75% of the 18 s.
+        stat: CpuStat { periods: 180, throttled_periods: 176, throttled_ns: 27_000_000_000 },
+    });
+    let v = job.judge(&[gpu(1.0, 18, None)]);
+    assert_eq!(v.kind, Kind::InputCpuBound, "{v:?}");
+    assert!(
+        v.summary.contains(
+            "4 workers on CPU 15% of the time, throttled 75% (waiting for a CPU 10%): the cgroup's CPU limit (0.6 CPU, /sys/fs/cgroup/kubepods/pod1) throttled them in 98% of periods (27.0s throttled): input pipeline is CPU-bound by its CPU limit"
+        ),
+        "{}",
+        v.summary
+    );
+    assert!(v.evidence.iter().any(|e| e.contains("runqueue 10%, throttled 75%")), "{:?}", v.evidence);
 }
 
 #[test]

@@ -89,14 +89,27 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             from_storage(&s.workers, reader_bytes),
             units::pct(*worker_io)
         ),
-        Finding::InputCpu { waits, worker_cpu } => format!(
-            "{}; {} on CPU {} of the time (read {} at {}): input pipeline is CPU-bound",
-            waiting(*waits),
-            workers_word(s.workers.len()),
-            units::pct(*worker_cpu),
-            units::bytes(reader_bytes),
-            units::rate(reader_bytes, secs)
-        ),
+        Finding::InputCpu { waits } => {
+            let (on, rq, throttled) = runnable_shares(s.workers.iter().copied(), secs);
+            let workers = workers_word(s.workers.len());
+            match held_by_limit(s.w, s.workers.iter().copied(), throttled) {
+                Some(limit) => format!(
+                    "{}; {workers} on CPU {} of the time, throttled {} (waiting for a CPU {}): {limit}: input pipeline is CPU-bound by its CPU limit (raise the limit; more workers would share the same quota)",
+                    waiting(*waits),
+                    units::pct(on),
+                    units::pct(throttled),
+                    units::pct(rq),
+                ),
+                None => format!(
+                    "{}; {workers} on CPU {} of the time{} (read {} at {}): input pipeline is CPU-bound",
+                    waiting(*waits),
+                    units::pct(on),
+                    if rq >= 0.05 { format!(", waiting for a CPU {}", units::pct(rq)) } else { String::new() },
+                    units::bytes(reader_bytes),
+                    units::rate(reader_bytes, secs)
+                ),
+            }
+        }
         Finding::TrainerReads { own_io } => {
             let own = trainer.input_bytes();
             format!(
@@ -123,6 +136,16 @@ fn summary(s: &Scene, finding: &Finding) -> String {
                 units::bytes(written),
                 units::rate(written, out * secs),
                 units::pct(if *out > 0.0 { sync / out } else { 0.0 })
+            )
+        }
+        Finding::TrainerBusy { .. } if held_by_limit(s.w, [trainer], tm.r(reason::THROTTLED)).is_some() => {
+            let limit = held_by_limit(s.w, [trainer], tm.r(reason::THROTTLED)).unwrap_or_default();
+            format!(
+                "Trainer main thread on CPU {} of {}, throttled {} (waiting for a CPU {}): {limit}: trainer is host-bound by its CPU limit",
+                units::pct(tm.on),
+                units::secs(secs),
+                units::pct(tm.r(reason::THROTTLED)),
+                units::pct(tm.r(reason::RUNQUEUE)),
             )
         }
         Finding::TrainerBusy { cpu } if s.host_only() => format!(
@@ -152,6 +175,37 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             wait_breakdown(main, tm)
         ),
     }
+}
+
+/// The main threads' mean shares of the window: on CPU, waiting for a CPU,
+/// throttled.
+fn runnable_shares<'a>(procs: impl Iterator<Item = &'a ProcWindow>, secs: f64) -> (f64, f64, f64) {
+    let shares: Vec<Shares> =
+        procs.filter_map(ProcWindow::main_thread).map(|t| Shares::of(t, secs)).collect();
+    let n = shares.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&Shares) -> f64| shares.iter().map(f).sum::<f64>() / n;
+    (mean(&|s| s.on), mean(&|s| s.r(reason::RUNQUEUE)), mean(&|s| s.r(reason::THROTTLED)))
+}
+
+/// "the cgroup's CPU limit (0.6 CPU) throttled them in 98% of periods
+/// (13.9s)", when the limit capping these processes held them back: they
+/// were throttled a tenth of their time or more.
+fn held_by_limit<'a>(
+    w: &Window,
+    procs: impl IntoIterator<Item = &'a ProcWindow>,
+    throttled: f64,
+) -> Option<String> {
+    if throttled < 0.1 {
+        return None;
+    }
+    let limit = procs.into_iter().find_map(|p| w.cpu_limit_of(p))?;
+    Some(format!(
+        "the cgroup's CPU limit ({} CPU, {}) throttled them in {} of periods ({} throttled)",
+        units::cpus(limit.cpus),
+        limit.cgroup,
+        units::pct(limit.throttled_share()),
+        units::secs(limit.throttled_ns as f64 / 1e9)
+    ))
 }
 
 /// The trainer's and the busiest workers' lines, the files read most and
@@ -307,12 +361,17 @@ fn busy_text(g: &GpuWindow) -> String {
 
 fn thread_line(label: &str, p: &ProcWindow, t: &ThreadWindow, s: &Shares) -> String {
     format!(
-        "{label} {} ({} pid {}): on CPU {}, runqueue {}, blocked {} ({})",
+        "{label} {} ({} pid {}): on CPU {}, runqueue {}{}, blocked {} ({})",
         t.tid,
         p.comm,
         p.tgid,
         units::pct(s.on),
         units::pct(s.r(reason::RUNQUEUE)),
+        if s.r(reason::THROTTLED) > 0.0 {
+            format!(", throttled {}", units::pct(s.r(reason::THROTTLED)))
+        } else {
+            String::new()
+        },
         units::pct(s.blocked()),
         wait_breakdown(t, s)
     )

@@ -6,7 +6,7 @@ use stall_common::{counter::LOST_CAUSES, fd_kind, WAKER_ANY_THREAD};
 
 use super::Model;
 use crate::aggregate::window::{add_known, fold_small_ended};
-use crate::aggregate::{FileWindow, ProcWindow, ThreadWindow, Waker, Window};
+use crate::aggregate::{CpuLimitWindow, FileWindow, ProcWindow, ThreadWindow, Waker, Window};
 use crate::decode::ThreadCounters;
 
 /// Where each process sits in a window's list.
@@ -37,6 +37,9 @@ impl Model {
         for s in self.inode_bytes.iter_mut().flat_map(|m| m.values_mut()) {
             s.storage.set_mark();
             s.mapped.set_mark();
+        }
+        for l in self.cpu_limits.values_mut() {
+            l.set_mark();
         }
         self.opened.clear();
         self.lost_mark = self.lost;
@@ -75,6 +78,20 @@ impl Model {
             fold_small_ended(&mut procs);
         }
         let (lost, events) = self.lost_and_events(since_mark);
+        let cpu_limits = self
+            .cpu_limits
+            .iter()
+            .map(|(cgroup, l)| {
+                let [periods, throttled_periods, throttled_ns] = l.counts(since_mark);
+                CpuLimitWindow {
+                    cgroup: cgroup.clone(),
+                    cpus: l.cpus,
+                    periods,
+                    throttled_periods,
+                    throttled_ns,
+                }
+            })
+            .collect();
         Window {
             start_ns,
             end_ns,
@@ -83,6 +100,7 @@ impl Model {
             events,
             sched_gaps: self.sched_gaps,
             sched_repaired: self.sched_repaired,
+            cpu_limits,
         }
     }
 
@@ -99,6 +117,7 @@ impl Model {
                 alive: p.alive,
                 born_ns: p.born_ns,
                 exec_ns: p.exec_ns,
+                cpu_limit: p.cpu_limit.clone(),
                 ..Default::default()
             })
             .collect()
