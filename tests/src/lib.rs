@@ -780,6 +780,21 @@ pub fn torch_path() -> PathBuf {
     dir
 }
 
+/// PyTorch and Hugging Face `datasets`, as one `PYTHONPATH`: the datasets
+/// directory ($STALL_DATASETS_PATH, `cargo xtask test` installs it) before
+/// PyTorch's.
+pub fn torch_and_datasets_path() -> PathBuf {
+    let dir = std::env::var_os("STALL_DATASETS_PATH").map(PathBuf::from).unwrap_or_else(|| {
+        panic!("STALL_DATASETS_PATH is not set: run the tests with `cargo xtask test`, which installs it")
+    });
+    assert!(
+        dir.join("datasets/__init__.py").exists(),
+        "no datasets in {} (STALL_DATASETS_PATH)",
+        dir.display()
+    );
+    PathBuf::from(format!("{}:{}", dir.display(), torch_path().display()))
+}
+
 /// A real Prometheus (Debian's, which `cargo xtask test` installs) on a free
 /// loopback port, with `config` (YAML) and its data in `dir`; returns it once
 /// it is ready, and its port.

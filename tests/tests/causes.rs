@@ -1,8 +1,9 @@
-//! Causes beyond the local DataLoader, with real PyTorch where the cause
-//! involves it: a trainer stalled by its synchronous checkpoints.
+//! Causes beyond the local DataLoader, with real PyTorch (and Hugging Face
+//! `datasets`) where the cause involves them: a trainer stalled by its
+//! synchronous checkpoints, a dataset mapped before the DataLoader forks.
 //!
-//! Needs root; PyTorch comes from `$STALL_TORCH_PATH` (`cargo xtask test`
-//! installs it).
+//! Needs root; PyTorch and datasets come from `$STALL_TORCH_PATH` and
+//! `$STALL_DATASETS_PATH` (`cargo xtask test` installs them).
 
 use std::{path::Path, time::Duration};
 
@@ -70,4 +71,65 @@ fn torch_save_checkpoints_to_slow_storage_are_output_io_bound() {
     assert!(sync <= want * 1.02 && sync >= want * 0.9, "sync {sync:.3}s vs {want:.3}s");
     assert_eq!(kind(&run), "output-io-bound", "{}", summary_line(&run));
     assert!(summary_line(&run).contains(&format!("writing {tmp} (")), "{}", summary_line(&run));
+}
+
+/// A Hugging Face `datasets` table memory-mapped by the trainer
+/// (`load_from_disk`) before its DataLoader forks two workers, which fault
+/// the rows in without ever opening the Arrow file: each worker's pages are
+/// named by the Arrow file's path, in its own file list and the evidence,
+/// and almost none of its mapped bytes are left without a file.
+#[test]
+fn pages_of_a_dataset_mapped_before_fork_are_named_in_each_worker() {
+    require_root();
+    let pythonpath = torch_and_datasets_path();
+    let dir = disk_scratch("hf-arrow");
+    let data = dir.path("ds");
+    let script = workload("hf_arrow.py");
+    let mut prepare = std::process::Command::new(python());
+    prepare
+        .args([script.as_str(), "prepare", data.to_str().unwrap(), "24576"])
+        .env("PYTHONPATH", &pythonpath);
+    let out = run_with_timeout(prepare, Duration::from_secs(180));
+    assert!(out.status.success(), "preparing the dataset: {}", String::from_utf8_lossy(&out.stderr));
+    let truth_path = dir.path("truth.json");
+    let argv = [
+        "run",
+        "-q",
+        "--",
+        python(),
+        script.as_str(),
+        "run",
+        data.to_str().unwrap(),
+        truth_path.to_str().unwrap(),
+        "2",
+        "40",
+    ];
+    let run = stall(&argv, &[("PYTHONPATH", &pythonpath)], Duration::from_secs(240));
+    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
+    let t: Value = truth(&truth_path);
+    let (arrow, size) = t["files"].as_object().unwrap().iter().next().expect("an Arrow file");
+    let size = size.as_u64().unwrap();
+    let evidence = run.summary()["verdict"]["evidence"].as_array().unwrap().clone();
+    for w in t["workers"].as_array().unwrap() {
+        let pid = w.as_u64().unwrap();
+        let p = run.process(pid);
+        assert_eq!(p["role"], "worker", "{p}");
+        let f = run.file(pid, Path::new(arrow));
+        let mapped = f["mmap_bytes"].as_u64().unwrap();
+        let all = p["mmap_bytes"].as_u64().unwrap();
+        let named: u64 = p["files"].as_array().unwrap().iter().filter_map(|f| f["mmap_bytes"].as_u64()).sum();
+        eprintln!(
+            "worker {pid}: {mapped} bytes of {arrow} ({size}) mapped, {all} in all, {named} under a path"
+        );
+        // Each worker reads half the rows; fault-around maps neighbours too.
+        assert!(mapped >= size * 2 / 5 && mapped <= size, "worker {pid}: {f}");
+        assert!(all - named <= all / 20, "worker {pid}: {} mapped bytes under no path: {p}", all - named);
+        assert!(
+            evidence.iter().any(|e| {
+                let e = e.as_str().unwrap();
+                e.starts_with(&format!("file {arrow}: ")) && e.contains(&format!("mapped by pid {pid}"))
+            }),
+            "worker {pid} not in the evidence: {evidence:?}"
+        );
+    }
 }

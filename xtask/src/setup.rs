@@ -183,22 +183,38 @@ const TEST_PACKAGES: [&str; 4] = ["prometheus", "libcap2-bin", "bpftool", "pytho
 const TORCH_DIR: &str = "/var/cache/stall-tests/torch-2.15.0";
 const TORCH_PACKAGES: [&str; 2] = ["torch==2.15.0", "numpy"];
 
+/// Hugging Face `datasets` (with pyarrow, pandas and the numpy PyTorch
+/// uses) for the test of a table mapped before the DataLoader forks; about
+/// 400 MB, 20 s here. On `PYTHONPATH` beside [`TORCH_DIR`].
+const DATASETS_DIR: &str = "/var/cache/stall-tests/datasets-3.6.0";
+const DATASETS_PACKAGES: [&str; 1] = ["datasets==3.6.0"];
+
 /// The directory holding PyTorch for the tests, installed if missing.
 pub fn ensure_torch() -> Result<PathBuf> {
-    let dir = PathBuf::from(TORCH_DIR);
-    if dir.join("torch/__init__.py").exists() {
+    pip_install(TORCH_DIR, "torch", &TORCH_PACKAGES, "PyTorch")
+}
+
+/// The directory holding Hugging Face `datasets`, installed if missing.
+pub fn ensure_datasets() -> Result<PathBuf> {
+    pip_install(DATASETS_DIR, "datasets", &DATASETS_PACKAGES, "Hugging Face datasets")
+}
+
+/// `packages` from PyPI into `dir` (unless it holds `module` already),
+/// for the system Python, through a partial directory so that an
+/// interrupted install is never taken for one.
+fn pip_install(dir: &str, module: &str, packages: &[&str], what: &str) -> Result<PathBuf> {
+    let dir = PathBuf::from(dir);
+    if dir.join(module).join("__init__.py").exists() {
         return Ok(dir);
     }
     let partial = dir.with_extension("partial");
     let _ = fs::remove_dir_all(&partial);
     let started = Instant::now();
     let mut pip = cmd::command("/usr/bin/python3");
-    pip.args(["-m", "pip", "install", "--quiet", "--no-cache-dir", "--target"])
-        .arg(&partial)
-        .args(TORCH_PACKAGES);
-    cmd::run(&mut pip).context("installing PyTorch for the distributed-run tests")?;
-    fs::rename(&partial, &dir).with_context(|| format!("moving PyTorch into {}", dir.display()))?;
-    println!("xtask: PyTorch installed in {} ({:.0}s)", dir.display(), started.elapsed().as_secs_f64());
+    pip.args(["-m", "pip", "install", "--quiet", "--no-cache-dir", "--target"]).arg(&partial).args(packages);
+    cmd::run(&mut pip).with_context(|| format!("installing {what} for the tests"))?;
+    fs::rename(&partial, &dir).with_context(|| format!("moving {what} into {}", dir.display()))?;
+    println!("xtask: {what} installed in {} ({:.0}s)", dir.display(), started.elapsed().as_secs_f64());
     Ok(dir)
 }
 

@@ -21,6 +21,7 @@ pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
     setup::ensure()?;
     setup::ensure_test_packages()?;
     let torch = setup::ensure_torch()?;
+    let datasets = setup::ensure_datasets()?;
     if !skip_lint {
         lint()?;
     }
@@ -33,7 +34,8 @@ pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
         .arg("--release")
         .env("STALL_BIN", &stall)
         .env("STALL_NVML_SCRIPT_LIB", &nvml)
-        .env("STALL_TORCH_PATH", &torch);
+        .env("STALL_TORCH_PATH", &torch)
+        .env("STALL_DATASETS_PATH", &datasets);
     if !extra.is_empty() {
         test.arg("--").args(extra);
     }

@@ -140,6 +140,10 @@ pub struct Model {
     /// The path a process opened each file by (kept after it closes: the
     /// page cache fills a mapping long after its descriptor is gone).
     inode_paths: HashMap<(u32, Inode), (String, Option<String>)>,
+    /// A path for each file by its inode alone: what names the pages a
+    /// process faults in from a mapping it inherited (a dataset mapped
+    /// before the DataLoader forked) or made before stall came.
+    inode_names: HashMap<Inode, (String, Option<String>)>,
     /// Closed files, folded per (process, path) once an interval has counted
     /// them: memory follows distinct paths, not opens (a job that opens the
     /// same shards a million times keeps one entry per shard).
@@ -396,8 +400,30 @@ impl Model {
     pub fn set_file_inode(&mut self, file_id: u64, inode: Inode) {
         if let Some(f) = self.files.get_mut(&file_id) {
             f.inode = Some(inode);
-            self.inode_paths.insert((f.tgid, inode), (f.path.clone(), f.resolved.clone()));
+            let name = (f.path.clone(), f.resolved.clone());
+            self.inode_names.entry(inode).or_insert_with(|| name.clone());
+            self.inode_paths.insert((f.tgid, inode), name);
         }
+    }
+
+    /// A path for a file known by its inode only (from a process's
+    /// mappings).
+    pub fn name_inode(&mut self, inode: Inode, path: String) {
+        self.inode_names.entry(inode).or_insert((path, None));
+    }
+
+    /// Files the kernel counted pages of for a process that no process of
+    /// the job opened while traced: (process, file), to name from /proc.
+    pub fn unnamed_inodes(&self) -> Vec<(u32, Inode)> {
+        let Some(bytes) = &self.inode_bytes else { return Vec::new() };
+        bytes.keys().filter(|(_, inode)| !self.inode_names.contains_key(inode)).copied().collect()
+    }
+
+    /// The path a process's pages of a file count under: the one it opened
+    /// the file by, else one another process of the job did (or /proc
+    /// named).
+    fn inode_path(&self, tgid: u32, inode: Inode) -> Option<&(String, Option<String>)> {
+        self.inode_paths.get(&(tgid, inode)).or_else(|| self.inode_names.get(&inode))
     }
 
     /// Where a file given relative (or as a dup of an unknown descriptor:
@@ -449,6 +475,11 @@ impl Model {
         self.procs.retain(|_, p| p.alive || !p.tids.is_empty());
         let procs = &self.procs;
         self.files.retain(|_, f| f.open && procs.contains_key(&f.tgid));
+        let (paths, bytes) = (&self.inode_paths, &self.inode_bytes);
+        self.inode_names.retain(|inode, _| {
+            paths.keys().any(|(_, i)| i == inode)
+                || bytes.iter().flat_map(|b| b.keys()).any(|(_, i)| i == inode)
+        });
         self.wakes.retain(|(wakee, _), _| threads.contains_key(wakee));
         self.archived.clear();
         self.closing.clear();

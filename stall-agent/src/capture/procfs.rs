@@ -151,6 +151,27 @@ pub fn fd_info(pid: u32, fd: i32) -> Option<Opened> {
     Some(Opened::from_meta(target, &fs::metadata(&link).ok()?))
 }
 
+/// The path `pid` maps the file `inode` from (/proc/PID/maps), if it maps it.
+pub fn mapped_path(pid: u32, inode: Inode) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    parse_mapped_path(&text, inode)
+}
+
+/// The path of the first mapping of `inode` in the text of a maps file:
+/// "start-end perms offset MAJOR:MINOR INODE PATH", numbers in hex but the
+/// inode's.
+pub fn parse_mapped_path(maps: &str, inode: Inode) -> Option<String> {
+    maps.lines().find_map(|line| {
+        let mut f = line.split_whitespace();
+        let (_, _, _, dev, ino) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let path = f.collect::<Vec<_>>().join(" ");
+        let (major, minor) = dev.split_once(':')?;
+        let (major, minor) = (u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?);
+        let found = Inode { dev: (major << 20) | (minor & 0xf_ffff), ino: ino.parse().ok()? };
+        (found == inode && path.starts_with('/')).then_some(path)
+    })
+}
+
 /// What an absolute path names now (following links, as open does).
 pub fn path_info(path: &str) -> Option<Opened> {
     Some(Opened::from_meta(path.to_string(), &fs::metadata(path).ok()?))
@@ -267,6 +288,26 @@ pub fn self_rss_bytes() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mapped_paths_by_device_and_inode() {
+        let maps = "55d0a000-55d0b000 r--p 00000000 fd:01 1311 /usr/bin/python3.11\n\
+                    7f00-7f80 r--s 00000000 08:11 4242 /data/cache/train/data-00000-of-00002.arrow\n\
+                    7f80-7f90 rw-p 00000000 00:00 0 \n\
+                    7f90-7fa0 r--s 00000000 08:11 4243 /data/my shard (1).arrow\n";
+        let inode = |major: u32, minor: u32, ino| Inode { dev: (major << 20) | minor, ino };
+        assert_eq!(
+            parse_mapped_path(maps, inode(8, 0x11, 4242)).as_deref(),
+            Some("/data/cache/train/data-00000-of-00002.arrow")
+        );
+        assert_eq!(
+            parse_mapped_path(maps, inode(8, 0x11, 4243)).as_deref(),
+            Some("/data/my shard (1).arrow")
+        );
+        assert_eq!(parse_mapped_path(maps, inode(0xfd, 1, 1311)).as_deref(), Some("/usr/bin/python3.11"));
+        assert_eq!(parse_mapped_path(maps, inode(8, 0x12, 4242)), None);
+        assert_eq!(parse_mapped_path(maps, inode(0, 0, 0)), None);
+    }
 
     #[test]
     fn schedstat_fields() {

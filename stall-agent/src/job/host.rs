@@ -8,7 +8,7 @@ use crate::{
     capture::{procfs, Capture},
     clock::ClockSnapshot,
     cpulimit::{self, Hierarchy, Reading},
-    decode::{FileSnap, JobEvent},
+    decode::{FileSnap, Inode, JobEvent},
     pystack::{PyStack, PyStacks},
     rank::Rank,
 };
@@ -60,6 +60,8 @@ pub trait Host {
     fn read_cpu_limit(&self, cgroup: &str) -> Option<Reading>;
     /// How many CPUs the job's tasks may run on.
     fn usable_cpus(&self) -> u32;
+    /// The path a process maps a file from, by its device and inode.
+    fn mapped_path(&self, tgid: u32, inode: Inode) -> Option<String>;
 }
 
 /// The machine as it is: the capture, and beside it the readers of the
@@ -137,6 +139,10 @@ impl Host for LiveHost {
 
     fn usable_cpus(&self) -> u32 {
         cpulimit::usable_cpus()
+    }
+
+    fn mapped_path(&self, tgid: u32, inode: Inode) -> Option<String> {
+        procfs::mapped_path(tgid, inode)
     }
 
     fn outputs(&self, pid: u32) -> Vec<(String, u64)> {

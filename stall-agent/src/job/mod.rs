@@ -20,7 +20,7 @@ pub use self::{
 use crate::{
     aggregate::{push_recent, Model, Window},
     correlate::{self, Roles},
-    decode::{Event, Snapshot},
+    decode::{Event, Inode, Snapshot},
     gpu::GpuWindow,
     progress::{Progress, ProgressView},
     pystack::PyStack,
@@ -77,6 +77,8 @@ pub struct Job {
     io_chars: Option<u64>,
     /// Snapshots absorbed.
     snapshots: u64,
+    /// Mapped files whose path was asked of the host.
+    inodes_asked: HashSet<(u32, Inode)>,
     pub stacks: Stacks,
     /// The last Python stacks read, reused between live reads.
     last_stacks: Option<(Kind, Vec<PyStack>, Vec<String>)>,
@@ -137,6 +139,7 @@ impl Job {
             ranks_started: BTreeSet::new(),
             io_chars: None,
             snapshots: 0,
+            inodes_asked: HashSet::new(),
             stacks: Stacks::Off,
             last_stacks: None,
         }
@@ -226,6 +229,7 @@ impl Job {
             self.note_process(host, t.tgid);
         }
         self.note_cpu_limits(host, snap.ts);
+        self.name_mapped_files(host);
         self.model.refresh_names(|tgid, tid| host.thread_comm(tgid, tid));
         if !self.outputs_noted && !snap.threads.is_empty() {
             self.outputs_noted = true;
@@ -235,6 +239,7 @@ impl Job {
         if tgids.is_empty() && tids.is_empty() {
             return;
         }
+        self.inodes_asked.retain(|(tgid, _)| !tgids.contains(tgid));
         let last = host.retire(&tgids, &tids);
         self.model.apply_files(&last);
         self.model.end_files_of(&tgids, snap.ts);
@@ -258,6 +263,21 @@ impl Job {
         }
         let readings: Vec<_> = cgroups.iter().filter_map(|c| host.read_cpu_limit(c)).collect();
         self.model.apply_cpu_limits(ts, &readings, host.usable_cpus());
+    }
+
+    /// Names the files whose pages a process took through a mapping no
+    /// process of the job opened while traced (inherited across fork,
+    /// made before stall came), from the process's mappings; each asked
+    /// once.
+    fn name_mapped_files(&mut self, host: &dyn Host) {
+        for (tgid, inode) in self.model.unnamed_inodes() {
+            if !self.inodes_asked.insert((tgid, inode)) {
+                continue;
+            }
+            if let Some(path) = host.mapped_path(tgid, inode) {
+                self.model.name_inode(inode, path);
+            }
+        }
     }
 
     /// Names a process once, from the host.

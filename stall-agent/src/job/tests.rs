@@ -34,6 +34,8 @@ struct ScriptedHost {
     /// The cgroup capping each process's CPU, and each such cgroup now.
     cpu_limits: HashMap<u32, String>,
     cpu_readings: HashMap<String, crate::cpulimit::Reading>,
+    /// Files mapped by each process, by inode.
+    mapped: HashMap<(u32, Inode), String>,
 }
 
 impl Host for ScriptedHost {
@@ -93,6 +95,9 @@ impl Host for ScriptedHost {
     }
     fn usable_cpus(&self) -> u32 {
         2
+    }
+    fn mapped_path(&self, tgid: u32, inode: Inode) -> Option<String> {
+        self.mapped.get(&(tgid, inode)).cloned()
     }
 }
 

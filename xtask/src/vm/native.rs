@@ -16,6 +16,7 @@ use crate::cmd;
 pub fn run(stall: &Path, tests: &[TestBin], args: &[String]) -> Result<Row> {
     let start = Instant::now();
     let torch = crate::setup::ensure_torch()?;
+    let datasets = crate::setup::ensure_datasets()?;
     let (mut passed, mut failed, mut failing) = (0, 0, Vec::new());
     for t in tests {
         let mut test = cmd::command(&t.path);
@@ -23,6 +24,7 @@ pub fn run(stall: &Path, tests: &[TestBin], args: &[String]) -> Result<Row> {
             .env("STALL_BIN", stall)
             .env("STALL_NVML_SCRIPT_LIB", crate::build::nvml_script_next_to(stall)?)
             .env("STALL_TORCH_PATH", &torch)
+            .env("STALL_DATASETS_PATH", &datasets)
             .current_dir(cmd::workspace_root().join("tests"));
         println!("xtask: $ {}", cmd::describe(&test));
         let mut child =

@@ -239,9 +239,9 @@ impl Model {
             let p = &mut procs[i];
             p.storage_bytes = add_known(p.storage_bytes, Some(storage));
             p.mmap_bytes = add_known(p.mmap_bytes, mmap_zero.map(|_| mapped));
-            // Files it opened under a path; others (mapped before stall
-            // came) count for the process only.
-            let Some((path, resolved)) = self.inode_paths.get(&(*tgid, *inode)) else { continue };
+            // Under the path it opened the file by, or another process
+            // did, or its mappings name; else for the process only.
+            let Some((path, resolved)) = self.inode_path(*tgid, *inode) else { continue };
             let e = by_path.entry((i, path.as_str())).or_insert_with(|| FileWindow {
                 path: path.clone(),
                 resolved: resolved.clone(),

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::{Model, Proc, Thread};
 use crate::aggregate::{FileWindow, ProcWindow, ThreadWindow};
-use crate::decode::ThreadCounters;
+use crate::decode::{Inode, ThreadCounters};
 
 /// Ended processes kept one by one; older ones are folded into one entry.
 pub const MAX_ENDED: usize = 4096;
@@ -110,7 +110,14 @@ impl Model {
     fn fold_inode_bytes(&mut self, gone_tgids: &HashSet<u32>) {
         let Some(inode_bytes) = self.inode_bytes.as_mut() else { return };
         let folded = &mut self.folded;
-        let paths = &self.inode_paths;
+        let paths: HashMap<(u32, Inode), String> = inode_bytes
+            .keys()
+            .filter(|(tgid, _)| gone_tgids.contains(tgid))
+            .filter_map(|&(tgid, inode)| {
+                let p = self.inode_paths.get(&(tgid, inode)).or_else(|| self.inode_names.get(&inode))?;
+                Some(((tgid, inode), p.0.clone()))
+            })
+            .collect();
         let mmap_known = self.mmap_known;
         inode_bytes.retain(|key, s| {
             if !gone_tgids.contains(&key.0) {
@@ -118,7 +125,7 @@ impl Model {
             }
             folded.storage_bytes += s.storage.total;
             folded.mmap_bytes += s.mapped.total;
-            if let Some((path, _)) = paths.get(key) {
+            if let Some(path) = paths.get(key) {
                 let f = folded
                     .files
                     .entry(path.clone())

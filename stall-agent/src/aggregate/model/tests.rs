@@ -102,6 +102,45 @@ fn inode_bytes_follow_the_inode_to_its_path() {
     assert_eq!((p.storage_bytes, f.storage_bytes, p.mmap_bytes, f.mmap_bytes), (None, None, None, None));
 }
 
+/// Pages of a file the trainer mapped before forking its workers land on
+/// that file's path in each worker that faults them in (they never opened
+/// it); a file nobody opened while traced is named from /proc once known;
+/// until then it counts for the process only.
+#[test]
+fn pages_of_an_inherited_mapping_are_named_in_the_process_that_takes_them() {
+    let mut m = Model::new(0);
+    m.note_process(10, Some(1), "python", None);
+    m.note_process(11, Some(10), "pt_data_worker", None);
+    m.apply(&open(10, 3, 1, "/data/train/data-00000-of-00001.arrow"));
+    let arrow = Inode { dev: 8 << 20 | 1, ino: 42 };
+    m.set_file_inode(1, arrow);
+    let other = Inode { dev: 8 << 20 | 1, ino: 43 };
+    m.apply_snapshot(&Snapshot {
+        ts: 1_000,
+        inode_bytes: Some(vec![
+            InodeSnap { tgid: 10, inode: arrow, storage_bytes: 0, mmap_bytes: 4096 },
+            InodeSnap { tgid: 11, inode: arrow, storage_bytes: 1 << 20, mmap_bytes: 2 << 20 },
+            InodeSnap { tgid: 11, inode: other, storage_bytes: 0, mmap_bytes: 8192 },
+        ]),
+        mmap_known: true,
+        ..Default::default()
+    });
+    assert_eq!(m.unnamed_inodes(), vec![(11, other)]);
+    let worker_files = |m: &Model| {
+        let w = m.summary(1_000);
+        let p = w.proc(11).unwrap().clone();
+        (p.mmap_bytes, p.files.iter().map(|f| (f.path.clone(), f.mmap_bytes)).collect::<Vec<_>>())
+    };
+    assert_eq!(
+        worker_files(&m),
+        (Some((2 << 20) + 8192), vec![("/data/train/data-00000-of-00001.arrow".to_string(), Some(2 << 20))])
+    );
+    m.name_inode(other, "/data/vocab.bin".into());
+    assert!(m.unnamed_inodes().is_empty());
+    let (_, files) = worker_files(&m);
+    assert!(files.contains(&("/data/vocab.bin".to_string(), Some(8192))), "{files:?}");
+}
+
 /// A dup names the original's file: its reads add to that path, and it
 /// is not another open (nor more open time), even once the original is
 /// closed.

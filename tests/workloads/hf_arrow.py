@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""A Hugging Face `datasets` table read by a PyTorch DataLoader's workers
+through the memory mapping the trainer made before they were forked.
+
+`prepare DIR ROWS`: writes a dataset of ROWS rows of 4 KiB (`save_to_disk`),
+untraced.
+
+`run DIR TRUTH WORKERS MBPS`: evicts the Arrow files from the page cache,
+caps the job's disk reads at MBPS with a cgroup (the demo workload's
+throttle), `load_from_disk` (the trainer maps the Arrow files), then
+iterates a DataLoader with WORKERS fork-started workers over every row once:
+the workers fault the pages in, from storage, without ever opening the
+files. Writes the truth: the trainer's pid, the workers' pids, the Arrow
+files and their sizes, the throttle.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "demo"))
+import workload  # noqa: E402  (the throttle)
+
+ROW = 4096
+
+
+def prepare(dir, rows):
+    import datasets
+
+    data = [os.urandom(ROW) for _ in range(rows)]
+    datasets.Dataset.from_dict({"idx": list(range(rows)), "data": data}).save_to_disk(dir)
+
+
+def arrow_files(dir):
+    return sorted(os.path.join(dir, f) for f in os.listdir(dir) if f.endswith(".arrow"))
+
+
+class Rows:
+    """A map-style dataset over the table's rows (what a Dataset with a
+    torch format does, without the conversion)."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def __len__(self):
+        return len(self.table)
+
+    def __getitem__(self, i):
+        return len(self.table[i]["data"])
+
+
+def run(dir, truth_path, workers, mbps):
+    for path in arrow_files(dir):
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    throttle, note = workload.setup_throttle(dir, mbps, f"stall-arrow-{os.getpid()}")
+    if throttle:
+        throttle.enter()
+    try:
+        import datasets
+        import torch
+        from torch.utils.data import DataLoader
+
+        table = datasets.load_from_disk(dir)
+        loader = DataLoader(Rows(table), batch_size=64, num_workers=workers,
+                            multiprocessing_context="fork", persistent_workers=False)
+        it = iter(loader)
+        pids = [w.pid for w in it._workers]
+        total = sum(int(b.sum()) for b in it)
+        del it
+        assert total == ROW * len(table), total
+    finally:
+        if throttle:
+            throttle.remove()
+    with open(truth_path, "w") as f:
+        json.dump({
+            "trainer": os.getpid(),
+            "workers": pids,
+            "files": {p: os.path.getsize(p) for p in arrow_files(dir)},
+            "rows": len(table),
+            "throttle": throttle.description if throttle else note,
+        }, f)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "prepare":
+        prepare(sys.argv[2], int(sys.argv[3]))
+    else:
+        run(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
