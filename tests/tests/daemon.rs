@@ -120,7 +120,11 @@ fn alert_rules_pass_promtool() {
     let alerts = std::fs::read_to_string(&rules).unwrap().matches("- alert: ").count();
     assert!(alerts >= 6, "{alerts} alerts in {}", rules.display());
     let found = format!("SUCCESS: {alerts} rules found");
-    assert!(String::from_utf8_lossy(&out.stdout).contains(&found), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&found),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("alerts");
     let out = Command::new("promtool")
         .args(["test", "rules", "stall-alerts.test.yml"])
