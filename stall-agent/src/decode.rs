@@ -140,6 +140,15 @@ pub enum Event {
         /// A dup of this descriptor (`path` is empty: the same open).
         dup_of: Option<i32>,
     },
+    /// An inet socket connected: followed per descriptor like a file, its
+    /// traffic named by the peer ("10.0.0.5:443", "[::1]:8000").
+    Connect {
+        ts: u64,
+        tgid: u32,
+        fd: i32,
+        file_id: u64,
+        peer: String,
+    },
     NewTask {
         ts: u64,
         parent_tid: u32,
@@ -231,6 +240,17 @@ pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
                 path: String::from_utf8_lossy(&e.path[..end]).into_owned(),
                 dfd: e.dfd,
                 dup_of: (e.dup_of >= 0).then_some(e.dup_of),
+            }
+        }
+        event_kind::CONNECT => {
+            let e: OpenEvent = read(buf)?;
+            let n = usize::try_from(e.path_len).unwrap_or(0).min(e.path.len());
+            Event::Connect {
+                ts: hdr.ts,
+                tgid: hdr.tgid,
+                fd: e.fd,
+                file_id: e.file_id,
+                peer: peer_of(&e.path[..n]).unwrap_or_else(|| "unknown peer".into()),
             }
         }
         event_kind::NEWTASK => {
@@ -342,9 +362,51 @@ pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
     (c, state)
 }
 
+/// "address:port" of a `sockaddr_in` or `sockaddr_in6` as the task passed
+/// it to connect (family in host order, port and address in network order).
+pub fn peer_of(sockaddr: &[u8]) -> Option<String> {
+    let family = u16::from_ne_bytes(sockaddr.get(..2)?.try_into().ok()?);
+    let port = u16::from_be_bytes(sockaddr.get(2..4)?.try_into().ok()?);
+    match family {
+        2 => {
+            let a: [u8; 4] = sockaddr.get(4..8)?.try_into().ok()?;
+            Some(format!("{}:{port}", std::net::Ipv4Addr::from(a)))
+        }
+        10 => {
+            let a: [u8; 16] = sockaddr.get(8..24)?.try_into().ok()?;
+            let ip = std::net::Ipv6Addr::from(a);
+            Some(match ip.to_ipv4_mapped() {
+                Some(v4) => format!("{v4}:{port}"),
+                None => format!("[{ip}]:{port}"),
+            })
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peers_of_both_families() {
+        let mut v4 = vec![2, 0, 0x49, 0x61, 127, 0, 0, 1];
+        v4.resize(28, 0);
+        assert_eq!(peer_of(&v4).as_deref(), Some("127.0.0.1:18785"));
+        let mut v6 = vec![10, 0, 0x01, 0xbb, 0, 0, 0, 0];
+        v6.extend([0x20, 0x01, 0x0d, 0xb8]);
+        v6.extend([0; 11]);
+        v6.push(1);
+        v6.resize(28, 0);
+        assert_eq!(peer_of(&v6).as_deref(), Some("[2001:db8::1]:443"));
+        let mut mapped = vec![10, 0, 0, 80, 0, 0, 0, 0];
+        mapped.extend([0; 10]);
+        mapped.extend([0xff, 0xff, 10, 0, 0, 5]);
+        mapped.resize(28, 0);
+        assert_eq!(peer_of(&mapped).as_deref(), Some("10.0.0.5:80"));
+        assert_eq!(peer_of(&[1, 0, b'/', b't']), None);
+        assert_eq!(peer_of(&[2, 0]), None);
+    }
 
     fn bytes<T>(v: &T) -> Vec<u8> {
         // SAFETY: plain-data test values.

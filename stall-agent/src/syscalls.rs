@@ -103,6 +103,11 @@ pub fn hook_table() -> Vec<(u32, u8)> {
             ("splice" | "copy_file_range", _) => Some((nr, hook::COPY)),
             ("sendfile", _) => Some((nr, hook::SENDFILE)),
             ("close", _) => Some((nr, hook::CLOSE)),
+            // Socket reads and writes, counted per descriptor once connect
+            // made it one stall follows.
+            ("recvfrom" | "recvmsg", _) => Some((nr, hook::READ)),
+            ("sendto" | "sendmsg", _) => Some((nr, hook::WRITE)),
+            ("connect", _) => Some((nr, hook::CONNECT)),
             _ => None,
         })
         .collect()
@@ -159,7 +164,7 @@ mod tests {
         }
         // x86-64 numbers, as the kernel's syscall_64.tbl has them.
         let writes: Vec<u32> = hooks.iter().filter(|h| h.1 == hook::WRITE).map(|h| h.0).collect();
-        assert_eq!(writes, [1, 18, 20, 296, 328]);
+        assert_eq!(writes, [1, 18, 20, 296, 328, 44, 46]);
         assert!(hooks.contains(&(named("openat"), hook::OPENAT)));
         assert!(hooks.contains(&(named("close"), hook::CLOSE)));
         // The other ways to name a file, and reads that are not read().
@@ -173,9 +178,10 @@ mod tests {
         assert_eq!(by_nr(hook::OPENAT2), [437]);
         assert_eq!(by_nr(hook::DUP), [32, 33, 292]);
         assert_eq!(by_nr(hook::FCNTL), [72]);
-        assert_eq!(by_nr(hook::READ), [0, 17, 19, 295, 327]);
+        assert_eq!(by_nr(hook::READ), [0, 17, 19, 45, 47, 295, 327]);
+        assert_eq!(by_nr(hook::CONNECT), [42]);
         assert_eq!(by_nr(hook::COPY), [275, 326]);
         assert_eq!(by_nr(hook::SENDFILE), [40]);
-        assert_eq!(hooks.len(), 22);
+        assert_eq!(hooks.len(), 27);
     }
 }

@@ -70,6 +70,9 @@ pub mod hook {
     /// splice(fd_in, off_in, fd_out, ...), copy_file_range(fd_in, off_in,
     /// fd_out, ...): a read of argument 0 and a write of argument 2.
     pub const COPY: u8 = 11;
+    /// connect(fd, addr, len): an inet socket connected to the peer `addr`
+    /// names (followed per descriptor from then on).
+    pub const CONNECT: u8 = 12;
 
     /// The hooks whose exit completes what `inflight` kind `k` began.
     #[inline(always)]
@@ -79,6 +82,7 @@ pub mod hook {
             super::inflight::WRITE => hooked == WRITE,
             super::inflight::OPEN => matches!(hooked, OPENAT | OPEN | CREAT | OPENAT2),
             super::inflight::DUP => hooked == DUP || hooked == FCNTL,
+            super::inflight::CONNECT => hooked == CONNECT,
             _ => false,
         }
     }

@@ -13,6 +13,10 @@ pub mod event_kind {
     pub const CLOSE: u32 = 5;
     /// A context switch of a tracked thread: only with `Config::timeline`.
     pub const SWITCH: u32 = 6;
+    /// A tracked thread connected an inet socket: an [`super::OpenEvent`]
+    /// whose `path` holds the peer's `sockaddr_in`/`sockaddr_in6` as the
+    /// task passed it (`path_len` bytes).
+    pub const CONNECT: u32 = 7;
 }
 
 #[repr(C)]

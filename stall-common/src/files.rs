@@ -12,6 +12,16 @@ pub mod fd_kind {
     pub const REGULAR: u32 = 1;
     /// FIFO, socket, device, eventfd...: never file throughput.
     pub const OTHER: u32 = 2;
+    /// An inet socket the job connected (to the peer its `OpenEvent` names):
+    /// counted per descriptor like a file, but network traffic, never file
+    /// throughput.
+    pub const SOCKET: u32 = 3;
+
+    /// Whether reads and writes of a descriptor of kind `k` are file I/O.
+    #[inline(always)]
+    pub fn is_file(k: u32) -> bool {
+        k == UNKNOWN || k == REGULAR
+    }
 }
 
 /// In-flight syscall kinds recorded at sys_enter for use at sys_exit.
@@ -30,6 +40,8 @@ pub mod inflight {
     /// dup-family: the returned descriptor names the same open as
     /// `inflight_fd`.
     pub const DUP: u32 = 4;
+    /// connect: `inflight_ptr` is the peer's address (user memory).
+    pub const CONNECT: u32 = 5;
     const KIND_MASK: u32 = 0xff;
 
     /// `kind` as recorded under `gen` (a `TRACK_GEN` value).

@@ -90,6 +90,13 @@ pub const FEXIT_DUP: &str = "fexit_dup";
 pub const FEXIT_DUP2: &str = "fexit_dup2";
 pub const FEXIT_DUP3: &str = "fexit_dup3";
 pub const FEXIT_FCNTL: &str = "fexit_fcntl";
+pub const FENTRY_RECVFROM: &str = "fentry_recvfrom";
+pub const FEXIT_RECVFROM: &str = "fexit_recvfrom";
+pub const FENTRY_RECVMSG: &str = "fentry_recvmsg";
+pub const FEXIT_RECVMSG: &str = "fexit_recvmsg";
+pub const FEXIT_SENDTO: &str = "fexit_sendto";
+pub const FEXIT_SENDMSG: &str = "fexit_sendmsg";
+pub const FEXIT_CONNECT: &str = "fexit_connect";
 
 /// Every map the object defines.
 pub const MAPS: &[&str] = &[
@@ -160,6 +167,13 @@ pub const PROGRAMS: &[&str] = &[
     FEXIT_DUP2,
     FEXIT_DUP3,
     FEXIT_FCNTL,
+    FENTRY_RECVFROM,
+    FEXIT_RECVFROM,
+    FENTRY_RECVMSG,
+    FEXIT_RECVMSG,
+    FEXIT_SENDTO,
+    FEXIT_SENDMSG,
+    FEXIT_CONNECT,
 ];
 
 /// Every global the agent sets by name.

@@ -228,11 +228,15 @@ pub(crate) fn count_read(s: &mut CpuSlot, bytes: u64, lat: Option<u64>) {
         Some(ns) => (ns, 1),
         None => (0, 0),
     };
+    // Files and connected sockets are counted per descriptor; only files'
+    // bytes are file throughput.
     if s.file_kind != fd_kind::OTHER {
         s.file_bytes += bytes;
         s.file_calls += 1;
         s.file_ns += ns;
         s.file_timed += timed;
+    }
+    if fd_kind::is_file(s.file_kind) {
         s.file_read_bytes += bytes;
         s.file_read_calls += 1;
         s.file_read_ns += ns;
@@ -243,9 +247,10 @@ pub(crate) fn count_read(s: &mut CpuSlot, bytes: u64, lat: Option<u64>) {
     }
 }
 
-/// Applies `add` to the `FILES` entry of `fd` if it names a file (not a
-/// pipe, socket or terminal); whether it did. Threads of one process share
-/// descriptors, and completions run anywhere: `add` adds atomically.
+/// Applies `add` to the `FILES` entry of `fd` if it is followed per
+/// descriptor (a file or a connected socket, not a pipe or terminal);
+/// whether it names a file. Threads of one process share descriptors, and
+/// completions run anywhere: `add` adds atomically.
 #[inline(always)]
 pub(crate) fn add_to_file(tgid: u32, fd: i32, add: impl FnOnce(&mut FileStats)) -> bool {
     match FILES.get_ptr_mut(FdKey { tgid, fd }) {
@@ -254,11 +259,10 @@ pub(crate) fn add_to_file(tgid: u32, fd: i32, add: impl FnOnce(&mut FileStats)) 
             // for the program's run (see `flush_file`); `add` writes it only
             // atomically, other threads and completions too.
             let f = unsafe { &mut *f };
-            let file = f.kind != fd_kind::OTHER;
-            if file {
+            if f.kind != fd_kind::OTHER {
                 add(f);
             }
-            file
+            fd_kind::is_file(f.kind)
         }
         None => false,
     }

@@ -278,7 +278,7 @@ fn on_file(t: &ThreadStats, tgid: u32, what: u32, state: u8) -> bool {
     // SAFETY: `get` is unsafe because another CPU may change or delete the
     // entry while the reference lives (a preallocated element can be
     // reused); one field is read at once.
-    matches!(unsafe { FILES.get(key) }, Some(f) if f.kind != fd_kind::OTHER)
+    matches!(unsafe { FILES.get(key) }, Some(f) if fd_kind::is_file(f.kind))
 }
 
 /// The syscall the current task (`prev`) is in, from its saved user

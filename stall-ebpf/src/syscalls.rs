@@ -22,7 +22,7 @@
 //! (exit): an untracked task never reaches a hash map.
 use aya_ebpf::{
     helpers::{
-        bpf_get_smp_processor_id, bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_get_smp_processor_id, bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_buf,
         generated::bpf_probe_read_user_str,
     },
     macros::raw_tracepoint,
@@ -113,6 +113,11 @@ pub(crate) fn enter(cfg: &Config, s: &mut CpuSlot, what: u8, regs: u64) {
             s.inflight = inflight::tag(inflight::WRITE, s.gen);
             s.inflight_fd = arg0 as i32;
         }
+        hook::CONNECT => {
+            s.inflight = inflight::tag(inflight::CONNECT, s.gen);
+            s.inflight_fd = arg0 as i32;
+            s.inflight_ptr = reg(regs, r.arg1).unwrap_or(0);
+        }
         hook::CLOSE => close(cfg, s, arg0 as i32),
         _ => {}
     }
@@ -164,6 +169,12 @@ pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, hooked: u8, regs: u64, ret: i6
         if ret >= 0 && ret as i32 != s.inflight_fd {
             duplicated(cfg, s, s.inflight_fd, ret as i32);
         }
+    } else if what == inflight::CONNECT {
+        s.inflight = inflight::NONE;
+        // A non-blocking connect is under way once it says EINPROGRESS.
+        if ret == 0 || ret == -EINPROGRESS {
+            connected(cfg, s, s.inflight_fd, s.inflight_ptr);
+        }
     }
 }
 
@@ -177,6 +188,11 @@ fn reg(regs: u64, off: u16) -> Option<u64> {
 }
 
 const AT_FDCWD: i32 = -100;
+const EINPROGRESS: i64 = 115;
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+/// `sizeof(struct sockaddr_in6)`, the larger of the two.
+const SOCKADDR_LEN: usize = 28;
 const O_CREAT_WRONLY_TRUNC: u32 = 0o1101;
 const F_DUPFD: u64 = 0;
 const F_DUPFD_CLOEXEC: u64 = 1030;
@@ -231,9 +247,9 @@ fn duplicated(cfg: &Config, s: &mut CpuSlot, old: i32, fd: i32) {
     }
 }
 
-/// `fd` was opened (`dup_of` -1), or made a copy of `dup_of`.
+/// A new `FILES` entry of `kind` for `fd`; its file id.
 #[inline(always)]
-fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32, dup_of: i32, kind: u32) {
+fn new_entry(cfg: &Config, s: &mut CpuSlot, fd: i32, kind: u32) -> u64 {
     let key = FdKey { tgid: s.tgid, fd };
     uncache_fd(s, fd);
     // An entry still there for this number (closed without `close`: dup2,
@@ -248,6 +264,47 @@ fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32, dup_of: i32, kind: u32) {
     if FILES.insert(key, stats, 0).is_err() {
         bump(counter::LOST_FD_MAP);
     }
+    file_id
+}
+
+/// `fd`, a socket, was connected to the peer at `addr` (user memory): an
+/// inet one is followed per descriptor, announced with the peer's address.
+#[inline(always)]
+fn connected(cfg: &Config, s: &mut CpuSlot, fd: i32, addr: u64) {
+    // SAFETY: bpf_probe_read_user checks the user address the task passed
+    // (any value); a fault returns an error, never a crash. Any 2 bytes
+    // are a `u16`.
+    let family = unsafe { bpf_probe_read_user(addr as *const u16) }.unwrap_or(0);
+    if family != AF_INET && family != AF_INET6 {
+        return;
+    }
+    let file_id = new_entry(cfg, s, fd, fd_kind::SOCKET);
+    let Some(mut e) = EVENTS.reserve::<OpenEvent>(0) else {
+        bump(counter::LOST_RINGBUF);
+        return;
+    };
+    let ev = e.as_mut_ptr();
+    // SAFETY: as in `opened`: `ev` is the record reserved above, ours until
+    // submitted; bpf_probe_read_user_buf writes exactly `SOCKADDR_LEN`
+    // bytes into `path` (longer) and checks the user address.
+    unsafe {
+        (*ev).hdr = header(event_kind::CONNECT, s.tid, s.tgid, s.job, now());
+        (*ev).file_id = file_id;
+        (*ev).fd = fd;
+        (*ev).dfd = -1;
+        (*ev).flags = 0;
+        (*ev).dup_of = -1;
+        (*ev)._pad = 0;
+        let read = bpf_probe_read_user_buf(addr as *const u8, &mut (&mut (*ev).path)[..SOCKADDR_LEN]);
+        (*ev).path_len = if read.is_ok() { SOCKADDR_LEN as i32 } else { -1 };
+    }
+    e.submit(submit_flags(cfg));
+}
+
+/// `fd` was opened (`dup_of` -1), or made a copy of `dup_of`.
+#[inline(always)]
+fn opened(cfg: &Config, s: &mut CpuSlot, fd: i32, dup_of: i32, kind: u32) {
+    let file_id = new_entry(cfg, s, fd, kind);
     let Some(mut e) = EVENTS.reserve::<OpenEvent>(0) else {
         bump(counter::LOST_RINGBUF);
         return;

@@ -12,10 +12,12 @@
 //! return value come from differs. Each program serves one function (a
 //! trampoline program is loaded for one attach target), hence one program
 //! per function and side:
-//! - the read family and the calls that read a descriptor into another
-//!   (sendfile, splice, copy_file_range): fentry (the read in flight, and
-//!   its start when it is timed) and fexit (the bytes);
-//! - the write, open and dup families and fcntl: fexit alone, which still
+//! - the read family, recvfrom and recvmsg, and the calls that read a
+//!   descriptor into another (sendfile, splice, copy_file_range): fentry
+//!   (the read in flight, and its start when it is timed) and fexit (the
+//!   bytes);
+//! - the write, open and dup families, sendto, sendmsg, connect and fcntl:
+//!   fexit alone, which still
 //!   sees the arguments (the saved registers do not change, and a path or
 //!   `open_how` in user memory is still there) and the result: the entry
 //!   would only record what the exit can read itself;
@@ -94,6 +96,8 @@ entries! {
     fentry_splice => hook::COPY,
     fentry_cfr => hook::COPY,
     fentry_close => hook::CLOSE,
+    fentry_recvfrom => hook::READ,
+    fentry_recvmsg => hook::READ,
 }
 
 exits! {
@@ -105,6 +109,8 @@ exits! {
     fexit_sendfile => hook::SENDFILE,
     fexit_splice => hook::COPY,
     fexit_cfr => hook::COPY,
+    fexit_recvfrom => hook::READ,
+    fexit_recvmsg => hook::READ,
 }
 
 returns! {
@@ -121,4 +127,7 @@ returns! {
     fexit_dup2 => hook::DUP,
     fexit_dup3 => hook::DUP,
     fexit_fcntl => hook::FCNTL,
+    fexit_sendto => hook::WRITE,
+    fexit_sendmsg => hook::WRITE,
+    fexit_connect => hook::CONNECT,
 }

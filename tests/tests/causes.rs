@@ -133,3 +133,64 @@ fn pages_of_a_dataset_mapped_before_fork_are_named_in_each_worker() {
         );
     }
 }
+
+/// Four workers fetch their 4 MiB samples over HTTP (one connection per
+/// sample, as urlopen does) from a server outside the job paced to 8 MB/s:
+/// input-io-bound, naming the server; the bytes the workers received from
+/// it match what it sent, per connection and in all.
+#[test]
+fn workers_fetching_samples_from_a_slow_server_are_input_io_bound_naming_it() {
+    require_root();
+    let dir = Scratch::new("net");
+    let script = workload("net_loader.py");
+    let (port_file, stats, truth_path) = (dir.path("port"), dir.path("stats.json"), dir.path("truth.json"));
+    // The server stands for an object store: outside the job, not traced.
+    let mut server = Killer(vec![std::process::Command::new(python())
+        .args([script.as_str(), "serve", port_file.to_str().unwrap(), "8", stats.to_str().unwrap()])
+        .spawn()
+        .unwrap()]);
+    wait_until("the server's port", Duration::from_secs(30), || port_file.exists());
+    let port = std::fs::read_to_string(&port_file).unwrap();
+    let (workers, samples) = (4, 16);
+    let argv = [
+        "run",
+        "-q",
+        "--",
+        python(),
+        script.as_str(),
+        "load",
+        port.as_str(),
+        &workers.to_string(),
+        &samples.to_string(),
+        truth_path.to_str().unwrap(),
+    ];
+    let run = stall(&argv, &[], Duration::from_secs(240));
+    stop(&mut server.0[0], nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
+    wait_until("the server's count", Duration::from_secs(10), || stats.exists());
+    let sent = truth(&stats)["sent_bytes"].as_u64().unwrap();
+    let t: Value = truth(&truth_path);
+    let peer = format!("127.0.0.1:{port}");
+    let mut received = 0;
+    for (pid, body) in t["workers"].as_object().unwrap() {
+        let p = run.process(pid.parse().unwrap());
+        assert_eq!(p["role"], "worker", "{p}");
+        let s = p["sockets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["peer"] == peer.as_str())
+            .unwrap_or_else(|| panic!("worker {pid}: no socket to {peer}: {}", p["sockets"]));
+        assert_eq!(s["ipc"], false, "{s}");
+        assert_eq!(s["connects"], samples / workers, "{s}");
+        let got = s["read_bytes"].as_u64().unwrap();
+        assert!(got >= body.as_u64().unwrap(), "worker {pid}: {got} bytes received, its bodies alone {body}");
+        assert!(p["read_bytes"].as_u64().unwrap() < got / 100, "socket bytes are not file reads: {p}");
+        received += got;
+    }
+    let line = run.summary()["verdict"]["summary"].as_str().unwrap();
+    eprintln!("network: workers received {received} bytes, the server sent {sent}; {line}");
+    assert!((received as f64 - sent as f64).abs() <= 0.05 * sent as f64, "received {received}, sent {sent}");
+    assert_eq!(run.summary()["verdict"]["kind"], "input-io-bound", "{line}");
+    assert!(line.contains(&format!(" from {peer} at ")) && line.contains("waiting on it"), "{line}");
+}

@@ -144,6 +144,8 @@ pub struct Model {
     /// process faults in from a mapping it inherited (a dataset mapped
     /// before the DataLoader forked) or made before stall came.
     inode_names: HashMap<Inode, (String, Option<String>)>,
+    /// Socket peers seen, and whether each is a process of the job.
+    peers: HashMap<String, bool>,
     /// Closed files, folded per (process, path) once an interval has counted
     /// them: memory follows distinct paths, not opens (a job that opens the
     /// same shards a million times keeps one entry per shard).
@@ -244,6 +246,10 @@ impl Model {
         match ev {
             Event::Open { ts, tgid, fd, file_id, path, dup_of, .. } => {
                 self.open(*ts, *tgid, *fd, *file_id, path, *dup_of);
+            }
+            Event::Connect { ts, tgid, fd, file_id, peer } => {
+                self.open(*ts, *tgid, *fd, *file_id, peer, None);
+                self.set_file_kind(*file_id, fd_kind::SOCKET);
             }
             Event::NewTask { ts, parent_tgid, child_tid, child_tgid, comm, .. } => {
                 self.new_task(*ts, *parent_tgid, *child_tid, *child_tgid, comm);
@@ -406,6 +412,17 @@ impl Model {
         }
     }
 
+    /// Whether a socket peer is known to be inside the job or outside.
+    pub fn peer_known(&self, peer: &str) -> bool {
+        self.peers.contains_key(peer)
+    }
+
+    /// A socket peer is a process of the job (`inside`: IPC) or not
+    /// (network input).
+    pub fn note_peer(&mut self, peer: &str, inside: bool) {
+        self.peers.insert(peer.to_string(), inside);
+    }
+
     /// A path for a file known by its inode only (from a process's
     /// mappings).
     pub fn name_inode(&mut self, inode: Inode, path: String) {
@@ -496,8 +513,12 @@ impl Model {
         }
         let close = f.close_ts.unwrap_or(f.open_ts);
         let key = (f.tgid, f.path.clone());
-        let fresh =
-            || FileWindow { path: f.path.clone(), resolved: f.resolved.clone(), ..Default::default() };
+        let fresh = || FileWindow {
+            path: f.path.clone(),
+            resolved: f.resolved.clone(),
+            socket: f.kind == fd_kind::SOCKET,
+            ..Default::default()
+        };
         let c = self.closing.entry(key.clone()).or_insert_with(fresh);
         c.opens += u64::from(opened_now);
         c.add_counters(&f.total.saturating_sub(&f.mark));

@@ -224,39 +224,50 @@ impl Window {
                 Waker::rank(&mut woken_by);
                 q.threads.push(ThreadWindow { delta, woken_by, ..t.clone() });
             }
-            for f in &p.files {
-                let Some(bf) = b.files.iter().find(|x| x.path == f.path) else {
-                    q.files.push(f.clone());
-                    continue;
-                };
-                let d = FileWindow {
-                    opens: f.opens.saturating_sub(bf.opens),
-                    read_calls: f.read_calls.saturating_sub(bf.read_calls),
-                    read_bytes: f.read_bytes.saturating_sub(bf.read_bytes),
-                    read_ns: f.read_ns.saturating_sub(bf.read_ns),
-                    timed_calls: f.timed_calls.saturating_sub(bf.timed_calls),
-                    write_bytes: f.write_bytes.saturating_sub(bf.write_bytes),
-                    write_calls: f.write_calls.saturating_sub(bf.write_calls),
-                    open_ns: f.open_ns.saturating_sub(bf.open_ns),
-                    storage_bytes: sub_known(f.storage_bytes, bf.storage_bytes),
-                    mmap_bytes: sub_known(f.mmap_bytes, bf.mmap_bytes),
-                    ..f.clone()
-                };
-                if d.read_calls + d.write_calls + d.opens > 0
-                    || d.open_ns > 0
-                    || d.storage_bytes > Some(0)
-                    || d.mmap_bytes > Some(0)
-                {
-                    q.files.push(d);
-                }
-            }
-            if p.alive || !q.threads.is_empty() || !q.files.is_empty() {
+            q.files = files_since(&p.files, &b.files);
+            q.sockets = files_since(&p.sockets, &b.sockets);
+            if p.alive || !q.threads.is_empty() || !q.files.is_empty() || !q.sockets.is_empty() {
                 out.procs.push(q);
             }
         }
         out
     }
+}
 
+/// What happened to each of `now`'s files (or sockets) after `before`,
+/// the same list at an earlier moment; those with nothing new left out.
+fn files_since(now: &[FileWindow], before: &[FileWindow]) -> Vec<FileWindow> {
+    let mut out = Vec::new();
+    for f in now {
+        let Some(bf) = before.iter().find(|x| x.path == f.path) else {
+            out.push(f.clone());
+            continue;
+        };
+        let d = FileWindow {
+            opens: f.opens.saturating_sub(bf.opens),
+            read_calls: f.read_calls.saturating_sub(bf.read_calls),
+            read_bytes: f.read_bytes.saturating_sub(bf.read_bytes),
+            read_ns: f.read_ns.saturating_sub(bf.read_ns),
+            timed_calls: f.timed_calls.saturating_sub(bf.timed_calls),
+            write_bytes: f.write_bytes.saturating_sub(bf.write_bytes),
+            write_calls: f.write_calls.saturating_sub(bf.write_calls),
+            open_ns: f.open_ns.saturating_sub(bf.open_ns),
+            storage_bytes: sub_known(f.storage_bytes, bf.storage_bytes),
+            mmap_bytes: sub_known(f.mmap_bytes, bf.mmap_bytes),
+            ..f.clone()
+        };
+        if d.read_calls + d.write_calls + d.opens > 0
+            || d.open_ns > 0
+            || d.storage_bytes > Some(0)
+            || d.mmap_bytes > Some(0)
+        {
+            out.push(d);
+        }
+    }
+    out
+}
+
+impl Window {
     /// Consecutive windows as one (the verdict looks at the last few
     /// seconds, not at one noisy interval). Thread states are the latest.
     pub fn merge(windows: &[Window]) -> Window {
@@ -343,6 +354,12 @@ impl Window {
                         }
                     }
                 }
+                for s in &p.sockets {
+                    match op.sockets.iter_mut().find(|o| o.path == s.path) {
+                        Some(o) => o.add(s),
+                        None => op.sockets.push(s.clone()),
+                    }
+                }
                 for f in &p.files {
                     match file_at[pi].get(&f.path) {
                         Some(&fi) => {
@@ -391,6 +408,9 @@ pub struct ProcWindow {
     pub exec_ns: u64,
     /// The cgroup that caps its CPU (see [`Window::cpu_limits`]).
     pub cpu_limit: Option<String>,
+    /// The inet sockets it connected, by peer: bytes received and sent,
+    /// calls, time in its reads (the files' fields, for a peer).
+    pub sockets: Vec<FileWindow>,
 }
 
 impl ProcWindow {
@@ -415,12 +435,20 @@ impl ProcWindow {
         let unattributed = self.storage_bytes.unwrap_or(0).saturating_sub(attributed);
         self.files.iter().map(FileWindow::bytes_in).sum::<u64>() + unattributed
     }
-    /// Did it move in the window: read or write a file, or write to its
-    /// stdout/stderr (whatever they point to)?
+    /// Bytes received from peers outside the job over its connected
+    /// sockets: network input.
+    pub fn network_in(&self) -> u64 {
+        self.sockets.iter().filter(|s| !s.ipc).map(|s| s.read_bytes).sum()
+    }
+
+    /// Did it move in the window: read or write a file, exchange data with
+    /// a peer over a socket, or write to its stdout/stderr (whatever they
+    /// point to)?
     pub fn moved(&self) -> bool {
         let c = self.sum();
         c.file_read_bytes + c.file_write_bytes + c.stdio_write_bytes > 0
             || self.files.iter().any(|f| f.read_bytes + f.write_bytes > 0 || f.mmap_bytes > Some(0))
+            || self.sockets.iter().any(|s| s.read_bytes + s.write_bytes > 0)
     }
     pub fn file_write_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.write_bytes).sum()
@@ -467,10 +495,16 @@ impl Waker {
     }
 }
 
-/// Regular files only, merged by path.
+/// Regular files merged by path, or connected sockets merged by peer.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FileWindow {
+    /// The path, or a socket's peer ("10.0.0.5:443").
     pub path: String,
+    /// A connected inet socket: network traffic, never file throughput
+    /// (in [`ProcWindow::sockets`], not `files`).
+    pub socket: bool,
+    /// A socket whose peer is a process of the job: IPC, not input.
+    pub ipc: bool,
     pub resolved: Option<String>,
     pub opens: u64,
     pub read_calls: u64,

@@ -78,12 +78,13 @@ impl Side {
     }
 }
 
-/// (program, side, syscall) for the trampolines: the reading calls at
-/// entry (the read in flight, its start) and exit (its bytes); the write,
-/// open and dup families and fcntl at exit only (the saved registers still
+/// (program, side, syscall) for the trampolines: the reading calls
+/// (recvfrom and recvmsg too) at entry (the read in flight, its start) and
+/// exit (its bytes); the write, open and dup families, sendto, sendmsg,
+/// connect and fcntl at exit only (the saved registers still
 /// hold the arguments); close at entry only (retired before the number can
 /// be reused). Program names fit the kernel's 15 characters.
-const TRAMPOLINES: [(&str, Side, &str); 30] = [
+const TRAMPOLINES: [(&str, Side, &str); 37] = [
     (names::FENTRY_READ, Side::Entry, "read"),
     (names::FEXIT_READ, Side::Exit, "read"),
     (names::FENTRY_PREAD64, Side::Entry, "pread64"),
@@ -114,6 +115,13 @@ const TRAMPOLINES: [(&str, Side, &str); 30] = [
     (names::FEXIT_DUP3, Side::Exit, "dup3"),
     (names::FEXIT_FCNTL, Side::Exit, "fcntl"),
     (names::FENTRY_CLOSE, Side::Entry, "close"),
+    (names::FENTRY_RECVFROM, Side::Entry, "recvfrom"),
+    (names::FEXIT_RECVFROM, Side::Exit, "recvfrom"),
+    (names::FENTRY_RECVMSG, Side::Entry, "recvmsg"),
+    (names::FEXIT_RECVMSG, Side::Exit, "recvmsg"),
+    (names::FEXIT_SENDTO, Side::Exit, "sendto"),
+    (names::FEXIT_SENDMSG, Side::Exit, "sendmsg"),
+    (names::FEXIT_CONNECT, Side::Exit, "connect"),
 ];
 
 /// The kernel function behind a native syscall (`SYSCALL_DEFINE`'s

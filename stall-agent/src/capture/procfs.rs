@@ -151,6 +151,60 @@ pub fn fd_info(pid: u32, fd: i32) -> Option<Opened> {
     Some(Opened::from_meta(target, &fs::metadata(&link).ok()?))
 }
 
+/// The inode of the listening TCP socket that accepts connections to
+/// `peer` ("addr:port", "[v6]:port") in `pid`'s network namespace
+/// (/proc/PID/net/tcp and tcp6), if one does.
+pub fn listener_of(pid: u32, peer: &str) -> Option<u64> {
+    let (addr, port) = peer.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let ip: std::net::IpAddr = addr.trim_start_matches('[').trim_end_matches(']').parse().ok()?;
+    ["tcp", "tcp6"].iter().find_map(|t| {
+        let text = fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok()?;
+        parse_listener(&text, ip, port)
+    })
+}
+
+/// In the text of /proc/net/tcp{,6}: the inode of a socket listening
+/// (state 0A) on `port` at `ip` or at the wildcard address.
+pub fn parse_listener(text: &str, ip: std::net::IpAddr, port: u16) -> Option<u64> {
+    text.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+        if *state != "0A" {
+            return None;
+        }
+        let (hex_addr, hex_port) = local.split_once(':')?;
+        if u16::from_str_radix(hex_port, 16).ok()? != port {
+            return None;
+        }
+        let bound = kernel_ip(hex_addr)?;
+        let wildcard = bound.is_unspecified();
+        let same = bound == ip || bound.to_canonical() == ip.to_canonical();
+        (wildcard || same).then(|| inode.parse().ok()).flatten()
+    })
+}
+
+/// An address as /proc/net/tcp prints it: the kernel's 32-bit words in
+/// host (little-endian) order, hex.
+fn kernel_ip(hex: &str) -> Option<std::net::IpAddr> {
+    let words: Vec<u32> = (0..hex.len() / 8)
+        .map(|i| u32::from_str_radix(&hex[i * 8..i * 8 + 8], 16).ok())
+        .collect::<Option<_>>()?;
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    match bytes.len() {
+        4 => Some(std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
+        16 => Some(std::net::IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
+        _ => None,
+    }
+}
+
+/// Whether `pid` holds the socket with inode `inode`.
+pub fn holds_socket(pid: u32, inode: u64) -> bool {
+    let want = format!("socket:[{inode}]");
+    let Ok(rd) = fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    rd.filter_map(Result::ok).any(|e| fs::read_link(e.path()).is_ok_and(|t| t.as_os_str() == want.as_str()))
+}
+
 /// The path `pid` maps the file `inode` from (/proc/PID/maps), if it maps it.
 pub fn mapped_path(pid: u32, inode: Inode) -> Option<String> {
     let text = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
@@ -288,6 +342,24 @@ pub fn self_rss_bytes() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listeners_by_address_and_port() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+             0: 0100007F:4961 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5551 1 0\n\
+             1: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5552 1 0\n\
+             2: 0100007F:A2B4 0100007F:4961 01 00000000:00000000 00:00000000 00000000     0        0 5553 1 0\n";
+        let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(parse_listener(tcp, lo, 18785), Some(5551));
+        // The wildcard address accepts on every address.
+        assert_eq!(parse_listener(tcp, "10.0.0.5".parse().unwrap(), 8080), Some(5552));
+        // A connected socket is no listener.
+        assert_eq!(parse_listener(tcp, lo, 41652), None);
+        assert_eq!(parse_listener(tcp, "10.0.0.5".parse().unwrap(), 18785), None);
+        let tcp6 = "  sl  local_address remote st\n\
+             0: 00000000000000000000000001000000:01BB 00000000000000000000000000000000:0000 0A 0:0 0:0 0 0 0 7771 1\n";
+        assert_eq!(parse_listener(tcp6, "::1".parse().unwrap(), 443), Some(7771));
+    }
 
     #[test]
     fn mapped_paths_by_device_and_inode() {

@@ -62,6 +62,9 @@ pub trait Host {
     fn usable_cpus(&self) -> u32;
     /// The path a process maps a file from, by its device and inode.
     fn mapped_path(&self, tgid: u32, inode: Inode) -> Option<String>;
+    /// Whether the peer `tgid` connected to is one of `pids` (it holds the
+    /// socket listening there): traffic inside the job, not input.
+    fn peer_in(&self, tgid: u32, peer: &str, pids: &[u32]) -> bool;
 }
 
 /// The machine as it is: the capture, and beside it the readers of the
@@ -143,6 +146,11 @@ impl Host for LiveHost {
 
     fn mapped_path(&self, tgid: u32, inode: Inode) -> Option<String> {
         procfs::mapped_path(tgid, inode)
+    }
+
+    fn peer_in(&self, tgid: u32, peer: &str, pids: &[u32]) -> bool {
+        procfs::listener_of(tgid, peer)
+            .is_some_and(|inode| pids.iter().any(|p| procfs::holds_socket(*p, inode)))
     }
 
     fn outputs(&self, pid: u32) -> Vec<(String, u64)> {

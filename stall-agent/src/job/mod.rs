@@ -204,6 +204,14 @@ impl Job {
                         inherited.extend(host.inherited_files(*child_tgid, self.id));
                     }
                 }
+                // Asked once per peer: a loader connecting per sample
+                // connects to the same few.
+                Event::Connect { tgid, peer, .. } if !self.model.peer_known(peer) => {
+                    let pids: Vec<u32> =
+                        self.model.procs.values().filter(|p| p.alive).map(|p| p.tgid).collect();
+                    let inside = host.peer_in(*tgid, peer, &pids);
+                    self.model.note_peer(peer, inside);
+                }
                 Event::Exec { tgid, .. } => {
                     if let Some(c) = host.cmdline(*tgid) {
                         self.model.note_process(*tgid, None, "", Some(c));

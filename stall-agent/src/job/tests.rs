@@ -36,6 +36,8 @@ struct ScriptedHost {
     cpu_readings: HashMap<String, crate::cpulimit::Reading>,
     /// Files mapped by each process, by inode.
     mapped: HashMap<(u32, Inode), String>,
+    /// Peers that are processes of the job.
+    job_peers: HashSet<String>,
 }
 
 impl Host for ScriptedHost {
@@ -98,6 +100,9 @@ impl Host for ScriptedHost {
     }
     fn mapped_path(&self, tgid: u32, inode: Inode) -> Option<String> {
         self.mapped.get(&(tgid, inode)).cloned()
+    }
+    fn peer_in(&self, _tgid: u32, peer: &str, _pids: &[u32]) -> bool {
+        self.job_peers.contains(peer)
     }
 }
 

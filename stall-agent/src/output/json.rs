@@ -130,6 +130,24 @@ pub struct Process {
     pub off_cpu_by_reason: OffCpu,
     pub threads: Vec<Thread>,
     pub files: Vec<File>,
+    /// The inet sockets it connected, per peer.
+    pub sockets: Vec<Socket>,
+}
+
+#[derive(Serialize)]
+pub struct Socket {
+    /// "address:port" it connected to.
+    pub peer: String,
+    /// The peer is a process of the job (IPC), not a source of input.
+    pub ipc: bool,
+    pub read_bytes: u64,
+    pub read_calls: u64,
+    pub write_bytes: u64,
+    pub write_calls: u64,
+    /// Connections made to it in the window.
+    pub connects: u64,
+    /// Time in reads of it, estimated from the timed ones.
+    pub wait_s: f64,
 }
 
 #[derive(Serialize)]
@@ -255,6 +273,20 @@ fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
                 open_s: f.open_ns as f64 / 1e9,
                 storage_bytes: f.storage_bytes,
                 mmap_bytes: f.mmap_bytes,
+            })
+            .collect(),
+        sockets: p
+            .sockets
+            .iter()
+            .map(|s| Socket {
+                peer: s.path.clone(),
+                ipc: s.ipc,
+                read_bytes: s.read_bytes,
+                read_calls: s.read_calls,
+                write_bytes: s.write_bytes,
+                write_calls: s.write_calls,
+                connects: s.opens,
+                wait_s: s.read_time_ns() / 1e9,
             })
             .collect(),
     }

@@ -207,6 +207,29 @@ pub fn render(v: &View) -> String {
             v.roles.of(*pid).as_str()
         );
     }
+    let mut peers: Vec<(u32, &crate::aggregate::FileWindow)> = w
+        .procs
+        .iter()
+        .flat_map(|p| p.sockets.iter().map(move |s| (p.tgid, s)))
+        .filter(|(_, s)| s.read_bytes + s.write_bytes > 0)
+        .collect();
+    peers.sort_by_key(|(pid, s)| (std::cmp::Reverse(s.read_bytes + s.write_bytes), *pid));
+    if !peers.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "Network peers (connected sockets):");
+    }
+    for (pid, s) in peers.iter().take(8) {
+        let _ = writeln!(
+            out,
+            "  {}{}: received {} in {} reads, sent {} [{} pid {pid}]",
+            s.path,
+            if s.ipc { " (a process of the job)" } else { "" },
+            units::bytes(s.read_bytes),
+            s.read_calls,
+            units::bytes(s.write_bytes),
+            v.roles.of(*pid).as_str()
+        );
+    }
     if !w.cpu_limits.is_empty() {
         let _ = writeln!(out);
         let _ = writeln!(out, "CPU limits (throttled time apportioned to threads from cpu.stat):");

@@ -70,6 +70,12 @@ pub(super) enum Finding<'a> {
         waits: f64,
         worker_io: f64,
     },
+    /// The trainer waits, its workers wait on peers outside the job that
+    /// send them their samples (an object store, an HTTP server).
+    InputNet {
+        waits: f64,
+        worker_wait: f64,
+    },
     /// The trainer waits, its workers want the CPU (on it, waiting for
     /// one, or held back by a CPU limit).
     InputCpu {
@@ -103,7 +109,9 @@ impl Finding<'_> {
             Finding::GpuBusy(_) => Kind::GpuBusy,
             Finding::NotEnoughData | Finding::TrainerUntraced | Finding::NoSingleBottleneck => Kind::Unknown,
             Finding::HangBehindBusyGpu(_) | Finding::HangNoProgress(_) => Kind::Hang,
-            Finding::InputIo { .. } | Finding::TrainerReads { .. } => Kind::InputIoBound,
+            Finding::InputIo { .. } | Finding::InputNet { .. } | Finding::TrainerReads { .. } => {
+                Kind::InputIoBound
+            }
             Finding::InputCpu { .. } => Kind::InputCpuBound,
             Finding::OutputIo { .. } => Kind::OutputIoBound,
             Finding::TrainerBusy { .. } => Kind::TrainerHostBound,
@@ -143,6 +151,18 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
         if !s.workers.is_empty() && worker_io >= rules::WORKER_SHARE && worker_io >= worker_cpu {
             return Finding::InputIo { waits, worker_io };
         }
+        // Waiting on sockets to peers outside the job that carry more than
+        // the files do: the samples come over the network.
+        let worker_poll = mean_share(&s.workers, s.secs, reason::POLL);
+        let net: u64 = s.workers.iter().map(|p| p.network_in()).sum();
+        if !s.workers.is_empty()
+            && net > 0
+            && net >= s.reader_bytes()
+            && worker_poll >= rules::WORKER_SHARE
+            && worker_poll >= worker_cpu
+        {
+            return Finding::InputNet { waits, worker_wait: worker_poll };
+        }
         if !s.workers.is_empty() && worker_cpu >= rules::WORKER_SHARE && worker_cpu > worker_io {
             return Finding::InputCpu { waits };
         }
@@ -159,6 +179,16 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
         return Finding::Idle { job_cpu };
     }
     Finding::NoSingleBottleneck
+}
+
+/// A reason's share of the workers' main threads, averaged.
+fn mean_share(workers: &[&ProcWindow], secs: f64, r: u8) -> f64 {
+    let shares: Vec<f64> =
+        workers.iter().filter_map(|p| p.main_thread()).map(|t| Shares::of(t, secs).r(r)).collect();
+    if shares.is_empty() {
+        return 0.0;
+    }
+    shares.iter().sum::<f64>() / shares.len() as f64
 }
 
 /// I/O and CPU shares of the workers' main threads, averaged.

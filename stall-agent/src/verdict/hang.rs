@@ -77,7 +77,11 @@ pub(in crate::verdict) fn no_progress(
     // Writes are not asked about: with the GPU idle and everyone blocked, a
     // line written now and then is a heartbeat, not a training step.
     let file_bytes: u64 = w.procs.iter().map(ProcWindow::file_read_bytes).sum();
-    if file_bytes > 0 || ipc as f64 / secs > rules::HANG_MAX_IPC_BYTES_PER_S {
+    // Pages faulted in (from storage or the page cache) are work too: a
+    // process blocked on its faults (an import, a teardown unmapping its
+    // libraries from a cold cache) moves, however slowly.
+    let paged: u64 = w.procs.iter().map(|p| p.storage_bytes.unwrap_or(0) + p.mmap_bytes.unwrap_or(0)).sum();
+    if file_bytes > 0 || paged > 0 || ipc as f64 / secs > rules::HANG_MAX_IPC_BYTES_PER_S {
         return None;
     }
     let worker_tgids: Vec<u32> = workers.iter().map(|p| p.tgid).collect();

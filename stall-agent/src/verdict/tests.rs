@@ -530,6 +530,25 @@ fn woken_by_workers_is_not_a_hang() {
     assert_ne!(v.kind, Kind::Hang, "{v:?}");
 }
 
+/// A trainer blocked faulting its libraries in from a cold cache (an
+/// import, a teardown) for the whole window moves: pages come in.
+#[test]
+fn blocked_on_faults_that_bring_pages_in_is_not_a_hang() {
+    let mut job = Job::new(6).trainer(0.02, [0.0, 0.97, 0.0, 0.0, 0.01, 0.0], blocked(reason::IO));
+    job.inode_bytes = Some(vec![InodeSnap {
+        tgid: 100,
+        inode: Inode { dev: 8 << 20, ino: 9 },
+        storage_bytes: 3 << 20,
+        mmap_bytes: 3 << 20,
+    }]);
+    job.mmap_known = true;
+    let v = job.judge(&[]);
+    assert_ne!(v.kind, Kind::Hang, "{v:?}");
+    // The same without a page coming in is a hang.
+    let v = Job::new(6).trainer(0.02, [0.0, 0.97, 0.0, 0.0, 0.01, 0.0], blocked(reason::IO)).judge(&[]);
+    assert_eq!(v.kind, Kind::Hang, "{v:?}");
+}
+
 #[test]
 fn trainer_host_bound_with_and_without_gpu() {
     let job = || {

@@ -89,6 +89,18 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             from_storage(&s.workers, reader_bytes),
             units::pct(*worker_io)
         ),
+        Finding::InputNet { waits, worker_wait } => {
+            let net: u64 = s.workers.iter().map(|p| p.network_in()).sum();
+            format!(
+                "{}; {} received {} from {} at {}, {} of their time waiting on it: input pipeline is network-bound",
+                waiting(*waits),
+                workers_word(s.workers.len()),
+                units::bytes(net),
+                top_peers(&s.workers),
+                units::rate(net, secs),
+                units::pct(*worker_wait)
+            )
+        }
         Finding::InputCpu { waits } => {
             let (on, rq, throttled) = runnable_shares(s.workers.iter().copied(), secs);
             let workers = workers_word(s.workers.len());
@@ -177,6 +189,22 @@ fn summary(s: &Scene, finding: &Finding) -> String {
     }
 }
 
+/// The peers outside the job `procs` received most from: "10.0.0.5:443",
+/// "10.0.0.5:443 and 2 more peers".
+fn top_peers(procs: &[&ProcWindow]) -> String {
+    let mut by_peer: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for s in procs.iter().flat_map(|p| p.sockets.iter()).filter(|s| !s.ipc) {
+        *by_peer.entry(s.path.as_str()).or_default() += s.read_bytes;
+    }
+    let mut peers: Vec<(&str, u64)> = by_peer.into_iter().collect();
+    peers.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    match peers.len() {
+        0 => "the network".into(),
+        1 => peers[0].0.to_string(),
+        n => format!("{} and {} more peer{}", peers[0].0, n - 1, if n == 2 { "" } else { "s" }),
+    }
+}
+
 /// The main threads' mean shares of the window: on CPU, waiting for a CPU,
 /// throttled.
 fn runnable_shares<'a>(procs: impl Iterator<Item = &'a ProcWindow>, secs: f64) -> (f64, f64, f64) {
@@ -215,7 +243,7 @@ fn job_evidence(s: &Scene) -> Vec<String> {
     let mut evidence = vec![thread_line("trainer main thread", trainer, main, tm)];
     // The busiest readers first; a handful is evidence, thousands is noise.
     let mut shown: Vec<&&ProcWindow> = s.workers.iter().collect();
-    shown.sort_by_key(|p| (std::cmp::Reverse(p.input_bytes()), p.tgid));
+    shown.sort_by_key(|p| (std::cmp::Reverse(p.input_bytes() + p.network_in()), p.tgid));
     if shown.len() > MAX_WORKER_LINES {
         evidence.push(format!("{} workers; the {MAX_WORKER_LINES} that read most:", shown.len()));
         shown.truncate(MAX_WORKER_LINES);
@@ -223,15 +251,22 @@ fn job_evidence(s: &Scene) -> Vec<String> {
     for wp in shown {
         if let Some(t) = wp.main_thread() {
             let shares = Shares::of(t, s.secs);
+            let net = wp.network_in();
             evidence.push(format!(
-                "{}; read {} at {}",
+                "{}; read {} at {}{}",
                 thread_line("worker", wp, t, &shares),
                 units::bytes(wp.input_bytes()),
-                units::rate(wp.input_bytes(), s.secs)
+                units::rate(wp.input_bytes(), s.secs),
+                if net > 0 {
+                    format!("; received {} at {} from peers", units::bytes(net), units::rate(net, s.secs))
+                } else {
+                    String::new()
+                }
             ));
         }
     }
     evidence.extend(top_files(s.w, s.secs));
+    evidence.extend(top_peers_evidence(s.w, s.secs));
     if let Some(o) = &s.progress.last_output {
         evidence.push(format!("output {} (pid {}) last written {} ago", o.path, o.pid, units::span(o.ago_s)));
     }
@@ -458,6 +493,33 @@ fn written_files(p: &ProcWindow, secs: f64) -> Vec<String> {
                 p.tgid,
                 f.write_calls,
                 units::rate(f.write_bytes, secs)
+            )
+        })
+        .collect()
+}
+
+/// The peers outside the job that sent most, per process: "peer
+/// 10.0.0.5:443: 64 MB received by pid 12 in 900 reads (8.0 MB/s while
+/// connected, 7.1s in its reads)".
+fn top_peers_evidence(w: &Window, secs: f64) -> Vec<String> {
+    let mut socks: Vec<(u32, &crate::aggregate::FileWindow)> = w
+        .procs
+        .iter()
+        .flat_map(|p| p.sockets.iter().map(move |s| (p.tgid, s)))
+        .filter(|(_, s)| !s.ipc && s.read_bytes > 0)
+        .collect();
+    socks.sort_by_key(|(pid, s)| (std::cmp::Reverse(s.read_bytes), *pid));
+    socks
+        .iter()
+        .take(5)
+        .map(|(pid, s)| {
+            format!(
+                "peer {}: {} received by pid {pid} in {} reads ({} while connected, {} in its reads)",
+                s.path,
+                units::bytes(s.read_bytes),
+                s.read_calls,
+                units::rate(s.read_bytes, s.rate_secs(secs)),
+                units::secs(s.read_time_ns() / 1e9)
             )
         })
         .collect()

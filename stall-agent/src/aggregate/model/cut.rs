@@ -69,11 +69,18 @@ impl Model {
             procs.extend(self.folded_window());
         }
         for p in &mut procs {
+            let (mut sockets, files): (Vec<FileWindow>, _) =
+                std::mem::take(&mut p.files).into_iter().partition(|f| f.socket);
+            for s in &mut sockets {
+                s.ipc = self.peers.get(&s.path).copied().unwrap_or(false);
+            }
+            (p.files, p.sockets) = (files, sockets);
             p.files.sort_by(|a, b| b.read_bytes.cmp(&a.read_bytes).then(a.path.cmp(&b.path)));
+            p.sockets.sort_by(|a, b| b.read_bytes.cmp(&a.read_bytes).then(a.path.cmp(&b.path)));
             p.threads.sort_by_key(|t| t.tid);
         }
         // Processes with nothing in this window (gone before it) are left out.
-        procs.retain(|p| !p.threads.is_empty() || !p.files.is_empty() || p.alive);
+        procs.retain(|p| !p.threads.is_empty() || !p.files.is_empty() || !p.sockets.is_empty() || p.alive);
         if since_mark {
             fold_small_ended(&mut procs);
         }
@@ -200,6 +207,7 @@ impl Model {
             let e = by_path.entry((i, f.path.as_str())).or_insert_with(|| FileWindow {
                 path: f.path.clone(),
                 resolved: f.resolved.clone(),
+                socket: f.kind == fd_kind::SOCKET,
                 ..Default::default()
             });
             e.opens += u64::from(opened_now);
