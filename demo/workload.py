@@ -43,7 +43,10 @@ Other input pipelines (--mode), for stall's scenario tests:
   mmap     as io, but the workers map each shard and copy batches out of the
            mapping (what torch.load(mmap=True), safetensors and Hugging Face
            datasets' Arrow files do): no read(2) at all, the bytes come by
-           page faults -> input-io-bound
+           page faults -> input-io-bound; with --map-before-fork the trainer
+           maps every shard before the workers fork (as datasets'
+           load_from_disk does) and they fault the pages in through the
+           mappings they inherited, never opening a shard
   cpu      no files: each worker "decodes/augments" every batch from memory
            with --decode-ms of CPU (zlib + Python) -> input-cpu-bound
   hang     the workers block forever on a multiprocessing Event that is never
@@ -136,6 +139,8 @@ def parse_args(argv=None):
     p.add_argument("--throttle-mbps", type=float, default=100.0,
                    help="cap the job's disk reads (its writes in checkpoint mode) at this many MB/s with "
                         "a cgroup; 0: no throttle (default: %(default)s; io, mmap and checkpoint modes)")
+    p.add_argument("--map-before-fork", action="store_true",
+                   help="mmap mode: the trainer maps the shards before forking the workers")
     p.add_argument("--cpu-limit", type=float, default=None, metavar="CPUS",
                    help="run the job in a cgroup whose CPU quota is this many CPUs (a Kubernetes CPU "
                         "limit: cgroup v1 cpu.cfs_quota_us or v2 cpu.max, 100 ms periods)")
@@ -167,6 +172,8 @@ def parse_args(argv=None):
         a.compute_ms = COMPUTE_MS[a.mode]
     if a.decode_ms is None:
         a.decode_ms = DECODE_MS[a.mode]
+    if a.map_before_fork and a.mode != "mmap":
+        p.error("--map-before-fork is for mmap mode")
     if a.cpu_limit is not None and a.cpu_limit <= 0:
         p.error("--cpu-limit must be positive")
     if a.throttle_mbps < 0 or a.compute_ms < 0 or a.decode_ms < 0 or a.start_delay < 0 or a.import_s < 0:
@@ -533,22 +540,65 @@ def read_batches(batch_bytes):
     return batches
 
 
-def mapped_batches(batch_bytes):
-    """mmap mode: maps the (evicted) file, closes the descriptor at once, as
-    numpy and torch do, and copies the batches out of the mapping; the pages
-    come from the disk by page faults and read-ahead."""
+# --map-before-fork: the shards' mappings, made by the trainer, by path.
+PREMAPPED = {}
+
+
+def map_file(path):
+    """Maps the (evicted) file and closes the descriptor at once, as numpy
+    and torch do."""
     import mmap
 
+    with open(path, "rb", buffering=0) as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        return mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+
+
+class SharedMap:
+    """A file mapped with mmap(2) and its descriptor closed at once, as
+    pyarrow's memory map (datasets' Arrow tables) leaves it: processes forked
+    later inherit the pages, not a descriptor. (Python's mmap keeps a dup
+    of the descriptor, which the workers would inherit too.)"""
+
+    PROT_READ, MAP_SHARED = 1, 1
+
+    def __init__(self, path):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            self.size = os.fstat(fd).st_size
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            self.addr = libc.mmap(None, self.size, self.PROT_READ, self.MAP_SHARED, fd, 0)
+        finally:
+            os.close(fd)
+        if self.addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap {path}")
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, s):
+        start, stop = s.start, min(s.stop, self.size)
+        return ctypes.string_at(self.addr + start, stop - start)
+
+
+def mapped_batches(batch_bytes):
+    """mmap mode: maps the file (or takes the trainer's mapping of it) and
+    copies the batches out of the mapping; the pages come from the disk by
+    page faults and read-ahead."""
+
     def batches(path):
-        with open(path, "rb", buffering=0) as f:
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-        with m:
-            done = 0
-            while done < len(m):
-                batch = m[done:done + batch_bytes]  # the copy faults the pages in
-                done += len(batch)
-                yield len(batch), zlib.crc32(batch)
+        m = PREMAPPED.get(path) or map_file(path)
+        done = 0
+        while done < len(m):
+            batch = m[done:done + batch_bytes]  # the copy faults the pages in
+            done += len(batch)
+            yield len(batch), zlib.crc32(batch)
+        if path not in PREMAPPED:
+            m.close()
 
     return batches
 
@@ -888,6 +938,8 @@ def main(argv=None):
         for cgroup in (throttle, limit):
             if cgroup:
                 cgroup.enter()
+        if args.map_before_fork:
+            PREMAPPED.update((p, SharedMap(p)) for p in paths)
         job = Job(args, paths, note, started)
         job.cpu_limit = limit
         job.run()

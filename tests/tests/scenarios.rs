@@ -318,7 +318,21 @@ fn io_bound_job_under_run() {
 #[test]
 fn mapped_shards_are_read_from_storage() {
     let _t = Timed::start("mapped_shards_are_read_from_storage");
-    let s = disk_scratch("mmap");
+    mapped_shards(false);
+}
+
+/// 1c. The same with the shards mapped by the trainer before the workers
+///     fork (Hugging Face datasets' `load_from_disk`): the workers never
+///     open a shard, yet each shard's pages are named, per worker, by the
+///     shard's path, with the same exact bytes.
+#[test]
+fn shards_mapped_before_fork_are_named_in_each_worker() {
+    let _t = Timed::start("shards_mapped_before_fork_are_named_in_each_worker");
+    mapped_shards(true);
+}
+
+fn mapped_shards(before_fork: bool) {
+    let s = disk_scratch(if before_fork { "premap" } else { "mmap" });
     let cache = s.path("cache");
     let truth_path = s.path("truth.json");
     let mut args = shards(&cache, 8, 12, 12);
@@ -326,6 +340,9 @@ fn mapped_shards_are_read_from_storage() {
         ["--mode", "mmap", "--workers", "4", "--start-delay", "0", "--truth", truth_path.to_str().unwrap()]
             .map(String::from),
     );
+    if before_fork {
+        args.push("--map-before-fork".into());
+    }
     let run = stall_run(&args);
     assert_eq!(run.status, 0, "{}", run.stderr);
     let t = finished_truth(&truth_path, "mmap");
@@ -346,6 +363,9 @@ fn mapped_shards_are_read_from_storage() {
             let path = Path::new(f["path"].as_str().unwrap());
             let f_run = run.file(pid, path);
             assert_eq!(f_run["read_bytes"], 0, "worker {pid}: no read(2) of {}: {f_run}", path.display());
+            if before_fork {
+                assert_eq!(f_run["opens"], 0, "worker {pid} never opened {}: {f_run}", path.display());
+            }
             let storage = u(&f_run["storage_bytes"]);
             assert_close(
                 &format!("worker {pid}: {} from storage", path.display()),

@@ -122,6 +122,10 @@ pub fn is_code_file(path: &str) -> bool {
         || ["/__pycache__/", "/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3"]
             .iter()
             .any(|d| path.contains(d))
+        // Executables (the interpreter a forked worker runs through the
+        // parent's mapping) and the C library's locale data.
+        || ["/bin/", "/sbin/"].iter().any(|d| path.contains(d))
+        || path.starts_with("/usr/lib/locale/")
         || path == "/etc/ld.so.cache"
 }
 
@@ -530,10 +534,12 @@ impl FileWindow {
     /// The bytes of it the process took in: read and mapped, or where more
     /// (pages of a mapping where faults are not followed), brought in from
     /// storage. The pages of a program's own code (shared objects, modules)
-    /// it runs through a mapping are not input.
+    /// it runs through a mapping are not input, nor are shared-memory
+    /// segments (/dev/shm: semaphores, tensors passed between processes).
     pub fn bytes_in(&self) -> u64 {
+        let path = self.resolved.as_deref().unwrap_or(&self.path);
         let mapped = match self.mmap_bytes {
-            Some(n) if n > 0 && !is_code_file(self.resolved.as_deref().unwrap_or(&self.path)) => n,
+            Some(n) if n > 0 && !is_code_file(path) && !is_kernel_file(path) => n,
             _ => 0,
         };
         (self.read_bytes + mapped).max(self.storage_bytes.unwrap_or(0))
@@ -700,6 +706,25 @@ pub(super) fn fold_small_ended(procs: &mut Vec<ProcWindow>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn code_files_are_not_data() {
+        for code in [
+            "/usr/bin/python3.11",
+            "/root/.pyenv/versions/3.11.7/bin/python3.11",
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/opt/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so",
+            "/usr/lib/locale/C.utf8/LC_CTYPE",
+            "/etc/ld.so.cache",
+        ] {
+            assert!(is_code_file(code), "{code}");
+        }
+        for data in
+            ["/data/train/data-00000-of-00001.arrow", "/var/tmp/cache/rows_00000-02000.bin", "/ckpt/ckpt.pt"]
+        {
+            assert!(!is_code_file(data), "{data}");
+        }
+    }
 
     /// Where a file's bytes came from, as the report words it, and what a
     /// mapping's bytes count as.
