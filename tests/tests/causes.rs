@@ -194,3 +194,66 @@ fn workers_fetching_samples_from_a_slow_server_are_input_io_bound_naming_it() {
     assert_eq!(run.summary()["verdict"]["kind"], "input-io-bound", "{line}");
     assert!(line.contains(&format!(" from {peer} at ")) && line.contains("waiting on it"), "{line}");
 }
+
+/// The same workers with a pooled keep-alive connection each, connected
+/// (and used once) before `stall attach` comes: the connections are found
+/// at attach and named by their peer, and what the workers receive on them
+/// afterwards matches what the server sent for the samples.
+#[test]
+fn connections_made_before_attach_are_followed() {
+    require_root();
+    let dir = Scratch::new("net-attach");
+    let script = workload("net_loader.py");
+    let (port_file, stats, truth_path, gate) =
+        (dir.path("port"), dir.path("stats.json"), dir.path("truth.json"), dir.path("go"));
+    let mut server = Killer(vec![std::process::Command::new(python())
+        .args([script.as_str(), "serve", port_file.to_str().unwrap(), "8", stats.to_str().unwrap()])
+        .spawn()
+        .unwrap()]);
+    wait_until("the server's port", Duration::from_secs(30), || port_file.exists());
+    let port = std::fs::read_to_string(&port_file).unwrap();
+    let mut job = std::process::Command::new(python())
+        .args([
+            script.as_str(),
+            "load",
+            port.as_str(),
+            "2",
+            "8",
+            truth_path.to_str().unwrap(),
+            gate.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(job.stdout.take().unwrap()), &mut line).unwrap();
+    let trainer = line.trim().strip_prefix("PID ").expect("the job's PID line").to_string();
+    let mut job = Killer(vec![job]);
+    let mut attached = Attached::start(&["--pid", trainer.as_str()]);
+    attached.wait_tracing();
+    std::fs::write(&gate, "").unwrap();
+    let run = attached.finish(Duration::from_secs(120));
+    assert!(wait_child(&mut job.0[0], Duration::from_secs(10)).is_some_and(|s| s.success()));
+    stop(&mut server.0[0], nix::sys::signal::Signal::SIGTERM);
+    wait_until("the server's count", Duration::from_secs(10), || stats.exists());
+    let sent = truth(&stats)["sent_bytes"].as_u64().unwrap();
+    let t: Value = truth(&truth_path);
+    let peer = format!("127.0.0.1:{port}");
+    let mut received = 0;
+    for pid in t["workers"].as_object().unwrap().keys() {
+        let p = run.process(pid.parse().unwrap());
+        let s = p["sockets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["peer"] == peer.as_str())
+            .unwrap_or_else(|| panic!("worker {pid}: its connection to {peer} not found: {p}"));
+        // One connection, found at attach, whatever number of samples.
+        assert_eq!(s["connects"], 1, "{s}");
+        received += s["read_bytes"].as_u64().unwrap();
+    }
+    eprintln!(
+        "pooled: workers received {received} bytes after attach, the server sent {sent} for the samples"
+    );
+    assert!((received as f64 - sent as f64).abs() <= 0.05 * sent as f64, "received {received}, sent {sent}");
+}

@@ -198,6 +198,43 @@ fn kernel_ip(hex: &str) -> Option<std::net::IpAddr> {
     }
 }
 
+/// The peers of the connected TCP sockets in `pid`'s network namespace, by
+/// socket inode ("address:port", "[v6]:port"): what a socket open before
+/// stall came is connected to.
+pub fn socket_peers(pid: u32) -> HashMap<u64, String> {
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|t| fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok())
+        .flat_map(|text| parse_socket_peers(&text))
+        .collect()
+}
+
+/// In the text of /proc/net/tcp{,6}: (inode, peer) of every socket with a
+/// peer (not listening).
+pub fn parse_socket_peers(text: &str) -> Vec<(u64, String)> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (remote, state, inode) = (f.get(2)?, f.get(3)?, f.get(9)?);
+            if *state == "0A" {
+                return None;
+            }
+            let (hex_addr, hex_port) = remote.split_once(':')?;
+            let port = u16::from_str_radix(hex_port, 16).ok()?;
+            let ip = kernel_ip(hex_addr)?.to_canonical();
+            if ip.is_unspecified() || port == 0 {
+                return None;
+            }
+            let peer = match ip {
+                std::net::IpAddr::V4(v4) => format!("{v4}:{port}"),
+                std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+            };
+            Some((inode.parse().ok()?, peer))
+        })
+        .collect()
+}
+
 /// Whether `pid` holds the socket with inode `inode`.
 pub fn holds_socket(pid: u32, inode: u64) -> bool {
     let want = format!("socket:[{inode}]");
@@ -359,6 +396,21 @@ mod tests {
         let tcp6 = "  sl  local_address remote st\n\
              0: 00000000000000000000000001000000:01BB 00000000000000000000000000000000:0000 0A 0:0 0:0 0 0 0 7771 1\n";
         assert_eq!(parse_listener(tcp6, "::1".parse().unwrap(), 443), Some(7771));
+    }
+
+    #[test]
+    fn peers_of_connected_sockets() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+             0: 0100007F:4961 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5551 1 0\n\
+             1: 0100007F:A2B4 0100007F:4961 01 00000000:00000000 00:00000000 00000000     0        0 5553 1 0\n";
+        assert_eq!(parse_socket_peers(tcp), vec![(5553, "127.0.0.1:18785".to_string())]);
+        let tcp6 = "  sl  local remote st\n\
+             0: 00000000000000000000000001000000:A2B4 0000000000000000FFFF00000500000A:01BB 01 0:0 0:0 0 0 0 7772 1\n\
+             1: 00000000000000000000000001000000:A2B5 B80D0120000000000000000001000000:01BB 01 0:0 0:0 0 0 0 7773 1\n";
+        assert_eq!(
+            parse_socket_peers(tcp6),
+            vec![(7772, "10.0.0.5:443".to_string()), (7773, "[2001:db8::1]:443".to_string())]
+        );
     }
 
     #[test]

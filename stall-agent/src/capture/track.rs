@@ -121,27 +121,48 @@ impl Capture {
         }
     }
 
-    /// Registers the regular files `pid` has open, so reads of descriptors
-    /// opened before attach (or inherited over fork) are counted.
+    /// Registers the regular files and connected TCP sockets `pid` has
+    /// open, so reads of descriptors opened before attach (or inherited
+    /// over fork) are counted.
     pub fn seed_fds(&mut self, pid: u32, job: u32) -> Vec<JobEvent> {
         let now = monotonic_ns();
         let mut out = Vec::new();
-        for f in procfs::open_fds(pid).into_iter().filter(|f| f.regular) {
+        let fds = procfs::open_fds(pid);
+        // Connected sockets too, named by their peer (read once per process).
+        let peers = match fds.iter().any(|f| f.target.starts_with("socket:[")) {
+            true => procfs::socket_peers(pid),
+            false => Default::default(),
+        };
+        for f in fds {
+            let peer = f
+                .target
+                .strip_prefix("socket:[")
+                .and_then(|s| s.strip_suffix(']'))
+                .and_then(|i| i.parse::<u64>().ok())
+                .and_then(|inode| peers.get(&inode).cloned());
+            let kind = match (&peer, f.regular) {
+                (Some(_), _) => fd_kind::SOCKET,
+                (None, true) => fd_kind::REGULAR,
+                (None, false) => continue,
+            };
             self.seed_seq += 1;
             let file_id = (1 << 63) | (u64::from(pid) << 24) | (self.seed_seq & 0xff_ffff);
-            let stats = FileStats { file_id, kind: fd_kind::REGULAR, ..Default::default() };
+            let stats = FileStats { file_id, kind, ..Default::default() };
             if self.files.insert(FdKey { tgid: pid, fd: f.fd }, stats, 1).is_ok() {
-                let open = Event::Open {
-                    ts: now,
-                    tid: pid,
-                    tgid: pid,
-                    fd: f.fd,
-                    file_id,
-                    path: f.target,
-                    dfd: -100,
-                    dup_of: None,
+                let ev = match peer {
+                    Some(peer) => Event::Connect { ts: now, tgid: pid, fd: f.fd, file_id, peer },
+                    None => Event::Open {
+                        ts: now,
+                        tid: pid,
+                        tgid: pid,
+                        fd: f.fd,
+                        file_id,
+                        path: f.target,
+                        dfd: -100,
+                        dup_of: None,
+                    },
                 };
-                out.push((job, open));
+                out.push((job, ev));
             }
         }
         self.changed();

@@ -144,7 +144,7 @@ pub struct Socket {
     pub read_calls: u64,
     pub write_bytes: u64,
     pub write_calls: u64,
-    /// Connections made to it in the window.
+    /// Connections to it in the window (one open at attach counts).
     pub connects: u64,
     /// Time in reads of it, estimated from the timed ones.
     pub wait_s: f64,
