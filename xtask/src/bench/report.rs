@@ -75,7 +75,7 @@ and CONFIG_KPROBES is off). Attaching any syscall tracepoint puts every task of 
 kernel's slow syscall path (`SYSCALL_WORK_SYSCALL_TRACEPOINT` is set on all tasks, traced or not), \
 and each syscall then calls the attached programs. That cost is the floor row, and it lands on \
 untraced neighbours as much as on the traced job: no tracepoint program avoids it. Where the \
-kernel allows BPF trampolines (Debian's 6.1 and 6.12; not 5.10, docs/KERNELS.md) stall hooks the 22 \
+kernel allows BPF trampolines (Debian's 6.1 and 6.12; not 5.10, docs/KERNELS.md) stall hooks the 27 \
 syscalls' own functions (`__x64_sys_read`...) with fentry/fexit instead (`--syscall-hooks auto`, \
 the default): no task goes on the slow path, only callers of those syscalls run a program, and a \
 process doing anything else pays nothing. The two backends side by side, in QEMU on those \
