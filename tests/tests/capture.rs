@@ -491,3 +491,48 @@ fn a_stdout_redirected_inside_the_job_writes_to_its_file() {
     assert_eq!(p["file_write_bytes"], want, "{p}");
     assert_eq!(p["stdio_write_bytes"], want, "{p}");
 }
+
+/// A connected TCP socket: its peer named from connect, the bytes sent
+/// (send, sendmsg) and received (recv, recvmsg) exact, none of them file
+/// reads. The peer, this test, is outside the job.
+#[test]
+fn socket_bytes_exact_per_peer() {
+    let s = Scratch::new("socket");
+    let truth_path = s.path("truth.json");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    const SEND: usize = 3 << 20;
+    let server = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut c, _) = listener.accept().unwrap();
+        let mut got = vec![0; 100_000];
+        c.read_exact(&mut got).unwrap();
+        c.write_all(&vec![7u8; SEND]).unwrap();
+    });
+    let run = run_job(&[], &["socket", &port.to_string(), "100000"], &truth_path);
+    server.join().unwrap();
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    assert_eq!(t["received"], SEND as u64, "{t}");
+    let p = run.process(t["pid"].as_u64().unwrap());
+    let sock = p["sockets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["peer"] == format!("127.0.0.1:{port}").as_str())
+        .unwrap_or_else(|| panic!("no socket to port {port}: {p}"));
+    assert_eq!(sock["read_bytes"], SEND as u64, "{sock}");
+    assert_eq!(sock["write_bytes"], 100_000, "{sock}");
+    assert_eq!(
+        (&sock["connects"], &sock["ipc"]),
+        (&serde_json::json!(1), &serde_json::json!(false)),
+        "{sock}"
+    );
+    assert!(sock["read_calls"].as_u64().unwrap() >= 2, "{sock}");
+    // Socket reads are never file reads.
+    assert!(p["ipc_read_bytes"].as_u64().unwrap() >= SEND as u64, "{p}");
+    assert!(
+        p["files"].as_array().unwrap().iter().all(|f| f["read_bytes"].as_u64().unwrap() < SEND as u64),
+        "{p}"
+    );
+}

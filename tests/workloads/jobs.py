@@ -834,7 +834,33 @@ def job_storage(args):
     write_truth(truth)
 
 
+def job_socket(args):
+    """Connects to 127.0.0.1:PORT, sends SEND bytes with sendall (send and
+    sendmsg), receives until the peer closes with recv and recvmsg in
+    turns; reports what it sent and received."""
+    import socket
+
+    port, send = int(args[0]), int(args[1])
+    s = socket.create_connection(("127.0.0.1", port))
+    half = send // 2
+    s.sendall(b"x" * half)
+    s.sendmsg([b"y" * (send - half)])
+    got, turn = 0, 0
+    while True:
+        if turn % 2:
+            data = s.recvmsg(65536)[0]
+        else:
+            data = s.recv(65536)
+        if not data:
+            break
+        got += len(data)
+        turn += 1
+    s.close()
+    write_truth({"pid": os.getpid(), "sent": send, "received": got})
+
+
 JOBS = {
+    "socket": job_socket,
     "deny-memory-reads": job_deny_memory_reads,
     "log-then-hang": job_log_then_hang,
     "log-every": job_log_every,

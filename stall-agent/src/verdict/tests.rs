@@ -457,6 +457,28 @@ fn workers_held_back_by_a_cpu_limit_name_the_limit() {
     assert!(v.evidence.iter().any(|e| e.contains("runqueue 10%, throttled 75%")), "{:?}", v.evidence);
 }
 
+/// The trainer in the same throttled cgroup as its workers (under
+/// emulation its own work per batch grows): throttled 38 %, it waits on its
+/// workers for most of the rest; the limit holds the input back.
+#[test]
+fn a_trainer_throttled_with_its_workers_still_waits_on_them() {
+    use crate::cpulimit::{CpuStat, Limit, Reading};
+    //                                    futex io   poll  sleep runq  other write sync
+    let mut job =
+        Job::new(20).trainer(0.11, [0.0, 0.0, 0.41, 0.0, 0.48, 0.0, 0.0, 0.0], blocked(reason::POLL));
+    for pid in 101..=104 {
+        job = job.worker(pid, 0.12, [0.0, 0.0, 0.02, 0.0, 0.86, 0.0], 0);
+    }
+    job.cpu_limit = Some(Reading {
+        limit: Limit { cgroup: "/sys/fs/cgroup/job".into(), cpus: 0.6, period_ns: 100_000_000 },
+        // Both run queues throttled 40 % of the 20 s.
+        stat: CpuStat { periods: 200, throttled_periods: 200, throttled_ns: 16_000_000_000 },
+    });
+    let v = job.judge(&[]);
+    assert_eq!(v.kind, Kind::InputCpuBound, "{v:?}");
+    assert!(v.summary.contains("the cgroup's CPU limit (0.6 CPU, /sys/fs/cgroup/job)"), "{}", v.summary);
+}
+
 #[test]
 fn trainer_reading_its_own_data_is_io_bound() {
     let mut job = Job::new(10);
