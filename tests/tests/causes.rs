@@ -143,14 +143,9 @@ fn workers_fetching_samples_from_a_slow_server_are_input_io_bound_naming_it() {
     require_root();
     let dir = Scratch::new("net");
     let script = workload("net_loader.py");
-    let (port_file, stats, truth_path) = (dir.path("port"), dir.path("stats.json"), dir.path("truth.json"));
-    // The server stands for an object store: outside the job, not traced.
-    let mut server = Killer(vec![std::process::Command::new(python())
-        .args([script.as_str(), "serve", port_file.to_str().unwrap(), "8", stats.to_str().unwrap()])
-        .spawn()
-        .unwrap()]);
-    wait_until("the server's port", Duration::from_secs(30), || port_file.exists());
-    let port = std::fs::read_to_string(&port_file).unwrap();
+    let truth_path = dir.path("truth.json");
+    let server = Server::start(&dir);
+    let port = server.port.clone();
     let (workers, samples) = (4, 16);
     let argv = [
         "run",
@@ -165,10 +160,8 @@ fn workers_fetching_samples_from_a_slow_server_are_input_io_bound_naming_it() {
         truth_path.to_str().unwrap(),
     ];
     let run = stall(&argv, &[], Duration::from_secs(240));
-    stop(&mut server.0[0], nix::sys::signal::Signal::SIGTERM);
+    let sent = server.sent_bytes();
     assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
-    wait_until("the server's count", Duration::from_secs(10), || stats.exists());
-    let sent = truth(&stats)["sent_bytes"].as_u64().unwrap();
     let t: Value = truth(&truth_path);
     let peer = format!("127.0.0.1:{port}");
     let mut received = 0;
@@ -204,14 +197,9 @@ fn connections_made_before_attach_are_followed() {
     require_root();
     let dir = Scratch::new("net-attach");
     let script = workload("net_loader.py");
-    let (port_file, stats, truth_path, gate) =
-        (dir.path("port"), dir.path("stats.json"), dir.path("truth.json"), dir.path("go"));
-    let mut server = Killer(vec![std::process::Command::new(python())
-        .args([script.as_str(), "serve", port_file.to_str().unwrap(), "8", stats.to_str().unwrap()])
-        .spawn()
-        .unwrap()]);
-    wait_until("the server's port", Duration::from_secs(30), || port_file.exists());
-    let port = std::fs::read_to_string(&port_file).unwrap();
+    let (truth_path, gate) = (dir.path("truth.json"), dir.path("go"));
+    let server = Server::start(&dir);
+    let port = server.port.clone();
     let mut job = std::process::Command::new(python())
         .args([
             script.as_str(),
@@ -234,9 +222,7 @@ fn connections_made_before_attach_are_followed() {
     std::fs::write(&gate, "").unwrap();
     let run = attached.finish(Duration::from_secs(120));
     assert!(wait_child(&mut job.0[0], Duration::from_secs(10)).is_some_and(|s| s.success()));
-    stop(&mut server.0[0], nix::sys::signal::Signal::SIGTERM);
-    wait_until("the server's count", Duration::from_secs(10), || stats.exists());
-    let sent = truth(&stats)["sent_bytes"].as_u64().unwrap();
+    let sent = server.sent_bytes();
     let t: Value = truth(&truth_path);
     let peer = format!("127.0.0.1:{port}");
     let mut received = 0;
@@ -256,4 +242,33 @@ fn connections_made_before_attach_are_followed() {
         "pooled: workers received {received} bytes after attach, the server sent {sent} for the samples"
     );
     assert!((received as f64 - sent as f64).abs() <= 0.05 * sent as f64, "received {received}, sent {sent}");
+}
+
+/// The paced HTTP server of tests/workloads/net_loader.py (8 MB/s), standing
+/// for an object store: outside the job, not traced.
+struct Server {
+    child: Killer,
+    port: String,
+    stats: std::path::PathBuf,
+}
+
+impl Server {
+    fn start(dir: &Scratch) -> Self {
+        let (port_file, stats) = (dir.path("port"), dir.path("stats.json"));
+        let child = Killer(vec![std::process::Command::new(python())
+            .args([workload("net_loader.py").as_str(), "serve", port_file.to_str().unwrap(), "8"])
+            .arg(&stats)
+            .spawn()
+            .unwrap()]);
+        wait_until("the server's port", Duration::from_secs(30), || port_file.exists());
+        let port = std::fs::read_to_string(&port_file).unwrap();
+        Self { child, port, stats }
+    }
+
+    /// Stops it; the bytes it sent for samples (warm-ups apart).
+    fn sent_bytes(mut self) -> u64 {
+        stop(&mut self.child.0[0], nix::sys::signal::Signal::SIGTERM);
+        wait_until("the server's count", Duration::from_secs(10), || self.stats.exists());
+        truth(&self.stats)["sent_bytes"].as_u64().unwrap()
+    }
 }
