@@ -145,10 +145,15 @@ impl Hierarchy {
         }
     }
 
-    /// The cgroup capping process `pid`'s CPU, if any.
-    pub fn limit_of(&self, pid: u32) -> Option<Limit> {
+    /// The cgroup capping process `pid`'s CPU, if any; None (outer) when
+    /// its /proc entry cannot be read (it has just exited).
+    pub fn limit_of(&self, pid: u32) -> Option<Option<Limit>> {
         let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-        let mut dir = self.cgroup_of(&text)?;
+        Some(self.limit_in(&text))
+    }
+
+    fn limit_in(&self, proc_cgroup: &str) -> Option<Limit> {
+        let mut dir = self.cgroup_of(proc_cgroup)?;
         let mut best: Option<Limit> = None;
         // Up to (not including) the root, which has no quota.
         while dir.starts_with(self.mount()) && dir != self.mount() {

@@ -54,8 +54,9 @@ pub trait Host {
     fn python_stacks(&mut self, threads: &[(u32, u32, String)]) -> (Vec<PyStack>, Vec<String>);
     /// Whether a live read of Python stacks is due (at most one per `every`).
     fn python_stacks_due(&self, every: std::time::Duration) -> bool;
-    /// The cgroup that caps the process's CPU, if any.
-    fn cpu_limit(&self, tgid: u32) -> Option<String>;
+    /// The cgroup that caps the process's CPU, if any; None (outer) when
+    /// the process cannot be asked (it has just exited).
+    fn cpu_limit(&self, tgid: u32) -> Option<Option<String>>;
     /// A limited cgroup's limit and throttling counters now.
     fn read_cpu_limit(&self, cgroup: &str) -> Option<Reading>;
     /// How many CPUs the job's tasks may run on.
@@ -132,8 +133,11 @@ impl Host for LiveHost {
         self.stacks.due(every)
     }
 
-    fn cpu_limit(&self, tgid: u32) -> Option<String> {
-        Some(self.cpu.as_ref()?.limit_of(tgid)?.cgroup)
+    fn cpu_limit(&self, tgid: u32) -> Option<Option<String>> {
+        match &self.cpu {
+            Some(h) => h.limit_of(tgid).map(|l| l.map(|l| l.cgroup)),
+            None => Some(None),
+        }
     }
 
     fn read_cpu_limit(&self, cgroup: &str) -> Option<Reading> {

@@ -261,8 +261,11 @@ impl Job {
         self.snapshots += 1;
         if self.snapshots % CPU_LIMIT_REFRESH == 1 {
             let live: Vec<u32> = self.model.procs.values().filter(|p| p.alive).map(|p| p.tgid).collect();
+            // A process that has just exited keeps what was known of it.
             for tgid in live {
-                self.model.note_cpu_limit(tgid, host.cpu_limit(tgid));
+                if let Some(limit) = host.cpu_limit(tgid) {
+                    self.model.note_cpu_limit(tgid, limit);
+                }
             }
         }
         let cgroups = self.model.limited_cgroups();
@@ -293,7 +296,9 @@ impl Job {
         if self.model.procs.get(&tgid).is_some_and(|p| p.cmdline.is_some()) {
             return;
         }
-        self.model.note_cpu_limit(tgid, host.cpu_limit(tgid));
+        if let Some(limit) = host.cpu_limit(tgid) {
+            self.model.note_cpu_limit(tgid, limit);
+        }
         let info = host.process(tgid);
         self.model.note_process(
             tgid,

@@ -89,8 +89,8 @@ impl Host for ScriptedHost {
     fn outputs(&self, pid: u32) -> Vec<(String, u64)> {
         self.outputs.iter().filter(|o| o.0 == pid).map(|o| (o.1.clone(), o.2)).collect()
     }
-    fn cpu_limit(&self, tgid: u32) -> Option<String> {
-        self.cpu_limits.get(&tgid).cloned()
+    fn cpu_limit(&self, tgid: u32) -> Option<Option<String>> {
+        Some(self.cpu_limits.get(&tgid).cloned())
     }
     fn read_cpu_limit(&self, cgroup: &str) -> Option<crate::cpulimit::Reading> {
         self.cpu_readings.get(cgroup).cloned()
