@@ -127,6 +127,18 @@ pub struct DaemonArgs {
     /// Tiered: after a full capture, no other for the job before this long.
     #[arg(long, default_value = "120", value_parser = parse_duration, value_name = "DURATION")]
     pub cooldown: Duration,
+    /// TLS and basic authentication for --listen, in the Prometheus exporter toolkit's web
+    /// config format (tls_server_config, basic_auth_users with bcrypt hashes). Without it: plain HTTP.
+    #[arg(long, value_name = "FILE")]
+    pub web_config: Option<PathBuf>,
+    /// Serve file paths, command lines and Python stacks in /jobs and the logs, and allow
+    /// POST /jobs/{id}/capture (with --web-config: to authenticated clients only).
+    #[arg(long)]
+    pub expose_details: bool,
+    /// This node's name in /jobs (default: the host name; in Kubernetes, the node's name from
+    /// the downward API).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
     #[command(flatten)]
     pub hooks: HooksArg,
 }

@@ -77,6 +77,9 @@ fn daemon_options(a: DaemonArgs) -> daemon::Options {
         nvml_lib: a.nvml_lib,
         tiers: (a.capture == CaptureMode::Tiered).then_some(tiers),
         syscall_hooks: syscall_hooks(a.hooks.syscall_hooks),
+        web_config: a.web_config,
+        expose_details: a.expose_details,
+        node_name: a.node_name,
     }
 }
 

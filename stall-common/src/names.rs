@@ -26,6 +26,7 @@ pub const SYSCALL_CLASS: &str = "SYSCALL_CLASS";
 pub const HOOKS: &str = "HOOKS";
 pub const CPU_SLOT: &str = "CPU_SLOT";
 pub const TRACK_GEN: &str = "TRACK_GEN";
+pub const TIMELINE_JOB: &str = "TIMELINE_JOB";
 /// The ring buffer; also resized by name (`EbpfLoader::map_max_entries`).
 pub const EVENTS: &str = "EVENTS";
 pub const COUNTERS: &str = "COUNTERS";

@@ -66,6 +66,11 @@ pub static CPU_SLOT: PerCpuArray<CpuSlot> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub static TRACK_GEN: Array<u32> = Array::with_max_entries(1, 0);
 
+/// The job whose switches are recorded on demand (the daemon's capture
+/// endpoint), beside `Config::timeline`, which records every job's; 0: none.
+#[map]
+pub static TIMELINE_JOB: Array<u32> = Array::with_max_entries(1, 0);
+
 /// Events that must be seen one by one.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);

@@ -1,14 +1,19 @@
-//! Per-switch records for the timeline (`--timeline`): only when asked for,
-//! only for tracked threads; a full ring buffer is counted as a loss.
+//! Per-switch records for the timeline (`--timeline`, or one job's on
+//! demand): only when asked for, only for tracked threads; a full ring
+//! buffer is counted as a loss.
 use stall_common::{counter, event_kind, Config, SwitchEvent, ThreadStats};
 
-use crate::{bump, header, maps::EVENTS, submit_flags};
+use crate::{
+    bump, header,
+    maps::{EVENTS, TIMELINE_JOB},
+    submit_flags,
+};
 
 /// A tracked thread left the CPU (`t` already says why) or came on it (`t`
 /// still holds when it was woken).
 #[inline(always)]
 pub(crate) fn record(cfg: &Config, t: &ThreadStats, tid: u32, on: bool, ts: u64) {
-    if cfg.timeline == 0 {
+    if cfg.timeline == 0 && TIMELINE_JOB.get(0).is_none_or(|&job| job == 0 || job != t.job) {
         return;
     }
     match EVENTS.reserve::<SwitchEvent>(0) {

@@ -96,7 +96,7 @@ fn prometheus_scrapes_the_daemon() {
     let out = promtool.wait_with_output().unwrap();
     assert!(out.status.success(), "promtool: {}\n{exposition}", String::from_utf8_lossy(&out.stderr));
     let jobs: serde_json::Value = serde_json::from_str(&http_get(daemon_port, "/jobs").unwrap()).unwrap();
-    assert!(jobs.as_array().unwrap().iter().any(|j| j["job"] == rel.as_str()), "{jobs}");
+    assert!(jobs["jobs"].as_array().unwrap().iter().any(|j| j["cgroup"] == rel.as_str()), "{jobs}");
 
     // Clean shutdown on SIGTERM: exit 0, nothing left loaded.
     let ours = bpf_programs_of(daemon_pid);

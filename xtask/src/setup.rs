@@ -173,8 +173,9 @@ fn installed_packages() -> Result<HashMap<String, String>> {
 /// Debian packages the integration tests use besides the toolchain: a real
 /// Prometheus server (and promtool) for the daemon's test, capsh to run
 /// stall as `nobody` with exact capabilities (privilege.rs), bpftool to
-/// list what stall leaves loaded (faults.rs), pip for PyTorch.
-const TEST_PACKAGES: [&str; 4] = ["prometheus", "libcap2-bin", "bpftool", "python3-pip"];
+/// list what stall leaves loaded (faults.rs), pip for PyTorch, curl and
+/// openssl for the daemon's HTTPS (web.rs: a real client, a test CA).
+const TEST_PACKAGES: [&str; 6] = ["prometheus", "libcap2-bin", "bpftool", "python3-pip", "curl", "openssl"];
 
 /// PyTorch for the distributed-run tests (torchrun, gloo on CPU), from
 /// PyPI with its CUDA wheels (about 5 GB, about a minute here): installed

@@ -199,6 +199,7 @@ impl Capture {
             counters: take(&mut ebpf, names::COUNTERS)?,
             cpu_slot: take(&mut ebpf, names::CPU_SLOT)?,
             track_gen: take(&mut ebpf, names::TRACK_GEN)?,
+            timeline_job: take(&mut ebpf, names::TIMELINE_JOB)?,
             gen: 0,
             ring,
             seed_seq: 0,

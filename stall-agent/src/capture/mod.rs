@@ -53,6 +53,8 @@ pub struct Capture {
     counters: PerCpuArray<MapData, u64>,
     cpu_slot: PerCpuArray<MapData, CpuSlot>,
     track_gen: Array<MapData, u32>,
+    /// The job whose switches are recorded on demand (0: none).
+    timeline_job: Array<MapData, u32>,
     gen: u32,
     ring: AsyncFd<RingBuf<MapData>>,
     seed_seq: u64,
@@ -101,6 +103,12 @@ impl Capture {
                 "syscall hooks: tracepoint (raw_syscalls: every syscall of the machine; trampolines refused: {why})"
             ),
         }
+    }
+
+    /// Records every switch of job `job`'s threads (`Event::Switch`), as
+    /// `--timeline` does for all, until called again; 0 records none.
+    pub fn set_timeline_job(&mut self, job: u32) -> Result<(), CaptureError> {
+        self.timeline_job.set(0, job, 0).map_err(map_err(names::TIMELINE_JOB))
     }
 
     /// Attaches or detaches the syscall hooks. Attaching any syscall

@@ -4,6 +4,15 @@ use std::{collections::HashMap, fs, os::unix::fs::FileTypeExt, path::PathBuf};
 
 use crate::decode::Inode;
 
+/// The host's name (the UTS namespace's), or `localhost`.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
 pub fn exists(pid: u32) -> bool {
     PathBuf::from(format!("/proc/{pid}")).exists()
 }

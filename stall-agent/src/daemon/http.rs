@@ -1,42 +1,174 @@
-//! The daemon's HTTP server: `/metrics` for Prometheus, `/jobs` for people.
-//! It serves what the main loop last published and never waits on it.
+//! The daemon's HTTP server, on a thread of its own so that a slow attach
+//! in the main loop never holds a scrape: `/metrics` for Prometheus,
+//! `/healthz` for probes, `/jobs` and `/jobs/{id}` for people, and
+//! `POST /jobs/{id}/capture` to take a job's timeline now. It serves what
+//! the main loop last published and hands capture requests to it.
 use std::{
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        mpsc, Arc, Mutex,
+    },
+    time::Duration,
 };
 
 use axum::{
-    extract::State,
-    http::{header, HeaderMap},
-    response::IntoResponse,
+    extract::{Path, Query, Request, State},
+    http::{header, HeaderMap, HeaderValue, StatusCode},
+    middleware::Next,
+    response::{IntoResponse, Response},
+    Extension,
 };
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
 
-use super::metrics::{self, Metrics};
-use crate::error::Error;
+use super::{
+    metrics::{self, Metrics},
+    web_config::{Access, WebConfig},
+};
+use crate::{clock::monotonic_ns, error::Error, output::jobs};
+
+/// What the main loop last published, for `/jobs`.
+#[derive(Default)]
+pub struct Board {
+    /// Unix time of the publication, seconds.
+    pub time: f64,
+    pub jobs: Vec<BoardJob>,
+}
+
+pub struct BoardJob {
+    pub id: String,
+    pub doc: Value,
+    pub history: Value,
+}
+
+/// A request for a job's timeline over the next `seconds`; the main loop
+/// answers on `reply` once the window has passed.
+pub struct CaptureRequest {
+    pub id: String,
+    pub seconds: u64,
+    pub reply: oneshot::Sender<Result<Vec<u8>, CaptureRefused>>,
+}
+
+#[derive(Debug)]
+pub enum CaptureRefused {
+    NoSuchJob,
+    /// Another job's capture is under way (one at a time).
+    Busy,
+    Failed(String),
+}
+
+/// How the server is set up.
+pub struct HttpOptions {
+    pub web: Option<WebConfig>,
+    /// File paths, command lines and Python stacks in `/jobs`, and the
+    /// capture endpoint (to authenticated clients only, with a web config).
+    pub expose_details: bool,
+    /// The main loop is fresh while it last ran within this.
+    pub fresh: Duration,
+    pub node: String,
+}
 
 /// What the loop publishes and the server reads.
 pub struct Shared {
     pub metrics: Metrics,
-    pub jobs_json: Mutex<String>,
+    board: Mutex<Board>,
+    /// When the main loop last finished an interval (monotonic ns).
+    beat_ns: AtomicU64,
+    captures: Mutex<mpsc::Sender<CaptureRequest>>,
+    opts: HttpOptions,
 }
 
-/// Binds `addr` (a port taken is an error of its own) and serves in the
-/// background.
-pub async fn serve(addr: SocketAddr) -> Result<Arc<Shared>, Error> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
+impl Shared {
+    pub fn publish(&self, board: Board) {
+        *self.board.lock().unwrap_or_else(|e| e.into_inner()) = board;
+    }
+
+    /// The main loop finished an interval.
+    pub fn beat(&self) {
+        self.beat_ns.store(monotonic_ns(), Ordering::Relaxed);
+    }
+
+    fn details(&self, access: Access) -> bool {
+        self.opts.expose_details && (self.opts.web.is_none() || access == Access::Authenticated)
+    }
+}
+
+/// Longest capture the endpoint takes.
+pub const CAPTURE_MAX_S: u64 = 300;
+
+/// Binds `addr` (a port taken is an error of its own) and serves on a
+/// thread of its own; capture requests arrive on the receiver.
+pub fn serve(
+    addr: SocketAddr,
+    opts: HttpOptions,
+) -> Result<(Arc<Shared>, mpsc::Receiver<CaptureRequest>), Error> {
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|_| l))
         .map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
-    let shared = Arc::new(Shared { metrics: Metrics::new(), jobs_json: Mutex::new("[]".into()) });
+    let (tx, rx) = mpsc::channel();
+    let tls = opts.web.as_ref().and_then(|w| w.tls.clone());
+    let shared = Arc::new(Shared {
+        metrics: Metrics::new(),
+        board: Mutex::new(Board::default()),
+        beat_ns: AtomicU64::new(monotonic_ns()),
+        captures: Mutex::new(tx),
+        opts,
+    });
     let app = axum::Router::new()
         .route("/metrics", axum::routing::get(serve_metrics))
         .route("/jobs", axum::routing::get(serve_jobs))
+        .route("/jobs/{id}", axum::routing::get(serve_job))
+        .route("/jobs/{id}/capture", axum::routing::post(serve_capture))
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), authenticate))
+        // Probes carry no credentials; the answer tells nothing of the jobs.
+        .route("/healthz", axum::routing::get(serve_health))
         .with_state(shared.clone());
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            eprintln!("stall: HTTP server stopped: {e}");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
+    std::thread::Builder::new()
+        .name("stall-http".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => return eprintln!("stall: HTTP server stopped: {e}"),
+                };
+                let served = match tls {
+                    None => axum::serve(listener, app).await,
+                    Some(config) => axum::serve(tls::Listener::new(listener, config), app).await,
+                };
+                if let Err(e) = served {
+                    eprintln!("stall: HTTP server stopped: {e}");
+                }
+            })
+        })
+        .map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
+    Ok((shared, rx))
+}
+
+/// Basic authentication where the web config asks for it; the request
+/// learns how it stands.
+async fn authenticate(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
+    let access = match &s.opts.web {
+        None => Access::Anonymous,
+        Some(web) => {
+            let header = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+            web.access(header)
         }
-    });
-    Ok(shared)
+    };
+    if access == Access::Denied {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Basic realm=\"stall\"")],
+            "unauthorized\n",
+        )
+            .into_response();
+    }
+    req.extensions_mut().insert(access);
+    next.run(req).await
 }
 
 /// OpenMetrics to whoever asks for it (Prometheus does), the classic text
@@ -54,6 +186,188 @@ async fn serve_metrics(State(s): State<Arc<Shared>>, headers: HeaderMap) -> impl
     }
 }
 
-async fn serve_jobs(State(s): State<Arc<Shared>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], s.jobs_json.lock().unwrap().clone())
+async fn serve_health(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+    let age_ns = monotonic_ns().saturating_sub(s.beat_ns.load(Ordering::Relaxed));
+    if age_ns <= s.opts.fresh.as_nanos() as u64 {
+        (StatusCode::OK, "ok\n".to_string())
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the main loop last ran {:.1} s ago\n", age_ns as f64 / 1e9),
+        )
+    }
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+}
+
+fn error(status: StatusCode, why: &str) -> Response {
+    json_response(status, &json!({ "error": why }))
+}
+
+async fn serve_jobs(State(s): State<Arc<Shared>>, Extension(access): Extension<Access>) -> Response {
+    let details = s.details(access);
+    let (time, docs) = {
+        let board = s.board.lock().unwrap_or_else(|e| e.into_inner());
+        (board.time, board.jobs.iter().map(|j| j.doc.clone()).collect::<Vec<_>>())
+    };
+    let docs = docs
+        .into_iter()
+        .map(|mut d| {
+            if !details {
+                jobs::redact(&mut d);
+            }
+            d
+        })
+        .collect();
+    json_response(StatusCode::OK, &jobs::list(&s.opts.node, time, docs))
+}
+
+async fn serve_job(
+    State(s): State<Arc<Shared>>,
+    Extension(access): Extension<Access>,
+    Path(id): Path<String>,
+) -> Response {
+    let found = {
+        let board = s.board.lock().unwrap_or_else(|e| e.into_inner());
+        board.jobs.iter().find(|j| j.id == id).map(|j| {
+            let mut doc = j.doc.clone();
+            if let Value::Object(m) = &mut doc {
+                m.insert("history".into(), j.history.clone());
+                m.insert("node".into(), s.opts.node.clone().into());
+                m.insert("time".into(), board.time.into());
+            }
+            doc
+        })
+    };
+    match found {
+        None => error(StatusCode::NOT_FOUND, &format!("no job {id} on this node")),
+        Some(mut doc) => {
+            if !s.details(access) {
+                jobs::redact(&mut doc);
+            }
+            json_response(StatusCode::OK, &doc)
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct CaptureQuery {
+    seconds: Option<u64>,
+}
+
+/// The job's full capture over the next `seconds` (10 unless given), as the
+/// gzip'd Chrome/Perfetto trace `--timeline` writes. It names threads and
+/// files: details only.
+async fn serve_capture(
+    State(s): State<Arc<Shared>>,
+    Extension(access): Extension<Access>,
+    Path(id): Path<String>,
+    Query(q): Query<CaptureQuery>,
+) -> Response {
+    if !s.details(access) {
+        let why = if s.opts.expose_details {
+            "a capture names files and threads: authenticate"
+        } else {
+            "a capture names files and threads: the daemon runs without --expose-details"
+        };
+        return error(StatusCode::FORBIDDEN, why);
+    }
+    let seconds = q.seconds.unwrap_or(10);
+    if !(1..=CAPTURE_MAX_S).contains(&seconds) {
+        return error(StatusCode::BAD_REQUEST, &format!("seconds must be 1 to {CAPTURE_MAX_S}"));
+    }
+    let (reply, answer) = oneshot::channel();
+    let sent = s.captures.lock().unwrap_or_else(|e| e.into_inner()).send(CaptureRequest {
+        id: id.clone(),
+        seconds,
+        reply,
+    });
+    if sent.is_err() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the main loop has stopped");
+    }
+    // The loop answers after the window; allow it a few intervals more.
+    let wait = Duration::from_secs(seconds) + s.opts.fresh * 2;
+    match tokio::time::timeout(wait, answer).await {
+        Ok(Ok(Ok(trace))) => {
+            let name = format!("attachment; filename=\"stall-{id}.json.gz\"");
+            let disposition = HeaderValue::from_str(&name).unwrap_or(HeaderValue::from_static("attachment"));
+            (
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, HeaderValue::from_static("application/gzip")),
+                    (header::CONTENT_DISPOSITION, disposition),
+                ],
+                trace,
+            )
+                .into_response()
+        }
+        Ok(Ok(Err(CaptureRefused::NoSuchJob))) => {
+            error(StatusCode::NOT_FOUND, &format!("no job {id} on this node"))
+        }
+        Ok(Ok(Err(CaptureRefused::Busy))) => {
+            error(StatusCode::CONFLICT, "another capture is under way; one at a time")
+        }
+        Ok(Ok(Err(CaptureRefused::Failed(why)))) => error(StatusCode::INTERNAL_SERVER_ERROR, &why),
+        Ok(Err(_)) | Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "the main loop did not answer in time"),
+    }
+}
+
+/// TLS on the listening socket: handshakes run beside each other (a slow
+/// or silent client holds only its own), finished ones are served.
+mod tls {
+    use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+    use tokio::{net::TcpStream, sync::mpsc};
+    use tokio_rustls::{rustls::ServerConfig, server::TlsStream, TlsAcceptor};
+
+    /// A client that has not finished its handshake by then is dropped.
+    const HANDSHAKE: Duration = Duration::from_secs(10);
+
+    pub struct Listener {
+        ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+        local: std::io::Result<SocketAddr>,
+    }
+
+    impl Listener {
+        pub fn new(tcp: tokio::net::TcpListener, config: Arc<ServerConfig>) -> Self {
+            let local = tcp.local_addr();
+            let (tx, ready) = mpsc::channel(64);
+            let acceptor = TlsAcceptor::from(config);
+            tokio::spawn(async move {
+                loop {
+                    let Ok((stream, peer)) = tcp.accept().await else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                    tokio::spawn(async move {
+                        // A failed handshake (plain HTTP, an unknown client
+                        // certificate) ends the connection: nothing is served.
+                        if let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                    });
+                }
+            });
+            Self { ready, local }
+        }
+    }
+
+    impl axum::serve::Listener for Listener {
+        type Io = TlsStream<TcpStream>;
+        type Addr = SocketAddr;
+
+        async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+            match self.ready.recv().await {
+                Some(conn) => conn,
+                None => std::future::pending().await,
+            }
+        }
+
+        fn local_addr(&self) -> std::io::Result<Self::Addr> {
+            self.local.as_ref().map(|a| *a).map_err(|e| std::io::Error::new(e.kind(), e.to_string()))
+        }
+    }
 }

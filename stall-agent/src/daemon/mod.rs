@@ -3,20 +3,33 @@
 //! (cgroup mode, a job id per cgroup). Each interval: new jobs are attached,
 //! gone ones detached, each job's window aggregated, judged and exported to
 //! Prometheus. Memory follows the live jobs: ended threads, files and jobs
-//! are pruned once counted.
+//! are pruned once counted. HTTP is served on a thread of its own.
+mod history;
 mod http;
 mod kube;
 pub mod metrics;
 mod node;
+mod ondemand;
 mod step;
 pub mod tier;
+mod web_config;
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    time::{Duration, SystemTime},
+};
 
 use anyhow::Result;
 use stall_common::counter::LOST_CAUSES;
 
-use self::{metrics::Metrics, node::Node};
+use self::{
+    http::{Board, BoardJob, HttpOptions, Shared},
+    metrics::Metrics,
+    node::Node,
+    ondemand::OnDemand,
+    web_config::WebConfig,
+};
 use crate::{
     capture::{cgroup, procfs, Capture, CaptureError, CaptureOptions, SyscallHooks},
     clock::monotonic_ns,
@@ -24,7 +37,7 @@ use crate::{
     error::Error,
     gpu::GpuSelect,
     job::{Feed, GpuFleet, LiveHost, Wake},
-    output,
+    output::jobs,
 };
 
 #[derive(Debug, Clone)]
@@ -39,6 +52,13 @@ pub struct Options {
     /// Capture tiers; `None`: always the full capture.
     pub tiers: Option<tier::Policy>,
     pub syscall_hooks: SyscallHooks,
+    /// TLS and basic authentication (the exporter toolkit's file).
+    pub web_config: Option<PathBuf>,
+    /// File paths, command lines and Python stacks in `/jobs`, the logs
+    /// and the capture endpoint.
+    pub expose_details: bool,
+    /// The node's name in `/jobs` (default: the host name).
+    pub node_name: Option<String>,
 }
 
 /// The agent's own cost and the node-wide counters, as last exported.
@@ -50,6 +70,12 @@ struct Seen {
 }
 
 pub async fn run(opts: Options) -> Result<()> {
+    let web = match &opts.web_config {
+        None => None,
+        Some(path) => {
+            Some(WebConfig::load(path).map_err(|why| Error::Usage(format!("--web-config: {why}")))?)
+        }
+    };
     let mut feed = Feed::new(opts.interval)?;
     let mount = cgroup::mount_point().ok_or(Error::Capture(CaptureError::NoCgroup2))?;
     let roots: Vec<PathBuf> =
@@ -67,12 +93,28 @@ pub async fn run(opts: Options) -> Result<()> {
     .map_err(Error::from)?;
     let mut live = LiveHost::new(capture);
     eprintln!("stall daemon: {}", live.capture.syscall_backend_line());
-    let shared = http::serve(opts.listen).await?;
+    let scheme = if web.as_ref().is_some_and(|w| w.tls.is_some()) { "https" } else { "http" };
+    if opts.expose_details && web.as_ref().is_none_or(|w| !w.needs_password() && !w.clients_verified) {
+        eprintln!(
+            "stall daemon: --expose-details without authentication: file paths, command lines and Python stacks go to whoever reaches {}",
+            opts.listen
+        );
+    }
+    let node_name = opts.node_name.clone().unwrap_or_else(procfs::hostname);
+    let (shared, captures) = http::serve(
+        opts.listen,
+        HttpOptions {
+            web,
+            expose_details: opts.expose_details,
+            fresh: opts.interval * 3 + Duration::from_secs(10),
+            node: node_name,
+        },
+    )?;
     if let Some(note) = &gpus.note {
         eprintln!("stall: {note}");
     }
     eprintln!(
-        "stall daemon: watching {} on {} (metrics at http://{}/metrics)",
+        "stall daemon: watching {} on {} (metrics at {scheme}://{}/metrics)",
         roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", "),
         mount.display(),
         opts.listen
@@ -93,18 +135,29 @@ pub async fn run(opts: Options) -> Result<()> {
                 for w in gpus.poll() {
                     eprintln!("stall: {w}");
                 }
+                let lost = ondemand::ring_lost(&snap.lost);
+                while let Ok(req) = captures.try_recv() {
+                    node.ondemand =
+                        OnDemand::start(req, &mut node, &mut live, snap.ts, lost).or(node.ondemand.take());
+                }
                 let hooks = live.capture.syscall_hooks();
                 for w in node.jobs.values_mut() {
                     step::step(w, &mut live, &snap, &gpus, &shared.metrics, tiers.as_ref(), hooks);
                 }
+                if let Some(mut c) = node.ondemand.take() {
+                    match node.jobs.get(&c.dir) {
+                        Some(w) if !c.tick(w, &gpus, snap.ts) => node.ondemand = Some(c),
+                        w => c.finish(w, &mut live, lost, snap.ts),
+                    }
+                }
+                log_changes(&mut node, opts.expose_details);
                 if tiers.is_some() {
                     let want = node.jobs.values().any(|w| w.tier.tier.is_full());
                     node::set_hooks(&mut live, &mut node, want, snap.ts);
                 }
                 shared.metrics.set_syscall_hooks(live.capture.syscall_hooks());
                 export_node(&shared.metrics, &snap, &gpus, &mut seen, opts.interval, node.jobs.len());
-                *shared.jobs_json.lock().unwrap() =
-                    output::jobs::render(&node.views(), opts.interval.as_secs_f64());
+                publish(&shared, &node);
             }
             Wake::Signal(_) => break,
         }
@@ -112,6 +165,57 @@ pub async fn run(opts: Options) -> Result<()> {
     eprintln!("stall daemon: detaching");
     drop(live);
     Ok(())
+}
+
+/// Unix time now, in seconds.
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Each job's published verdict into its history; a change is logged as
+/// one JSON line on stderr.
+fn log_changes(node: &mut Node, details: bool) {
+    let now = unix_now();
+    for w in node.jobs.values_mut() {
+        let Some(v) = &w.published else { continue };
+        let Some(change) = w.history.note(now, v).cloned() else { continue };
+        let mut line = serde_json::json!({
+            "msg": "verdict changed",
+            "time": change.time,
+            "job": w.id,
+            "cgroup": w.labels.cgroup,
+            "pod": w.labels.pod,
+            "container": w.labels.container,
+            "kind": change.kind,
+            "verdict": {"line": change.line, "evidence": change.evidence},
+        });
+        if let Some(previous) = w.history.previous() {
+            line["previous"] = serde_json::json!(previous);
+        }
+        if !details {
+            jobs::redact(&mut line);
+        }
+        eprintln!("{line}");
+    }
+}
+
+/// What `/jobs` serves until the next interval; the loop is alive.
+fn publish(shared: &Shared, node: &Node) {
+    let views = node.views();
+    let board = Board {
+        time: unix_now(),
+        jobs: views
+            .iter()
+            .zip(node.jobs.values())
+            .map(|(view, w)| BoardJob {
+                id: view.id.clone(),
+                doc: jobs::job(view),
+                history: serde_json::to_value(w.history.changes().collect::<Vec<_>>()).unwrap_or_default(),
+            })
+            .collect(),
+    };
+    shared.publish(board);
+    shared.beat();
 }
 
 /// Node-wide series: each GPU, losses, and the agent's own cost.

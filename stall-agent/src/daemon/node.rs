@@ -8,21 +8,25 @@ use std::{
 };
 
 use super::{
+    history::History,
     kube,
     metrics::{JobLabels, Metrics, RankLabels},
-    tier::JobTier,
+    ondemand::OnDemand,
+    tier::{JobTier, Tier},
 };
 use crate::{
     capture::{cgroup, procfs},
     clock::monotonic_ns,
     decode::{Event, JobEvent},
     job::{GpuFleet, GpuScope, Job, LiveHost, Tick},
-    output::jobs::JobView,
+    output::jobs::{self, JobView},
     verdict::Verdict,
 };
 
 /// A job of the node: a cgroup directly under a root.
 pub(super) struct Watched {
+    /// Its id in `/jobs` (from its cgroup: stable across restarts).
+    pub id: String,
     pub job: Job,
     pub dir: PathBuf,
     pub labels: JobLabels,
@@ -34,11 +38,15 @@ pub(super) struct Watched {
     pub published: Option<Verdict>,
     /// The ranks of a run whose series are exported.
     pub ranks: Vec<RankLabels>,
+    /// Its verdict changes since the daemon started.
+    pub history: History,
 }
 
 /// The node: its jobs, by cgroup directory, and how they are found.
 pub(super) struct Node {
     pub jobs: BTreeMap<PathBuf, Watched>,
+    /// The capture asked for over HTTP, while it runs.
+    pub ondemand: Option<OnDemand>,
     next_id: u32,
     roots: Vec<PathBuf>,
     mount: PathBuf,
@@ -47,7 +55,7 @@ pub(super) struct Node {
 
 impl Node {
     pub fn new(roots: Vec<PathBuf>, mount: PathBuf, all_jobs: bool) -> Self {
-        Self { jobs: BTreeMap::new(), next_id: 1, roots, mount, all_jobs }
+        Self { jobs: BTreeMap::new(), ondemand: None, next_id: 1, roots, mount, all_jobs }
     }
 
     /// Attaches jobs that appeared (and qualify), detaches those that are
@@ -86,10 +94,12 @@ impl Node {
                 match live.capture.watch_cgroup(&dir, id) {
                     Ok(seeded) => {
                         job.observe(live, seeded.into_iter().map(|(_, ev)| ev));
+                        let id = jobs::id(&rel);
                         let labels = JobLabels { cgroup: rel, pod: ids.pod, container: ids.container };
                         self.jobs.insert(
                             dir.clone(),
                             Watched {
+                                id,
                                 job,
                                 dir,
                                 labels,
@@ -97,6 +107,7 @@ impl Node {
                                 tier: JobTier::default(),
                                 published: None,
                                 ranks: Vec::new(),
+                                history: History::default(),
                             },
                         );
                     }
@@ -123,7 +134,10 @@ impl Node {
             by_id.entry(id).or_default().push(ev);
         }
         for w in self.jobs.values_mut() {
-            if let Some(batch) = by_id.remove(&w.job.id) {
+            if let Some(mut batch) = by_id.remove(&w.job.id) {
+                if let Some(c) = self.ondemand.as_mut().filter(|c| c.job == w.job.id) {
+                    c.take(&mut batch);
+                }
                 w.job.observe(live, batch);
             }
         }
@@ -173,15 +187,17 @@ impl Node {
         self.jobs
             .values()
             .map(|j| JobView {
-                job: &j.labels.cgroup,
-                cgroup: j.dir.display().to_string(),
+                id: j.id.clone(),
+                cgroup: &j.labels.cgroup,
                 pod: &j.labels.pod,
                 container: &j.labels.container,
+                tier: match j.tier.tier {
+                    Tier::Cheap => "cheap",
+                    Tier::Full { .. } => "full",
+                    Tier::Cooldown { .. } => "cooldown",
+                },
                 verdict: j.published.as_ref(),
-                progress: j.last.as_ref().map(|t| &t.progress),
-                processes: j.job.model.procs.values().filter(|p| p.alive).count(),
-                recent: j.last.as_ref().map(|t| &t.recent),
-                gpus: j.job.devices.iter().copied().collect(),
+                tick: j.last.as_ref(),
             })
             .collect()
     }

@@ -69,12 +69,21 @@ pub struct JobTier {
     idle_since_ns: Option<u64>,
     /// Consecutive busy intervals during a full capture.
     busy_streak: u32,
+    /// A full capture asked for (the capture endpoint) lasts at least
+    /// until then, whatever the GPU does.
+    demanded_until_ns: Option<u64>,
     pub escalations: u64,
 }
 
 impl Default for JobTier {
     fn default() -> Self {
-        Self { tier: Tier::Cheap, idle_since_ns: None, busy_streak: 0, escalations: 0 }
+        Self {
+            tier: Tier::Cheap,
+            idle_since_ns: None,
+            busy_streak: 0,
+            demanded_until_ns: None,
+            escalations: 0,
+        }
     }
 }
 
@@ -83,9 +92,26 @@ impl Default for JobTier {
 const BUSY_TO_END: u32 = 2;
 
 impl JobTier {
+    /// Someone asked for the full capture now, until `until_ns` at least
+    /// (a cooldown does not hold it back; a capture under way is extended).
+    pub fn demand(&mut self, now_ns: u64, until_ns: u64) {
+        self.demanded_until_ns = Some(until_ns);
+        self.tier = match self.tier {
+            Tier::Full { since_ns, until_ns: end } => Tier::Full { since_ns, until_ns: end.max(until_ns) },
+            _ => {
+                self.escalations += 1;
+                Tier::Full { since_ns: now_ns, until_ns }
+            }
+        };
+    }
+
     /// Takes the interval ending at `now_ns`; returns the tier for the next.
     pub fn step(&mut self, now_ns: u64, s: &Signals, p: &Policy) -> Tier {
         self.idle_since_ns = if s.gpu_idle { self.idle_since_ns.or(Some(now_ns)) } else { None };
+        if self.demanded_until_ns.is_some_and(|until| now_ns < until) {
+            return self.tier;
+        }
+        self.demanded_until_ns = None;
         if !s.has_gpu {
             self.tier = Tier::Full { since_ns: self.since_or(now_ns), until_ns: u64::MAX };
             return self.tier;
@@ -198,6 +224,21 @@ mod tests {
         let mut t = JobTier::default();
         assert_eq!(t.step(10 * S, &gpu(false, 59.0), &policy()), Tier::Cheap);
         assert!(t.step(11 * S, &gpu(false, 60.0), &policy()).is_full());
+    }
+
+    #[test]
+    fn a_demanded_capture_runs_its_span_through_a_cooldown_and_a_busy_gpu() {
+        let mut t = JobTier::default();
+        run(&mut t, 0, 12, gpu(true, 1.0));
+        run(&mut t, 12, 15, gpu(false, 0.5));
+        assert!(matches!(t.tier, Tier::Cooldown { .. }), "{:?}", t.tier);
+        t.demand(15 * S, 25 * S);
+        assert_eq!(t.tier, Tier::Full { since_ns: 15 * S, until_ns: 25 * S });
+        assert_eq!(t.escalations, 2);
+        // Busy all along: the capture still lasts what was asked.
+        let tiers = run(&mut t, 15, 30, gpu(false, 0.5));
+        assert!(tiers[..10].iter().all(|x| x.is_full()), "{tiers:?}");
+        assert!(matches!(tiers[10], Tier::Cooldown { .. }), "{tiers:?}");
     }
 
     #[test]

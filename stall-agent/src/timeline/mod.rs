@@ -20,7 +20,10 @@ use std::{collections::HashMap, io::Write};
 use serde_json::json;
 use stall_common::reason;
 
-pub use self::{record::Recording, svg::render as render_svg};
+pub use self::{
+    record::{Buffer, Recording},
+    svg::render as render_svg,
+};
 pub use crate::decode::Switch;
 use crate::{syscalls, verdict::Kind};
 

@@ -1,16 +1,20 @@
-//! The timeline of a `run`/`attach` session: switch records in, the job's
-//! ticks and report alongside, files out.
+//! The timeline of a `run`/`attach` session, or of one job of the daemon
+//! on demand: switch records in, the job's ticks and names alongside, a
+//! file (or gzip'd bytes) out.
 use std::{
     fs::File,
     io::{BufWriter, Write},
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
 };
 
 use anyhow::{Context, Result};
 
 use super::{render_svg, Names, Timeline};
 use crate::{
+    aggregate::Model,
     clock::ClockSnapshot,
+    correlate::Roles,
     decode::{Event, JobEvent},
     job::{GpuFleet, Report, Tick},
 };
@@ -18,6 +22,27 @@ use crate::{
 pub struct Recording {
     timeline: Timeline<Box<dyn Write>>,
     svg: Option<PathBuf>,
+}
+
+/// Bytes written by a recording kept in memory, read once it is finished.
+#[derive(Clone, Default)]
+pub struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Buffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Buffer {
+    pub fn take(&self) -> Vec<u8> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 impl Recording {
@@ -43,11 +68,28 @@ impl Recording {
         Ok(Self { timeline: Timeline::new(out, origin_ns, real)?, svg: svg.map(Path::to_path_buf) })
     }
 
+    /// A gzip'd Chrome trace kept in memory (the daemon's capture
+    /// endpoint): the bytes are in `out` once [`Recording::finish_named`]
+    /// returns.
+    pub fn in_memory(out: &Buffer, origin_ns: u64, max_events: u64) -> Result<Self> {
+        let gz = flate2::write::GzEncoder::new(out.clone(), flate2::Compression::default());
+        let real = ClockSnapshot::now().mono_to_realtime_ns(origin_ns);
+        let timeline = Timeline::new(Box::new(gz) as Box<dyn Write>, origin_ns, real)?;
+        let timeline = timeline.with_limits(super::DEFAULT_RESOLUTION_NS, max_events);
+        Ok(Self { timeline, svg: None })
+    }
+
     /// Takes the switch records out of `events` (the rest is the job's;
     /// exits end their thread's last slice).
     pub fn take_switches(&mut self, events: &mut Vec<JobEvent>) -> Result<()> {
+        self.take_switches_of(events, |(_, ev)| ev)
+    }
+
+    /// The same over one job's events, or anything that holds one.
+    pub fn take_switches_of<T>(&mut self, events: &mut Vec<T>, event: impl Fn(&T) -> &Event) -> Result<()> {
         let mut err = Ok(());
-        events.retain(|(_, ev)| {
+        events.retain(|item| {
+            let ev = event(item);
             let (keep, r) = match ev {
                 Event::Switch(s) => (false, self.timeline.switch(s)),
                 Event::Exit { ts, tid, .. } => (true, self.timeline.exit(*tid, *ts)),
@@ -80,6 +122,21 @@ impl Recording {
             }
         }
         self.timeline.verdict(w.end_ns, tick.verdict.kind, &tick.verdict.summary)?;
+        Ok(())
+    }
+
+    /// Ends an in-memory trace at `end_ns`, tracks named after what the
+    /// job's model knows of its processes and threads now.
+    pub fn finish_named(mut self, model: &Model, roles: &Roles, lost: u64, end_ns: u64) -> Result<()> {
+        let mut names = Names::default();
+        for p in model.procs.values() {
+            names.processes.insert(p.tgid, (p.comm.clone(), roles.of(p.tgid).as_str().to_string()));
+        }
+        for t in model.threads.values() {
+            names.threads.insert(t.tid, t.comm.clone());
+        }
+        self.timeline.lost = lost;
+        self.timeline.finish(end_ns, &names).context("writing the timeline")?;
         Ok(())
     }
 

@@ -34,14 +34,17 @@ const PYTHON: &str = "/usr/bin/python3";
 /// packages: errors.rs drops privileges with setpriv (busybox has none),
 /// privilege.rs runs stall as `nobody` with exact capabilities through
 /// capsh, faults.rs asks bpftool what is still loaded, daemon.rs scrapes
-/// stall with a real Prometheus and checks with promtool (`cargo xtask
-/// test` installs them).
-const HOST_TOOLS: [(&str, &str); 5] = [
+/// stall with a real Prometheus and checks with promtool, web.rs talks
+/// HTTPS to it with curl and a CA made with openssl (`cargo xtask test`
+/// installs them).
+const HOST_TOOLS: [(&str, &str); 7] = [
     ("/usr/bin/setpriv", "util-linux"),
     ("/usr/sbin/capsh", "libcap2-bin"),
     ("/usr/sbin/bpftool", "bpftool"),
     ("/usr/bin/prometheus", "prometheus"),
     ("/usr/bin/promtool", "prometheus"),
+    ("/usr/bin/curl", "curl"),
+    ("/usr/bin/openssl", "openssl"),
 ];
 /// Workspace folders the tests read at run time (workloads, demo job, the
 /// alerting rules).

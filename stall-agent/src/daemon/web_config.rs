@@ -1,0 +1,248 @@
+//! `--web-config FILE`: TLS and basic authentication for the daemon's HTTP
+//! server, in the file format of the Prometheus exporter toolkit, so the
+//! file an operator keeps for node-exporter or dcgm-exporter serves stall
+//! too. Paths in it are relative to the file.
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use base64::Engine;
+use serde::Deserialize;
+use tokio_rustls::rustls::{
+    self,
+    pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer},
+    server::WebPkiClientVerifier,
+    RootCertStore, ServerConfig,
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    tls_server_config: Option<TlsFile>,
+    #[serde(default)]
+    basic_auth_users: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsFile {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    #[serde(default)]
+    client_auth_type: ClientAuth,
+    client_ca_file: Option<PathBuf>,
+    min_version: Option<Version>,
+    max_version: Option<Version>,
+}
+
+/// The exporter toolkit's names (Go's `tls.ClientAuthType`); those that
+/// accept a certificate without verifying it are refused.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+enum ClientAuth {
+    #[default]
+    NoClientCert,
+    VerifyClientCertIfGiven,
+    RequireAndVerifyClientCert,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+enum Version {
+    TLS12,
+    TLS13,
+}
+
+/// A web config, loaded and checked.
+pub struct WebConfig {
+    pub tls: Option<Arc<ServerConfig>>,
+    /// Every connection presented a verified client certificate.
+    pub clients_verified: bool,
+    users: BTreeMap<String, String>,
+    /// `Authorization` headers already checked against their bcrypt hash
+    /// (bcrypt is slow by design; a scrape every few seconds must not pay
+    /// it each time).
+    accepted: Mutex<HashSet<String>>,
+}
+
+/// How a request stands with the web config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// No or wrong credentials where they are required.
+    Denied,
+    /// Allowed without proving who it is.
+    Anonymous,
+    /// A valid password or a verified client certificate.
+    Authenticated,
+}
+
+/// Accepted headers kept at most (then forgotten, and checked again).
+const ACCEPTED_MAX: usize = 256;
+
+impl WebConfig {
+    /// Reads and checks `path`: certificates, keys and hashes are loaded
+    /// now, so a bad file fails at start with the reason.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let file: File = serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        for (user, hash) in &file.basic_auth_users {
+            hash.parse::<bcrypt::HashParts>().map_err(|e| {
+                format!("{}: the password of {user:?} is not a bcrypt hash: {e}", path.display())
+            })?;
+        }
+        let (tls, clients_verified) = match &file.tls_server_config {
+            None => (None, false),
+            Some(t) => (
+                Some(Arc::new(server_config(t, dir).map_err(|e| format!("{}: {e}", path.display()))?)),
+                t.client_auth_type == ClientAuth::RequireAndVerifyClientCert,
+            ),
+        };
+        Ok(Self { tls, clients_verified, users: file.basic_auth_users, accepted: Mutex::new(HashSet::new()) })
+    }
+
+    /// Whether basic authentication is asked of every request.
+    pub fn needs_password(&self) -> bool {
+        !self.users.is_empty()
+    }
+
+    /// Checks a request's `Authorization` header.
+    pub fn access(&self, authorization: Option<&str>) -> Access {
+        if self.users.is_empty() {
+            return if self.clients_verified { Access::Authenticated } else { Access::Anonymous };
+        }
+        let Some(header) = authorization else { return Access::Denied };
+        if self.accepted.lock().unwrap_or_else(|e| e.into_inner()).contains(header) {
+            return Access::Authenticated;
+        }
+        let Some((user, password)) = basic_credentials(header) else { return Access::Denied };
+        let ok = self.users.get(&user).is_some_and(|hash| bcrypt::verify(&password, hash).unwrap_or(false));
+        if !ok {
+            return Access::Denied;
+        }
+        let mut accepted = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
+        if accepted.len() >= ACCEPTED_MAX {
+            accepted.clear();
+        }
+        accepted.insert(header.to_string());
+        Access::Authenticated
+    }
+}
+
+/// `Basic base64(user:password)` → (user, password).
+fn basic_credentials(header: &str) -> Option<(String, String)> {
+    let (scheme, encoded) = header.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    let (user, password) = text.split_once(':')?;
+    Some((user.to_string(), password.to_string()))
+}
+
+fn server_config(t: &TlsFile, dir: &Path) -> Result<ServerConfig, String> {
+    let at = |p: &Path| dir.join(p);
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(at(&t.cert_file))
+        .and_then(|i| i.collect::<Result<_, _>>())
+        .map_err(|e| format!("cert_file {}: {e}", at(&t.cert_file).display()))?;
+    if certs.is_empty() {
+        return Err(format!("cert_file {}: no certificate in it", at(&t.cert_file).display()));
+    }
+    let key = PrivateKeyDer::from_pem_file(at(&t.key_file))
+        .map_err(|e| format!("key_file {}: {e}", at(&t.key_file).display()))?;
+    let min = t.min_version.unwrap_or(Version::TLS12);
+    let max = t.max_version.unwrap_or(Version::TLS13);
+    if min > max {
+        return Err("min_version is above max_version".into());
+    }
+    let versions: Vec<&'static rustls::SupportedProtocolVersion> =
+        [(Version::TLS12, &rustls::version::TLS12), (Version::TLS13, &rustls::version::TLS13)]
+            .into_iter()
+            .filter(|(v, _)| (min..=max).contains(v))
+            .map(|(_, p)| p)
+            .collect();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&versions)
+        .map_err(|e| e.to_string())?;
+    let builder = match (t.client_auth_type, &t.client_ca_file) {
+        (ClientAuth::NoClientCert, _) => builder.with_no_client_auth(),
+        (_, None) => return Err(format!("client_auth_type {:?} needs client_ca_file", t.client_auth_type)),
+        (auth, Some(ca)) => {
+            let mut roots = RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(at(ca))
+                .map_err(|e| format!("client_ca_file {}: {e}", at(ca).display()))?
+            {
+                let cert = cert.map_err(|e| format!("client_ca_file {}: {e}", at(ca).display()))?;
+                roots.add(cert).map_err(|e| format!("client_ca_file {}: {e}", at(ca).display()))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = if auth == ClientAuth::VerifyClientCertIfGiven {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            builder.with_client_cert_verifier(verifier.build().map_err(|e| e.to_string())?)
+        }
+    };
+    let mut config = builder.with_single_cert(certs, key).map_err(|e| e.to_string())?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(users: &[(&str, &str)]) -> WebConfig {
+        WebConfig {
+            tls: None,
+            clients_verified: false,
+            users: users.iter().map(|(u, h)| (u.to_string(), h.to_string())).collect(),
+            accepted: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn basic(user: &str, password: &str) -> String {
+        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")))
+    }
+
+    #[test]
+    fn passwords_are_checked_against_their_bcrypt_hash() {
+        let hash = bcrypt::hash("s3cret", 4).unwrap();
+        let c = config(&[("prometheus", &hash)]);
+        assert_eq!(c.access(None), Access::Denied);
+        assert_eq!(c.access(Some(&basic("prometheus", "wrong"))), Access::Denied);
+        assert_eq!(c.access(Some(&basic("someone", "s3cret"))), Access::Denied);
+        assert_eq!(c.access(Some("Bearer abc")), Access::Denied);
+        assert_eq!(c.access(Some(&basic("prometheus", "s3cret"))), Access::Authenticated);
+        // Again, from the accepted set.
+        assert_eq!(c.access(Some(&basic("prometheus", "s3cret"))), Access::Authenticated);
+    }
+
+    #[test]
+    fn without_users_requests_are_anonymous() {
+        assert_eq!(config(&[]).access(None), Access::Anonymous);
+    }
+
+    #[test]
+    fn a_bad_file_says_why() {
+        let dir = std::env::temp_dir().join(format!("stall-webcfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |text: &str| {
+            let p = dir.join("web.yml");
+            std::fs::write(&p, text).unwrap();
+            WebConfig::load(&p).err().unwrap_or_default()
+        };
+        assert!(write("basic_auth_users:\n  a: plain\n").contains("not a bcrypt hash"));
+        assert!(
+            write("tls_server_config:\n  cert_file: nope.crt\n  key_file: nope.key\n").contains("cert_file")
+        );
+        assert!(write("tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [x]\n")
+            .contains("unknown field"));
+        assert!(write("http_server_config:\n  http2: true\n").contains("unknown field"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
