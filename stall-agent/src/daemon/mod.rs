@@ -27,7 +27,6 @@ use self::{
     http::{Board, BoardJob, HttpOptions, Shared},
     metrics::Metrics,
     node::Node,
-    ondemand::OnDemand,
     web_config::WebConfig,
 };
 use crate::{
@@ -137,19 +136,13 @@ pub async fn run(opts: Options) -> Result<()> {
                 }
                 let lost = ondemand::ring_lost(&snap.lost);
                 while let Ok(req) = captures.try_recv() {
-                    node.ondemand =
-                        OnDemand::start(req, &mut node, &mut live, snap.ts, lost).or(node.ondemand.take());
+                    node.demand(req, &mut live, snap.ts, lost);
                 }
                 let hooks = live.capture.syscall_hooks();
                 for w in node.jobs.values_mut() {
                     step::step(w, &mut live, &snap, &gpus, &shared.metrics, tiers.as_ref(), hooks);
                 }
-                if let Some(mut c) = node.ondemand.take() {
-                    match node.jobs.get(&c.dir) {
-                        Some(w) if !c.tick(w, &gpus, snap.ts) => node.ondemand = Some(c),
-                        w => c.finish(w, &mut live, lost, snap.ts),
-                    }
-                }
+                node.step_capture(&mut live, &gpus, snap.ts, lost);
                 log_changes(&mut node, opts.expose_details);
                 if tiers.is_some() {
                     let want = node.jobs.values().any(|w| w.tier.tier.is_full());

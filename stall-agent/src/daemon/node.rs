@@ -9,6 +9,7 @@ use std::{
 
 use super::{
     history::History,
+    http::{CaptureRefused, CaptureRequest},
     kube,
     metrics::{JobLabels, Metrics, RankLabels},
     ondemand::OnDemand,
@@ -182,6 +183,30 @@ pub(super) fn set_hooks(live: &mut LiveHost, node: &mut Node, on: bool, now_ns: 
 }
 
 impl Node {
+    /// Starts a capture asked for over HTTP, or answers why not (one at a
+    /// time; the job must be watched).
+    pub fn demand(&mut self, req: CaptureRequest, live: &mut LiveHost, now_ns: u64, lost: u64) {
+        if self.ondemand.is_some() {
+            let _ = req.reply.send(Err(CaptureRefused::Busy));
+            return;
+        }
+        let Some(w) = self.jobs.values_mut().find(|w| w.id == req.id) else {
+            let _ = req.reply.send(Err(CaptureRefused::NoSuchJob));
+            return;
+        };
+        self.ondemand = OnDemand::start(req, (w.job.id, &w.dir, &mut w.tier), live, now_ns, lost);
+    }
+
+    /// The capture under way: its job's interval recorded; once its window
+    /// is over (or the job gone), answered.
+    pub fn step_capture(&mut self, live: &mut LiveHost, gpus: &GpuFleet, now_ns: u64, lost: u64) {
+        let Some(mut c) = self.ondemand.take() else { return };
+        match self.jobs.get(&c.dir) {
+            Some(w) if !c.tick(w.last.as_ref(), gpus, now_ns) => self.ondemand = Some(c),
+            w => c.finish(w.map(|w| (&w.job.model, w.last.as_ref())), live, lost, now_ns),
+        }
+    }
+
     /// `/jobs` for every job, as of its last interval.
     pub fn views(&self) -> Vec<JobView<'_>> {
         self.jobs

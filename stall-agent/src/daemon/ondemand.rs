@@ -9,11 +9,12 @@ use tokio::sync::oneshot;
 
 use super::{
     http::{CaptureRefused, CaptureRequest},
-    node::{Node, Watched},
+    tier::JobTier,
 };
 use crate::{
+    aggregate::Model,
     decode::Event,
-    job::{GpuFleet, LiveHost},
+    job::{GpuFleet, LiveHost, Tick},
     timeline::{Buffer, Recording},
 };
 
@@ -32,26 +33,18 @@ pub struct OnDemand {
 }
 
 impl OnDemand {
-    /// Starts `req` at `now_ns` (the newest snapshot's time), or answers
-    /// why not.
+    /// Starts `req` for job `job` (cgroup `dir`, tier `tier`) at `now_ns`
+    /// (the newest snapshot's time), or answers why not.
     pub fn start(
         req: CaptureRequest,
-        node: &mut Node,
+        (job, dir, tier): (u32, &PathBuf, &mut JobTier),
         live: &mut LiveHost,
         now_ns: u64,
         lost: u64,
     ) -> Option<Self> {
-        if node.ondemand.is_some() {
-            let _ = req.reply.send(Err(CaptureRefused::Busy));
-            return None;
-        }
-        let Some(w) = node.jobs.values_mut().find(|w| w.id == req.id) else {
-            let _ = req.reply.send(Err(CaptureRefused::NoSuchJob));
-            return None;
-        };
         let out = Buffer::default();
         let started = Recording::in_memory(&out, now_ns, MAX_EVENTS)
-            .and_then(|r| live.capture.set_timeline_job(w.job.id).map(|_| r).map_err(anyhow::Error::from));
+            .and_then(|r| live.capture.set_timeline_job(job).map(|_| r).map_err(anyhow::Error::from));
         let recording = match started {
             Ok(r) => r,
             Err(e) => {
@@ -60,17 +53,9 @@ impl OnDemand {
             }
         };
         let until_ns = now_ns.saturating_add(req.seconds * 1_000_000_000);
-        w.tier.demand(now_ns, until_ns);
-        eprintln!("stall daemon: capture of {} for {} s asked for", w.labels.cgroup, req.seconds);
-        Some(Self {
-            dir: w.dir.clone(),
-            job: w.job.id,
-            until_ns,
-            recording,
-            out,
-            lost_at_start: lost,
-            reply: req.reply,
-        })
+        tier.demand(now_ns, until_ns);
+        eprintln!("stall daemon: capture of {} for {} s asked for", dir.display(), req.seconds);
+        Some(Self { dir: dir.clone(), job, until_ns, recording, out, lost_at_start: lost, reply: req.reply })
     }
 
     /// Takes the job's switch records out of its batch.
@@ -81,8 +66,8 @@ impl OnDemand {
     }
 
     /// Records the job's interval; whether the window is over.
-    pub fn tick(&mut self, w: &Watched, gpus: &GpuFleet, now_ns: u64) -> bool {
-        if let Some(tick) = &w.last {
+    pub fn tick(&mut self, last: Option<&Tick>, gpus: &GpuFleet, now_ns: u64) -> bool {
+        if let Some(tick) = last {
             if let Err(e) = self.recording.tick(tick, gpus) {
                 eprintln!("stall: capture: {e:#}");
             }
@@ -90,17 +75,17 @@ impl OnDemand {
         now_ns >= self.until_ns
     }
 
-    /// Ends the trace at `end_ns` and answers; `w` is the job (None: it
-    /// ended meanwhile).
-    pub fn finish(self, w: Option<&Watched>, live: &mut LiveHost, lost: u64, end_ns: u64) {
+    /// Ends the trace at `end_ns` and answers; `job` is the job's model and
+    /// last interval (None: it ended meanwhile).
+    pub fn finish(self, job: Option<(&Model, Option<&Tick>)>, live: &mut LiveHost, lost: u64, end_ns: u64) {
         let _ = live.capture.set_timeline_job(0);
-        let Some(w) = w else {
+        let Some((model, last)) = job else {
             let _ = self.reply.send(Err(CaptureRefused::Failed("the job ended during the capture".into())));
             return;
         };
-        let roles = w.last.as_ref().map(|t| t.roles.clone()).unwrap_or_default();
+        let roles = last.map(|t| t.roles.clone()).unwrap_or_default();
         let lost = lost.saturating_sub(self.lost_at_start);
-        let answer = match self.recording.finish_named(&w.job.model, &roles, lost, end_ns) {
+        let answer = match self.recording.finish_named(model, &roles, lost, end_ns) {
             Ok(()) => Ok(self.out.take()),
             Err(e) => Err(CaptureRefused::Failed(format!("{e:#}"))),
         };
