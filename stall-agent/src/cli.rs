@@ -139,6 +139,10 @@ pub struct DaemonArgs {
     /// the downward API).
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     pub node_name: Option<String>,
+    /// Exit (code 6) when NVML cannot be loaded or sees no GPU, instead of judging the host side
+    /// only: on a GPU node a daemon blind to the GPU never escalates and its GPU alerts never fire.
+    #[arg(long)]
+    pub require_gpu: bool,
     #[command(flatten)]
     pub hooks: HooksArg,
 }

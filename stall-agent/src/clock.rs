@@ -23,6 +23,11 @@ pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
+/// Unix time now, in seconds (for what people and Prometheus read).
+pub fn unix_now_s() -> f64 {
+    clock_ns(libc::CLOCK_REALTIME) as f64 / 1e9
+}
+
 /// The host clocks read together, to convert timestamps of other clocks to
 /// CLOCK_MONOTONIC. Take a fresh one per poll: the realtime offset moves with
 /// NTP steps and the boottime offset with suspends.

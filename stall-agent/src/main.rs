@@ -80,6 +80,7 @@ fn daemon_options(a: DaemonArgs) -> daemon::Options {
         web_config: a.web_config,
         expose_details: a.expose_details,
         node_name: a.node_name,
+        require_gpu: a.require_gpu,
     }
 }
 

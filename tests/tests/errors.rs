@@ -141,3 +141,21 @@ fn usage_errors_exit_2() {
     assert_eq!(code, 2);
     assert!(one_line(&err).contains("unexpected argument '--bogus'"), "{err}");
 }
+
+/// The daemon's own bad inputs: a web config it cannot use is a usage
+/// error, and `--require-gpu` without NVML a GPU error, each one line.
+#[test]
+fn daemon_web_config_and_required_gpu_errors_are_one_line() {
+    let s = Scratch::new("daemon-errors");
+    let (code, err) = stall_raw(&["daemon", "--cgroup-root", "/", "--web-config", "/nonexistent/web.yml"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(one_line(&err).contains("--web-config: cannot read /nonexistent/web.yml"), "{err}");
+    let bad = s.path("web.yml");
+    std::fs::write(&bad, "basic_auth_users:\n  prometheus: not-a-hash\n").unwrap();
+    let (code, err) = stall_raw(&["daemon", "--cgroup-root", "/", "--web-config", bad.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(one_line(&err).contains("not a bcrypt hash"), "{err}");
+    let (code, err) = stall_raw(&["daemon", "--cgroup-root", "/", "--gpu", "off", "--require-gpu"]);
+    assert_eq!(code, 6, "{err}");
+    assert!(one_line(&err).contains("--require-gpu"), "{err}");
+}

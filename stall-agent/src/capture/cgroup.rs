@@ -50,6 +50,14 @@ fn is_cgroup2(dir: &Path) -> bool {
 
 /// The id `bpf_get_current_cgroup_id` returns for tasks in `dir`: the
 /// directory's inode number on cgroup2 (kernfs node id).
+/// The cgroup v2 directory of process `pid` (its `0::` line in
+/// /proc/PID/cgroup) under `mount`.
+pub fn of_process(pid: u32, mount: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(mount.join(rel.trim_start_matches('/')))
+}
+
 pub fn id(dir: &Path) -> Option<u64> {
     fs::metadata(dir).ok().map(|m| m.ino())
 }

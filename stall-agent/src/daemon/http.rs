@@ -108,8 +108,10 @@ pub fn serve(
         .map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
     let (tx, rx) = mpsc::channel();
     let tls = opts.web.as_ref().and_then(|w| w.tls.clone());
+    let metrics = Metrics::new();
+    metrics.set_build_info();
     let shared = Arc::new(Shared {
-        metrics: Metrics::new(),
+        metrics,
         board: Mutex::new(Board::default()),
         beat_ns: AtomicU64::new(monotonic_ns()),
         captures: Mutex::new(tx),

@@ -196,10 +196,10 @@ metrics! {
         "Share of the last window a rank's trainer waited for its peers while its own pipeline kept up (0 where its own cause holds it)";
     job_gpu_idle: Family<JobGpuLabels, FloatCounter> = "job_gpu_idle" in Unit::Seconds,
         "Time a GPU the job uses spent idle (utilization <= 5%)";
-    job_gpu_util: Family<JobGpuLabels, FloatGauge> = "job_gpu_utilization_percent",
-        "Mean utilization of a GPU the job uses, over the last interval";
-    last_progress_age: Family<JobLabels, FloatGauge> = "last_progress_age" in Unit::Seconds,
-        "Time since the job last read a file or wrote output (its log, checkpoints, stdout)";
+    job_gpu_util: Family<JobGpuLabels, FloatGauge> = "job_gpu_utilization_ratio",
+        "Mean utilization of a GPU the job uses, over the last interval (0-1)";
+    last_progress: Family<JobLabels, FloatGauge> = "last_progress_timestamp" in Unit::Seconds,
+        "Unix time the job last read a file or wrote output (its log, checkpoints, stdout); stall's start if not since";
     tier: Family<JobLabels, Gauge> = "capture_tier",
         "The job's capture tier: 1 full (syscall hooks), 0 cheap (scheduler, GPU and /proc only)";
     escalations: Family<JobLabels, Counter> = "escalations", "Full captures started for the job";
@@ -211,14 +211,21 @@ metrics! {
         "Mean board power draw over the last interval";
     gpu_power_limit: Family<GpuLabels, FloatGauge> = "gpu_power_limit" in Unit::Other("watts".into()),
         "Enforced board power limit";
-    gpu_util: Family<GpuLabels, FloatGauge> = "gpu_utilization_percent",
-        "Mean GPU utilization over the last interval";
+    gpu_util: Family<GpuLabels, FloatGauge> = "gpu_utilization_ratio",
+        "Mean GPU utilization over the last interval (0-1)";
     gpu_idle: Family<GpuLabels, FloatCounter> = "gpu_idle" in Unit::Seconds, "Time the GPU spent idle";
     lost: Family<CauseLabels, Counter> = "lost_events", "Events the kernel side dropped, by cause";
     pub agent_cpu: FloatCounter = "agent_cpu" in Unit::Seconds, "CPU time used by stall itself";
     pub agent_rss: Gauge = "agent_resident_memory" in Unit::Bytes, "stall's resident memory";
     pub agent_jobs: Gauge = "agent_jobs", "Jobs attached";
     pub agent_events: Counter = "agent_events", "Kernel events handled for traced threads";
+    pub nvml_up: Gauge = "nvml_up", "1 while NVML answers (GPU data: verdicts on the GPU, and tiers)";
+    build_info: Family<BuildLabels, Gauge> = "build_info", "stall's version (always 1)";
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
 }
 
 /// One metric into the registry, with its unit if it has one.
@@ -301,7 +308,7 @@ impl Metrics {
     pub fn add_job_gpu(&self, job: &JobLabels, g: &GpuWindow, secs: f64) {
         let l = job.gpu(g.index);
         self.job_gpu_idle.get_or_create(&l).inc_by(g.idle_fraction * secs);
-        self.job_gpu_util.get_or_create(&l).set(g.util_mean_pct);
+        self.job_gpu_util.get_or_create(&l).set(g.util_mean_pct / 100.0);
     }
 
     pub fn set_tier(&self, job: &JobLabels, full: bool) {
@@ -320,14 +327,21 @@ impl Metrics {
         self.syscall_hooks.set(i64::from(on));
     }
 
-    pub fn set_last_progress_age(&self, job: &JobLabels, secs: f64) {
-        self.last_progress_age.get_or_create(job).set(secs);
+    /// stall's version, as `stall_build_info` (1).
+    pub fn set_build_info(&self) {
+        self.build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").into() }).set(1);
+    }
+
+    /// When the job last moved, as Unix time (it survives between scrapes,
+    /// where an age would not).
+    pub fn set_last_progress(&self, job: &JobLabels, unix_s: f64) {
+        self.last_progress.get_or_create(job).set(unix_s);
     }
 
     /// One interval of a GPU of the node.
     pub fn set_gpu(&self, g: &GpuWindow, idle_secs: f64) {
         let l = GpuLabels { gpu: g.index.to_string(), name: g.name.clone() };
-        self.gpu_util.get_or_create(&l).set(g.util_mean_pct);
+        self.gpu_util.get_or_create(&l).set(g.util_mean_pct / 100.0);
         self.gpu_idle.get_or_create(&l).inc_by(idle_secs);
         if let Some(w) = g.power_w {
             self.gpu_power.get_or_create(&l).set(w);
@@ -367,7 +381,7 @@ impl Metrics {
             self.job_gpu_idle.remove(&job.gpu(*g));
             self.job_gpu_util.remove(&job.gpu(*g));
         }
-        self.last_progress_age.remove(job);
+        self.last_progress.remove(job);
         self.tier.remove(job);
         self.escalations.remove(job);
         self.full_capture.remove(job);

@@ -14,11 +14,7 @@ mod step;
 pub mod tier;
 mod web_config;
 
-use std::{
-    net::SocketAddr,
-    path::PathBuf,
-    time::{Duration, SystemTime},
-};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Result;
 use stall_common::counter::LOST_CAUSES;
@@ -31,7 +27,7 @@ use self::{
 };
 use crate::{
     capture::{cgroup, procfs, Capture, CaptureError, CaptureOptions, SyscallHooks},
-    clock::monotonic_ns,
+    clock::{self, monotonic_ns},
     decode::Snapshot,
     error::Error,
     gpu::GpuSelect,
@@ -58,6 +54,9 @@ pub struct Options {
     pub expose_details: bool,
     /// The node's name in `/jobs` (default: the host name).
     pub node_name: Option<String>,
+    /// No NVML is an error (exit 6), not a note: on a GPU node, a daemon
+    /// that cannot see the GPU judges only the host side.
+    pub require_gpu: bool,
 }
 
 /// The agent's own cost and the node-wide counters, as last exported.
@@ -81,6 +80,12 @@ pub async fn run(opts: Options) -> Result<()> {
         opts.roots.iter().map(|r| cgroup::resolve(r).map_err(Error::from)).collect::<Result<_, _>>()?;
     let mut gpus =
         GpuFleet::open(opts.gpu.as_ref(), opts.nvml_lib.as_deref(), monotonic_ns()).map_err(Error::from)?;
+    if opts.require_gpu && !gpus.sampling() {
+        let reason = gpus.note.clone().unwrap_or_else(|| "--gpu off".into());
+        return Err(
+            Error::Gpu(crate::gpu::GpuError::NoNvml { reason: format!("{reason}; --require-gpu") }).into()
+        );
+    }
     // Tiers need GPU data to tell when to look; without it, full capture.
     let tiers = opts.tiers.filter(|_| gpus.sampling());
     let capture = Capture::load(&CaptureOptions {
@@ -160,15 +165,10 @@ pub async fn run(opts: Options) -> Result<()> {
     Ok(())
 }
 
-/// Unix time now, in seconds.
-fn unix_now() -> f64 {
-    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
-
 /// Each job's published verdict into its history; a change is logged as
 /// one JSON line on stderr.
 fn log_changes(node: &mut Node, details: bool) {
-    let now = unix_now();
+    let now = clock::unix_now_s();
     for w in node.jobs.values_mut() {
         let Some(v) = &w.published else { continue };
         let Some(change) = w.history.note(now, v).cloned() else { continue };
@@ -196,7 +196,7 @@ fn log_changes(node: &mut Node, details: bool) {
 fn publish(shared: &Shared, node: &Node) {
     let views = node.views();
     let board = Board {
-        time: unix_now(),
+        time: clock::unix_now_s(),
         jobs: views
             .iter()
             .zip(node.jobs.values())
@@ -234,4 +234,5 @@ fn export_node(
     seen.cpu_s = cpu;
     m.agent_rss.set(procfs::self_rss_bytes() as i64);
     m.agent_jobs.set(jobs as i64);
+    m.nvml_up.set(i64::from(gpus.sampling()));
 }

@@ -52,11 +52,14 @@ pub(super) struct Node {
     roots: Vec<PathBuf>,
     mount: PathBuf,
     all_jobs: bool,
+    /// stall's own cgroup: never a job (it opens the GPU through NVML).
+    own: Option<PathBuf>,
 }
 
 impl Node {
     pub fn new(roots: Vec<PathBuf>, mount: PathBuf, all_jobs: bool) -> Self {
-        Self { jobs: BTreeMap::new(), ondemand: None, next_id: 1, roots, mount, all_jobs }
+        let own = cgroup::of_process(std::process::id(), &mount);
+        Self { jobs: BTreeMap::new(), ondemand: None, next_id: 1, roots, mount, all_jobs, own }
     }
 
     /// Attaches jobs that appeared (and qualify), detaches those that are
@@ -73,7 +76,7 @@ impl Node {
             {
                 // A root below another root (kubepods.slice and its QoS
                 // slices) is a level of the hierarchy, not a job.
-                if self.roots.contains(&dir) {
+                if self.roots.contains(&dir) || self.own.as_ref().is_some_and(|own| own.starts_with(&dir)) {
                     continue;
                 }
                 present.insert(dir.clone());

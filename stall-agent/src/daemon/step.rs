@@ -32,7 +32,7 @@ pub(super) fn step(
     for g in &tick.interval_gpus {
         metrics.add_job_gpu(&w.labels, g, secs);
     }
-    metrics.set_last_progress_age(&w.labels, tick.progress.silent_s);
+    metrics.set_last_progress(&w.labels, crate::clock::unix_now_s() - tick.progress.silent_s);
     let verdict = match tiers {
         None => tick.verdict.clone(),
         Some(policy) => {
