@@ -159,9 +159,10 @@ pub(crate) fn tracked(tid: u32, tgid: u32) -> Option<Current> {
     Some(Current { tid, tgid, stats: unsafe { &mut *p } })
 }
 
-/// Cgroup mode: starts tracking the current thread if its cgroup is watched.
+/// Cgroup mode: the job of the current thread's cgroup, if it is watched.
+/// A helper call and one lookup in a small map: the cheapest "not ours".
 #[inline(always)]
-pub(crate) fn adopt(cfg: &Config, tid: u32, tgid: u32) -> Option<Current> {
+pub(crate) fn watched_job(cfg: &Config, tid: u32) -> Option<u32> {
     if cfg.cgroup_filter == 0 || tid == 0 {
         return None;
     }
@@ -171,7 +172,19 @@ pub(crate) fn adopt(cfg: &Config, tid: u32, tgid: u32) -> Option<Current> {
     // the entry while the reference lives (the map is preallocated, so a
     // deleted element can be reused); the value is copied at once, and only
     // the agent writes this map.
-    let job = unsafe { CGROUPS.get(cgid) }.copied()?;
+    unsafe { CGROUPS.get(cgid) }.copied()
+}
+
+/// Cgroup mode: starts tracking the current thread if its cgroup is watched.
+#[inline(always)]
+pub(crate) fn adopt(cfg: &Config, tid: u32, tgid: u32) -> Option<Current> {
+    let job = watched_job(cfg, tid)?;
+    adopt_into(cfg, tid, tgid, job)
+}
+
+/// Starts tracking the current thread as one of job `job`'s.
+#[inline(always)]
+pub(crate) fn adopt_into(cfg: &Config, tid: u32, tgid: u32, job: u32) -> Option<Current> {
     let (exec, delay) = sched::kernel_totals(sched::current_task(), cfg);
     let fresh = ThreadStats {
         tgid,

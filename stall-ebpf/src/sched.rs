@@ -23,9 +23,9 @@ use stall_common::{
 };
 
 use crate::{
-    adopt, atomic_add, bump, config, ids,
+    adopt_into, atomic_add, bump, config, ids,
     maps::{FILES, SYSCALL_CLASS, THREADS, WAKES, WAKES_BY_PROC},
-    now, running, tracked,
+    now, running, tracked, watched_job,
 };
 
 /// What the task going off-CPU is doing (from `preempt` and its state).
@@ -139,12 +139,15 @@ fn switch<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
                 running::flush(s);
             }
         }
-        if cfg.cgroup_filter != 0 {
+        // Cgroup mode: the task's cgroup first (a helper and a small map),
+        // its state only for a task of a watched job: a task of no job
+        // (the rest of the node) costs no field read here.
+        if let Some(job) = watched_job(&cfg, tid) {
             // A task's last switch comes after its exit event (which removed it):
             // it must not be adopted again, or it would linger as a zombie.
             let state = prev_state(preempt, prev, &cfg);
             if state != EXITING {
-                if let Some(cur) = adopt(&cfg, tid, tgid) {
+                if let Some(cur) = adopt_into(&cfg, tid, tgid, job) {
                     switch_out::<STACK>(cur.stats, cur.tgid, state, ts, prev, &cfg);
                     crate::timeline::record(&cfg, cur.stats, tid, false, ts);
                 }
