@@ -98,11 +98,15 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut live = LiveHost::new(capture);
     eprintln!("stall daemon: {}", live.capture.syscall_backend_line());
     let scheme = if web.as_ref().is_some_and(|w| w.tls.is_some()) { "https" } else { "http" };
-    if opts.expose_details && web.as_ref().is_none_or(|w| !w.needs_password() && !w.clients_verified) {
-        eprintln!(
-            "stall daemon: --expose-details without authentication: file paths, command lines and Python stacks go to whoever reaches {}",
+    match &web {
+        None if opts.expose_details => eprintln!(
+            "stall daemon: --expose-details without --web-config: file paths, command lines and Python stacks go to whoever reaches {}",
             opts.listen
-        );
+        ),
+        Some(w) if opts.expose_details && !w.needs_password() && !w.clients_verified => eprintln!(
+            "stall daemon: --expose-details serves authenticated clients only, and the web config authenticates none (no basic_auth_users, no required client certificates): no details are served"
+        ),
+        _ => {}
     }
     let node_name = opts.node_name.clone().unwrap_or_else(procfs::hostname);
     let (shared, captures) = http::serve(
