@@ -487,7 +487,11 @@ fn a_stdout_redirected_inside_the_job_writes_to_its_file() {
         .find(|p| p["comm"] == "sh")
         .unwrap_or_else(|| panic!("no sh: {:?}", run.processes()));
     let f = run.file(p["pid"].as_u64().unwrap(), &out);
-    assert_eq!((f["write_bytes"].as_u64(), f["write_calls"].as_u64()), (Some(want), Some(2)), "{f}");
+    // Seen once on 6.1 under TCG (the file opened, its writes through fd 1
+    // missing) and not since in 100 runs: the whole process and the losses,
+    // to tell where the bytes went if it comes back.
+    let why = format!("{f}\nprocess: {p}\nlost: {}", run.summary()["lost_by_cause"]);
+    assert_eq!((f["write_bytes"].as_u64(), f["write_calls"].as_u64()), (Some(want), Some(2)), "{why}");
     assert_eq!(p["file_write_bytes"], want, "{p}");
     assert_eq!(p["stdio_write_bytes"], want, "{p}");
 }
