@@ -161,7 +161,10 @@ pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, hooked: u8, regs: u64, ret: i6
     } else if what == inflight::OPEN {
         s.inflight = inflight::NONE;
         if ret >= 0 {
-            opened(cfg, s, ret as i32, -1, fd_kind::UNKNOWN);
+            // A directory is no file, known now: the agent need not
+            // rewrite its entry (a rewrite can race the number's reuse).
+            let kind = if s.inflight_kind & O_DIRECTORY != 0 { fd_kind::OTHER } else { fd_kind::UNKNOWN };
+            opened(cfg, s, ret as i32, -1, kind);
         }
     } else if what == inflight::DUP {
         s.inflight = inflight::NONE;
@@ -194,6 +197,7 @@ const AF_INET6: u16 = 10;
 /// `sizeof(struct sockaddr_in6)`, the larger of the two.
 const SOCKADDR_LEN: usize = 28;
 const O_CREAT_WRONLY_TRUNC: u32 = 0o1101;
+const O_DIRECTORY: u32 = 0o200000;
 const F_DUPFD: u64 = 0;
 const F_DUPFD_CLOEXEC: u64 = 1030;
 

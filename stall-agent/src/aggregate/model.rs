@@ -131,6 +131,11 @@ pub struct Model {
     pub procs: BTreeMap<u32, Proc>,
     pub threads: BTreeMap<u32, Thread>,
     pub files: HashMap<u64, File>,
+    /// Which open of `files` each (process, descriptor) names now: the
+    /// kernel keeps one entry per descriptor, so an older open still
+    /// listed under the same number is stale (its close never reached the
+    /// model) and must not be taken for it.
+    open_fds: HashMap<(u32, i32), u64>,
     wakes: HashMap<(u32, u32), Wake>,
     /// Storage and mapped bytes per (process, file); None: not seen on
     /// this kernel.
@@ -265,12 +270,19 @@ impl Model {
             }
             // The timeline's, not the model's.
             Event::Switch(_) => {}
-            Event::Close { ts, file_id, counters, .. } => {
-                if let Some(mut f) = self.files.remove(file_id) {
-                    f.total = *counters;
-                    f.open = false;
-                    f.close_ts = Some(*ts);
-                    self.retire_file(f);
+            Event::Close { ts, tgid, fd, file_id, counters } => {
+                match self.files.remove(file_id) {
+                    Some(mut f) => {
+                        self.forget_fd(f.tgid, f.fd, f.file_id);
+                        f.total = *counters;
+                        f.open = false;
+                        f.close_ts = Some(*ts);
+                        self.retire_file(f);
+                    }
+                    // The kernel closed an open the model does not hold under
+                    // this number: whatever the model holds there (opened
+                    // before) no longer names it.
+                    None => self.close_stale(*ts, *tgid, *fd),
                 }
             }
         }
@@ -287,6 +299,13 @@ impl Model {
             Some(f) => (f.path.clone(), f.resolved.clone(), f.kind, f.inode),
             None => (path.to_string(), None, fd_kind::UNKNOWN, None),
         };
+        // The kernel replaced whatever this number named (its close came
+        // first, or was never seen).
+        if let Some(old) = self.open_fds.insert((tgid, fd), file_id) {
+            if old != file_id {
+                self.retire_open(old, ts);
+            }
+        }
         self.files.insert(
             file_id,
             File {
@@ -391,7 +410,32 @@ impl Model {
 
     /// The open file `fd` of process `tgid` names.
     pub fn open_file(&self, tgid: u32, fd: i32) -> Option<&File> {
-        self.files.values().find(|f| f.tgid == tgid && f.fd == fd && f.open)
+        self.open_fds.get(&(tgid, fd)).and_then(|id| self.files.get(id)).filter(|f| f.open)
+    }
+
+    fn forget_fd(&mut self, tgid: u32, fd: i32, file_id: u64) {
+        if self.open_fds.get(&(tgid, fd)) == Some(&file_id) {
+            self.open_fds.remove(&(tgid, fd));
+        }
+    }
+
+    /// Folds open `file_id` as closed at `ts` with the counts last seen.
+    fn retire_open(&mut self, file_id: u64, ts: u64) {
+        if let Some(mut f) = self.files.remove(&file_id) {
+            self.forget_fd(f.tgid, f.fd, file_id);
+            f.open = false;
+            f.close_ts = Some(ts.max(f.open_ts));
+            self.retire_file(f);
+        }
+    }
+
+    /// A close of an open the model never held, on `fd` of `tgid`: the
+    /// model's open under that number, if it is older, is stale.
+    fn close_stale(&mut self, ts: u64, tgid: u32, fd: i32) {
+        let Some(&id) = self.open_fds.get(&(tgid, fd)) else { return };
+        if self.files.get(&id).is_some_and(|f| f.open_ts <= ts) {
+            self.retire_open(id, ts);
+        }
     }
 
     /// What the agent learnt about a descriptor (regular file or not).
@@ -492,6 +536,8 @@ impl Model {
         self.procs.retain(|_, p| p.alive || !p.tids.is_empty());
         let procs = &self.procs;
         self.files.retain(|_, f| f.open && procs.contains_key(&f.tgid));
+        let files = &self.files;
+        self.open_fds.retain(|_, id| files.contains_key(id));
         let (paths, bytes) = (&self.inode_paths, &self.inode_bytes);
         self.inode_names.retain(|inode, _| {
             paths.keys().any(|(_, i)| i == inode)
@@ -539,6 +585,7 @@ impl Model {
             self.files.values().filter(|f| tgids.contains(&f.tgid)).map(|f| f.file_id).collect();
         for id in ids {
             let mut f = self.files.remove(&id).expect("listed above");
+            self.forget_fd(f.tgid, f.fd, id);
             f.open = false;
             f.close_ts = Some(ts.max(f.open_ts));
             self.retire_file(f);

@@ -220,6 +220,10 @@ impl Capture {
     /// it still names the same open. This rewrites the whole entry: reads
     /// counted between the lookup and the update are lost, which is why it
     /// is used only for non-files, whose per-file counts nothing reports.
+    /// Should the number be closed and opened again between the two, the
+    /// new open's entry is overwritten: its counts are lost, and the model
+    /// retires it at the close under the old id. Directories, the common
+    /// case, are marked in the kernel at open: nothing is rewritten for them.
     pub fn set_fd_kind(&mut self, tgid: u32, fd: i32, file_id: u64, kind: u32) {
         let key = FdKey { tgid, fd };
         if let Ok(mut s) = self.files.get(&key, 0) {

@@ -171,6 +171,59 @@ fn a_dup_reads_as_its_original() {
     assert_eq!(m.files[&3].path, "/work/other.bin");
 }
 
+/// The kernel keeps one entry per descriptor: an open the model still
+/// lists under a number whose close it never saw (the kernel's entry was
+/// replaced) is retired by the next open of that number, and a copy then
+/// names the newest, never the stale one, however the map is ordered.
+#[test]
+fn a_copy_names_the_newest_open_of_its_number() {
+    let mut m = Model::new(0);
+    m.apply(&open(10, 3, 1, "/lib/stale.pyc"));
+    // Its close never arrives; the number is opened again.
+    m.apply(&open(10, 3, 2, "/data/by-dup.bin"));
+    assert!(!m.files.contains_key(&1), "the stale open is retired");
+    for (i, fd) in (60..70).enumerate() {
+        m.apply(&dup(10, fd, 100 + i as u64, 3));
+        assert_eq!(m.files[&(100 + i as u64)].path, "/data/by-dup.bin");
+    }
+    assert_eq!(m.open_file(10, 3).map(|f| f.file_id), Some(2));
+    // Another process's descriptor 3 is another entry.
+    m.apply(&open(11, 3, 3, "/other"));
+    assert_eq!(m.open_file(10, 3).map(|f| f.file_id), Some(2));
+    assert_eq!(m.open_file(11, 3).map(|f| f.file_id), Some(3));
+}
+
+/// A close of an open the model never held (the agent's rewrite of an
+/// entry raced the descriptor's reuse) still ends the older open the model
+/// holds under that number; a close of a known open forgets its number.
+#[test]
+fn a_close_under_another_id_ends_the_older_open_of_its_number() {
+    let mut m = Model::new(0);
+    m.apply(&Event::Open {
+        ts: 5,
+        tid: 10,
+        tgid: 10,
+        fd: 3,
+        file_id: 1,
+        path: "/a".into(),
+        dfd: -100,
+        dup_of: None,
+    });
+    let close = |ts, id| Event::Close { ts, tgid: 10, fd: 3, file_id: id, counters: FileCounters::default() };
+    // Older than the open: not the one the model holds.
+    m.apply(&close(4, 9));
+    assert!(m.open_file(10, 3).is_some());
+    m.apply(&close(6, 9));
+    assert!(m.open_file(10, 3).is_none());
+    assert!(m.files.is_empty());
+    m.apply(&open(10, 3, 2, "/b"));
+    m.apply(&close(7, 2));
+    assert!(m.open_file(10, 3).is_none() && m.files.is_empty());
+    // A copy of a closed number names nothing known.
+    m.apply(&dup(10, 4, 3, 3));
+    assert_eq!(m.files[&3].path, "");
+}
+
 #[test]
 fn intervals_are_deltas_and_sum_to_total() {
     let mut m = Model::new(0);
