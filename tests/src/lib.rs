@@ -349,6 +349,20 @@ pub fn assert_close(what: &str, got: f64, want: f64, tol: f64) {
     );
 }
 
+/// The futex off-CPU time stall counts for the `waits` job's futexer:
+/// its measured wait within `tol`, plus at most what its whole life held
+/// outside the measured window (the GIL is a futex too: the thread waits
+/// for it before the window opens and after it closes).
+pub fn assert_futex_wait(what: &str, got: f64, truth: &Value, tol: f64) {
+    let want = blocked_s(truth, "futex");
+    let outside = (secs(&truth["futex_life_s"]) - secs(&truth["futex_s"])).max(0.0);
+    assert!(
+        got >= want * (1.0 - tol) && got <= want * (1.0 + tol) + outside,
+        "{what}: got {got:.4}, want {want:.4} within {:.0}% (+ up to {outside:.4} of the thread's life outside its wait)",
+        tol * 100.0
+    );
+}
+
 /// A whole thread's total that stall counts to the thread's end, against
 /// the kernel's figure read by the thread shortly before it ended: `got`
 /// is at least `at_read` and at most `at_read` plus the `tail` the thread
@@ -438,6 +452,11 @@ impl Cgroup {
     /// `stall-it-TAG-PID` at the top of the cgroup2 mount.
     pub fn new(tag: &str) -> Self {
         Self::create(cgroup2_mount(), format!("stall-it-{tag}-{}", std::process::id()))
+    }
+
+    /// `name` (a path relative to the cgroup2 mount), exactly so named.
+    pub fn at(name: &str) -> Self {
+        Self::create(cgroup2_mount(), name.to_string())
     }
 
     /// A cgroup inside this one.

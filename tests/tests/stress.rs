@@ -160,7 +160,7 @@ fn exact_under_cpu_hogs_bpf_syscalls_and_a_second_stall() {
         );
         assert_eq!(sum["sched_gaps"], 0, "round {round}: no switch may be lost");
         assert_eq!(sum["lost_events"], 0, "round {round}: {}", sum["lost_by_cause"]);
-        assert_close(&format!("round {round}: futex off-CPU"), futex, blocked_s(&t, "futex"), 0.05);
+        assert_futex_wait(&format!("round {round}: futex off-CPU"), futex, &t, 0.05);
         assert_close(&format!("round {round}: poll off-CPU"), poll, blocked_s(&t, "poll"), 0.05);
         assert_close(
             &format!("round {round}: burner on-CPU vs thread time"),
