@@ -93,8 +93,12 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct DaemonArgs {
     /// A cgroup v2 whose child cgroups are the jobs (repeatable; e.g. kubepods.slice).
-    #[arg(long = "cgroup-root", required = true, value_name = "PATH")]
+    #[arg(long = "cgroup-root", required_unless_present = "kubernetes", value_name = "PATH")]
     pub roots: Vec<PathBuf>,
+    /// The kubelet's pods are the jobs, under whichever cgroup driver it uses
+    /// (systemd: kubepods.slice, cgroupfs: kubepods), found at start.
+    #[arg(long)]
+    pub kubernetes: bool,
     /// Watch every job, not only those with a GPU open (machines without GPUs).
     #[arg(long)]
     pub all_jobs: bool,

@@ -29,9 +29,10 @@ impl Error {
                 | CaptureError::PerfParanoid(_)
                 | CaptureError::NotPrivileged
                 | CaptureError::MemlockTooLow(_) => exit::NOT_PRIVILEGED,
-                CaptureError::NoSuchProcess(_) | CaptureError::BadCgroup { .. } | CaptureError::NoCgroup2 => {
-                    exit::NO_TARGET
-                }
+                CaptureError::NoSuchProcess(_)
+                | CaptureError::BadCgroup { .. }
+                | CaptureError::NoCgroup2
+                | CaptureError::NoKubepods { .. } => exit::NO_TARGET,
                 CaptureError::NoTracefs
                 | CaptureError::MissingTracepoint { .. }
                 | CaptureError::NoBtf

@@ -70,6 +70,7 @@ fn daemon_options(a: DaemonArgs) -> daemon::Options {
     };
     daemon::Options {
         roots: a.roots,
+        kubernetes: a.kubernetes,
         all_jobs: a.all_jobs,
         listen: a.listen,
         interval: a.interval,

@@ -235,3 +235,110 @@ fn a_gpu_job_gets_the_full_capture_while_its_gpu_idles() {
             && verdict(&t, "gpu-busy") == Some(1.0)
     });
 }
+
+/// `--kubernetes` finds the kubelet's pod cgroups under either cgroup
+/// driver (cgroupfs: `kubepods/burstable/pod<uid>/<container>`, systemd:
+/// `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/
+/// cri-containerd-<id>.scope`): a process in a container's cgroup is the
+/// pod's job, named by the pod's UID; the QoS levels are not jobs.
+#[test]
+fn the_kubelets_pods_are_found_under_either_cgroup_driver() {
+    require_root();
+    let mount = cgroup2_mount();
+    for top in ["kubepods", "kubepods.slice"] {
+        let dir = mount.join(top);
+        assert!(
+            !holds_tasks(&dir),
+            "{} holds tasks: a kubelet runs here, and this test would mix with its pods",
+            dir.display()
+        );
+        // An earlier run's, left empty.
+        remove_tree(&dir);
+    }
+    const UID: &str = "6f1c2b3a-4d5e-4f60-8a7b-9c0d1e2f3a4b";
+    const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let systemd_uid = UID.replace('-', "_");
+    let layouts = [
+        ("cgroupfs", vec!["kubepods".to_string(), "kubepods/burstable".into(), format!("kubepods/burstable/pod{UID}"), format!("kubepods/burstable/pod{UID}/{CID}")]),
+        (
+            "systemd",
+            vec![
+                "kubepods.slice".to_string(),
+                "kubepods.slice/kubepods-burstable.slice".into(),
+                format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{systemd_uid}.slice"),
+                format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{systemd_uid}.slice/cri-containerd-{CID}.scope"),
+            ],
+        ),
+    ];
+    for (driver, dirs) in layouts {
+        let cgroups = Nested(dirs.iter().map(|d| Cgroup::at(d)).collect());
+        let mut guard = Killer(vec![]);
+        let sleeper = Command::new("sleep").arg("120").spawn().unwrap();
+        cgroups.0[3].add(sleeper.id());
+        guard.0.push(sleeper);
+        let port = free_port();
+        let mut daemon = Command::new(stall_bin())
+            .args(["daemon", "--kubernetes", "--all-jobs", "--interval", "1", "--gpu", "off"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = daemon.stderr.take().unwrap();
+        guard.0.insert(0, daemon);
+        let mut jobs = serde_json::Value::Null;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            jobs = http_get(port, "/jobs").and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+            if jobs["jobs"].as_array().is_some_and(|a| !a.is_empty()) {
+                break;
+            }
+            sleep(Duration::from_millis(200));
+        }
+        assert!(jobs["jobs"].as_array().is_some_and(|a| !a.is_empty()), "{driver}: no job in /jobs: {jobs}");
+        let list = jobs["jobs"].as_array().unwrap();
+        assert_eq!(list.len(), 1, "{driver}: the pod is the one job (its QoS levels are not): {jobs}");
+        assert_eq!(list[0]["cgroup"], dirs[2].as_str(), "{driver}: {jobs}");
+        assert_eq!(list[0]["pod"], UID, "{driver}: {jobs}");
+        let metrics = http_get(port, "/metrics").unwrap();
+        assert!(metrics.contains(&format!("pod=\"{UID}\"")), "{driver}: no series of the pod: {metrics}");
+        let pid = guard.0[0].id() as i32;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM).unwrap();
+        assert!(guard.0[0].wait().unwrap().success(), "{driver}: the daemon's exit");
+        let mut said = String::new();
+        std::io::Read::read_to_string(&mut { stderr }, &mut said).unwrap();
+        assert!(said.contains(&format!("Kubernetes pods under the {driver} cgroup driver")), "{said}");
+        drop(guard);
+        drop(cgroups);
+    }
+}
+
+/// Cgroups made parent first, removed child first (even when a test fails).
+struct Nested(Vec<Cgroup>);
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        while let Some(c) = self.0.pop() {
+            drop(c);
+        }
+    }
+}
+
+/// Whether a cgroup or any below it holds a task.
+fn holds_tasks(dir: &Path) -> bool {
+    let here = std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|t| !t.trim().is_empty());
+    here || std::fs::read_dir(dir)
+        .map(|entries| entries.flatten().any(|e| e.path().is_dir() && holds_tasks(&e.path())))
+        .unwrap_or(false)
+}
+
+/// Removes an empty cgroup tree, children first.
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.path().is_dir() {
+                remove_tree(&e.path());
+            }
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+}

@@ -158,4 +158,10 @@ fn daemon_web_config_and_required_gpu_errors_are_one_line() {
     let (code, err) = stall_raw(&["daemon", "--cgroup-root", "/", "--gpu", "off", "--require-gpu"]);
     assert_eq!(code, 6, "{err}");
     assert!(one_line(&err).contains("--require-gpu"), "{err}");
+    // No kubelet's cgroups on this machine (the kube test says so too).
+    let (code, err) = stall_raw(&["daemon", "--kubernetes", "--gpu", "off"]);
+    assert_eq!(code, 4, "{err}");
+    assert!(one_line(&err).contains("no Kubernetes pods under"), "{err}");
+    let (code, err) = stall_raw(&["daemon"]);
+    assert_eq!(code, 2, "neither roots nor --kubernetes: {err}");
 }

@@ -41,6 +41,11 @@ pub enum CaptureError {
     #[error("no process with PID {0}")]
     NoSuchProcess(u32),
     #[error(
+        "no Kubernetes pods under {}: neither kubepods.slice (systemd cgroup driver) nor kubepods (cgroupfs); name the roots with --cgroup-root",
+        mount.display()
+    )]
+    NoKubepods { mount: PathBuf },
+    #[error(
         "this stall was built without its kernel side (STALL_BPF_STUB); build it with `cargo xtask build`"
     )]
     Stub,

@@ -1,7 +1,37 @@
-//! Pod and container ids from cgroup paths, for metric labels. Handles the
-//! cgroupfs layout (`kubepods/burstable/pod<uid>/<container>`) and the
-//! systemd one (`kubepods-burstable-pod<uid_with_underscores>.slice/
+//! Where the kubelet keeps its pods' cgroups, and pod and container ids
+//! from cgroup paths, for metric labels. Handles the cgroupfs layout
+//! (`kubepods/burstable/pod<uid>/<container>`) and the systemd one
+//! (`kubepods-burstable-pod<uid_with_underscores>.slice/
 //! cri-containerd-<id>.scope`).
+use std::path::{Path, PathBuf};
+
+/// The pod cgroups of a node: the kubelet's top cgroup and its QoS levels
+/// (Guaranteed pods sit in the top one, Burstable and BestEffort pods one
+/// level down).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRoots {
+    /// `systemd` or `cgroupfs`, as the kubelet's `cgroupDriver` names it.
+    pub driver: &'static str,
+    pub roots: Vec<PathBuf>,
+}
+
+/// The kubelet's pod cgroups under the cgroup2 mount `mount`, whichever
+/// driver made them; None on a node without them.
+pub fn pod_roots(mount: &Path) -> Option<PodRoots> {
+    let layouts: [(&str, &str, [&str; 2]); 2] = [
+        ("systemd", "kubepods.slice", ["kubepods-burstable.slice", "kubepods-besteffort.slice"]),
+        ("cgroupfs", "kubepods", ["burstable", "besteffort"]),
+    ];
+    layouts.into_iter().find_map(|(driver, top, qos)| {
+        let top = mount.join(top);
+        if !top.is_dir() {
+            return None;
+        }
+        let mut roots = vec![top.clone()];
+        roots.extend(qos.iter().map(|q| top.join(q)).filter(|d| d.is_dir()));
+        Some(PodRoots { driver, roots })
+    })
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ids {
@@ -43,6 +73,32 @@ mod tests {
     use super::*;
 
     const UID: &str = "0b7b6f5e-6c9a-4f55-9f0a-3f2d1c0b9a87";
+
+    #[test]
+    fn pod_roots_follow_the_cgroup_driver() {
+        let base = std::env::temp_dir().join(format!("stall-kube-roots-{}", std::process::id()));
+        let mk = |p: &str| std::fs::create_dir_all(base.join(p)).unwrap();
+        let _ = std::fs::remove_dir_all(&base);
+        mk("system.slice");
+        assert_eq!(pod_roots(&base), None);
+        mk("kubepods/burstable");
+        mk("kubepods/besteffort");
+        let got = pod_roots(&base).unwrap();
+        assert_eq!(got.driver, "cgroupfs");
+        assert_eq!(
+            got.roots,
+            ["kubepods", "kubepods/burstable", "kubepods/besteffort"].map(|p| base.join(p))
+        );
+        // The systemd layout wins where both exist (a node moved to it).
+        mk("kubepods.slice/kubepods-burstable.slice");
+        let got = pod_roots(&base).unwrap();
+        assert_eq!(got.driver, "systemd");
+        assert_eq!(
+            got.roots,
+            ["kubepods.slice", "kubepods.slice/kubepods-burstable.slice"].map(|p| base.join(p))
+        );
+        std::fs::remove_dir_all(&base).unwrap();
+    }
     const CID: &str = "4a3f6c2e1b0d9c8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b";
 
     #[test]

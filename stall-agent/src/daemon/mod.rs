@@ -38,6 +38,8 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct Options {
     pub roots: Vec<PathBuf>,
+    /// The kubelet's pod cgroups as roots too, found under either driver.
+    pub kubernetes: bool,
     pub all_jobs: bool,
     pub listen: SocketAddr,
     pub interval: Duration,
@@ -76,8 +78,14 @@ pub async fn run(opts: Options) -> Result<()> {
     };
     let mut feed = Feed::new(opts.interval)?;
     let mount = cgroup::mount_point().ok_or(Error::Capture(CaptureError::NoCgroup2))?;
-    let roots: Vec<PathBuf> =
+    let mut roots: Vec<PathBuf> =
         opts.roots.iter().map(|r| cgroup::resolve(r).map_err(Error::from)).collect::<Result<_, _>>()?;
+    if opts.kubernetes {
+        let pods = kube::pod_roots(&mount)
+            .ok_or_else(|| Error::Capture(CaptureError::NoKubepods { mount: mount.clone() }))?;
+        eprintln!("stall daemon: Kubernetes pods under the {} cgroup driver", pods.driver);
+        roots.extend(pods.roots.into_iter().filter(|r| !roots.contains(r)).collect::<Vec<_>>());
+    }
     let mut gpus =
         GpuFleet::open(opts.gpu.as_ref(), opts.nvml_lib.as_deref(), monotonic_ns()).map_err(Error::from)?;
     if opts.require_gpu && !gpus.sampling() {
