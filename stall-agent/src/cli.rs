@@ -102,6 +102,10 @@ pub struct DaemonArgs {
     /// Watch every job, not only those with a GPU open (machines without GPUs).
     #[arg(long)]
     pub all_jobs: bool,
+    /// Also count as GPU jobs those holding an NVIDIA device open without a
+    /// CUDA context NVML lists (always so without NVML).
+    #[arg(long)]
+    pub device_holders: bool,
     /// Address for /metrics and /jobs.
     #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
     pub listen: std::net::SocketAddr,

@@ -72,6 +72,7 @@ fn daemon_options(a: DaemonArgs) -> daemon::Options {
         roots: a.roots,
         kubernetes: a.kubernetes,
         all_jobs: a.all_jobs,
+        device_holders: a.device_holders,
         listen: a.listen,
         interval: a.interval,
         gpu: a.gpu,

@@ -342,3 +342,124 @@ fn remove_tree(dir: &Path) {
         let _ = std::fs::remove_dir(dir);
     }
 }
+
+/// Which cgroups are GPU jobs: a process with a CUDA context NVML lists;
+/// one holding an NVIDIA device open only with `--device-holders`, or when
+/// there is no NVML to ask; GPU infrastructure (here a program named as
+/// DCGM's host engine, holding the device) never; a cgroup touching no GPU
+/// never. The device is a character device named like NVIDIA's.
+#[test]
+fn gpu_jobs_are_cuda_contexts_and_device_holders_where_asked() {
+    require_root();
+    let s = Scratch::new("gpu-jobs");
+    let device = DeviceNode::new(&format!("/dev/nvidia-stall-it-{}", std::process::id()));
+    let sleep_bin = std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|d| d.join("sleep"))
+        .find(|p| p.exists())
+        .expect("sleep on PATH");
+    let infra_bin = s.path("nv-hostengine");
+    std::fs::copy(&sleep_bin, &infra_bin).unwrap();
+    let root = Cgroup::new("gpu-jobs");
+    let cgroups: Vec<Cgroup> = ["cuda", "holder", "infra", "idle"].iter().map(|n| root.child(n)).collect();
+    let mut guard = Killer(vec![]);
+    // Each process holds the device on fd 3, except the idle one.
+    for (cg, (program, holds)) in
+        cgroups.iter().zip([(&sleep_bin, true), (&sleep_bin, true), (&infra_bin, true), (&sleep_bin, false)])
+    {
+        let redirect = if holds { format!(" 3<{}", device.0.display()) } else { String::new() };
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {} && exec {} 120{redirect}",
+                cg.dir.join("cgroup.procs").display(),
+                program.display()
+            ))
+            .spawn()
+            .unwrap();
+        guard.0.push(child);
+    }
+    let cuda_pid = guard.0[0].id();
+    wait_until("the processes in their cgroups", Duration::from_secs(10), || {
+        cgroups
+            .iter()
+            .all(|c| std::fs::read_to_string(c.dir.join("cgroup.procs")).is_ok_and(|t| !t.trim().is_empty()))
+    });
+    let gpu = ScriptedGpu::new(&serde_json::json!(null));
+    let pid_file = gpu.path("cuda.pid");
+    std::fs::write(&pid_file, cuda_pid.to_string()).unwrap();
+    gpu.update(&serde_json::json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
+        "phases": [{"util_pct": 90, "power_mw": 600_000,
+                    "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]}));
+
+    // The jobs a daemon watches, once the one it must watch is there.
+    let jobs_of = |mut daemon: Command, must: &str| -> Vec<String> {
+        let port = free_port();
+        let mut d = Killer(vec![daemon
+            .args(["--cgroup-root", &root.name, "--interval", "1"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()]);
+        let want = format!("{}/{must}", root.name);
+        let mut names = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline && !names.contains(&want) {
+            let jobs: serde_json::Value =
+                http_get(port, "/jobs").and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+            names = jobs["jobs"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|j| j["cgroup"].as_str().map(String::from)).collect())
+                .unwrap_or_default();
+            sleep(Duration::from_millis(200));
+        }
+        // Two more intervals: nothing else joins later.
+        sleep(Duration::from_secs(2));
+        let jobs: serde_json::Value = serde_json::from_str(&http_get(port, "/jobs").unwrap()).unwrap();
+        d.0[0].kill().unwrap();
+        let mut names: Vec<String> = jobs["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|j| j["cgroup"].as_str().and_then(|c| c.rsplit('/').next()).map(String::from))
+            .collect();
+        names.sort();
+        names
+    };
+    let mut plain = gpu.command("daemon");
+    assert_eq!(jobs_of(plain, "cuda"), ["cuda"], "NVML's processes only");
+    plain = gpu.command("daemon");
+    plain.arg("--device-holders");
+    assert_eq!(jobs_of(plain, "holder"), ["cuda", "holder"], "with --device-holders");
+    let mut no_nvml = Command::new(stall_bin());
+    no_nvml.args(["daemon", "--gpu", "off"]);
+    assert_eq!(
+        jobs_of(no_nvml, "holder"),
+        ["cuda", "holder"],
+        "without NVML, holding the device is the sign"
+    );
+}
+
+/// A character device node, removed when dropped.
+struct DeviceNode(std::path::PathBuf);
+
+impl DeviceNode {
+    /// `path`, a character device with /dev/null's numbers (reads nothing).
+    fn new(path: &str) -> Self {
+        let path = std::path::PathBuf::from(path);
+        let _ = std::fs::remove_file(&path);
+        nix::sys::stat::mknod(
+            &path,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(1, 3),
+        )
+        .unwrap_or_else(|e| panic!("mknod {}: {e}", path.display()));
+        Self(path)
+    }
+}
+
+impl Drop for DeviceNode {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

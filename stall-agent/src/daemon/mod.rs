@@ -41,6 +41,8 @@ pub struct Options {
     /// The kubelet's pod cgroups as roots too, found under either driver.
     pub kubernetes: bool,
     pub all_jobs: bool,
+    /// Jobs holding an NVIDIA device open count without a CUDA context.
+    pub device_holders: bool,
     pub listen: SocketAddr,
     pub interval: Duration,
     pub gpu: Option<GpuSelect>,
@@ -136,7 +138,7 @@ pub async fn run(opts: Options) -> Result<()> {
         opts.listen
     );
 
-    let mut node = Node::new(roots, mount, opts.all_jobs);
+    let mut node = Node::new(roots, mount, opts.all_jobs, opts.device_holders);
     let mut seen = Seen::default();
     node.discover(&mut live, &gpus, &shared.metrics);
     feed.start();

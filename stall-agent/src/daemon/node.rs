@@ -52,20 +52,34 @@ pub(super) struct Node {
     roots: Vec<PathBuf>,
     mount: PathBuf,
     all_jobs: bool,
+    /// Holding an NVIDIA device open makes a job even without a CUDA
+    /// context NVML lists.
+    device_holders: bool,
     /// stall's own cgroup: never a job (it opens the GPU through NVML).
     own: Option<PathBuf>,
 }
 
 impl Node {
-    pub fn new(roots: Vec<PathBuf>, mount: PathBuf, all_jobs: bool) -> Self {
+    pub fn new(roots: Vec<PathBuf>, mount: PathBuf, all_jobs: bool, device_holders: bool) -> Self {
         let own = cgroup::of_process(std::process::id(), &mount);
-        Self { jobs: BTreeMap::new(), ondemand: None, next_id: 1, roots, mount, all_jobs, own }
+        Self {
+            jobs: BTreeMap::new(),
+            ondemand: None,
+            next_id: 1,
+            roots,
+            mount,
+            all_jobs,
+            device_holders,
+            own,
+        }
     }
 
     /// Attaches jobs that appeared (and qualify), detaches those that are
     /// gone, and follows cgroups created inside a job since the last look.
     pub fn discover(&mut self, live: &mut LiveHost, gpus: &GpuFleet, metrics: &Metrics) {
         let on_gpu = gpus.holders();
+        // Without NVML, holding a device is the only sign of a GPU job.
+        let device_holders = self.device_holders || !gpus.sampling();
         let mut present = HashSet::new();
         for root in &self.roots {
             let Ok(rd) = std::fs::read_dir(root) else { continue };
@@ -87,7 +101,7 @@ impl Node {
                     }
                     continue;
                 }
-                if !self.all_jobs && !uses_gpu(&dir, &on_gpu) {
+                if !self.all_jobs && !uses_gpu(&dir, &on_gpu, device_holders) {
                     continue;
                 }
                 let id = self.next_id;
@@ -148,14 +162,44 @@ impl Node {
     }
 }
 
-/// Does any task of the cgroup (or below) hold an NVIDIA device open, or
-/// does NVML list it?
-fn uses_gpu(dir: &Path, on_gpu: &HashSet<u32>) -> bool {
+/// Does a process of the cgroup (or below) use a GPU: a CUDA context NVML
+/// lists (`on_gpu`), or, where `device_holders` count, an NVIDIA device held
+/// open? GPU infrastructure (the device plugin, DCGM...) never does: it
+/// holds the devices of every node without being anyone's job.
+fn uses_gpu(dir: &Path, on_gpu: &HashSet<u32>, device_holders: bool) -> bool {
     cgroup::subtree(dir).iter().flat_map(|d| cgroup::threads(d)).any(|(pid, tid)| {
+        let listed = on_gpu.contains(&pid);
         pid == tid
-            && (on_gpu.contains(&pid)
-                || procfs::open_fds(pid).iter().any(|f| f.target.starts_with("/dev/nvidia")))
+            && (listed || device_holders)
+            && (listed || procfs::open_fds(pid).iter().any(|f| f.target.starts_with("/dev/nvidia")))
+            && !procfs::cmdline(pid).is_some_and(|c| gpu_infrastructure(&c))
     })
+}
+
+/// Programs that hold NVIDIA devices on every GPU node to serve it, not to
+/// train: the device plugin, feature discovery, the MIG manager, DCGM and
+/// its exporter, the persistence daemon, nvidia-smi, the operator's
+/// validator, and stall itself.
+const GPU_INFRASTRUCTURE: &[&str] = &[
+    "nvidia-device-plugin",
+    "gpu-feature-discovery",
+    "nvidia-mig-parted",
+    "nvidia-mig-manager",
+    "nv-hostengine",
+    "dcgm-exporter",
+    "dcgmi",
+    "nvidia-persistenced",
+    "nvidia-smi",
+    "nvidia-validator",
+    "stall",
+];
+
+/// Whether a command line (`/proc/PID/cmdline`, words joined by spaces)
+/// runs one of [`GPU_INFRASTRUCTURE`].
+fn gpu_infrastructure(cmdline: &str) -> bool {
+    let program = cmdline.split(' ').next().unwrap_or_default();
+    let name = program.rsplit('/').next().unwrap_or(program);
+    GPU_INFRASTRUCTURE.contains(&name)
 }
 
 /// Attaches or detaches the syscall hooks; after attaching, every job's
@@ -228,5 +272,26 @@ impl Node {
                 tick: j.last.as_ref(),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_infrastructure_is_never_a_job() {
+        for infra in [
+            "/usr/bin/nvidia-device-plugin --fail-on-init-error=false",
+            "nv-hostengine -n --service-account nvidia-dcgm",
+            "/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/dcp-metrics-included.csv",
+            "/usr/local/bin/stall daemon --kubernetes",
+        ] {
+            assert!(gpu_infrastructure(infra), "{infra}");
+        }
+        for job in ["python train.py", "/usr/bin/python3 -m torch.distributed.run train.py", "stall-trainer"]
+        {
+            assert!(!gpu_infrastructure(job), "{job}");
+        }
     }
 }
