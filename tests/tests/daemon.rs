@@ -351,39 +351,26 @@ fn remove_tree(dir: &Path) {
 #[test]
 fn gpu_jobs_are_cuda_contexts_and_device_holders_where_asked() {
     require_root();
-    let s = Scratch::new("gpu-jobs");
     let device = DeviceNode::new(&format!("/dev/nvidia-stall-it-{}", std::process::id()));
-    let sleep_bin = std::env::split_paths(&std::env::var_os("PATH").unwrap())
-        .map(|d| d.join("sleep"))
-        .find(|p| p.exists())
-        .expect("sleep on PATH");
-    let infra_bin = s.path("nv-hostengine");
-    std::fs::copy(&sleep_bin, &infra_bin).unwrap();
     let root = Cgroup::new("gpu-jobs");
     let cgroups: Vec<Cgroup> = ["cuda", "holder", "infra", "idle"].iter().map(|n| root.child(n)).collect();
     let mut guard = Killer(vec![]);
-    // Each process holds the device on fd 3, except the idle one.
-    for (cg, (program, holds)) in
-        cgroups.iter().zip([(&sleep_bin, true), (&sleep_bin, true), (&infra_bin, true), (&sleep_bin, false)])
+    // Python asleep, the device open on its stdin (except the idle one);
+    // the infrastructure one runs as `nv-hostengine` (its argv[0]).
+    for (cg, (name, holds)) in
+        cgroups.iter().zip([(None, true), (None, true), (Some("nv-hostengine"), true), (None, false)])
     {
-        let redirect = if holds { format!(" 3<{}", device.0.display()) } else { String::new() };
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "echo $$ > {} && exec {} 120{redirect}",
-                cg.dir.join("cgroup.procs").display(),
-                program.display()
-            ))
-            .spawn()
-            .unwrap();
+        let mut cmd = Command::new(python());
+        cmd.args(["-c", "import time; time.sleep(120)"]);
+        if let Some(name) = name {
+            std::os::unix::process::CommandExt::arg0(&mut cmd, name);
+        }
+        cmd.stdin(if holds { Stdio::from(std::fs::File::open(&device.0).unwrap()) } else { Stdio::null() });
+        let child = cmd.spawn().unwrap();
+        cg.add(child.id());
         guard.0.push(child);
     }
     let cuda_pid = guard.0[0].id();
-    wait_until("the processes in their cgroups", Duration::from_secs(10), || {
-        cgroups
-            .iter()
-            .all(|c| std::fs::read_to_string(c.dir.join("cgroup.procs")).is_ok_and(|t| !t.trim().is_empty()))
-    });
     let gpu = ScriptedGpu::new(&serde_json::json!(null));
     let pid_file = gpu.path("cuda.pid");
     std::fs::write(&pid_file, cuda_pid.to_string()).unwrap();
