@@ -363,6 +363,21 @@ pub fn assert_futex_wait(what: &str, got: f64, truth: &Value, tol: f64) {
     );
 }
 
+/// How closely a thread's schedstat totals can match stall's: 2 % where the
+/// clock source is the TSC. Elsewhere (an emulated machine whose TSC the
+/// kernel marked unstable: HPET), the scheduler's clock is only kept within
+/// a tick of the wall clock stall reads, and every span schedstat sums can
+/// be off by up to a tick: 5 %.
+pub fn schedstat_tolerance() -> f64 {
+    let source = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .unwrap_or_default();
+    if source.trim() == "tsc" {
+        0.02
+    } else {
+        0.05
+    }
+}
+
 /// A whole thread's total that stall counts to the thread's end, against
 /// the kernel's figure read by the thread shortly before it ended: `got`
 /// is at least `at_read` and at most `at_read` plus the `tail` the thread

@@ -80,7 +80,7 @@ fn off_cpu_reasons_match_ground_truth() {
         secs(&burner["on_cpu_s"]),
         secs(&t["burn_sched_s"]),
         secs(&t["burn_tail_s"]),
-        0.02,
+        schedstat_tolerance(),
     );
     assert_eq!(run.summary()["sched_gaps"], 0, "no switch was lost");
     let runq = secs(&burner["off_cpu_by_reason"]["runqueue"]);

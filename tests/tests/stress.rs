@@ -178,7 +178,7 @@ fn exact_under_cpu_hogs_bpf_syscalls_and_a_second_stall() {
             on,
             secs(&t["burn_sched_s"]),
             tail,
-            0.02,
+            schedstat_tolerance(),
         );
         assert_thread_total(
             &format!("round {round}: burner runqueue vs schedstat"),
@@ -192,7 +192,7 @@ fn exact_under_cpu_hogs_bpf_syscalls_and_a_second_stall() {
             on + runq,
             secs(&t["burn_sched_s"]) + secs(&t["burn_runq_s"]),
             tail,
-            0.02,
+            schedstat_tolerance(),
         );
         assert!(
             stress.lookups.load(Ordering::Relaxed) > before,
