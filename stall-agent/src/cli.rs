@@ -32,7 +32,7 @@ EXIT CODES:
     1    internal error
     2    usage error (bad option value, --json path not writable)
     3    not privileged: a capability above is missing, or the kernel refused (EPERM)
-    4    target not found: no such PID, or not a cgroup v2 directory
+    4    target not found: no such PID, not a cgroup v2 directory, or no pods for --kubernetes
     5    kernel not supported: missing tracepoint, tracefs or BPF feature
     6    GPU asked for with --gpu, but NVML or the device is not available
     7    stall daemon: cannot listen on the --listen address (e.g. port taken)
