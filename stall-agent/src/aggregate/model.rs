@@ -273,11 +273,8 @@ impl Model {
             Event::Close { ts, tgid, fd, file_id, counters } => {
                 match self.files.remove(file_id) {
                     Some(mut f) => {
-                        self.forget_fd(f.tgid, f.fd, f.file_id);
                         f.total = *counters;
-                        f.open = false;
-                        f.close_ts = Some(*ts);
-                        self.retire_file(f);
+                        self.end_open(f, *ts);
                     }
                     // The kernel closed an open the model does not hold under
                     // this number: whatever the model holds there (opened
@@ -421,12 +418,17 @@ impl Model {
 
     /// Folds open `file_id` as closed at `ts` with the counts last seen.
     fn retire_open(&mut self, file_id: u64, ts: u64) {
-        if let Some(mut f) = self.files.remove(&file_id) {
-            self.forget_fd(f.tgid, f.fd, file_id);
-            f.open = false;
-            f.close_ts = Some(ts.max(f.open_ts));
-            self.retire_file(f);
+        if let Some(f) = self.files.remove(&file_id) {
+            self.end_open(f, ts);
         }
+    }
+
+    /// Folds `f`, taken out of `files`, as closed at `ts`.
+    fn end_open(&mut self, mut f: File, ts: u64) {
+        self.forget_fd(f.tgid, f.fd, f.file_id);
+        f.open = false;
+        f.close_ts = Some(ts.max(f.open_ts));
+        self.retire_file(f);
     }
 
     /// A close of an open the model never held, on `fd` of `tgid`: the
@@ -584,11 +586,7 @@ impl Model {
         let ids: Vec<u64> =
             self.files.values().filter(|f| tgids.contains(&f.tgid)).map(|f| f.file_id).collect();
         for id in ids {
-            let mut f = self.files.remove(&id).expect("listed above");
-            self.forget_fd(f.tgid, f.fd, id);
-            f.open = false;
-            f.close_ts = Some(ts.max(f.open_ts));
-            self.retire_file(f);
+            self.retire_open(id, ts);
         }
     }
 }

@@ -73,6 +73,7 @@ mod tests {
     use super::*;
 
     const UID: &str = "0b7b6f5e-6c9a-4f55-9f0a-3f2d1c0b9a87";
+    const CID: &str = "4a3f6c2e1b0d9c8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b";
 
     #[test]
     fn pod_roots_follow_the_cgroup_driver() {
@@ -99,7 +100,6 @@ mod tests {
         );
         std::fs::remove_dir_all(&base).unwrap();
     }
-    const CID: &str = "4a3f6c2e1b0d9c8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b";
 
     #[test]
     fn cgroupfs_layout() {
