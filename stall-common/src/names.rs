@@ -27,6 +27,10 @@ pub const HOOKS: &str = "HOOKS";
 pub const CPU_SLOT: &str = "CPU_SLOT";
 pub const TRACK_GEN: &str = "TRACK_GEN";
 pub const TIMELINE_JOB: &str = "TIMELINE_JOB";
+/// Kernel-side only: the agent never opens it.
+pub const UNTRACKED: &str = "UNTRACKED";
+/// Kernel-side only: the agent never opens it.
+pub const MIGRATIONS: &str = "MIGRATIONS";
 /// The ring buffer; also resized by name (`EbpfLoader::map_max_entries`).
 pub const EVENTS: &str = "EVENTS";
 pub const COUNTERS: &str = "COUNTERS";
@@ -41,6 +45,8 @@ pub const SCHED_WAKING: &str = "sched_waking";
 pub const TASK_NEWTASK: &str = "task_newtask";
 pub const SCHED_PROCESS_EXEC: &str = "sched_process_exec";
 pub const SCHED_PROCESS_EXIT: &str = "sched_process_exit";
+/// Cgroup mode only.
+pub const CGROUP_ATTACH_TASK: &str = "cgroup_attach_task";
 
 // Page cache and mappings (pagecache.rs, mapped.rs).
 pub const PAGE_CACHE_FILL: &str = "page_cache_fill";
@@ -114,6 +120,8 @@ pub const MAPS: &[&str] = &[
     HOOKS,
     CPU_SLOT,
     TRACK_GEN,
+    UNTRACKED,
+    MIGRATIONS,
     EVENTS,
     COUNTERS,
     FILE_SEQ,
@@ -127,6 +135,7 @@ pub const PROGRAMS: &[&str] = &[
     TASK_NEWTASK,
     SCHED_PROCESS_EXEC,
     SCHED_PROCESS_EXIT,
+    CGROUP_ATTACH_TASK,
     PAGE_CACHE_FILL,
     PAGE_CACHE_FILL_STACK,
     MAPPED_WINDOW,

@@ -5,7 +5,9 @@
 //! tracing program or a `bpf()` syscall holds the CPU's `bpf_prog_active`;
 //! trampolines have per-program recursion guards too). The scheduler and task
 //! programs look the current tid up in `THREADS` (plus, in cgroup mode, the
-//! current cgroup id in `CGROUPS`). The syscall programs (raw tracepoints
+//! current cgroup id in `CGROUPS`), except for threads already known not to
+//! be ours (`UNTRACKED`, see untracked.rs): the rest of the machine's
+//! switches and wakeups cost array reads only. The syscall programs (raw tracepoints
 //! that run for every syscall of the machine, or fentry/fexit trampolines
 //! on the hooked syscalls' functions, whichever the kernel allows: see
 //! trampoline.rs), check the per-CPU slot (`CPU_SLOT`) that
@@ -29,9 +31,12 @@ mod syscalls;
 mod task;
 mod timeline;
 mod trampoline;
+mod untracked;
 mod uring;
 
-use aya_ebpf::helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
+use aya_ebpf::helpers::{
+    bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
+};
 use stall_common::{counter, Config, EventHeader, ThreadStats};
 
 use crate::maps::{CGROUPS, COUNTERS, THREADS};
@@ -137,6 +142,14 @@ pub(crate) fn current(cfg: &Config) -> Option<Current> {
     }
 }
 
+/// The current task, as a plain address (`bpf_get_current_task`, any kernel).
+#[inline(always)]
+pub(crate) fn current_task() -> u64 {
+    // SAFETY: takes no arguments; returns the current task's address, which
+    // is only ever read through bpf_probe_read_kernel.
+    unsafe { bpf_get_current_task() }
+}
+
 #[inline(always)]
 pub(crate) fn ids() -> (u32, u32) {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -185,7 +198,7 @@ pub(crate) fn adopt(cfg: &Config, tid: u32, tgid: u32) -> Option<Current> {
 /// Starts tracking the current thread as one of job `job`'s.
 #[inline(always)]
 pub(crate) fn adopt_into(cfg: &Config, tid: u32, tgid: u32, job: u32) -> Option<Current> {
-    let (exec, delay) = sched::kernel_totals(sched::current_task(), cfg);
+    let (exec, delay) = sched::kernel_totals(current_task(), cfg);
     let fresh = ThreadStats {
         tgid,
         job,
@@ -203,6 +216,7 @@ pub(crate) fn adopt_into(cfg: &Config, tid: u32, tgid: u32, job: u32) -> Option<
         bump(counter::LOST_THREAD_MAP);
         return None;
     }
+    untracked::forget(current_task());
     tracked(tid, tgid)
 }
 

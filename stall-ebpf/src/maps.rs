@@ -66,6 +66,23 @@ pub static CPU_SLOT: PerCpuArray<CpuSlot> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub static TRACK_GEN: Array<u32> = Array::with_max_entries(1, 0);
 
+/// Tasks known not to be tracked, by a hash of their address: see
+/// untracked.rs. Kernel-side only.
+pub const UNTRACKED_SLOTS: u32 = 16384;
+#[map]
+pub static UNTRACKED: Array<UntrackedNote> = Array::with_max_entries(UNTRACKED_SLOTS, 0);
+
+/// A task's address and the generations it was found not ours under.
+#[repr(C)]
+pub struct UntrackedNote {
+    pub task: u64,
+    pub gens: u64,
+}
+
+/// Cgroup migrations seen (cgroup mode; untracked.rs). Kernel-side only.
+#[map]
+pub static MIGRATIONS: Array<u64> = Array::with_max_entries(1, 0);
+
 /// The job whose switches are recorded on demand (the daemon's capture
 /// endpoint), beside `Config::timeline`, which records every job's; 0: none.
 #[map]

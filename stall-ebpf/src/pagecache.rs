@@ -10,9 +10,9 @@ use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
 use stall_common::{counter, hook, InodeBytes, InodeKey, PageCacheOffsets};
 
 use crate::{
-    atomic_add, bump, config, current,
+    atomic_add, bump, config, current, current_task,
     maps::INODE_BYTES,
-    sched::{current_task, read_u32, read_u64, read_u8, syscall_nr},
+    sched::{read_u32, read_u64, read_u8, syscall_nr},
     syscalls::hook_of,
     BPF_NOEXIST,
 };

@@ -67,6 +67,11 @@ fn refill(s: &mut CpuSlot, tid: u32, tgid: u32, gen: u32, cfg: &Config) {
     if s.tracked == slot_state::TRACKED {
         flush(s);
     }
+    // Known not ours (untracked.rs): no lookup, no adoption check.
+    if crate::untracked::known(crate::current_task(), crate::untracked::generations(gen)) {
+        set_untracked(s, tid, gen, slot_state::UNTRACKED);
+        return;
+    }
     match current(cfg) {
         Some(c) => load(s, tid, c.tgid, c.stats, gen),
         None => set_untracked(s, tid, gen, slot_state::UNTRACKED),

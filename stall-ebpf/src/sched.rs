@@ -11,21 +11,21 @@
 //! a missed event can delay them, never skew them.
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_task_btf,
-        bpf_probe_read_kernel, bpf_task_pt_regs,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_kernel,
+        bpf_task_pt_regs,
     },
     macros::raw_tracepoint,
     programs::RawTracePointContext,
 };
 use stall_common::{
     counter, fd_kind, inflight, kclock, reason, run_state, slot_state, syscall_class, task_flags, Config,
-    FdKey, ThreadStats, WakeKey, WakeStats, WAKER_ANY_THREAD,
+    CpuSlot, FdKey, ThreadStats, WakeKey, WakeStats, WAKER_ANY_THREAD,
 };
 
 use crate::{
     adopt_into, atomic_add, bump, config, ids,
     maps::{FILES, SYSCALL_CLASS, THREADS, WAKES, WAKES_BY_PROC},
-    now, running, tracked, watched_job,
+    now, running, tracked, untracked, watched_job,
 };
 
 /// What the task going off-CPU is doing (from `preempt` and its state).
@@ -82,14 +82,6 @@ pub(crate) fn kclock_flags(cfg: &Config) -> u8 {
     }
 }
 
-/// The current task, as a plain address (`bpf_get_current_task`, any kernel).
-#[inline(always)]
-pub(crate) fn current_task() -> u64 {
-    // SAFETY: takes no arguments; returns the current task's address, which
-    // is only ever read through bpf_probe_read_kernel.
-    unsafe { bpf_get_current_task() }
-}
-
 /// Kernels with `bpf_task_pt_regs` (5.15 and later): the saved user
 /// registers come from the helper.
 #[raw_tracepoint(tracepoint = "sched_switch")]
@@ -113,49 +105,35 @@ fn switch<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
     if cfg.floor != 0 {
         return 0;
     }
-    let ts = now();
     let preempt: u64 = ctx.arg(0);
     let prev: u64 = ctx.arg(1);
     let next: u64 = ctx.arg(2);
-    // prev is the current task: the filter needs no field read.
-    let (tid, tgid) = ids();
+    // Read before any lookup: a thread the agent adds meanwhile bumps it
+    // after, so a note taken under this value is stale by then.
+    let gen = running::generation();
+    let gens = untracked::generations(gen);
     let mut slot = running::slot();
-    if let Some(cur) = tracked(tid, tgid) {
-        if let Some(s) = slot.as_mut() {
-            if s.tracked == slot_state::TRACKED {
-                if s.tid == tid {
-                    running::flush_into(s, cur.stats);
-                } else {
-                    running::flush(s);
-                }
-            }
-        }
-        let state = prev_state(preempt, prev, &cfg);
-        switch_out::<STACK>(cur.stats, cur.tgid, state, ts, prev, &cfg);
-        crate::timeline::record(&cfg, cur.stats, tid, false, ts);
-    } else {
+    // Taken only when a tracked thread is involved: the rest of the
+    // machine does not pay for the clock.
+    let mut ts = 0;
+    if untracked::known(prev, gens) {
         if let Some(s) = slot.as_mut() {
             if s.tracked == slot_state::TRACKED {
                 running::flush(s);
             }
         }
-        // Cgroup mode: the task's cgroup first (a helper and a small map),
-        // its state only for a task of a watched job: a task of no job
-        // (the rest of the node) costs no field read here.
-        if let Some(job) = watched_job(&cfg, tid) {
-            // A task's last switch comes after its exit event (which removed it):
-            // it must not be adopted again, or it would linger as a zombie.
-            let state = prev_state(preempt, prev, &cfg);
-            if state != EXITING {
-                if let Some(cur) = adopt_into(&cfg, tid, tgid, job) {
-                    switch_out::<STACK>(cur.stats, cur.tgid, state, ts, prev, &cfg);
-                    crate::timeline::record(&cfg, cur.stats, tid, false, ts);
-                }
-            }
+    } else {
+        switch_out_unknown::<STACK>(&cfg, preempt, prev, gens, &mut slot, &mut ts);
+    }
+    if untracked::known(next, gens) {
+        // Its tid is not read: a syscall program that finds the slot
+        // unchecked asks the note again (`running::refill`).
+        if let Some(s) = slot {
+            running::set_untracked(s, 0, gen, slot_state::UNCHECKED);
         }
+        return 0;
     }
     let next_pid = read_u32(next, cfg.task.pid) as i32;
-    let gen = running::generation();
     let next_stats = if next_pid > 0 { THREADS.get_ptr_mut(next_pid as u32) } else { None };
     match (next_stats, slot) {
         (Some(p), slot) => {
@@ -163,6 +141,9 @@ fn switch<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
             // valid for the program's run (see `crate::tracked`); `next` is
             // not running yet, so no program of its own writes it meanwhile.
             let t = unsafe { &mut *p };
+            if ts == 0 {
+                ts = now();
+            }
             crate::timeline::record(&cfg, t, next_pid as u32, true, ts);
             switch_in(t, ts, next, &cfg);
             if let Some(s) = slot {
@@ -177,6 +158,60 @@ fn switch<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
         (None, None) => {}
     }
     0
+}
+
+/// `prev` (the current task) goes off-CPU, not known to be outside the
+/// job: counted if tracked, adopted if its cgroup is watched, else noted.
+#[inline(always)]
+fn switch_out_unknown<const STACK: bool>(
+    cfg: &Config,
+    preempt: u64,
+    prev: u64,
+    gens: u64,
+    slot: &mut Option<&'static mut CpuSlot>,
+    ts: &mut u64,
+) {
+    // prev is the current task: the filter needs no field read.
+    let (tid, tgid) = ids();
+    if let Some(cur) = tracked(tid, tgid) {
+        *ts = now();
+        if let Some(s) = slot.as_mut() {
+            if s.tracked == slot_state::TRACKED {
+                if s.tid == tid {
+                    running::flush_into(s, cur.stats);
+                } else {
+                    running::flush(s);
+                }
+            }
+        }
+        let state = prev_state(preempt, prev, cfg);
+        switch_out::<STACK>(cur.stats, cur.tgid, state, *ts, prev, cfg);
+        crate::timeline::record(cfg, cur.stats, tid, false, *ts);
+    } else {
+        if let Some(s) = slot.as_mut() {
+            if s.tracked == slot_state::TRACKED {
+                running::flush(s);
+            }
+        }
+        // Cgroup mode: the task's cgroup first (a helper and a small map),
+        // its state only for a task of a watched job: a task of no job
+        // (the rest of the node) costs no field read here.
+        match watched_job(cfg, tid) {
+            Some(job) => {
+                // A task's last switch comes after its exit event (which removed it):
+                // it must not be adopted again, or it would linger as a zombie.
+                let state = prev_state(preempt, prev, cfg);
+                if state != EXITING {
+                    if let Some(cur) = adopt_into(cfg, tid, tgid, job) {
+                        *ts = now();
+                        switch_out::<STACK>(cur.stats, cur.tgid, state, *ts, prev, cfg);
+                        crate::timeline::record(cfg, cur.stats, tid, false, *ts);
+                    }
+                }
+            }
+            None => untracked::note(prev, gens),
+        }
+    }
 }
 
 /// What `prev` goes off-CPU for, as `__trace_sched_switch_state` reports
@@ -390,6 +425,9 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let p: u64 = ctx.arg(0);
+    if untracked::known(p, untracked::generations(running::generation())) {
+        return 0;
+    }
     let wakee = read_u32(p, cfg.task.pid) as i32;
     if wakee <= 0 {
         return 0;

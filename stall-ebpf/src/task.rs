@@ -12,7 +12,7 @@ use crate::{
     maps::{EVENTS, THREADS, URING_READS},
     now, running,
     sched::{kclock_flags, kernel_totals, read_u32},
-    submit_flags,
+    submit_flags, untracked,
 };
 
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -24,10 +24,14 @@ pub fn task_newtask(ctx: RawTracePointContext) -> i32 {
     if cfg.floor != 0 {
         return 0;
     }
+    let task: u64 = ctx.arg(0);
+    // A reused task struct: whatever was noted of its last owner is not of
+    // this task, which may be ours (a tracked parent's, or born into a
+    // watched cgroup).
+    untracked::forget(task);
     let Some(parent) = current(&cfg) else {
         return 0;
     };
-    let task: u64 = ctx.arg(0);
     let flags: u64 = ctx.arg(1);
     let child = read_u32(task, cfg.task.pid) as i32;
     if child <= 0 {
@@ -151,5 +155,17 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
         None => bump(counter::LOST_RINGBUF),
     }
     let _ = THREADS.remove(cur.tid);
+    0
+}
+
+/// `cgroup_attach_task(struct cgroup *dst, const char *path, struct
+/// task_struct *task, bool threadgroup)`, attached in cgroup mode only: a
+/// task (or its whole process) moved into another cgroup, perhaps a watched
+/// one, so no thread is known to be outside them any more.
+#[raw_tracepoint(tracepoint = "cgroup_attach_task")]
+pub fn cgroup_attach_task(_ctx: RawTracePointContext) -> i32 {
+    if config().floor == 0 {
+        untracked::migrated();
+    }
     0
 }

@@ -31,6 +31,11 @@ const ATTACH: [(&str, &str, &str); 5] = [
     (names::SCHED_PROCESS_EXIT, "sched", "sched_process_exit"),
 ];
 
+/// (program, category, tracepoint) attached in cgroup mode only: a task
+/// moved into a watched cgroup is no longer known to be outside them
+/// (stall-ebpf's untracked.rs).
+const CGROUP_ATTACH: (&str, &str, &str) = (names::CGROUP_ATTACH_TASK, "cgroup", "cgroup_attach_task");
+
 /// (program, category, tracepoint) for page-cache fills (storage bytes per
 /// file); attached where the kernel's BTF has the fields it reads.
 const PAGE_CACHE_FILL: (&str, &str, &str) =
@@ -142,6 +147,13 @@ impl Capture {
             } else {
                 prog
             };
+            program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
+        }
+        if opts.cgroup_mode {
+            let (prog, category, name) = CGROUP_ATTACH;
+            if !tracefs.has(category, name) {
+                return Err(CaptureError::MissingTracepoint { name: format!("{category}:{name}") });
+            }
             program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
         }
         let storage_known = config.page.mapping != 0;
