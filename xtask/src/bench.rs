@@ -33,6 +33,8 @@ pub struct Options {
     pub quick: bool,
     pub runs: Option<usize>,
     pub no_build: bool,
+    /// Only the daemon's section, printed, not written.
+    pub daemon_only: bool,
 }
 
 /// The syscalls strace is told to trace: what stall's read-side programs see.
@@ -216,6 +218,11 @@ pub fn run(opts: &Options) -> Result<()> {
     ensure!(runs >= 1, "--runs must be at least 1");
     let load_before = loadavg();
     let files = prepare_files(&env.dir, opts.quick)?;
+    if opts.daemon_only {
+        let daemon = daemon::run(&env, &files.small, &env.nvml_lib, runs, opts.quick)?;
+        print!("{}", report::daemon_text(&daemon));
+        return Ok(());
+    }
     let mut workloads = workloads(&files, opts.quick);
     let modes: Vec<Mode> =
         Mode::ALL.into_iter().filter(|m| *m != Mode::Strace || env.strace.is_some()).collect();

@@ -67,6 +67,10 @@ enum Task {
         /// Use the binaries already in target/release
         #[arg(long)]
         no_build: bool,
+        /// Only the daemon's cost on a node, printed (docs/PERFORMANCE.md is
+        /// left as it is): for comparing two builds of the scheduler hooks
+        #[arg(long)]
+        daemon_only: bool,
         /// Instead: the syscall hooks' backends (trampolines, raw tracepoints)
         /// side by side in QEMU on this kernel (repeatable: 6.1, 6.12, a package
         /// or a vmlinuz); writes docs/BACKENDS.md
@@ -114,7 +118,9 @@ fn run(task: Task) -> Result<()> {
             let ops = if quick { 50_000 } else { 200_000 };
             vm::hooks_bench::run(&vm, runs.unwrap_or(if quick { 3 } else { 5 }), ops)
         }
-        Task::Bench { quick, runs, no_build, .. } => bench::run(&bench::Options { quick, runs, no_build }),
+        Task::Bench { quick, runs, no_build, daemon_only, .. } => {
+            bench::run(&bench::Options { quick, runs, no_build, daemon_only })
+        }
         Task::IntegrationTest { target } => vm::run_cli(target),
         Task::GpuCheck { out } => gpu_check::run(out.as_deref()),
     }

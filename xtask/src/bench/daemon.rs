@@ -1,7 +1,10 @@
 //! What `stall daemon` costs a node, side by side in one run: 4 KiB page-cache
-//! reads by a process of a watched GPU job and by an untraced neighbour,
-//! with no daemon, with the daemon in its cheap tier (the job's scripted GPU
-//! busy), and with the job escalated to the full capture (its GPU idle).
+//! reads by a process of a watched GPU job and by an untraced neighbour, and
+//! an untraced neighbour that switches often (futex ping-pong pinned to one
+//! CPU: a wakeup and a context switch per hand-off, what NCCL proxies, data
+//! loaders and RPC servers do), with no daemon, with the daemon in its
+//! cheap tier (the job's scripted GPU busy: only the scheduler hooks run),
+//! and with the job escalated to the full capture (its GPU idle).
 
 use std::{
     fs,
@@ -15,7 +18,11 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
-use super::{parse_sample, run_timed, strs, wrap, Env, Mode, Sample, Spawned, RUN_TIMEOUT};
+use super::{
+    kv, parse_sample,
+    profile::{self, Profile},
+    run_timed, strs, wrap, Env, Mode, Sample, Spawned, RUN_TIMEOUT,
+};
 
 /// How the node is watched while a sample runs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -37,42 +44,47 @@ impl Watch {
     }
 }
 
-/// Samples of the job's own reads and the neighbour's, per watch.
+/// Samples of the job's own reads, the neighbour's, and the switching
+/// neighbour's context switches, per watch.
 pub struct DaemonBench {
     pub reads: u64,
+    pub rounds: usize,
     pub job: Vec<(Watch, Sample)>,
     pub neighbour: Vec<(Watch, Sample)>,
+    pub switches: u64,
+    pub switcher: Vec<(Watch, Sample)>,
+    /// The daemon's programs per switch of the switching neighbour, in the
+    /// cheap tier and escalated.
+    pub profiles: Vec<Profile>,
 }
+
+/// Rounds of the three watches: more than the other workloads' runs, as the
+/// differences to resolve are a few percent.
+const MIN_ROUNDS: usize = 6;
 
 pub fn run(env: &Env, small: &Path, nvml_lib: &Path, runs: usize, quick: bool) -> Result<DaemonBench> {
     let reads: u64 = if quick { 131_072 } else { 262_144 };
-    let mut out = DaemonBench { reads, job: Vec::new(), neighbour: Vec::new() };
-    let mount = cgroup2_mount()?;
-    let root = Cg::create(&mount.join(format!("stall-bench-{}", std::process::id())))?;
-    let job_cg = Cg::create(&root.0.join("job"))?;
-    let script = env.dir.join("nvml-script.json");
-    let pid_file = env.dir.join("gpu-holder.pid");
+    // Round trips (two switches each), on the last CPU.
+    let handoffs: u64 = if quick { 100_000 } else { 250_000 };
+    let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    let rounds = runs.max(MIN_ROUNDS);
+    let mut out = DaemonBench {
+        reads,
+        rounds,
+        job: Vec::new(),
+        neighbour: Vec::new(),
+        switches: 2 * handoffs,
+        switcher: Vec::new(),
+        profiles: Vec::new(),
+    };
+    let node = Node::new(env, nvml_lib)?;
     let pread = strs(&["pread", "--file", &small.display().to_string(), "--ops", &reads.to_string()]);
-    for run in 0..runs {
+    let futex = strs(&["futex", "--iters", &handoffs.to_string(), "--cpu", &cpu.to_string()]);
+    for run in 0..rounds {
         for k in 0..Watch::ALL.len() {
             let watch = Watch::ALL[(run + k) % Watch::ALL.len()];
             env.wait_quiet();
-            // The GPU job: a process holding the (scripted) GPU, in the job's cgroup.
-            let mut holder = Spawned::start(env, {
-                let mut c = Command::new("sleep");
-                c.arg("600");
-                c
-            })?;
-            job_cg.add(holder.child.id())?;
-            fs::write(&pid_file, holder.child.id().to_string())?;
-            write_script(&script, &pid_file, watch != Watch::Escalated)?;
-            let daemon = match watch {
-                Watch::NoDaemon => None,
-                _ => Some(Daemon::start(env, &root.0, &mount, nvml_lib, &script)?),
-            };
-            if let Some(d) = &daemon {
-                d.wait_hooks(watch == Watch::Escalated)?;
-            }
+            let (mut holder, daemon) = node.watch(env, watch)?;
             // The job's own reads, from inside its cgroup (the shell moves
             // itself there, then becomes the workload).
             let job_out = env.dir.join("daemon-job.out");
@@ -80,7 +92,7 @@ pub fn run(env: &Env, small: &Path, nvml_lib: &Path, runs: usize, quick: bool) -
             let mut job = Command::new("sh");
             job.arg("-c")
                 .arg(r#"echo $$ > "$0" && exec "$@""#)
-                .arg(job_cg.0.join("cgroup.procs"))
+                .arg(node.job.0.join("cgroup.procs"))
                 .arg(&env.wl)
                 .args(&pread)
                 .arg("--out")
@@ -90,6 +102,10 @@ pub fn run(env: &Env, small: &Path, nvml_lib: &Path, runs: usize, quick: bool) -
             let _ = fs::remove_file(&n_out);
             let n = run_timed(env, wrap(env, Mode::Baseline, &pread, &n_out), RUN_TIMEOUT)
                 .and_then(|_| parse_sample(&n_out));
+            let f_out = env.dir.join("daemon-switcher.out");
+            let _ = fs::remove_file(&f_out);
+            let f = run_timed(env, wrap(env, Mode::Baseline, &futex, &f_out), RUN_TIMEOUT)
+                .and_then(|_| parse_sample(&f_out));
             if let Some(d) = &daemon {
                 // Still in the tier asked for at the end of the sample?
                 d.wait_hooks(watch == Watch::Escalated).with_context(|| {
@@ -99,19 +115,132 @@ pub fn run(env: &Env, small: &Path, nvml_lib: &Path, runs: usize, quick: bool) -
             drop(daemon);
             let _ = holder.child.kill();
             let _ = holder.child.wait();
-            let (j, n) = (r?, n?);
+            let (j, n, f) = (r?, n?, f?);
             println!(
-                "  run {}/{runs} {:<38} job {:>7.1} ns/read, neighbour {:>7.1} ns/read",
+                "  run {}/{rounds} {:<38} job {:>7.1} ns/read, neighbour {:>7.1} ns/read, switcher {:>7.1} ns/switch",
                 run + 1,
                 watch.label(),
                 j.ns_per_op(),
-                n.ns_per_op()
+                n.ns_per_op(),
+                f.ns_per_op()
             );
             out.job.push((watch, j));
             out.neighbour.push((watch, n));
+            out.switcher.push((watch, f));
         }
     }
+    for (watch, label) in [
+        (Watch::Cheap, "daemon, job healthy (cheap tier): an untraced neighbour's futex ping-pong"),
+        (Watch::Escalated, "daemon, job escalated (full capture): an untraced neighbour's futex ping-pong"),
+    ] {
+        env.wait_quiet();
+        let secs = if quick { 1.5 } else { 2.0 };
+        let prof =
+            node.profile(env, watch, label, cpu, secs).with_context(|| format!("profiling {label}"))?;
+        println!(
+            "  {:<76} {:>7.0} ns of BPF programs per switch ({:.0} switches/s)",
+            prof.label,
+            prof.total_ns() as f64 / prof.ops().max(1.0),
+            prof.ops_per_s
+        );
+        out.profiles.push(prof);
+    }
     Ok(out)
+}
+
+/// The node of the bench: a root cgroup for the daemon, with the GPU job's
+/// cgroup in it, and the job's scripted GPU.
+struct Node {
+    mount: PathBuf,
+    root: Cg,
+    job: Cg,
+    script: PathBuf,
+    pid_file: PathBuf,
+    nvml_lib: PathBuf,
+}
+
+impl Node {
+    fn new(env: &Env, nvml_lib: &Path) -> Result<Self> {
+        let mount = cgroup2_mount()?;
+        let root = Cg::create(&mount.join(format!("stall-bench-{}", std::process::id())))?;
+        let job = Cg::create(&root.0.join("job"))?;
+        Ok(Self {
+            mount,
+            job,
+            root,
+            script: env.dir.join("nvml-script.json"),
+            pid_file: env.dir.join("gpu-holder.pid"),
+            nvml_lib: nvml_lib.to_path_buf(),
+        })
+    }
+
+    /// The GPU job (a process holding the scripted GPU, in the job's
+    /// cgroup) and the daemon `watch` asks for, in its tier.
+    fn watch(&self, env: &Env, watch: Watch) -> Result<(Spawned, Option<Daemon>)> {
+        let holder = Spawned::start(env, {
+            let mut c = Command::new("sleep");
+            c.arg("600");
+            c
+        })?;
+        self.job.add(holder.child.id())?;
+        fs::write(&self.pid_file, holder.child.id().to_string())?;
+        write_script(&self.script, &self.pid_file, watch != Watch::Escalated)?;
+        let daemon = match watch {
+            Watch::NoDaemon => None,
+            _ => Some(Daemon::start(env, &self.root.0, &self.mount, &self.nvml_lib, &self.script)?),
+        };
+        if let Some(d) = &daemon {
+            d.wait_hooks(watch == Watch::Escalated)?;
+        }
+        Ok((holder, daemon))
+    }
+
+    /// The daemon's programs (kernel run-time statistics) while an untraced
+    /// neighbour hands a futex back and forth on `cpu`, for `secs`.
+    fn profile(
+        &self,
+        env: &Env,
+        watch: Watch,
+        label: &'static str,
+        cpu: usize,
+        secs: f64,
+    ) -> Result<Profile> {
+        let (mut holder, daemon) = self.watch(env, watch)?;
+        let daemon = daemon.context("a watch with a daemon")?;
+        let f_out = env.dir.join("daemon-profile-switcher.out");
+        let _ = fs::remove_file(&f_out);
+        let futex = strs(&["futex", "--secs", &(secs + 1.0).to_string(), "--cpu", &cpu.to_string()]);
+        let mut switcher = Spawned::start(env, wrap(env, Mode::Baseline, &futex, &f_out))?;
+        thread::sleep(Duration::from_millis(300));
+        let prof_out = env.dir.join("daemon-prof.out");
+        let _ = fs::remove_file(&prof_out);
+        let mut cmd = Command::new(&env.wl);
+        cmd.args([
+            "bpf-prof",
+            "--pid",
+            &daemon.proc.child.id().to_string(),
+            "--secs",
+            &secs.to_string(),
+            "--out",
+        ]);
+        cmd.arg(&prof_out);
+        let r = run_timed(env, cmd, RUN_TIMEOUT);
+        switcher.wait(Duration::from_secs(60))?;
+        drop(daemon);
+        let _ = holder.child.kill();
+        let _ = holder.child.wait();
+        r?;
+        let counted = parse_sample(&f_out)?;
+        let text = fs::read_to_string(&prof_out)?;
+        Ok(Profile {
+            label,
+            unit: "switch",
+            floor: false,
+            secs: kv(&text, "secs").and_then(|v| v.parse().ok()).unwrap_or(secs),
+            ops_per_s: counted.ops as f64 / (counted.ns as f64 / 1e9),
+            progs: profile::parse_progs(&text),
+        })
+    }
 }
 
 fn write_script(script: &Path, pid_file: &Path, busy: bool) -> Result<()> {

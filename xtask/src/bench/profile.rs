@@ -187,7 +187,7 @@ fn prog_count(pid: u32) -> usize {
 
 /// `prog=NAME runs=N ns=T` lines; names are the kernel's (15 characters):
 /// spelled out, and exec and exit (indistinguishable) merged.
-fn parse_progs(text: &str) -> Vec<ProgCost> {
+pub fn parse_progs(text: &str) -> Vec<ProgCost> {
     let mut v: Vec<ProgCost> = Vec::new();
     for line in text.lines() {
         let (Some(name), Some(runs), Some(ns)) = (
