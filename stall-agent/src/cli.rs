@@ -99,6 +99,15 @@ pub struct DaemonArgs {
     /// (systemd: kubepods.slice, cgroupfs: kubepods), found at start.
     #[arg(long)]
     pub kubernetes: bool,
+    /// The container runtime's CRI socket, which names the pods and their
+    /// containers (default with --kubernetes: containerd's or CRI-O's).
+    #[arg(long, value_name = "PATH", value_parser = parse_endpoint)]
+    pub runtime_endpoint: Option<PathBuf>,
+    /// A pod label to export on stall_job_info, besides job-name,
+    /// batch.kubernetes.io/job-name, training.kubeflow.org/job-name,
+    /// jobset.sigs.k8s.io/jobset-name and app.kubernetes.io/name (repeatable).
+    #[arg(long = "pod-label", value_name = "NAME")]
+    pub pod_labels: Vec<String>,
     /// Watch every job, not only those with a GPU open (machines without GPUs).
     #[arg(long)]
     pub all_jobs: bool,
@@ -124,7 +133,7 @@ pub struct DaemonArgs {
     #[arg(long, value_enum, default_value = "tiered")]
     pub capture: CaptureMode,
     /// Tiered: full capture once a job's GPU has been idle this long.
-    #[arg(long, default_value = "10", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "5", value_parser = parse_duration, value_name = "DURATION")]
     pub escalate_idle: Duration,
     /// Tiered: full capture once a job behind a busy GPU has not read or written anything this long.
     #[arg(long, default_value = "120", value_parser = parse_duration, value_name = "DURATION")]
@@ -276,6 +285,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?}: a duration must be more than zero"));
     }
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is too long a duration"))
+}
+
+/// A CRI endpoint as the kubelet and crictl spell it (`unix:///run/...`) or
+/// as a path.
+fn parse_endpoint(s: &str) -> Result<PathBuf, String> {
+    let path = s.strip_prefix("unix://").unwrap_or(s);
+    if !path.starts_with('/') {
+        return Err(format!("{s}: a Unix socket, as unix:///path or /path"));
+    }
+    Ok(PathBuf::from(path))
 }
 
 #[cfg(test)]

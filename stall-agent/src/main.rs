@@ -71,6 +71,8 @@ fn daemon_options(a: DaemonArgs) -> daemon::Options {
     daemon::Options {
         roots: a.roots,
         kubernetes: a.kubernetes,
+        runtime_endpoint: a.runtime_endpoint,
+        pod_labels: a.pod_labels,
         all_jobs: a.all_jobs,
         device_holders: a.device_holders,
         listen: a.listen,

@@ -509,6 +509,26 @@ impl Drop for Cgroup {
     }
 }
 
+/// Whether a cgroup or any below it holds a task.
+pub fn holds_tasks(dir: &Path) -> bool {
+    let here = std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|t| !t.trim().is_empty());
+    here || std::fs::read_dir(dir)
+        .map(|entries| entries.flatten().any(|e| e.path().is_dir() && holds_tasks(&e.path())))
+        .unwrap_or(false)
+}
+
+/// Removes an empty cgroup tree, children first.
+pub fn remove_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.path().is_dir() {
+                remove_tree(&e.path());
+            }
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
 /// File name of the scripted NVML library (crate `tests/nvml-script`).
 pub const NVML_SCRIPT_LIB: &str = "libstall_nvml_script.so";
 

@@ -298,9 +298,9 @@ fn the_kubelets_pods_are_found_under_either_cgroup_driver() {
         let list = jobs["jobs"].as_array().unwrap();
         assert_eq!(list.len(), 1, "{driver}: the pod is the one job (its QoS levels are not): {jobs}");
         assert_eq!(list[0]["cgroup"], dirs[2].as_str(), "{driver}: {jobs}");
-        assert_eq!(list[0]["pod"], UID, "{driver}: {jobs}");
+        assert_eq!(list[0]["pod_uid"], UID, "{driver}: {jobs}");
         let metrics = http_get(port, "/metrics").unwrap();
-        assert!(metrics.contains(&format!("pod=\"{UID}\"")), "{driver}: no series of the pod: {metrics}");
+        assert!(metrics.contains(&format!("pod_uid=\"{UID}\"")), "{driver}: no series of the pod: {metrics}");
         let pid = guard.0[0].id() as i32;
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM).unwrap();
         assert!(guard.0[0].wait().unwrap().success(), "{driver}: the daemon's exit");
@@ -320,26 +320,6 @@ impl Drop for Nested {
         while let Some(c) = self.0.pop() {
             drop(c);
         }
-    }
-}
-
-/// Whether a cgroup or any below it holds a task.
-fn holds_tasks(dir: &Path) -> bool {
-    let here = std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|t| !t.trim().is_empty());
-    here || std::fs::read_dir(dir)
-        .map(|entries| entries.flatten().any(|e| e.path().is_dir() && holds_tasks(&e.path())))
-        .unwrap_or(false)
-}
-
-/// Removes an empty cgroup tree, children first.
-fn remove_tree(dir: &Path) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.path().is_dir() {
-                remove_tree(&e.path());
-            }
-        }
-        let _ = std::fs::remove_dir(dir);
     }
 }
 

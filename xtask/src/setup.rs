@@ -17,8 +17,10 @@ use anyhow::{bail, ensure, Context, Result};
 
 use crate::cmd;
 
-/// Debian packages providing rustc for BPF targets and LLVM 22 for bpf-linker.
-const PACKAGES: [&str; 4] = ["rustc-web", "cargo-web", "libstd-rust-web-dev-bpf", "llvm-22-dev"];
+/// Debian packages providing rustc for BPF targets, LLVM 22 for bpf-linker,
+/// and protoc, which compiles the container runtime's CRI API (k8s-cri).
+const PACKAGES: [&str; 5] =
+    ["rustc-web", "cargo-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "protobuf-compiler"];
 /// The workspace's rust-version. bookworm main only has rustc-web 1.85; the
 /// newer one comes from bookworm-security.
 const MIN_RUSTC_WEB: (u32, u32) = (1, 95);
@@ -174,8 +176,19 @@ fn installed_packages() -> Result<HashMap<String, String>> {
 /// Prometheus server (and promtool) for the daemon's test, capsh to run
 /// stall as `nobody` with exact capabilities (privilege.rs), bpftool to
 /// list what stall leaves loaded (faults.rs), pip for PyTorch, curl and
-/// openssl for the daemon's HTTPS (web.rs: a real client, a test CA).
-const TEST_PACKAGES: [&str; 6] = ["prometheus", "libcap2-bin", "bpftool", "python3-pip", "curl", "openssl"];
+/// openssl for the daemon's HTTPS (web.rs: a real client, a test CA),
+/// containerd (with runc and ctr) and a static busybox for the pods of
+/// kube.rs.
+const TEST_PACKAGES: [&str; 8] = [
+    "prometheus",
+    "libcap2-bin",
+    "bpftool",
+    "python3-pip",
+    "curl",
+    "openssl",
+    "containerd",
+    "busybox-static",
+];
 
 /// PyTorch for the distributed-run tests (torchrun, gloo on CPU), from
 /// PyPI with its CUDA wheels (about 5 GB, about a minute here): installed
@@ -189,6 +202,35 @@ const TORCH_PACKAGES: [&str; 2] = ["torch==2.15.0", "numpy"];
 /// 400 MB, 20 s here. On `PYTHONPATH` beside [`TORCH_DIR`].
 const DATASETS_DIR: &str = "/var/cache/stall-tests/datasets-3.6.0";
 const DATASETS_PACKAGES: [&str; 1] = ["datasets==3.6.0"];
+
+/// What tests/tests/manifests.rs validates deploy/ against, offline and
+/// strictly (tests/manifests/validate.py): kubernetes-validate bundles
+/// Kubernetes' own JSON schemas (1.25 to 1.37, each with a `-strict` variant
+/// that rejects unknown fields); cloudcoil-models-prometheus-operator holds
+/// the Prometheus Operator's CRDs (ServiceMonitor, PrometheusRule) of
+/// operator 0.80.1 as Pydantic models generated from their openAPIV3Schema
+/// (its newer releases need Python 3.14; Debian 12 has 3.11). About 140 MB,
+/// 10 s here; on `PYTHONPATH` for the system Python, like [`TORCH_DIR`].
+/// Pinned, with the validators they run on (jsonschema, pydantic), so that
+/// no release changes what passes.
+const SCHEMAS_DIR: &str = "/var/cache/stall-tests/schemas-k8s-1.37.0-prometheus-operator-0.80.1.0";
+const SCHEMA_PACKAGES: [&str; 5] = [
+    "kubernetes-validate==1.37.0",
+    "jsonschema==4.26.0",
+    "cloudcoil-models-prometheus-operator==0.80.1.0",
+    "cloudcoil==0.6.0",
+    "pydantic==2.14.4",
+];
+
+/// The directory holding the manifests' schemas, installed if missing.
+pub fn ensure_schemas() -> Result<PathBuf> {
+    pip_install(
+        SCHEMAS_DIR,
+        "kubernetes_validate",
+        &SCHEMA_PACKAGES,
+        "Kubernetes and Prometheus Operator schemas",
+    )
+}
 
 /// The directory holding PyTorch for the tests, installed if missing.
 pub fn ensure_torch() -> Result<PathBuf> {

@@ -22,6 +22,7 @@ pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
     setup::ensure_test_packages()?;
     let torch = setup::ensure_torch()?;
     let datasets = setup::ensure_datasets()?;
+    let schemas = setup::ensure_schemas()?;
     if !skip_lint {
         lint()?;
     }
@@ -35,7 +36,8 @@ pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
         .env("STALL_BIN", &stall)
         .env("STALL_NVML_SCRIPT_LIB", &nvml)
         .env("STALL_TORCH_PATH", &torch)
-        .env("STALL_DATASETS_PATH", &datasets);
+        .env("STALL_DATASETS_PATH", &datasets)
+        .env("STALL_SCHEMAS_PATH", &schemas);
     if !extra.is_empty() {
         test.arg("--").args(extra);
     }

@@ -1,5 +1,6 @@
 //! The Prometheus exposition. Labels are bounded by design: cgroup (the
-//! job's path; `job` is Prometheus's own target label), pod, container, role, reason, verdict kind, GPU index — never a
+//! job's path; `job` is Prometheus's own target label), namespace, pod,
+//! container and pod UID, role, reason, verdict kind, GPU index — never a
 //! file or a thread; those go to `/jobs`.
 use std::sync::atomic::AtomicU64;
 
@@ -13,124 +14,110 @@ use stall_common::{
     reason,
 };
 
+use super::identity::{self, Identity};
 use crate::{aggregate::Window, correlate::Roles, gpu::GpuWindow, verdict::Kind};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// A job's series: its cgroup (unique on the node), and its names in the
+/// cluster where it has them (pod and container names; the pod's UID).
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabels {
     pub cgroup: String,
+    pub namespace: String,
     pub pod: String,
     pub container: String,
+    pub pod_uid: String,
 }
 
 impl JobLabels {
-    fn role(&self, role: &str) -> RoleLabels {
-        RoleLabels {
-            cgroup: self.cgroup.clone(),
-            pod: self.pod.clone(),
-            container: self.container.clone(),
-            role: role.to_string(),
+    pub fn new(cgroup: String, id: &Identity) -> Self {
+        Self {
+            cgroup,
+            namespace: id.namespace.clone(),
+            pod: id.pod.clone(),
+            container: id.container.clone(),
+            pod_uid: id.pod_uid.clone(),
         }
+    }
+    fn role(&self, role: &str) -> RoleLabels {
+        RoleLabels { job: self.clone(), role: role.to_string() }
     }
     fn reason(&self, role: &str, reason: &str) -> ReasonLabels {
-        ReasonLabels {
-            cgroup: self.cgroup.clone(),
-            pod: self.pod.clone(),
-            container: self.container.clone(),
-            role: role.to_string(),
-            reason: reason.to_string(),
-        }
+        ReasonLabels { job: self.clone(), role: role.to_string(), reason: reason.to_string() }
     }
     fn kind(&self, kind: Kind) -> VerdictLabels {
-        VerdictLabels {
-            cgroup: self.cgroup.clone(),
-            pod: self.pod.clone(),
-            container: self.container.clone(),
-            kind: kind.as_str().to_string(),
-        }
+        VerdictLabels { job: self.clone(), kind: kind.as_str().to_string() }
     }
     /// A rank of a distributed run that runs in the job.
     pub fn rank(&self, run_id: &str, rank: u32) -> RankLabels {
-        RankLabels {
-            cgroup: self.cgroup.clone(),
-            pod: self.pod.clone(),
-            container: self.container.clone(),
-            run_id: run_id.to_string(),
-            rank: rank.to_string(),
-        }
+        RankLabels { job: self.clone(), run_id: run_id.to_string(), rank: rank.to_string() }
     }
     fn gpu(&self, gpu: u32) -> JobGpuLabels {
-        JobGpuLabels {
-            cgroup: self.cgroup.clone(),
-            pod: self.pod.clone(),
-            container: self.container.clone(),
-            gpu: gpu.to_string(),
-        }
+        JobGpuLabels { job: self.clone(), gpu: gpu.to_string() }
+    }
+    /// `stall_job_info`'s labels: the job's, its Slurm job, and its pod's
+    /// allow-listed labels named as kube-state-metrics names them.
+    fn info(&self, id: &Identity) -> Vec<(String, String)> {
+        let mut labels = vec![
+            ("cgroup".to_string(), self.cgroup.clone()),
+            ("namespace".to_string(), self.namespace.clone()),
+            ("pod".to_string(), self.pod.clone()),
+            ("container".to_string(), self.container.clone()),
+            ("pod_uid".to_string(), self.pod_uid.clone()),
+            ("slurm_job".to_string(), id.slurm_job.clone()),
+        ];
+        labels.extend(id.pod_labels.iter().map(|(k, v)| (identity::label_name(k), v.clone())));
+        labels
     }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RoleLabels {
-    pub cgroup: String,
-    pub pod: String,
-    pub container: String,
+    #[prometheus(flatten)]
+    pub job: JobLabels,
     pub role: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    pub cgroup: String,
-    pub pod: String,
-    pub container: String,
+    #[prometheus(flatten)]
+    pub job: JobLabels,
     pub role: String,
     pub reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerdictLabels {
-    pub cgroup: String,
-    pub pod: String,
-    pub container: String,
+    #[prometheus(flatten)]
+    pub job: JobLabels,
     pub kind: String,
 }
 
 /// One rank of a run: the series an alert joins across nodes by `run_id`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RankLabels {
-    pub cgroup: String,
-    pub pod: String,
-    pub container: String,
+    #[prometheus(flatten)]
+    pub job: JobLabels,
     pub run_id: String,
     pub rank: String,
 }
 
 impl RankLabels {
     fn kind(&self, kind: Kind) -> RankVerdictLabels {
-        RankVerdictLabels {
-            cgroup: self.cgroup.clone(),
-            pod: self.pod.clone(),
-            container: self.container.clone(),
-            run_id: self.run_id.clone(),
-            rank: self.rank.clone(),
-            kind: kind.as_str().to_string(),
-        }
+        RankVerdictLabels { rank: self.clone(), kind: kind.as_str().to_string() }
     }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RankVerdictLabels {
-    pub cgroup: String,
-    pub pod: String,
-    pub container: String,
-    pub run_id: String,
-    pub rank: String,
+    #[prometheus(flatten)]
+    pub rank: RankLabels,
     pub kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobGpuLabels {
-    pub cgroup: String,
-    pub pod: String,
-    pub container: String,
+    #[prometheus(flatten)]
+    pub job: JobLabels,
     pub gpu: String,
 }
 
@@ -221,6 +208,8 @@ metrics! {
     pub agent_events: Counter = "agent_events", "Kernel events handled for traced threads";
     pub nvml_up: Gauge = "nvml_up", "1 while NVML answers (GPU data: verdicts on the GPU, and tiers)";
     build_info: Family<BuildLabels, Gauge> = "build_info", "stall's version (always 1)";
+    job_info: Family<Vec<(String, String)>, Gauge> = "job_info",
+        "A job's names in its cluster (always 1): namespace, pod and container names, pod UID, Slurm job, and the pod's allow-listed labels as label_<name>";
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -332,6 +321,11 @@ impl Metrics {
         self.build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").into() }).set(1);
     }
 
+    /// The job's names, as `stall_job_info` (1).
+    pub fn set_job_info(&self, job: &JobLabels, id: &Identity) {
+        self.job_info.get_or_create(&job.info(id)).set(1);
+    }
+
     /// When the job last moved, as Unix time (it survives between scrapes,
     /// where an age would not).
     pub fn set_last_progress(&self, job: &JobLabels, unix_s: f64) {
@@ -359,7 +353,8 @@ impl Metrics {
 
     /// Drops every series of a job that is gone (bounded cardinality however
     /// many jobs come and go).
-    pub fn remove_job(&self, job: &JobLabels, gpus: &[u32]) {
+    pub fn remove_job(&self, job: &JobLabels, id: &Identity, gpus: &[u32]) {
+        self.job_info.remove(&job.info(id));
         for role in ROLES {
             let rl = job.role(role);
             self.read_bytes.remove(&rl);
@@ -423,7 +418,7 @@ mod tests {
     use crate::{aggregate::Model, correlate, decode::*};
 
     fn job() -> JobLabels {
-        JobLabels { cgroup: "jobs/a".into(), pod: String::new(), container: String::new() }
+        JobLabels { cgroup: "jobs/a".into(), ..Default::default() }
     }
 
     #[test]
@@ -471,26 +466,26 @@ mod tests {
         let text = m.encode();
         assert!(
             text.contains(
-                r#"stall_read_bytes_total{cgroup="jobs/a",pod="",container="",role="trainer"} 4096"#
+                r#"stall_read_bytes_total{cgroup="jobs/a",namespace="",pod="",container="",pod_uid="",role="trainer"} 4096"#
             ),
             "{text}"
         );
         assert!(
             text.contains(&format!(
-                r#"stall_verdict{{cgroup="jobs/a",pod="",container="",kind="{}"}} 1"#,
+                r#"stall_verdict{{cgroup="jobs/a",namespace="",pod="",container="",pod_uid="",kind="{}"}} 1"#,
                 Kind::InputIoBound
             )),
             "{text}"
         );
         assert!(text.contains(
-            r#"stall_on_cpu_seconds_total{cgroup="jobs/a",pod="",container="",role="trainer"} 0.5"#
+            r#"stall_on_cpu_seconds_total{cgroup="jobs/a",namespace="",pod="",container="",pod_uid="",role="trainer"} 0.5"#
         ));
         let classic = to_classic(&text);
         assert!(classic.contains("# TYPE stall_read_bytes_total counter\n"), "{classic}");
         assert!(classic.contains("# HELP stall_read_bytes_total Bytes read from regular files."));
         assert!(classic.contains("# TYPE stall_verdict gauge\n"));
         assert!(!classic.contains("# EOF") && !classic.contains("# UNIT"));
-        m.remove_job(&job(), &[]);
+        m.remove_job(&job(), &Identity::default(), &[]);
         assert!(!m.encode().contains("jobs/a"));
     }
 
@@ -501,8 +496,11 @@ mod tests {
         let set =
             m.set_ranks(vec![(r0.clone(), Kind::InputIoBound, 0.0), (r1.clone(), Kind::Unknown, 0.8)], &[]);
         let text = m.encode();
-        let series =
-            |rank: u32| format!(r#"cgroup="jobs/a",pod="",container="",run_id="run-7",rank="{rank}""#);
+        let series = |rank: u32| {
+            format!(
+                r#"cgroup="jobs/a",namespace="",pod="",container="",pod_uid="",run_id="run-7",rank="{rank}""#
+            )
+        };
         assert!(
             text.contains(&format!(r#"stall_rank_verdict{{{},kind="{}"}} 1"#, series(0), Kind::InputIoBound)),
             "{text}"

@@ -4,8 +4,10 @@
 //! gone ones detached, each job's window aggregated, judged and exported to
 //! Prometheus. Memory follows the live jobs: ended threads, files and jobs
 //! are pruned once counted. HTTP is served on a thread of its own.
+pub mod cri;
 mod history;
 mod http;
+mod identity;
 mod kube;
 pub mod metrics;
 mod node;
@@ -21,6 +23,7 @@ use stall_common::counter::LOST_CAUSES;
 
 use self::{
     http::{Board, BoardJob, HttpOptions, Shared},
+    identity::Identities,
     metrics::Metrics,
     node::Node,
     web_config::WebConfig,
@@ -38,8 +41,13 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct Options {
     pub roots: Vec<PathBuf>,
-    /// The kubelet's pod cgroups as roots too, found under either driver.
+    /// The kubelet's pod cgroups as roots too, found under either driver,
+    /// and pods named by the container runtime.
     pub kubernetes: bool,
+    /// The container runtime's CRI socket (default: containerd's, CRI-O's).
+    pub runtime_endpoint: Option<PathBuf>,
+    /// Pod labels on `stall_job_info` besides [`identity::POD_LABELS`].
+    pub pod_labels: Vec<String>,
     pub all_jobs: bool,
     /// Jobs holding an NVIDIA device open count without a CUDA context.
     pub device_holders: bool,
@@ -138,15 +146,29 @@ pub async fn run(opts: Options) -> Result<()> {
         opts.listen
     );
 
+    let mut names = Identities::new(
+        opts.kubernetes || opts.runtime_endpoint.is_some(),
+        opts.runtime_endpoint.clone(),
+        &opts.pod_labels,
+    );
+    names.connect().await;
     let mut node = Node::new(roots, mount, opts.all_jobs, opts.device_holders);
     let mut seen = Seen::default();
-    node.discover(&mut live, &gpus, &shared.metrics);
+    if names.asks_runtime() {
+        names.learn(&node.pods_to_name()).await;
+    }
+    node.discover(&mut live, &gpus, &shared.metrics, &names);
     feed.start();
     loop {
         match feed.next(&mut live.capture).await? {
             Wake::Events => node.route(&mut live, &mut feed.events),
             Wake::Tick => {
-                node.discover(&mut live, &gpus, &shared.metrics);
+                // Only with a runtime to ask: the pod UIDs cost a second
+                // read of the roots each interval.
+                if names.asks_runtime() {
+                    names.learn(&node.pods_to_name()).await;
+                }
+                node.discover(&mut live, &gpus, &shared.metrics, &names);
                 live.capture.drain_events(&mut feed.events);
                 node.route(&mut live, &mut feed.events);
                 let snap = live.capture.snapshot();
@@ -191,6 +213,7 @@ fn log_changes(node: &mut Node, details: bool) {
             "time": change.time,
             "job": w.id,
             "cgroup": w.labels.cgroup,
+            "namespace": w.labels.namespace,
             "pod": w.labels.pod,
             "container": w.labels.container,
             "kind": change.kind,

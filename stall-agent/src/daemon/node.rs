@@ -10,6 +10,7 @@ use std::{
 use super::{
     history::History,
     http::{CaptureRefused, CaptureRequest},
+    identity::{Identities, Identity},
     kube,
     metrics::{JobLabels, Metrics, RankLabels},
     ondemand::OnDemand,
@@ -31,6 +32,10 @@ pub(super) struct Watched {
     pub job: Job,
     pub dir: PathBuf,
     pub labels: JobLabels,
+    /// Its names in the cluster (`labels` holds those series carry).
+    pub identity: Identity,
+    /// The container its GPU process ran in when it was found.
+    gpu_container: Option<String>,
     /// The last interval's outcome, for `/jobs`.
     pub last: Option<Tick>,
     pub tier: JobTier,
@@ -74,63 +79,95 @@ impl Node {
         }
     }
 
+    /// The cgroups under the roots that may be jobs.
+    fn candidates(&self) -> Vec<PathBuf> {
+        let mut dirs = Vec::new();
+        for root in &self.roots {
+            let Ok(rd) = std::fs::read_dir(root) else { continue };
+            dirs.extend(
+                rd.filter_map(|e| e.ok())
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path())
+                    // A root below another root (kubepods.slice and its QoS
+                    // slices) is a level of the hierarchy, not a job.
+                    .filter(|d| {
+                        !self.roots.contains(d) && !self.own.as_ref().is_some_and(|own| own.starts_with(d))
+                    }),
+            );
+        }
+        dirs
+    }
+
+    /// The pod UIDs of the cgroups that may be jobs and of the jobs not yet
+    /// named: those the container runtime should list.
+    pub fn pods_to_name(&self) -> Vec<String> {
+        let unwatched =
+            self.candidates().into_iter().filter(|d| !self.jobs.contains_key(d)).map(|d| self.relative(&d));
+        let unnamed =
+            self.jobs.values().filter(|w| w.identity.pod.is_empty()).map(|w| w.labels.cgroup.clone());
+        unwatched.chain(unnamed).map(|p| kube::parse(&p).pod).filter(|uid| !uid.is_empty()).collect()
+    }
+
+    fn relative(&self, dir: &Path) -> String {
+        dir.strip_prefix(&self.mount).unwrap_or(dir).to_string_lossy().into_owned()
+    }
+
     /// Attaches jobs that appeared (and qualify), detaches those that are
-    /// gone, and follows cgroups created inside a job since the last look.
-    pub fn discover(&mut self, live: &mut LiveHost, gpus: &GpuFleet, metrics: &Metrics) {
+    /// gone, and follows cgroups created inside a job since the last look;
+    /// a job whose pod the runtime lists only now is named from now on.
+    pub fn discover(&mut self, live: &mut LiveHost, gpus: &GpuFleet, metrics: &Metrics, names: &Identities) {
         let on_gpu = gpus.holders();
         // Without NVML, holding a device is the only sign of a GPU job.
         let device_holders = self.device_holders || !gpus.sampling();
         let mut present = HashSet::new();
-        for root in &self.roots {
-            let Ok(rd) = std::fs::read_dir(root) else { continue };
-            for dir in rd
-                .filter_map(|e| e.ok())
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| e.path())
-            {
-                // A root below another root (kubepods.slice and its QoS
-                // slices) is a level of the hierarchy, not a job.
-                if self.roots.contains(&dir) || self.own.as_ref().is_some_and(|own| own.starts_with(&dir)) {
-                    continue;
+        for dir in self.candidates() {
+            present.insert(dir.clone());
+            if let Some(w) = self.jobs.get_mut(&dir) {
+                // New sub-cgroups of a watched job, and their tasks.
+                if let Ok(seeded) = live.capture.watch_cgroup(&dir, w.job.id) {
+                    w.job.observe(live, seeded.into_iter().map(|(_, ev)| ev));
                 }
-                present.insert(dir.clone());
-                if let Some(w) = self.jobs.get_mut(&dir) {
-                    // New sub-cgroups of a watched job, and their tasks.
-                    if let Ok(seeded) = live.capture.watch_cgroup(&dir, w.job.id) {
-                        w.job.observe(live, seeded.into_iter().map(|(_, ev)| ev));
-                    }
-                    continue;
+                if w.identity.pod.is_empty() && names.knows(&w.identity.pod_uid) {
+                    rename(w, names.of(&w.labels.cgroup, w.gpu_container.as_deref()), metrics);
                 }
-                if !self.all_jobs && !uses_gpu(&dir, &on_gpu, device_holders) {
-                    continue;
+                continue;
+            }
+            let gpu_process = gpu_process_cgroup(&dir, &on_gpu, device_holders);
+            if !self.all_jobs && gpu_process.is_none() {
+                continue;
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            let rel = self.relative(&dir);
+            let gpu_container = gpu_process.and_then(|d| {
+                let ids = kube::parse(&self.relative(&d));
+                (!ids.container.is_empty()).then_some(ids.container)
+            });
+            let identity = names.of(&rel, gpu_container.as_deref());
+            let mut job = Job::new(id, monotonic_ns(), None, GpuScope::Held);
+            match live.capture.watch_cgroup(&dir, id) {
+                Ok(seeded) => {
+                    job.observe(live, seeded.into_iter().map(|(_, ev)| ev));
+                    let labels = JobLabels::new(rel.clone(), &identity);
+                    metrics.set_job_info(&labels, &identity);
+                    self.jobs.insert(
+                        dir.clone(),
+                        Watched {
+                            id: jobs::id(&rel),
+                            job,
+                            dir,
+                            labels,
+                            identity,
+                            gpu_container,
+                            last: None,
+                            tier: JobTier::default(),
+                            published: None,
+                            ranks: Vec::new(),
+                            history: History::default(),
+                        },
+                    );
                 }
-                let id = self.next_id;
-                self.next_id += 1;
-                let rel = dir.strip_prefix(&self.mount).unwrap_or(&dir).to_string_lossy().into_owned();
-                let ids = kube::parse(&rel);
-                let mut job = Job::new(id, monotonic_ns(), None, GpuScope::Held);
-                match live.capture.watch_cgroup(&dir, id) {
-                    Ok(seeded) => {
-                        job.observe(live, seeded.into_iter().map(|(_, ev)| ev));
-                        let id = jobs::id(&rel);
-                        let labels = JobLabels { cgroup: rel, pod: ids.pod, container: ids.container };
-                        self.jobs.insert(
-                            dir.clone(),
-                            Watched {
-                                id,
-                                job,
-                                dir,
-                                labels,
-                                last: None,
-                                tier: JobTier::default(),
-                                published: None,
-                                ranks: Vec::new(),
-                                history: History::default(),
-                            },
-                        );
-                    }
-                    Err(e) => eprintln!("stall: cannot watch {}: {}", dir.display(), crate::error::chain(&e)),
-                }
+                Err(e) => eprintln!("stall: cannot watch {}: {}", dir.display(), crate::error::chain(&e)),
             }
         }
         let gone: Vec<PathBuf> =
@@ -139,7 +176,7 @@ impl Node {
             if let Some(w) = self.jobs.remove(&dir) {
                 live.capture.unwatch_cgroup(&w.dir);
                 let devices: Vec<u32> = w.job.devices.iter().copied().collect();
-                metrics.remove_job(&w.labels, &devices);
+                metrics.remove_job(&w.labels, &w.identity, &devices);
                 metrics.remove_ranks(&w.ranks);
             }
         }
@@ -162,17 +199,32 @@ impl Node {
     }
 }
 
-/// Does a process of the cgroup (or below) use a GPU: a CUDA context NVML
-/// lists (`on_gpu`), or, where `device_holders` count, an NVIDIA device held
-/// open? GPU infrastructure (the device plugin, DCGM...) never does: it
-/// holds the devices of every node without being anyone's job.
-fn uses_gpu(dir: &Path, on_gpu: &HashSet<u32>, device_holders: bool) -> bool {
-    cgroup::subtree(dir).iter().flat_map(|d| cgroup::threads(d)).any(|(pid, tid)| {
-        let listed = on_gpu.contains(&pid);
-        pid == tid
-            && (listed || device_holders)
-            && (listed || procfs::open_fds(pid).iter().any(|f| f.target.starts_with("/dev/nvidia")))
-            && !procfs::cmdline(pid).is_some_and(|c| gpu_infrastructure(&c))
+/// A job named anew (its pod listed by the runtime only after the job was
+/// found): its series move to the new labels.
+fn rename(w: &mut Watched, identity: Identity, metrics: &Metrics) {
+    let devices: Vec<u32> = w.job.devices.iter().copied().collect();
+    metrics.remove_job(&w.labels, &w.identity, &devices);
+    metrics.remove_ranks(&w.ranks);
+    w.ranks.clear();
+    w.labels = JobLabels::new(w.labels.cgroup.clone(), &identity);
+    metrics.set_job_info(&w.labels, &identity);
+    w.identity = identity;
+}
+
+/// The cgroup (the job's or one below) of a process that uses a GPU: a
+/// CUDA context NVML lists (`on_gpu`), or, where `device_holders` count,
+/// an NVIDIA device held open. GPU infrastructure (the device plugin,
+/// DCGM...) never does: it holds the devices of every node without being
+/// anyone's job.
+fn gpu_process_cgroup(dir: &Path, on_gpu: &HashSet<u32>, device_holders: bool) -> Option<PathBuf> {
+    cgroup::subtree(dir).into_iter().find(|d| {
+        cgroup::threads(d).into_iter().any(|(pid, tid)| {
+            let listed = on_gpu.contains(&pid);
+            pid == tid
+                && (listed || device_holders)
+                && (listed || procfs::open_fds(pid).iter().any(|f| f.target.starts_with("/dev/nvidia")))
+                && !procfs::cmdline(pid).is_some_and(|c| gpu_infrastructure(&c))
+        })
     })
 }
 
@@ -261,8 +313,12 @@ impl Node {
             .map(|j| JobView {
                 id: j.id.clone(),
                 cgroup: &j.labels.cgroup,
-                pod: &j.labels.pod,
-                container: &j.labels.container,
+                namespace: &j.identity.namespace,
+                pod: &j.identity.pod,
+                container: &j.identity.container,
+                pod_uid: &j.identity.pod_uid,
+                slurm_job: &j.identity.slurm_job,
+                pod_labels: &j.identity.pod_labels,
                 tier: match j.tier.tier {
                     Tier::Cheap => "cheap",
                     Tier::Full { .. } => "full",

@@ -64,14 +64,12 @@ fn signals(tick: &Tick) -> tier::Signals {
     tier::Signals {
         has_gpu,
         gpu_idle: has_gpu
-            && tick.interval_gpus.iter().all(|g| g.samples > 0 && g.idle_fraction >= GPU_IDLE_SHARE),
+            && tick.interval_gpus.iter().all(|g| g.samples > 0 && g.idle_fraction >= tier::GPU_IDLE_SHARE),
         gpu_busy: tick.interval_gpus.iter().any(|g| g.util_mean_pct >= rules::GPU_BUSY_PCT),
         silent_s: tick.progress.silent_s,
+        interval_ns: (tick.interval.secs() * 1e9) as u64,
     }
 }
-
-/// A GPU idle at least this share of an interval counts as idle for it.
-const GPU_IDLE_SHARE: f64 = 0.9;
 
 /// The verdict to publish: the live one when it rests on full data; in the
 /// cheap tier only what it can vouch for — a busy GPU (or a hang behind

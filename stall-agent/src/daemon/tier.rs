@@ -23,7 +23,9 @@ pub struct Policy {
 impl Default for Policy {
     fn default() -> Self {
         Self {
-            idle_after: Duration::from_secs(10),
+            // One default interval: a GPU idle through a whole interval is
+            // escalated at once, and explained by the end of the next.
+            idle_after: Duration::from_secs(5),
             silent_after: Duration::from_secs(120),
             window: Duration::from_secs(60),
             cooldown: Duration::from_secs(120),
@@ -59,7 +61,12 @@ pub struct Signals {
     pub gpu_busy: bool,
     /// Seconds since the job last moved (read, wrote).
     pub silent_s: f64,
+    /// The span the signals cover (the interval just ended).
+    pub interval_ns: u64,
 }
+
+/// A GPU idle at least this share of an interval counts as idle for it.
+pub const GPU_IDLE_SHARE: f64 = 0.9;
 
 /// One job's tier over time.
 #[derive(Debug, Clone)]
@@ -107,7 +114,10 @@ impl JobTier {
 
     /// Takes the interval ending at `now_ns`; returns the tier for the next.
     pub fn step(&mut self, now_ns: u64, s: &Signals, p: &Policy) -> Tier {
-        self.idle_since_ns = if s.gpu_idle { self.idle_since_ns.or(Some(now_ns)) } else { None };
+        // Idle since the start of the first idle interval: it was idle
+        // (nearly) all through it.
+        self.idle_since_ns =
+            if s.gpu_idle { self.idle_since_ns.or(Some(now_ns.saturating_sub(s.interval_ns))) } else { None };
         if self.demanded_until_ns.is_some_and(|until| now_ns < until) {
             return self.tier;
         }
@@ -176,7 +186,7 @@ mod tests {
     }
 
     fn gpu(idle: bool, silent_s: f64) -> Signals {
-        Signals { has_gpu: true, gpu_idle: idle, gpu_busy: !idle, silent_s }
+        Signals { has_gpu: true, gpu_idle: idle, gpu_busy: !idle, silent_s, interval_ns: S }
     }
 
     /// Steps `t` once a second over `from..to` with `s`; the tiers seen.
@@ -194,8 +204,9 @@ mod tests {
     #[test]
     fn an_idle_gpu_escalates_after_the_threshold_then_busy_ends_it_into_a_cooldown() {
         let mut t = JobTier::default();
-        let tiers = run(&mut t, 0, 20, gpu(true, 1.0));
-        let first_full = tiers.iter().position(|x| x.is_full()).unwrap();
+        // Idle through the interval ending at 1 s: idle since 0 s.
+        let tiers = run(&mut t, 1, 20, gpu(true, 1.0));
+        let first_full = tiers.iter().position(|x| x.is_full()).unwrap() + 1;
         assert_eq!(first_full, 10, "idle since 0 s, escalated at 10 s");
         assert_eq!(t.escalations, 1);
         assert!(!t.settled(14 * S, Duration::from_secs(5)) && t.settled(15 * S, Duration::from_secs(5)));
@@ -208,6 +219,42 @@ mod tests {
         let again = tiers.iter().position(|x| x.is_full()).unwrap() + 23;
         assert_eq!(again, 61, "at the end of the cooldown (idle long since)");
         assert_eq!(t.escalations, 2);
+    }
+
+    /// With the default policy and interval (5 s), a GPU that goes idle at
+    /// any moment between two ticks is explained (a verdict on full data
+    /// is published) within 15 s.
+    #[test]
+    fn a_gpu_gone_idle_is_explained_within_15_s_by_default() {
+        let p = Policy::default();
+        let interval = 5 * S;
+        let settle = Duration::from_nanos(crate::aggregate::RECENT_NS);
+        for phase_ms in (0..5000u64).step_by(100) {
+            let idle_at = 100 * S + phase_ms * 1_000_000;
+            let mut t = JobTier::default();
+            let mut explained = None;
+            for k in 1..60u64 {
+                let now = k * interval;
+                // The daemon's order (step.rs): is this interval's verdict on
+                // full data, then the tier for the next.
+                if now > idle_at && t.settled(now, settle) {
+                    explained = Some(now - idle_at);
+                    break;
+                }
+                let idle_ns = now.saturating_sub(idle_at.max(now - interval));
+                let idle = idle_ns as f64 / interval as f64 >= GPU_IDLE_SHARE;
+                let s = Signals {
+                    has_gpu: true,
+                    gpu_idle: idle,
+                    gpu_busy: idle_ns == 0,
+                    silent_s: 0.0,
+                    interval_ns: interval,
+                };
+                t.step(now, &s, &p);
+            }
+            let after = explained.expect("explained at all") as f64 / S as f64;
+            assert!(after <= 15.0, "idle at +{phase_ms} ms after a tick: explained after {after} s");
+        }
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! fields and units) with its identity beside it; the list carries the
 //! schema, the node and the time. Without details, file paths, command
 //! lines and Python stacks are left out (see [`redact`]).
+use std::collections::BTreeMap;
+
 use serde_json::{json, Map, Value};
 
 use super::{json as jsonl, View};
@@ -14,8 +16,14 @@ pub struct JobView<'a> {
     pub id: String,
     /// Its cgroup, relative to the cgroup mount.
     pub cgroup: &'a str,
+    /// Its names in the cluster, where it has them.
+    pub namespace: &'a str,
     pub pod: &'a str,
     pub container: &'a str,
+    pub pod_uid: &'a str,
+    pub slurm_job: &'a str,
+    /// The pod's allow-listed labels.
+    pub pod_labels: &'a BTreeMap<String, String>,
     /// `cheap`, `full` or `cooldown` (the daemon's capture tiers).
     pub tier: &'static str,
     /// The verdict published for it (may be older than its tick).
@@ -48,8 +56,12 @@ pub fn job(j: &JobView) -> Value {
     if let Value::Object(m) = &mut doc {
         m.insert("id".into(), j.id.clone().into());
         m.insert("cgroup".into(), j.cgroup.into());
+        m.insert("namespace".into(), j.namespace.into());
         m.insert("pod".into(), j.pod.into());
         m.insert("container".into(), j.container.into());
+        m.insert("pod_uid".into(), j.pod_uid.into());
+        m.insert("slurm_job".into(), j.slurm_job.into());
+        m.insert("pod_labels".into(), json!(j.pod_labels));
         m.insert("tier".into(), j.tier.into());
     }
     doc
