@@ -7,6 +7,7 @@
 //!
 //! ```text
 //! bench-wl pread     --file F --out O [--ops N] [--rate R] [--secs S] [--threads T] [--ready-file P] [--stop-file P]
+//!                    [--copy-to D]
 //! bench-wl openclose --file F --out O [--secs S] [--rate R]
 //! bench-wl getppid   --ops N --out O
 //! bench-wl loader    --files A,B,C,D --passes P --out O
@@ -34,6 +35,8 @@ use std::{
 
 const PAGE: usize = 4096;
 const CHUNK: usize = 1 << 20;
+/// `pread --copy-to`: the destination's size in pages (1 MiB).
+const COPY_WINDOW_PAGES: u64 = 256;
 
 type Res<T> = Result<T, String>;
 
@@ -190,6 +193,9 @@ fn pread(o: &Opts) -> Res<String> {
     let rate = o.num::<f64>("rate")?.map(|r| r / threads as f64);
     let file = File::open(&path).map_err(|e| format!("{path}: {e}"))?;
     let pages = (file.metadata().map_err(|e| e.to_string())?.len() / PAGE as u64).max(1);
+    // A copy loop (dd's): each block read is written to D, over a window of
+    // COPY_WINDOW_PAGES so that the dirty pages stay few and in memory.
+    let copy_to = o.get("copy-to").map(|p| p.to_string());
     if let Some(p) = o.get("ready-file") {
         write_out(p, "ready")?;
     }
@@ -200,6 +206,14 @@ fn pread(o: &Opts) -> Res<String> {
             // the bench times the file path (stall does not follow dup'd
             // descriptors: their reads count as non-file reads).
             let f = File::open(&path).expect("reopen");
+            let dst = copy_to.as_ref().map(|d| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(d)
+                    .expect("copy destination")
+            });
             let stop = stop.clone_for_thread();
             thread::spawn(move || {
                 let pacer = Pacer { rate };
@@ -212,6 +226,12 @@ fn pread(o: &Opts) -> Res<String> {
                     for _ in 0..n {
                         if f.read_at(&mut buf, page * PAGE as u64).unwrap_or(0) != PAGE {
                             eprintln!("short read");
+                        }
+                        if let Some(d) = &dst {
+                            let at = (page % COPY_WINDOW_PAGES) * PAGE as u64;
+                            if d.write_at(&buf, at).unwrap_or(0) != PAGE {
+                                eprintln!("short write");
+                            }
                         }
                         page += 1;
                         if page == pages {

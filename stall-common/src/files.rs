@@ -35,13 +35,17 @@ pub mod inflight {
     pub const NONE: u32 = 0;
     pub const READ: u32 = 1;
     pub const OPEN: u32 = 2;
-    /// write-family: counted at exit on the descriptor's `FILES` entry.
+    /// write-family: counted at exit, on the slot (`CpuSlot::write_fd`).
     pub const WRITE: u32 = 3;
     /// dup-family: the returned descriptor names the same open as
     /// `inflight_fd`.
     pub const DUP: u32 = 4;
     /// connect: `inflight_ptr` is the peer's address (user memory).
     pub const CONNECT: u32 = 5;
+    /// `inflight_fd` of a read or write whose descriptor is taken from the
+    /// saved registers when it is needed (at its return, or when it
+    /// blocks), not at its entry: one register read per call instead of two.
+    pub const FD_IN_REGS: i32 = i32::MIN;
     const KIND_MASK: u32 = 0xff;
 
     /// `kind` as recorded under `gen` (a `TRACK_GEN` value).
@@ -108,6 +112,21 @@ impl FileStats {
     #[inline(always)]
     pub fn add_slot_file(&mut self, s: &CpuSlot) {
         self.add_slot_file_with(s, |a, v| *a += v);
+    }
+
+    /// Adds the write counts a CPU slot holds for its cached written
+    /// descriptor (`CpuSlot::write_fd`, if it is still `write_file_id`),
+    /// through `add` as in [`FileStats::add_slot_file_with`].
+    #[inline(always)]
+    pub fn add_slot_writes_with(&mut self, s: &CpuSlot, mut add: impl FnMut(&mut u64, u64)) {
+        add(&mut self.write_bytes, s.write_bytes);
+        add(&mut self.write_calls, s.write_calls);
+    }
+
+    /// [`FileStats::add_slot_writes_with`] with plain additions.
+    #[inline(always)]
+    pub fn add_slot_writes(&mut self, s: &CpuSlot) {
+        self.add_slot_writes_with(s, |a, v| *a += v);
     }
 }
 

@@ -244,9 +244,9 @@ pub mod slot_state {
 }
 
 /// The per-CPU slot (`CPU_SLOT`): the task this CPU runs, and — if it is
-/// tracked — its in-flight syscall and the read counts not yet added to
+/// tracked — its in-flight syscall and the read and write counts not yet added to
 /// `THREADS`/`FILES`. Syscall programs touch only this (an inlined array
-/// access) instead of two or three hash lookups per read; `sched_switch`
+/// access) instead of two or three hash lookups per call; `sched_switch`
 /// moves the state between the slot and `THREADS` at every switch. The
 /// agent adds the pending counts of every CPU's slot to its snapshots.
 #[repr(C)]
@@ -296,12 +296,22 @@ pub struct CpuSlot {
     pub other_write_bytes: u64,
     pub other_write_calls: u64,
     pub stdio_write_bytes: u64,
-    /// Pending: added to `FILES[(tgid, file_fd)]` if it is still `file_id`
-    /// (reads only: writes go to `FILES` at once, see `inflight::WRITE`).
+    /// Pending: added to `FILES[(tgid, file_fd)]` if it is still `file_id`.
     pub file_bytes: u64,
     pub file_calls: u64,
     pub file_ns: u64,
     pub file_timed: u64,
+    /// The descriptor last written (-1: none), cached apart from the one
+    /// read: a copy loop (`dd`, a checkpoint writer reading its source)
+    /// alternates the two and would otherwise look one up at every call.
+    pub write_fd: i32,
+    /// `FileStats::kind` of `write_fd`, as `file_kind` for `file_fd`.
+    pub write_kind: u32,
+    pub write_file_id: u64,
+    /// Pending: added to `FILES[(tgid, write_fd)]` if it is still
+    /// `write_file_id`.
+    pub write_bytes: u64,
+    pub write_calls: u64,
 }
 
 impl CpuSlot {
@@ -385,6 +395,6 @@ mod tests {
         assert_eq!(size_of::<WakeStats>(), 32);
         assert_eq!(size_of::<TaskOffsets>(), 40);
         assert_eq!(size_of::<Regs>(), 16);
-        assert_eq!(size_of::<CpuSlot>(), 208);
+        assert_eq!(size_of::<CpuSlot>(), 240);
     }
 }

@@ -49,14 +49,19 @@ use crate::maps::{CGROUPS, COUNTERS, THREADS};
 // integers), for which all-zero bytes are a valid value.
 static CONFIG: Config = unsafe { core::mem::zeroed() };
 
-/// The config as loaded; volatile so the compiler cannot fold the zeroes
-/// it sees at build time (the verifier folds the frozen values instead).
+/// The config as loaded. The address passes through a volatile read so
+/// that the compiler cannot fold the zeroes it sees at build time (the
+/// verifier folds the frozen values instead), and each program loads only
+/// the fields it uses: a volatile copy of the whole struct cost every run
+/// of every program some sixty loads before its first check.
 #[inline(always)]
-pub(crate) fn config() -> Config {
-    // SAFETY: `&CONFIG` is an aligned reference to an initialised static;
-    // nothing writes it while programs run (the agent sets it before load,
-    // and aya freezes the `.rodata` map that holds it).
-    unsafe { core::ptr::read_volatile(&CONFIG) }
+pub(crate) fn config() -> &'static Config {
+    let at: *const Config = &raw const CONFIG;
+    // SAFETY: `at` is a local, so the volatile read is of valid, aligned
+    // memory and yields `&raw const CONFIG` again: an aligned pointer to an
+    // initialised static that nothing writes while programs run (the agent
+    // sets it before load, and aya freezes the `.rodata` map that holds it).
+    unsafe { &*core::ptr::read_volatile(&at) }
 }
 
 /// The header every ring-buffer record starts with.
@@ -132,9 +137,13 @@ pub(crate) struct Current {
 /// The target filter: the current thread's stats if it is tracked.
 ///
 /// In cgroup mode a thread of a watched cgroup that is not in `THREADS` yet
-/// is added here, on its first traced event.
+/// is added here, on its first traced event. A task noted as not ours
+/// (untracked.rs) costs neither the lookup nor the adoption check.
 #[inline(always)]
 pub(crate) fn current(cfg: &Config) -> Option<Current> {
+    if untracked::known(current_task(), untracked::generations(running::generation())) {
+        return None;
+    }
     let (tid, tgid) = ids();
     match tracked(tid, tgid) {
         Some(c) => Some(c),

@@ -1,6 +1,6 @@
 //! The per-CPU slot (`CPU_SLOT`): which task this CPU runs and, for a tracked
-//! one, its hot state (in-flight syscall, read counts, the last descriptor
-//! read). Syscall programs work on the slot alone; `sched_switch` loads it
+//! one, its hot state (in-flight syscall, read and write counts, the last
+//! descriptor read and the last written). Syscall programs work on the slot alone; `sched_switch` loads it
 //! from `THREADS` when a tracked task comes in and adds it back when the
 //! task goes out. A slot that does not match the running task (a missed
 //! switch, or the agent changed what is tracked: `TRACK_GEN`) is looked up
@@ -67,11 +67,6 @@ fn refill(s: &mut CpuSlot, tid: u32, tgid: u32, gen: u32, cfg: &Config) {
     if s.tracked == slot_state::TRACKED {
         flush(s);
     }
-    // Known not ours (untracked.rs): no lookup, no adoption check.
-    if crate::untracked::known(crate::current_task(), crate::untracked::generations(gen)) {
-        set_untracked(s, tid, gen, slot_state::UNTRACKED);
-        return;
-    }
     match current(cfg) {
         Some(c) => load(s, tid, c.tgid, c.stats, gen),
         None => set_untracked(s, tid, gen, slot_state::UNTRACKED),
@@ -90,6 +85,7 @@ pub(crate) fn load(s: &mut CpuSlot, tid: u32, tgid: u32, t: &ThreadStats, gen: u
         gen,
         tracked: slot_state::TRACKED,
         file_fd: -1,
+        write_fd: -1,
         inflight: t.inflight,
         inflight_fd: t.inflight_fd,
         inflight_kind: t.inflight_kind,
@@ -106,6 +102,7 @@ pub(crate) fn set_untracked(s: &mut CpuSlot, tid: u32, gen: u32, state: u8) {
     s.gen = gen;
     s.tracked = state;
     s.file_fd = -1;
+    s.write_fd = -1;
 }
 
 /// Adds the slot's pending state to its thread (looked up) and file.
@@ -118,7 +115,7 @@ pub(crate) fn flush(s: &mut CpuSlot) {
         None => {
             // The thread is gone (exit removed it): only its file counts remain.
             flush_events(s);
-            flush_file(s);
+            flush_files(s);
             s.tracked = slot_state::UNTRACKED;
         }
     }
@@ -135,7 +132,7 @@ pub(crate) fn flush_into(s: &mut CpuSlot, t: &mut ThreadStats) {
     t.add_slot_counts(s);
     s.clear_thread_counts();
     flush_events(s);
-    flush_file(s);
+    flush_files(s);
 }
 
 /// Adds the pending program runs to the per-CPU `counter::EVENTS`.
@@ -147,28 +144,39 @@ fn flush_events(s: &mut CpuSlot) {
     }
 }
 
-/// Adds the pending per-file counts to `FILES`, if the descriptor still
-/// names the same open (another thread may have closed and reused the
-/// number meanwhile: those few reads then lose their file, not their bytes).
+/// Adds the pending per-file counts of both cached descriptors to `FILES`.
+#[inline(always)]
+fn flush_files(s: &mut CpuSlot) {
+    flush_file(s);
+    flush_write_file(s);
+}
+
+/// The `FILES` entry of `(tgid, fd)` if it still names the open `file_id`
+/// (another thread may have closed and reused the number meanwhile: the
+/// counts pending for it then lose their file, not their bytes).
+#[inline(always)]
+fn same_open(tgid: u32, fd: i32, file_id: u64) -> Option<&'static mut FileStats> {
+    let f = FILES.get_ptr_mut(FdKey { tgid, fd })?;
+    // SAFETY: the non-null value pointer of a `FILES` entry; the map is
+    // preallocated, so it stays valid memory for the program's run even if
+    // another thread closes the descriptor meanwhile (a recycled element: a
+    // miscount, never a fault). Other CPUs write the same entry only
+    // through `atomic_add`, as the callers do.
+    let f = unsafe { &mut *f };
+    (f.file_id == file_id).then_some(f)
+}
+
+/// Adds the pending read counts of the cached descriptor to `FILES`.
 #[inline(always)]
 pub(crate) fn flush_file(s: &mut CpuSlot) {
     if s.file_calls == 0 {
         return;
     }
-    let key = FdKey { tgid: s.tgid, fd: s.file_fd };
-    if let Some(f) = FILES.get_ptr_mut(key) {
-        // SAFETY: the non-null value pointer of a `FILES` entry; the map is
-        // preallocated, so it stays valid memory for the program's run even
-        // if another thread closes the descriptor meanwhile (a recycled
-        // element: a miscount, never a fault). Other CPUs write the same
-        // entry only through `atomic_add`, as below.
-        let f = unsafe { &mut *f };
-        if f.file_id == s.file_id {
-            // Threads of one process share descriptors: add atomically.
-            // SAFETY: `p` is a `&mut u64` field of the entry: valid and
-            // 8-byte aligned.
-            f.add_slot_file_with(s, |p, v| unsafe { atomic_add(p, v) });
-        }
+    if let Some(f) = same_open(s.tgid, s.file_fd, s.file_id) {
+        // Threads of one process share descriptors: add atomically.
+        // SAFETY: `p` is a `&mut u64` field of the entry: valid and
+        // 8-byte aligned.
+        f.add_slot_file_with(s, |p, v| unsafe { atomic_add(p, v) });
     }
     s.file_bytes = 0;
     s.file_calls = 0;
@@ -176,32 +184,59 @@ pub(crate) fn flush_file(s: &mut CpuSlot) {
     s.file_timed = 0;
 }
 
+/// Adds the pending write counts of the cached written descriptor to `FILES`.
+#[inline(always)]
+fn flush_write_file(s: &mut CpuSlot) {
+    if s.write_calls == 0 {
+        return;
+    }
+    if let Some(f) = same_open(s.tgid, s.write_fd, s.write_file_id) {
+        // SAFETY: as in `flush_file`.
+        f.add_slot_writes_with(s, |p, v| unsafe { atomic_add(p, v) });
+    }
+    s.write_bytes = 0;
+    s.write_calls = 0;
+}
+
+/// What `fd` of `tgid` is (its file id and `FileStats::kind`), from
+/// `FILES`; not followed (`fd_kind::OTHER`) when it has no entry.
+#[inline(always)]
+fn identify(tgid: u32, fd: i32) -> (u64, u32) {
+    // SAFETY: `get` is unsafe because another CPU may change or delete the
+    // entry while the reference lives (a preallocated element can be
+    // reused); two fields are copied at once, stale values at worst.
+    match unsafe { FILES.get(FdKey { tgid, fd }) } {
+        Some(f) => (f.file_id, f.kind),
+        None => (0, fd_kind::OTHER),
+    }
+}
+
 /// Makes `fd` the slot's cached descriptor: what it is, from `FILES`.
 #[inline(always)]
 pub(crate) fn cache_fd(s: &mut CpuSlot, fd: i32) {
     flush_file(s);
     s.file_fd = fd;
-    // SAFETY: `get` is unsafe because another CPU may change or delete the
-    // entry while the reference lives (a preallocated element can be
-    // reused); two fields are copied at once, stale values at worst.
-    match unsafe { FILES.get(FdKey { tgid: s.tgid, fd }) } {
-        Some(f) => {
-            s.file_id = f.file_id;
-            s.file_kind = f.kind;
-        }
-        None => {
-            s.file_id = 0;
-            s.file_kind = fd_kind::OTHER;
-        }
-    }
+    (s.file_id, s.file_kind) = identify(s.tgid, fd);
 }
 
-/// Forgets the cached descriptor (it is being closed or replaced).
+/// Makes `fd` the slot's cached written descriptor.
+#[inline(always)]
+fn cache_write_fd(s: &mut CpuSlot, fd: i32) {
+    flush_write_file(s);
+    s.write_fd = fd;
+    (s.write_file_id, s.write_kind) = identify(s.tgid, fd);
+}
+
+/// Forgets `fd` where it is cached (it is being closed or replaced).
 #[inline(always)]
 pub(crate) fn uncache_fd(s: &mut CpuSlot, fd: i32) {
     if s.file_fd == fd {
         flush_file(s);
         s.file_fd = -1;
+    }
+    if s.write_fd == fd {
+        flush_write_file(s);
+        s.write_fd = -1;
     }
 }
 
@@ -273,10 +308,10 @@ pub(crate) fn add_to_file(tgid: u32, fd: i32, add: impl FnOnce(&mut FileStats)) 
     }
 }
 
-/// Counts one finished write-family call on the slot's thread, and on its
-/// descriptor's `FILES` entry if it has one; failed ones (`bytes` 0) not at
-/// all. Writes are rarer than reads: they take the hash lookup instead of
-/// the read path's cached descriptor, and never disturb that cache.
+/// Counts one finished write-family call on the slot, for its thread and,
+/// if the descriptor is followed, its file (through the written
+/// descriptor's cache, apart from the read one); failed ones (`bytes` 0)
+/// not at all.
 #[inline(always)]
 pub(crate) fn count_write(s: &mut CpuSlot, bytes: u64) {
     let fd = s.inflight_fd;
@@ -287,13 +322,14 @@ pub(crate) fn count_write(s: &mut CpuSlot, bytes: u64) {
     if fd == 1 || fd == 2 {
         s.stdio_write_bytes += bytes;
     }
-    // SAFETY: `f` is the live `FILES` entry `add_to_file` passes: its fields
-    // are valid, 8-byte aligned `u64`s.
-    let file = add_to_file(s.tgid, fd, |f| unsafe {
-        atomic_add(&mut f.write_bytes, bytes);
-        atomic_add(&mut f.write_calls, 1);
-    });
-    if file {
+    if s.write_fd != fd {
+        cache_write_fd(s, fd);
+    }
+    if s.write_kind != fd_kind::OTHER {
+        s.write_bytes += bytes;
+        s.write_calls += 1;
+    }
+    if fd_kind::is_file(s.write_kind) {
         s.file_write_bytes += bytes;
         s.file_write_calls += 1;
     } else {

@@ -184,7 +184,9 @@ fn switch_out_unknown<const STACK: bool>(
                 }
             }
         }
-        let state = prev_state(preempt, prev, cfg);
+        // A tracked task is no longer one once its exit event removed it:
+        // whether it is exiting need not be asked (`exit_state`).
+        let state = prev_state::<false>(preempt, prev, cfg);
         switch_out::<STACK>(cur.stats, cur.tgid, state, *ts, prev, cfg);
         crate::timeline::record(cfg, cur.stats, tid, false, *ts);
     } else {
@@ -200,7 +202,7 @@ fn switch_out_unknown<const STACK: bool>(
             Some(job) => {
                 // A task's last switch comes after its exit event (which removed it):
                 // it must not be adopted again, or it would linger as a zombie.
-                let state = prev_state(preempt, prev, cfg);
+                let state = prev_state::<true>(preempt, prev, cfg);
                 if state != EXITING {
                     if let Some(cur) = adopt_into(cfg, tid, tgid, job) {
                         *ts = now();
@@ -217,13 +219,15 @@ fn switch_out_unknown<const STACK: bool>(
 /// What `prev` goes off-CPU for, as `__trace_sched_switch_state` reports
 /// it: preempted (or still running: a signal cancelled its sleep) is
 /// runnable; `TASK_IDLE` (uninterruptible without load) is not I/O.
+/// `EXIT_STATE`: a task past `exit_notify` (a zombie still switching) is
+/// exiting too, at the price of one more read.
 #[inline(always)]
-fn prev_state(preempt: u64, prev: u64, cfg: &Config) -> u8 {
+fn prev_state<const EXIT_STATE: bool>(preempt: u64, prev: u64, cfg: &Config) -> u8 {
     if preempt & 0xff != 0 {
         return RUNNABLE;
     }
     let state = read_u32(prev, cfg.task.state);
-    if state & TASK_DEAD != 0 || read_u32(prev, cfg.task.exit_state) != 0 {
+    if state & TASK_DEAD != 0 || (EXIT_STATE && read_u32(prev, cfg.task.exit_state) != 0) {
         EXITING
     } else if state & 0xff == 0 {
         RUNNABLE
@@ -268,7 +272,8 @@ fn switch_out<const STACK: bool>(
         t.off_nr = -1;
         return;
     }
-    let nr = syscall_nr::<STACK>(prev, cfg);
+    let regs = user_regs::<STACK>(prev, cfg);
+    let nr = nr_in(regs, cfg);
     t.off_nr = nr;
     let class = if nr >= 0 {
         SYSCALL_CLASS.get(nr as u32).copied().unwrap_or(syscall_class::OTHER)
@@ -282,14 +287,14 @@ fn switch_out<const STACK: bool>(
         // A blocking read or write of a file is I/O; of a pipe or socket it
         // is a wait on another party, like poll.
         syscall_class::READ => {
-            if on_file(t, tgid, inflight::READ, state) {
+            if on_file(t, tgid, inflight::READ, state, regs, cfg) {
                 reason::IO
             } else {
                 reason::POLL
             }
         }
         syscall_class::WRITE => {
-            if on_file(t, tgid, inflight::WRITE, state) {
+            if on_file(t, tgid, inflight::WRITE, state, regs, cfg) {
                 reason::WRITE
             } else {
                 reason::POLL
@@ -306,11 +311,19 @@ fn switch_out<const STACK: bool>(
 /// Whether the read or write (`what`, an `inflight` kind) `t` blocks in is
 /// on a file: by the descriptor's `FILES` entry where the syscall programs
 /// recorded the call; else (they are not attached) by the sleep, as files
-/// block uninterruptibly and pipes and sockets do not.
+/// block uninterruptibly and pipes and sockets do not. `regs`: the task's
+/// saved user registers, where the call's descriptor is if its entry did
+/// not read it (`inflight::FD_IN_REGS`); it is kept for the call's return.
 #[inline(always)]
-fn on_file(t: &ThreadStats, tgid: u32, what: u32, state: u8) -> bool {
+fn on_file(t: &mut ThreadStats, tgid: u32, what: u32, state: u8, regs: u64, cfg: &Config) -> bool {
     if inflight::kind(t.inflight, crate::running::generation()) != what {
         return state == UNINTERRUPTIBLE;
+    }
+    if t.inflight_fd == inflight::FD_IN_REGS && regs != 0 {
+        // SAFETY: as in `nr_in`: the helper checks the address; a fault
+        // reads as -1 (no descriptor). Any 8 bytes are a valid `u64`.
+        t.inflight_fd = unsafe { bpf_probe_read_kernel((regs + u64::from(cfg.regs.arg0)) as *const u64) }
+            .map_or(-1, |v| v as i32);
     }
     let key = FdKey { tgid, fd: t.inflight_fd };
     // SAFETY: `get` is unsafe because another CPU may change or delete the
@@ -320,14 +333,21 @@ fn on_file(t: &ThreadStats, tgid: u32, what: u32, state: u8) -> bool {
 }
 
 /// The syscall the current task (`prev`) is in, from its saved user
-/// registers (`orig_ax` on x86-64); -1 when it is not in one. `STACK`:
-/// the registers sit at the top of its kernel stack (`task_pt_regs`).
+/// registers (`orig_ax` on x86-64); -1 when it is not in one.
 #[inline(always)]
 pub(crate) fn syscall_nr<const STACK: bool>(prev: u64, cfg: &Config) -> i32 {
-    let regs = if STACK {
+    nr_in(user_regs::<STACK>(prev, cfg), cfg)
+}
+
+/// The address of the current task's (`prev`'s) saved user registers, 0
+/// if unknown. `STACK`: they sit at the top of its kernel stack
+/// (`task_pt_regs`).
+#[inline(always)]
+fn user_regs<const STACK: bool>(prev: u64, cfg: &Config) -> u64 {
+    if STACK {
         let stack = read_u64(prev, cfg.task.stack);
         if stack == 0 {
-            return -1;
+            return 0;
         }
         stack + u64::from(cfg.task.regs_in_stack)
     } else {
@@ -337,12 +357,18 @@ pub(crate) fn syscall_nr<const STACK: bool>(prev: u64, cfg: &Config) -> i32 {
         // agent loads the `STACK` variant there). The result is used only as
         // an address for bpf_probe_read_kernel.
         unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as u64 }
-    };
+    }
+}
+
+/// The syscall number in saved user registers at `regs` (0: unknown);
+/// -1 when the task is not in a syscall.
+#[inline(always)]
+fn nr_in(regs: u64, cfg: &Config) -> i32 {
     if regs == 0 {
         return -1;
     }
     // SAFETY: bpf_probe_read_kernel checks the address (computed from the
-    // task's stack or the helper above); a fault returns an error, read as
+    // task's stack or `bpf_task_pt_regs`); a fault returns an error, read as
     // -1, never a crash. Any 8 bytes are a valid `i64`.
     unsafe { bpf_probe_read_kernel((regs + u64::from(cfg.regs.nr)) as *const i64) }
         .map(|v| v as i32)
@@ -380,15 +406,19 @@ fn missed_switch_in(t: &mut ThreadStats, ts: u64, exec: u64, delay: u64) {
 
 #[inline(always)]
 fn switch_in(t: &mut ThreadStats, ts: u64, next: u64, cfg: &Config) {
-    // Current for next: its last slice was accounted when it went out.
-    let exec = read_u64(next, cfg.task.sum_exec);
     if t.state == run_state::RUNNING && t.seeded == 0 {
         // Its switch-out was never delivered: on-CPU time stays exact (the
         // kernel's counter), but what it waited for meanwhile is unknown.
         bump(counter::SCHED_GAPS);
     }
-    if exec != 0 {
-        t.exec_ns = exec;
+    // The kernel's total is current for next (its last slice was accounted
+    // when it went out), and unchanged since that switch-out stored it:
+    // read only where that switch-out was missed or the entry is new.
+    if t.state != run_state::OFF || t.seeded != 0 {
+        let exec = read_u64(next, cfg.task.sum_exec);
+        if exec != 0 {
+            t.exec_ns = exec;
+        }
     }
     t.seeded = 0;
     if t.state == run_state::OFF {

@@ -30,7 +30,7 @@ use aya_ebpf::{
 };
 use stall_common::{
     counter, event_kind, fd_kind, hook, inflight, syscall_class, CloseEvent, Config, CpuSlot, FdKey,
-    FileStats, OpenEvent, PATH_LEN,
+    FileStats, OpenEvent, Regs, PATH_LEN,
 };
 
 use crate::{
@@ -66,10 +66,31 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     }
     let regs: u64 = ctx.arg(0);
     if let Some(s) = tracked_slot(&cfg, regs) {
-        let hooked = hook_of(reg(regs, cfg.regs.nr).unwrap_or(u64::MAX) as i64);
-        exit(&cfg, s, hooked, regs, ctx.arg(1));
+        // Most returns of a tracked task end nothing `enter` recorded
+        // (futex, poll, mmap...): they read no register.
+        if s.inflight == inflight::NONE {
+            return 0;
+        }
+        let (nr, arg0) = nr_and_arg0(regs, &cfg.regs);
+        exit(&cfg, s, hook_of(nr), regs, ctx.arg(1), arg0);
     }
     0
+}
+
+/// The syscall number and first argument in the saved registers: one read
+/// where they are neighbours (`orig_ax` after `di` on x86-64).
+#[inline(always)]
+fn nr_and_arg0(regs: u64, r: &Regs) -> (i64, Option<u64>) {
+    if u32::from(r.arg0) + 8 == u32::from(r.nr) {
+        // SAFETY: bpf_probe_read_kernel checks the address (the saved
+        // registers plus an offset from the agent); a fault returns an
+        // error, never a crash. Any 16 bytes are a valid `[u64; 2]`.
+        return match unsafe { bpf_probe_read_kernel((regs + u64::from(r.arg0)) as *const [u64; 2]) } {
+            Ok([arg0, nr]) => (nr as i64, Some(arg0)),
+            Err(_) => (-1, None),
+        };
+    }
+    (reg(regs, r.nr).map_or(-1, |v| v as i64), reg(regs, r.arg0))
 }
 
 /// What the entry of a hooked syscall does to the current task's slot:
@@ -80,12 +101,21 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
 #[inline(always)]
 pub(crate) fn enter(cfg: &Config, s: &mut CpuSlot, what: u8, regs: u64) {
     let r = &cfg.regs;
+    s.events += 1;
+    // The hot calls first: their descriptor is read at their return.
+    match what {
+        hook::READ | hook::COPY => return reading(s, cfg, inflight::FD_IN_REGS),
+        hook::WRITE => {
+            s.inflight = inflight::tag(inflight::WRITE, s.gen);
+            s.inflight_fd = inflight::FD_IN_REGS;
+            return;
+        }
+        _ => {}
+    }
     let Some(arg0) = reg(regs, r.arg0) else {
         return;
     };
-    s.events += 1;
     match what {
-        hook::READ | hook::COPY => reading(s, cfg, arg0 as i32),
         hook::SENDFILE => reading(s, cfg, reg(regs, r.arg1).unwrap_or(u64::MAX) as i32),
         hook::OPENAT => {
             let flags = reg(regs, r.arg2).unwrap_or(0) as u32;
@@ -109,10 +139,6 @@ pub(crate) fn enter(cfg: &Config, s: &mut CpuSlot, what: u8, regs: u64) {
                 duplicating(s, arg0 as i32);
             }
         }
-        hook::WRITE => {
-            s.inflight = inflight::tag(inflight::WRITE, s.gen);
-            s.inflight_fd = arg0 as i32;
-        }
         hook::CONNECT => {
             s.inflight = inflight::tag(inflight::CONNECT, s.gen);
             s.inflight_fd = arg0 as i32;
@@ -125,10 +151,10 @@ pub(crate) fn enter(cfg: &Config, s: &mut CpuSlot, what: u8, regs: u64) {
 
 /// What the return of a hooked syscall does: counts what `enter` recorded
 /// with the syscall's return value `ret`. `hooked` is the `hook` kind of
-/// the syscall returning, `regs` its saved registers. Shared by both
-/// backends.
+/// the syscall returning, `regs` its saved registers, `arg0` their first
+/// argument if the caller read it already. Shared by both backends.
 #[inline(always)]
-pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, hooked: u8, regs: u64, ret: i64) {
+pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, hooked: u8, regs: u64, ret: i64, arg0: Option<u64>) {
     let what = inflight::kind(s.inflight, s.gen);
     if what == inflight::NONE {
         s.inflight = inflight::NONE;
@@ -142,6 +168,9 @@ pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, hooked: u8, regs: u64, ret: i6
         return;
     }
     s.events += 1;
+    if s.inflight_fd == inflight::FD_IN_REGS {
+        s.inflight_fd = arg0.or_else(|| reg(regs, cfg.regs.arg0)).map_or(-1, |v| v as i32);
+    }
     if what == inflight::READ {
         let lat = if s.inflight_ts != 0 { Some(now().saturating_sub(s.inflight_ts)) } else { None };
         let bytes = if ret > 0 { ret as u64 } else { 0 };

@@ -66,7 +66,7 @@ macro_rules! exits {
         pub fn $name(ctx: FExitContext) -> i32 {
             // One argument: the return value is the next slot.
             let (regs, ret): (u64, i64) = (ctx.arg(0), ctx.arg(1));
-            on_tracked(regs, |cfg, s| exit(cfg, s, $what, regs, ret))
+            on_tracked(regs, |cfg, s| exit(cfg, s, $what, regs, ret, None))
         }
     )*};
 }
@@ -79,7 +79,7 @@ macro_rules! returns {
             let (regs, ret): (u64, i64) = (ctx.arg(0), ctx.arg(1));
             on_tracked(regs, |cfg, s| {
                 enter(cfg, s, $what, regs);
-                exit(cfg, s, $what, regs, ret);
+                exit(cfg, s, $what, regs, ret, None);
             })
         }
     )*};

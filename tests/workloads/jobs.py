@@ -362,10 +362,16 @@ def pwritev(fd, bufs, offset):
 def job_writes(args):
     """A writer thread writes known byte counts to two files with write,
     pwrite, writev, pwritev and pwritev2 (odd sizes; one failed write on a
-    read-only descriptor, which must not count); a printer thread writes
+    read-only descriptor, which must not count), then to both in turn with
+    reads of the first between, as a copy loop does; a printer thread writes
     lines to stdout and stderr, whatever they are (pipe or file)."""
     path_a, path_b = args[0], args[1]
-    truth = {"pid": os.getpid(), "files": {path_a: 0, path_b: 0}, "calls": {path_a: 0, path_b: 0}}
+    truth = {
+        "pid": os.getpid(),
+        "files": {path_a: 0, path_b: 0},
+        "calls": {path_a: 0, path_b: 0},
+        "reads": {path_a: 0, path_b: 0},
+    }
     start = threading.Barrier(3)
 
     def writer():
@@ -397,6 +403,15 @@ def job_writes(args):
         n = os.pwritev(fb, [b"h" * 12345], off, os.RWF_DSYNC)
         off += n
         done(path_b, n)
+        # A copy loop's pattern: the two descriptors in turn, with reads
+        # between (stall caches the last written descriptor apart from the
+        # last read one).
+        for i in range(6):
+            done(path_a, os.write(fa, b"i" * (77 + i)))
+            truth["reads"][path_a] += len(os.pread(ro, 64, 0))
+            n = os.pwrite(fb, b"j" * (99 + i), off)
+            off += n
+            done(path_b, n)
         try:
             os.write(ro, b"refused")
             raise SystemExit("a write on a read-only descriptor succeeded")

@@ -283,6 +283,8 @@ struct Files {
     small: PathBuf,
     /// One per DataLoader-like worker.
     shards: Vec<PathBuf>,
+    /// Where copy-4k writes.
+    copy_to: PathBuf,
 }
 
 /// Creates the files once (deterministic content) and leaves them cached.
@@ -296,7 +298,7 @@ fn prepare_files(dir: &Path, quick: bool) -> Result<Files> {
             make_file(&p, shard_mib << 20, 2 + i as u64).map(|()| p)
         })
         .collect::<Result<_>>()?;
-    Ok(Files { small, shards })
+    Ok(Files { small, shards, copy_to: dir.join("copy-1m") })
 }
 
 fn make_file(path: &Path, len: u64, seed: u64) -> Result<()> {
@@ -333,6 +335,8 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
     let (reads, passes, iters, forks) =
         if quick { (131_072u64, 6u64, 50_000u64, 2_000u64) } else { (262_144, 12, 100_000, 5_000) };
     let pread = |n: u64| strs(&["pread", "--file", &small, "--ops", &n.to_string()]);
+    let copy_to = files.copy_to.display().to_string();
+    let copy = |n: u64| strs(&["pread", "--file", &small, "--ops", &n.to_string(), "--copy-to", &copy_to]);
     let loader = |p: u64| strs(&["loader", "--files", &shards.join(","), "--passes", &p.to_string()]);
     let cold_loader =
         |p: u64| strs(&["loader", "--files", &shards.join(","), "--passes", &p.to_string(), "--cold", "1"]);
@@ -361,6 +365,21 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
             "read",
             pread(reads),
             pread(reads / 16),
+            false,
+        ),
+        w(
+            "copy-4k",
+            "4 KiB read + 4 KiB write per block (dd bs=4k)",
+            format!(
+                "{} blocks: a `pread` of 4 KiB from the cached 64 MiB file, then a `pwrite` of it into a 1 MiB \
+                 file beside it (overwritten in turn: its pages stay in memory), one thread; strace traces the \
+                 reads only (strace: {} blocks)",
+                reads / 2,
+                reads / 32
+            ),
+            "block",
+            copy(reads / 2),
+            copy(reads / 32),
             false,
         ),
         w(

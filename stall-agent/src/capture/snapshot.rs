@@ -32,11 +32,13 @@ impl Capture {
                 t.add_slot_counts(r);
             }
             if r.file_calls > 0 {
-                if let Some((_, f)) = files
-                    .iter_mut()
-                    .find(|(k, f)| k.tgid == r.tgid && k.fd == r.file_fd && f.file_id == r.file_id)
-                {
+                if let Some(f) = open_of(&mut files, r.tgid, r.file_fd, r.file_id) {
                     f.add_slot_file(r);
+                }
+            }
+            if r.write_calls > 0 {
+                if let Some(f) = open_of(&mut files, r.tgid, r.write_fd, r.write_file_id) {
+                    f.add_slot_writes(r);
                 }
             }
         }
@@ -137,6 +139,11 @@ impl Capture {
         remove_where(&mut self.uring_pending, |_, r| tgids.contains(&r.tgid));
         out
     }
+}
+
+/// The `FILES` entry of `fd` of `tgid` if it still names the open `file_id`.
+fn open_of(files: &mut [(FdKey, FileStats)], tgid: u32, fd: i32, file_id: u64) -> Option<&mut FileStats> {
+    files.iter_mut().find(|(k, f)| k.tgid == tgid && k.fd == fd && f.file_id == file_id).map(|(_, f)| f)
 }
 
 /// Removes the entries of `map` that are `gone` (by key and value); returns them as they

@@ -67,6 +67,13 @@ pub fn run(env: &Env, files: &Files, secs: f64) -> Result<Vec<Profile>> {
             beside: None,
         },
         Plan {
+            label: "copy-4k: 4 KiB read + 4 KiB write per block, traced",
+            unit: "block",
+            floor: false,
+            traced: [pread.clone(), strs(&["--copy-to", &files.copy_to.display().to_string()])].concat(),
+            beside: None,
+        },
+        Plan {
             label: "futex-pingpong: futex ping-pong, traced",
             unit: "switch",
             floor: false,

@@ -85,16 +85,19 @@ exact bytes per descriptor or see pipes.
 and `sys_exit` (two programs that pick openat, close and the read family by number) instead of one \
 `syscalls:sys_*` event per syscall: the per-syscall events build a perf record per call, which \
 made their floor about twice as high in the same A/B runs.
-- **No hash lookup per read.** The syscall programs work on a per-CPU slot describing the task \
-the CPU runs (filled by `sched_switch`, recognised by the task's register pointer, so not even a \
-`bpf_get_current_pid_tgid` per call); the slot caches the last descriptor read and accumulates \
-its counts, which go to the per-thread and per-file maps when the task is switched out, closes \
-the descriptor, or exits (the agent adds what slots hold to its snapshots). An untraced task's \
-syscall costs the programs a table lookup and a compare.
-- **What is left per traced read** is two helper calls that this VM makes expensive (call-depth \
-tracking and retpolines on): `bpf_probe_read_kernel` of the descriptor argument at entry (about \
-40 ns) and, for one read in 8 picked at random, `bpf_ktime_get_ns` at entry and exit (about 50 ns \
-each) for the latency estimate; `--latency-sample 1` times every read at that price.
+- **No hash lookup per read or write.** The syscall programs work on a per-CPU slot describing \
+the task the CPU runs (filled by `sched_switch`, recognised by the task's register pointer, so not \
+even a `bpf_get_current_pid_tgid` per call); the slot caches the last descriptor read and, apart, \
+the last one written (a copy loop alternates the two), and accumulates their counts, which go to \
+the per-thread and per-file maps when the task is switched out, closes the descriptor, or exits \
+(the agent adds what slots hold to its snapshots). An untraced task's syscall costs the programs \
+a table lookup and a compare; each program loads only the configuration fields it uses.
+- **What is left per traced read** is helper calls that this VM makes expensive (call-depth \
+tracking and retpolines on): one `bpf_probe_read_kernel` at the return for the syscall number and \
+the descriptor together (neighbours in the saved registers; the entry reads nothing, and a read \
+that blocks has its descriptor read at the switch) and, for one read in 8 picked at random, \
+`bpf_ktime_get_ns` at entry and exit (about 50 ns each) for the latency estimate; \
+`--latency-sample 1` times every read at that price.
 - **Storage bytes cost a lookup per page-cache fill, nothing per read.** The program on \
 `filemap:mm_filemap_add_to_page_cache` runs only when a page (or large folio) enters the page \
 cache, i.e. when something is read from storage: a hash lookup for the current task and, for a \
