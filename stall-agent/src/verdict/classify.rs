@@ -146,10 +146,11 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
         return Finding::OutputIo { out, sync: tm.r(reason::SYNC) };
     }
     let (worker_io, worker_cpu) = worker_shares(&s.workers, s.secs);
-    // Of the time its CPU limit let it act (throttled, it can do nothing,
-    // wait or work): a trainer held back by the same quota as its workers
+    // Of the time it could act (throttled by its CPU limit or waiting for
+    // a CPU, it can do nothing, wait or work): a trainer held back by the
+    // same quota as its workers, or crowded off a host they keep busy,
     // still waits on them for most of what it was given.
-    let free = (1.0 - tm.r(reason::THROTTLED)).max(0.1);
+    let free = (1.0 - tm.r(reason::THROTTLED) - tm.r(reason::RUNQUEUE)).max(0.1);
     if (waits + own_io) / free >= rules::TRAINER_WAITS {
         let waits = waits + own_io;
         if !s.workers.is_empty() && worker_io >= rules::WORKER_SHARE && worker_io >= worker_cpu {

@@ -589,6 +589,28 @@ fn trainer_host_bound_with_and_without_gpu() {
     assert!(v.summary.contains("busy on the host"));
 }
 
+/// A host crowded by CPU-hungry workers (the slow rank of a run on a
+/// small node): the trainer waits for a CPU a good part of the time, and
+/// of the rest it waits on its input more than it works.
+#[test]
+fn a_trainer_crowded_off_the_cpu_by_its_workers_is_input_cpu_bound() {
+    let crowded = |on: f64, rq: f64, futex: f64, poll: f64| {
+        Job::new(10).trainer(on, [futex, 0.0, poll, 0.0, rq, 0.0], blocked(reason::POLL)).worker(
+            101,
+            0.45,
+            [0.0, 0.0, 0.32, 0.0, 0.23, 0.0],
+            2_000_000,
+        )
+    };
+    // On CPU 23 %, waiting for one 28 %, waiting on input 49 %: 68 % of
+    // the time it could run.
+    let v = crowded(0.23, 0.28, 0.23, 0.26).judge(&[]);
+    assert_eq!(v.kind, Kind::InputCpuBound, "{v:?}");
+    // On CPU 40 %, waiting for one 45 %, on input 15 %: it is the one busy.
+    let v = crowded(0.40, 0.45, 0.05, 0.10).judge(&[]);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+}
+
 #[test]
 fn gpu_busy_wins() {
     let v = io_bound_job().judge(&[gpu(95.0, 10, None)]);
