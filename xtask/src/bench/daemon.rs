@@ -152,8 +152,10 @@ pub fn run(env: &Env, small: &Path, nvml_lib: &Path, runs: usize, quick: bool) -
 /// cgroup in it, and the job's scripted GPU.
 struct Node {
     mount: PathBuf,
-    root: Cg,
+    // Fields drop in this order: the job's cgroup must go before the root
+    // that holds it, or the root cannot be removed and is left behind.
     job: Cg,
+    root: Cg,
     script: PathBuf,
     pid_file: PathBuf,
     nvml_lib: PathBuf,
