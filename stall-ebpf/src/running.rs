@@ -1,8 +1,8 @@
 //! The per-CPU slot (`CPU_SLOT`): which task this CPU runs and, for a tracked
 //! one, its hot state (in-flight syscall, read and write counts, the last
-//! descriptor read and the last written). Syscall programs work on the slot alone; `sched_switch` loads it
-//! from `THREADS` when a tracked task comes in and adds it back when the
-//! task goes out. A slot that does not match the running task (a missed
+//! descriptor read and the last written). Syscall programs work on the
+//! slot alone; `sched_switch` loads it from `THREADS` when a tracked task
+//! comes in and adds it back when the task goes out. A slot that does not match the running task (a missed
 //! switch, or the agent changed what is tracked: `TRACK_GEN`) is looked up
 //! again, so a stale slot costs a lookup, never a wrong count.
 use aya_ebpf::helpers::bpf_probe_read_kernel;

@@ -89,12 +89,6 @@ impl Identities {
         self.failing = Some(why);
     }
 
-    /// Whether a container runtime names the pods at all (else there is
-    /// nothing to ask it, and no pod UIDs to gather for it).
-    pub fn asks_runtime(&self) -> bool {
-        self.ask_runtime
-    }
-
     /// Lists the runtime's pods again if one of `uids` is not among them
     /// (a pod that appeared since), at most once a second.
     pub async fn learn(&mut self, uids: &[String]) {

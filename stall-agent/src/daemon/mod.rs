@@ -154,21 +154,13 @@ pub async fn run(opts: Options) -> Result<()> {
     names.connect().await;
     let mut node = Node::new(roots, mount, opts.all_jobs, opts.device_holders);
     let mut seen = Seen::default();
-    if names.asks_runtime() {
-        names.learn(&node.pods_to_name()).await;
-    }
-    node.discover(&mut live, &gpus, &shared.metrics, &names);
+    look(&mut node, &mut names, &mut live, &gpus, &shared.metrics).await;
     feed.start();
     loop {
         match feed.next(&mut live.capture).await? {
             Wake::Events => node.route(&mut live, &mut feed.events),
             Wake::Tick => {
-                // Only with a runtime to ask: the pod UIDs cost a second
-                // read of the roots each interval.
-                if names.asks_runtime() {
-                    names.learn(&node.pods_to_name()).await;
-                }
-                node.discover(&mut live, &gpus, &shared.metrics, &names);
+                look(&mut node, &mut names, &mut live, &gpus, &shared.metrics).await;
                 live.capture.drain_events(&mut feed.events);
                 node.route(&mut live, &mut feed.events);
                 let snap = live.capture.snapshot();
@@ -199,6 +191,21 @@ pub async fn run(opts: Options) -> Result<()> {
     eprintln!("stall daemon: detaching");
     drop(live);
     Ok(())
+}
+
+/// One look at the node: the cgroups under the roots, read once; the pods
+/// among them the container runtime should name (asked only where there is
+/// one); then the jobs that came and went.
+async fn look(
+    node: &mut Node,
+    names: &mut Identities,
+    live: &mut LiveHost,
+    gpus: &GpuFleet,
+    metrics: &Metrics,
+) {
+    let candidates = node.candidates();
+    names.learn(&node.pods_to_name(&candidates)).await;
+    node.discover(candidates, live, gpus, metrics, names);
 }
 
 /// Each job's published verdict into its history; a change is logged as

@@ -79,8 +79,9 @@ impl Node {
         }
     }
 
-    /// The cgroups under the roots that may be jobs.
-    fn candidates(&self) -> Vec<PathBuf> {
+    /// The cgroups under the roots that may be jobs: read once per look,
+    /// for [`Node::pods_to_name`] and [`Node::discover`].
+    pub fn candidates(&self) -> Vec<PathBuf> {
         let mut dirs = Vec::new();
         for root in &self.roots {
             let Ok(rd) = std::fs::read_dir(root) else { continue };
@@ -98,11 +99,10 @@ impl Node {
         dirs
     }
 
-    /// The pod UIDs of the cgroups that may be jobs and of the jobs not yet
-    /// named: those the container runtime should list.
-    pub fn pods_to_name(&self) -> Vec<String> {
-        let unwatched =
-            self.candidates().into_iter().filter(|d| !self.jobs.contains_key(d)).map(|d| self.relative(&d));
+    /// The pod UIDs of the `candidates` not yet watched and of the jobs not
+    /// yet named: those the container runtime should list.
+    pub fn pods_to_name(&self, candidates: &[PathBuf]) -> Vec<String> {
+        let unwatched = candidates.iter().filter(|d| !self.jobs.contains_key(*d)).map(|d| self.relative(d));
         let unnamed =
             self.jobs.values().filter(|w| w.identity.pod.is_empty()).map(|w| w.labels.cgroup.clone());
         unwatched.chain(unnamed).map(|p| kube::parse(&p).pod).filter(|uid| !uid.is_empty()).collect()
@@ -112,15 +112,23 @@ impl Node {
         dir.strip_prefix(&self.mount).unwrap_or(dir).to_string_lossy().into_owned()
     }
 
-    /// Attaches jobs that appeared (and qualify), detaches those that are
-    /// gone, and follows cgroups created inside a job since the last look;
-    /// a job whose pod the runtime lists only now is named from now on.
-    pub fn discover(&mut self, live: &mut LiveHost, gpus: &GpuFleet, metrics: &Metrics, names: &Identities) {
+    /// Attaches jobs that appeared among the `candidates` (and qualify),
+    /// detaches those that are gone, and follows cgroups created inside a
+    /// job since the last look; a job whose pod the runtime lists only now
+    /// is named from now on.
+    pub fn discover(
+        &mut self,
+        candidates: Vec<PathBuf>,
+        live: &mut LiveHost,
+        gpus: &GpuFleet,
+        metrics: &Metrics,
+        names: &Identities,
+    ) {
         let on_gpu = gpus.holders();
         // Without NVML, holding a device is the only sign of a GPU job.
         let device_holders = self.device_holders || !gpus.sampling();
         let mut present = HashSet::new();
-        for dir in self.candidates() {
+        for dir in candidates {
             present.insert(dir.clone());
             if let Some(w) = self.jobs.get_mut(&dir) {
                 // New sub-cgroups of a watched job, and their tasks.
