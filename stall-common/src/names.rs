@@ -38,7 +38,10 @@ pub const COUNTERS: &str = "COUNTERS";
 pub const FILE_SEQ: &str = "FILE_SEQ";
 
 // Scheduler and task programs (sched.rs, task.rs). `*_STACK`: the variant
-// for kernels without `bpf_task_pt_regs`; the agent loads one of the two.
+// for kernels without `bpf_task_pt_regs`; `SCHED_SWITCH_DIRECT`: the one
+// that loads the current task's fields directly, where the verifier takes
+// it. The agent loads one of each kind.
+pub const SCHED_SWITCH_DIRECT: &str = "sched_switch_direct";
 pub const SCHED_SWITCH: &str = "sched_switch";
 pub const SCHED_SWITCH_STACK: &str = "sched_switch_stack";
 pub const SCHED_WAKING: &str = "sched_waking";
@@ -129,6 +132,7 @@ pub const MAPS: &[&str] = &[
 
 /// Every program the object defines.
 pub const PROGRAMS: &[&str] = &[
+    SCHED_SWITCH_DIRECT,
     SCHED_SWITCH,
     SCHED_SWITCH_STACK,
     SCHED_WAKING,

@@ -82,25 +82,134 @@ pub(crate) fn kclock_flags(cfg: &Config) -> u8 {
     }
 }
 
+/// How `switch` reads the task going off-CPU (the current task): by
+/// `bpf_probe_read_kernel`, its registers found from `task->stack` (before
+/// 5.15) or from `bpf_task_pt_regs`; or `DIRECT`ly, by plain loads through
+/// the BTF pointers `bpf_get_current_task_btf` and `bpf_task_pt_regs`
+/// return, which the verifier turns into fault-safe loads: no helper call
+/// per field. The agent loads `sched_switch_direct` where the kernel's
+/// verifier takes it, else one of the other two.
+const PROBE_STACK: u8 = 0;
+const PROBE: u8 = 1;
+const DIRECT: u8 = 2;
+
+/// Kernels whose verifier takes plain loads through the current task's BTF
+/// pointer in a raw tracepoint program.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn sched_switch_direct(ctx: RawTracePointContext) -> i32 {
+    switch::<DIRECT>(&ctx)
+}
+
 /// Kernels with `bpf_task_pt_regs` (5.15 and later): the saved user
 /// registers come from the helper.
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
-    switch::<false>(&ctx)
+    switch::<PROBE>(&ctx)
 }
 
 /// Kernels without it: from `task->stack` (`TaskOffsets::regs_in_stack`).
-/// The agent loads one of the two.
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch_stack(ctx: RawTracePointContext) -> i32 {
-    switch::<true>(&ctx)
+    switch::<PROBE_STACK>(&ctx)
+}
+
+/// The task going off-CPU, which is the current task: its address (the
+/// tracepoint's argument) and, for `DIRECT`, its BTF pointer.
+#[derive(Clone, Copy)]
+struct Prev {
+    task: u64,
+    btf: *const u8,
+}
+
+impl Prev {
+    #[inline(always)]
+    fn new<const HOW: u8>(task: u64) -> Self {
+        let btf = if HOW == DIRECT {
+            // SAFETY: takes no arguments; returns the current task as a
+            // BTF pointer, which is only ever loaded from (see `u32_at`).
+            unsafe { bpf_get_current_task_btf() as *const u8 }
+        } else {
+            core::ptr::null()
+        };
+        Self { task, btf }
+    }
+
+    #[inline(always)]
+    fn u32_at<const HOW: u8>(self, off: u32) -> u32 {
+        if HOW == DIRECT {
+            // SAFETY: `btf` is the current task's BTF pointer and `off` an
+            // offset the agent took from the kernel's BTF for a field of at
+            // least 4 bytes; the verifier checks the load against that BTF
+            // (it rejects the program otherwise, and the agent loads another
+            // variant) and makes it a fault-safe load: a fault reads 0.
+            unsafe { core::ptr::read_volatile(self.btf.add(off as usize) as *const u32) }
+        } else {
+            read_u32(self.task, off)
+        }
+    }
+
+    #[inline(always)]
+    fn u64_at<const HOW: u8>(self, off: u32) -> u64 {
+        if HOW == DIRECT {
+            // SAFETY: as in `u32_at`, for an 8-byte field.
+            unsafe { core::ptr::read_volatile(self.btf.add(off as usize) as *const u64) }
+        } else {
+            read_u64(self.task, off)
+        }
+    }
+
+    /// Its thread and process ids.
+    #[inline(always)]
+    fn ids<const HOW: u8>(self, cfg: &Config) -> (u32, u32) {
+        if HOW == DIRECT {
+            (self.u32_at::<HOW>(cfg.task.pid), self.u32_at::<HOW>(cfg.task.tgid))
+        } else {
+            ids()
+        }
+    }
+
+    /// The kernel's totals for it, as `kernel_totals`.
+    #[inline(always)]
+    fn totals<const HOW: u8>(self, cfg: &Config) -> (u64, u64) {
+        let exec = self.u64_at::<HOW>(cfg.task.sum_exec);
+        let delay = if cfg.task.flags & task_flags::RUN_DELAY != 0 {
+            self.u64_at::<HOW>(cfg.task.run_delay)
+        } else {
+            0
+        };
+        (exec, delay)
+    }
+
+    /// The address of its saved user registers (0 if unknown) and the
+    /// syscall it is in there (-1: none).
+    #[inline(always)]
+    fn regs_and_nr<const HOW: u8>(self, cfg: &Config) -> (u64, i32) {
+        if HOW == DIRECT {
+            // SAFETY: `btf` is the current task's BTF pointer, as
+            // bpf_task_pt_regs requires; it returns a BTF pointer to the
+            // task's `struct pt_regs`, loaded from as in `u32_at` (`orig_ax`,
+            // 8 bytes).
+            unsafe {
+                let regs = bpf_task_pt_regs(self.btf as *mut _) as *const u8;
+                let nr = core::ptr::read_volatile(regs.add(usize::from(cfg.regs.nr)) as *const i64);
+                (regs as u64, nr as i32)
+            }
+        } else {
+            let regs = if HOW == PROBE_STACK {
+                user_regs::<true>(self.task, cfg)
+            } else {
+                user_regs::<false>(self.task, cfg)
+            };
+            (regs, nr_in(regs, cfg))
+        }
+    }
 }
 
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct
 /// *next[, unsigned int prev_state])`: only the first three, which every
 /// kernel has (a raw tracepoint program may not read past the arguments).
 #[inline(always)]
-fn switch<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
+fn switch<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
     let cfg = config();
     if cfg.floor != 0 {
         return 0;
@@ -123,7 +232,7 @@ fn switch<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
             }
         }
     } else {
-        switch_out_unknown::<STACK>(&cfg, preempt, prev, gens, &mut slot, &mut ts);
+        switch_out_unknown::<HOW>(cfg, preempt, Prev::new::<HOW>(prev), gens, &mut slot, &mut ts);
     }
     if untracked::known(next, gens) {
         // Its tid is not read: a syscall program that finds the slot
@@ -163,16 +272,16 @@ fn switch<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
 /// `prev` (the current task) goes off-CPU, not known to be outside the
 /// job: counted if tracked, adopted if its cgroup is watched, else noted.
 #[inline(always)]
-fn switch_out_unknown<const STACK: bool>(
+fn switch_out_unknown<const HOW: u8>(
     cfg: &Config,
     preempt: u64,
-    prev: u64,
+    prev: Prev,
     gens: u64,
     slot: &mut Option<&'static mut CpuSlot>,
     ts: &mut u64,
 ) {
-    // prev is the current task: the filter needs no field read.
-    let (tid, tgid) = ids();
+    // prev is the current task: the filter needs no probe read.
+    let (tid, tgid) = prev.ids::<HOW>(cfg);
     if let Some(cur) = tracked(tid, tgid) {
         *ts = now();
         if let Some(s) = slot.as_mut() {
@@ -186,8 +295,8 @@ fn switch_out_unknown<const STACK: bool>(
         }
         // A tracked task is no longer one once its exit event removed it:
         // whether it is exiting need not be asked (`exit_state`).
-        let state = prev_state::<false>(preempt, prev, cfg);
-        switch_out::<STACK>(cur.stats, cur.tgid, state, *ts, prev, cfg);
+        let state = prev_state::<false, HOW>(preempt, prev, cfg);
+        switch_out::<HOW>(cur.stats, cur.tgid, state, *ts, prev, cfg);
         crate::timeline::record(cfg, cur.stats, tid, false, *ts);
     } else {
         if let Some(s) = slot.as_mut() {
@@ -202,16 +311,16 @@ fn switch_out_unknown<const STACK: bool>(
             Some(job) => {
                 // A task's last switch comes after its exit event (which removed it):
                 // it must not be adopted again, or it would linger as a zombie.
-                let state = prev_state::<true>(preempt, prev, cfg);
+                let state = prev_state::<true, HOW>(preempt, prev, cfg);
                 if state != EXITING {
                     if let Some(cur) = adopt_into(cfg, tid, tgid, job) {
                         *ts = now();
-                        switch_out::<STACK>(cur.stats, cur.tgid, state, *ts, prev, cfg);
+                        switch_out::<HOW>(cur.stats, cur.tgid, state, *ts, prev, cfg);
                         crate::timeline::record(cfg, cur.stats, tid, false, *ts);
                     }
                 }
             }
-            None => untracked::note(prev, gens),
+            None => untracked::note(prev.task, gens),
         }
     }
 }
@@ -222,12 +331,12 @@ fn switch_out_unknown<const STACK: bool>(
 /// `EXIT_STATE`: a task past `exit_notify` (a zombie still switching) is
 /// exiting too, at the price of one more read.
 #[inline(always)]
-fn prev_state<const EXIT_STATE: bool>(preempt: u64, prev: u64, cfg: &Config) -> u8 {
+fn prev_state<const EXIT_STATE: bool, const HOW: u8>(preempt: u64, prev: Prev, cfg: &Config) -> u8 {
     if preempt & 0xff != 0 {
         return RUNNABLE;
     }
-    let state = read_u32(prev, cfg.task.state);
-    if state & TASK_DEAD != 0 || (EXIT_STATE && read_u32(prev, cfg.task.exit_state) != 0) {
+    let state = prev.u32_at::<HOW>(cfg.task.state);
+    if state & TASK_DEAD != 0 || (EXIT_STATE && prev.u32_at::<HOW>(cfg.task.exit_state) != 0) {
         EXITING
     } else if state & 0xff == 0 {
         RUNNABLE
@@ -239,17 +348,10 @@ fn prev_state<const EXIT_STATE: bool>(preempt: u64, prev: u64, cfg: &Config) -> 
 }
 
 #[inline(always)]
-fn switch_out<const STACK: bool>(
-    t: &mut ThreadStats,
-    tgid: u32,
-    state: u8,
-    ts: u64,
-    prev: u64,
-    cfg: &Config,
-) {
+fn switch_out<const HOW: u8>(t: &mut ThreadStats, tgid: u32, state: u8, ts: u64, prev: Prev, cfg: &Config) {
     // The kernel's totals are current for prev here: pick_next_task has
     // accounted its last slice, and its run_delay last moved at its switch-in.
-    let (exec, delay) = kernel_totals(prev, cfg);
+    let (exec, delay) = prev.totals::<HOW>(cfg);
     if t.state == run_state::RUNNING {
         t.on_cpu_ns += ts.saturating_sub(t.last_ts);
     } else if t.state == run_state::OFF && t.seeded == 0 {
@@ -272,8 +374,7 @@ fn switch_out<const STACK: bool>(
         t.off_nr = -1;
         return;
     }
-    let regs = user_regs::<STACK>(prev, cfg);
-    let nr = nr_in(regs, cfg);
+    let (regs, nr) = prev.regs_and_nr::<HOW>(cfg);
     t.off_nr = nr;
     let class = if nr >= 0 {
         SYSCALL_CLASS.get(nr as u32).copied().unwrap_or(syscall_class::OTHER)

@@ -363,6 +363,14 @@ pub fn assert_futex_wait(what: &str, got: f64, truth: &Value, tol: f64) {
     );
 }
 
+/// Whether the running kernel is `major.minor` or later (its release, as
+/// `uname -r` prints it).
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("the kernel release");
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
+}
+
 /// How closely a thread's schedstat totals can match stall's: 2 % where the
 /// clock source is the TSC. Elsewhere (an emulated machine whose TSC the
 /// kernel marked unstable: HPET), the scheduler's clock is only kept within

@@ -52,12 +52,36 @@ fn workers_bytes_exact_per_syscall_family_and_pipes_are_not_files() {
     }
 }
 
+/// Off-CPU reasons and totals against ground truth, for each way the
+/// kernel lets `sched_switch` read the task going off-CPU: the cheapest it
+/// takes (plain loads through a BTF pointer from 5.15 on, where the
+/// verifier allows them), and the probing fallback beside it.
 #[test]
 fn off_cpu_reasons_match_ground_truth() {
+    let first = off_cpu_reasons(None);
+    let expected = if kernel_at_least(5, 15) { "direct" } else { "probe-stack" };
+    assert_eq!(first, expected, "the cheapest sched_switch the kernel takes");
+    if first == "direct" {
+        assert_eq!(off_cpu_reasons(Some("probe")), "probe", "the fallback, asked for");
+    }
+}
+
+/// One run of the waits job; `switch_reads` is `STALL_SWITCH_READS`. Returns
+/// the summary's `switch_reads`.
+fn off_cpu_reasons(switch_reads: Option<&str>) -> String {
     let s = Scratch::new("waits");
     let truth_path = s.path("truth.json");
-    let run = run_job(&[], &["waits", "2.0"], &truth_path);
+    let mut env = vec![("TRUTH", truth_path.as_path())];
+    if let Some(how) = switch_reads {
+        env.push(("STALL_SWITCH_READS", Path::new(how)));
+    }
+    let args: Vec<String> =
+        ["run", "-q", "--"].iter().map(|a| a.to_string()).chain(job(&["waits", "2.0"])).collect();
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = stall(&refs, &env, T);
     assert_eq!(run.status, 0, "{}", run.stderr);
+    let how = run.summary()["switch_reads"].as_str().unwrap_or_default().to_string();
+    eprintln!("sched_switch reads: {how}");
     let t = truth(&truth_path);
     let by = |tid: &str| run.thread(t[tid].as_u64().unwrap())["off_cpu_by_reason"].clone();
 
@@ -90,6 +114,7 @@ fn off_cpu_reasons_match_ground_truth() {
         secs(&t["burn_wall_s"]),
         0.05,
     );
+    how
 }
 
 #[test]

@@ -89,6 +89,10 @@ pub struct VmArgs {
     /// Do not run the tests natively on the running kernel
     #[arg(long)]
     no_host: bool,
+    /// Kernels booted at once (default: one per host CPU, each VM being one
+    /// host thread under single-threaded TCG)
+    #[arg(long, value_name = "N")]
+    jobs: Option<usize>,
     /// Test harness arguments, after `--` (a name filter, --skip NAME, --test-threads N)
     #[arg(last = true)]
     args: Vec<String>,
@@ -124,8 +128,13 @@ pub fn run_cli(target: Target) -> Result<()> {
 /// binaries on the default kernels.
 pub fn after_native_tests(stall: &Path, args: &[String]) -> Result<()> {
     let tests = test_binaries()?;
-    let opts =
-        VmArgs { kernels: Vec::new(), timeout: DEFAULT_TIMEOUT_SECS, no_host: true, args: args.to_vec() };
+    let opts = VmArgs {
+        kernels: Vec::new(),
+        timeout: DEFAULT_TIMEOUT_SECS,
+        no_host: true,
+        jobs: None,
+        args: args.to_vec(),
+    };
     let host = Row {
         kernel: native::kernel_release(),
         place: "native",
@@ -150,10 +159,13 @@ fn run_vms(stall: &Path, tests: &[TestBin], opts: &VmArgs, host: Option<Row>) ->
     let nvml = build::nvml_script_next_to(stall)?;
     let initramfs = initramfs::build(&dir, stall, &nvml, tests, &VM_SKIP, &kernels, &[])?;
     let harness = qemu::harness_args(&opts.args);
+    let jobs = opts.jobs.unwrap_or_else(host_cpus);
     let mut rows: Vec<Row> = host.into_iter().collect();
-    for k in &kernels {
+    for (k, outcome) in kernels.iter().zip(boot_all(&kernels, jobs, |k| {
         let log = dir.join("logs").join(format!("{}.log", k.name));
-        let outcome = qemu::boot(k, &initramfs, &harness, Duration::from_secs(opts.timeout), &log)?;
+        qemu::boot(k, &initramfs, &harness, Duration::from_secs(opts.timeout), &log)
+    })) {
+        let outcome = outcome?;
         rows.push(Row {
             kernel: k.name.clone(),
             place: "qemu",
@@ -178,6 +190,44 @@ fn run_vms(stall: &Path, tests: &[TestBin], opts: &VmArgs, host: Option<Row>) ->
         dir.join("logs").display()
     );
     Ok(())
+}
+
+/// The host's CPUs, at least one.
+fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Runs `boot` for each kernel, `jobs` at a time (at least one), slowest
+/// first as listed; the results in the order of `kernels`. Under
+/// single-threaded TCG each guest is one busy host thread, so on a 2-CPU
+/// host two kernels side by side take the time of one each: the suite's
+/// wall time is the longest chain, not the sum.
+fn boot_all<T: Send>(
+    kernels: &[kernel::Kernel],
+    jobs: usize,
+    boot: impl Fn(&kernel::Kernel) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<Result<T>>>> =
+        kernels.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..jobs.clamp(1, kernels.len().max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(k) = kernels.get(i) else { break };
+                let outcome = boot(k);
+                *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| {
+            r.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(|| Err(anyhow::anyhow!("not booted")))
+        })
+        .collect()
 }
 
 /// target/vm: kernels, the initramfs and its staging tree, console logs.

@@ -14,7 +14,7 @@ use super::{
     btf,
     error::{load_err, map_err},
     mapped,
-    object::{program, take, BPF_OBJECT},
+    object::{attached_program, program, take, BPF_OBJECT},
     tracefs, uring, Capture, CaptureError,
 };
 use crate::syscalls;
@@ -141,12 +141,15 @@ impl Capture {
         }
         let mut ebpf = loader.load(BPF_OBJECT).map_err(load_err)?;
 
+        let mut switch_reads = SwitchReads::ProbeStack;
         for (prog, _, name) in ATTACH {
-            let prog = if prog == names::SCHED_SWITCH && !features.task_pt_regs {
-                names::SCHED_SWITCH_STACK
-            } else {
-                prog
-            };
+            if prog == names::SCHED_SWITCH {
+                switch_reads = load_switch(&mut ebpf, &features)?;
+                attached_program::<RawTracePoint>(&mut ebpf, switch_reads.program())?
+                    .attach(name)
+                    .map_err(load_err)?;
+                continue;
+            }
             program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
         }
         if opts.cgroup_mode {
@@ -218,9 +221,62 @@ impl Capture {
             decode_errors: 0,
             hooks,
             task_flags: config.task.flags,
+            switch_reads,
             ebpf,
         })
     }
+}
+
+/// How the loaded `sched_switch` program reads the task going off-CPU
+/// (stall-ebpf's sched.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwitchReads {
+    /// Plain loads through its BTF pointer: no helper call per field.
+    Direct,
+    /// `bpf_probe_read_kernel` per field, registers from `bpf_task_pt_regs`.
+    Probe,
+    /// The same, registers found from `task->stack` (before 5.15).
+    ProbeStack,
+}
+
+impl SwitchReads {
+    /// As the JSON summary (`switch_reads`) names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SwitchReads::Direct => "direct",
+            SwitchReads::Probe => "probe",
+            SwitchReads::ProbeStack => "probe-stack",
+        }
+    }
+
+    fn program(self) -> &'static str {
+        match self {
+            SwitchReads::Direct => names::SCHED_SWITCH_DIRECT,
+            SwitchReads::Probe => names::SCHED_SWITCH,
+            SwitchReads::ProbeStack => names::SCHED_SWITCH_STACK,
+        }
+    }
+}
+
+/// `STALL_SWITCH_READS=probe` loads the probing `sched_switch` where the
+/// direct one would load: for tests and benchmarks of the fallback.
+const SWITCH_READS_ENV: &str = "STALL_SWITCH_READS";
+
+/// Loads the cheapest `sched_switch` the kernel takes: whether plain loads
+/// through a BTF pointer are allowed in a raw tracepoint program is the
+/// verifier's to say, so its answer is the probe (a refused program is
+/// not loaded, and nothing of it stays).
+fn load_switch(ebpf: &mut aya::Ebpf, features: &Features) -> Result<SwitchReads, CaptureError> {
+    if !features.task_pt_regs {
+        program(ebpf, names::SCHED_SWITCH_STACK, RawTracePoint::load)?;
+        return Ok(SwitchReads::ProbeStack);
+    }
+    let probe_only = std::env::var_os(SWITCH_READS_ENV).is_some_and(|v| v == "probe");
+    if !probe_only && program(ebpf, names::SCHED_SWITCH_DIRECT, RawTracePoint::load).is_ok() {
+        return Ok(SwitchReads::Direct);
+    }
+    program(ebpf, names::SCHED_SWITCH, RawTracePoint::load)?;
+    Ok(SwitchReads::Probe)
 }
 
 /// What the kernel offers beyond the base stall needs, probed before

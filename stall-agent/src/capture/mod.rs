@@ -61,6 +61,8 @@ pub struct Capture {
     decode_errors: u64,
     /// `TaskOffsets::flags` as loaded.
     task_flags: u32,
+    /// Which `sched_switch` program runs.
+    switch_reads: load::SwitchReads,
     // Last: programs detach when this drops.
     /// The syscall hooks' backend and links (none: detached).
     hooks: backend::Hooks,
@@ -82,6 +84,12 @@ impl Capture {
     /// The syscall hooks' backend (trampolines or raw tracepoints).
     pub fn syscall_backend(&self) -> Backend {
         self.hooks.backend()
+    }
+
+    /// How `sched_switch` reads the task going off-CPU: `direct`, `probe`
+    /// or `probe-stack`.
+    pub fn switch_reads(&self) -> &'static str {
+        self.switch_reads.name()
     }
 
     /// How faults on file mappings are followed: `tracepoint`,

@@ -48,6 +48,7 @@ pub fn job(j: &JobView) -> Value {
                 startup_s: None,
                 syscall_backend: None,
                 mmap_hooks: None,
+                switch_reads: None,
             };
             serde_json::to_value(jsonl::record("job", &view)).unwrap_or_default()
         }

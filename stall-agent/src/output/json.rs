@@ -54,6 +54,11 @@ pub struct Record<'a> {
     /// (`tracepoint`, `trampoline`, or `none`: `mmap_bytes` null).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mmap_hooks: Option<&'static str>,
+    /// Summary only: how `sched_switch` read the task going off-CPU
+    /// (`direct`: plain loads through its BTF pointer; `probe`,
+    /// `probe-stack`: `bpf_probe_read_kernel`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub switch_reads: Option<&'static str>,
     pub verdict: &'a Verdict,
 }
 
@@ -329,6 +334,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         startup_s: v.startup_s,
         syscall_backend: v.syscall_backend.map(|(name, _)| name),
         mmap_hooks: v.mmap_hooks,
+        switch_reads: v.switch_reads,
         verdict: v.verdict,
     }
 }

@@ -31,6 +31,9 @@ pub struct View<'a> {
     /// The final report: how faults on file mappings were followed
     /// (`tracepoint`, `trampoline`, `none`).
     pub mmap_hooks: Option<&'static str>,
+    /// The final report: how `sched_switch` read the task going off-CPU
+    /// (`direct`, `probe`, `probe-stack`).
+    pub switch_reads: Option<&'static str>,
 }
 
 /// "last progress 3 s ago (/runs/train.log written 3 s ago)", for the

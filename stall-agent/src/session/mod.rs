@@ -236,6 +236,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         syscall_backend: live.capture.syscall_backend().name(),
         hooks_line: &hooks_line,
         mmap_hooks: live.capture.mmap_hooks(),
+        switch_reads: live.capture.switch_reads(),
     };
     loop {
         tokio::select! {
@@ -296,6 +297,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         startup_s: report.startup_s,
         syscall_backend: Some((out.syscall_backend, out.hooks_line)),
         mmap_hooks: Some(out.mmap_hooks),
+        switch_reads: Some(out.switch_reads),
     };
     if let Some(j) = sinks.json.as_mut() {
         writeln!(j, "{}", output::json::line("summary", &view))?;
@@ -348,6 +350,8 @@ struct Out<'a> {
     hooks_line: &'a str,
     /// `Capture::mmap_hooks`.
     mmap_hooks: &'static str,
+    /// `Capture::switch_reads`.
+    switch_reads: &'static str,
 }
 
 fn shell_status(s: std::process::ExitStatus) -> i32 {
@@ -368,6 +372,7 @@ fn emit_interval(sinks: &mut Sinks, tick: &Tick, out: &Out) -> Result<()> {
         startup_s: None,
         syscall_backend: None,
         mmap_hooks: None,
+        switch_reads: None,
     };
     if let Some(j) = &mut sinks.json {
         writeln!(j, "{}", output::json::line("interval", &v))?;
