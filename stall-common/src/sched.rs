@@ -114,6 +114,10 @@ pub struct ThreadStats {
     pub delay_base: u64,
     pub delay_ns: u64,
     pub rq_at_out: u64,
+    /// Kernel-side: the address of the thread's task as of its last
+    /// switch-out, which a note naming the thread must match (stall-ebpf's
+    /// untracked.rs); 0 before.
+    pub task: u64,
 }
 
 impl ThreadStats {
@@ -388,7 +392,7 @@ mod tests {
     fn layouts_have_no_hidden_padding() {
         assert_eq!(
             size_of::<ThreadStats>(),
-            4 * 2 + 8 + 8 * 9 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 5
+            4 * 2 + 8 + 8 * 9 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 6
         );
         assert_eq!(size_of::<ThreadStats>() % 8, 0);
         assert_eq!(size_of::<WakeKey>(), 8);

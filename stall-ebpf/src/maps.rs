@@ -66,17 +66,20 @@ pub static CPU_SLOT: PerCpuArray<CpuSlot> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub static TRACK_GEN: Array<u32> = Array::with_max_entries(1, 0);
 
-/// Tasks known not to be tracked, by a hash of their address: see
-/// untracked.rs. Kernel-side only.
+/// Tasks known not to be tracked, or tracked as a thread id, by a hash of
+/// their address: see untracked.rs. Kernel-side only.
 pub const UNTRACKED_SLOTS: u32 = 16384;
 #[map]
-pub static UNTRACKED: Array<UntrackedNote> = Array::with_max_entries(UNTRACKED_SLOTS, 0);
+pub static UNTRACKED: Array<TaskNote> = Array::with_max_entries(UNTRACKED_SLOTS, 0);
 
-/// A task's address and the generations it was found not ours under.
+/// A task's address, the generations it was noted under, and its thread id
+/// if it is ours (0: not ours).
 #[repr(C)]
-pub struct UntrackedNote {
+pub struct TaskNote {
     pub task: u64,
     pub gens: u64,
+    pub tid: u32,
+    pub _pad: u32,
 }
 
 /// Cgroup migrations seen (cgroup mode; untracked.rs). Kernel-side only.

@@ -25,7 +25,9 @@ use stall_common::{
 use crate::{
     adopt_into, atomic_add, bump, config, ids,
     maps::{FILES, SYSCALL_CLASS, THREADS, WAKES, WAKES_BY_PROC},
-    now, running, tracked, untracked, watched_job,
+    now, running, tracked,
+    untracked::{self, Noted},
+    watched_job,
 };
 
 /// What the task going off-CPU is doing (from `preempt` and its state).
@@ -234,16 +236,14 @@ fn switch<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
     } else {
         switch_out_unknown::<HOW>(cfg, preempt, Prev::new::<HOW>(prev), gens, &mut slot, &mut ts);
     }
-    if untracked::known(next, gens) {
+    let Some((next_pid, next_stats)) = thread_of(next, gens, cfg) else {
         // Its tid is not read: a syscall program that finds the slot
         // unchecked asks the note again (`running::refill`).
         if let Some(s) = slot {
             running::set_untracked(s, 0, gen, slot_state::UNCHECKED);
         }
         return 0;
-    }
-    let next_pid = read_u32(next, cfg.task.pid) as i32;
-    let next_stats = if next_pid > 0 { THREADS.get_ptr_mut(next_pid as u32) } else { None };
+    };
     match (next_stats, slot) {
         (Some(p), slot) => {
             // SAFETY: the non-null value pointer of `next`'s `THREADS` entry,
@@ -253,20 +253,47 @@ fn switch<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
             if ts == 0 {
                 ts = now();
             }
-            crate::timeline::record(&cfg, t, next_pid as u32, true, ts);
-            switch_in(t, ts, next, &cfg);
+            crate::timeline::record(cfg, t, next_pid, true, ts);
+            switch_in(t, ts, next, cfg);
             if let Some(s) = slot {
-                running::load(s, next_pid as u32, 0, t, gen);
+                running::load(s, next_pid, 0, t, gen);
             }
         }
         (None, Some(s)) => {
             // In cgroup mode the task may still be adopted on its first syscall.
             let state = if cfg.cgroup_filter != 0 { slot_state::UNCHECKED } else { slot_state::UNTRACKED };
-            running::set_untracked(s, next_pid.max(0) as u32, gen, state);
+            running::set_untracked(s, next_pid, gen, state);
         }
         (None, None) => {}
     }
     0
+}
+
+/// The thread id and `THREADS` entry of the task at `task` (not the
+/// current one): by its note where it names one of ours still there (no
+/// read of the task), else by its pid (0 if unreadable, with no entry).
+/// None: noted as not ours.
+#[inline(always)]
+fn thread_of(task: u64, gens: u64, cfg: &Config) -> Option<(u32, Option<*mut ThreadStats>)> {
+    match untracked::noted(task, gens) {
+        Noted::NotOurs => return None,
+        Noted::Ours(tid) => {
+            if let Some(p) = THREADS.get_ptr_mut(tid) {
+                // SAFETY: the non-null value pointer of a `THREADS` entry,
+                // valid for the program's run (see `crate::tracked`); one
+                // aligned field is read.
+                if unsafe { (*p).task } == task {
+                    return Some((tid, Some(p)));
+                }
+            }
+        }
+        Noted::Nothing => {}
+    }
+    let pid = read_u32(task, cfg.task.pid) as i32;
+    if pid <= 0 {
+        return Some((0, None));
+    }
+    Some((pid as u32, THREADS.get_ptr_mut(pid as u32)))
 }
 
 /// `prev` (the current task) goes off-CPU, not known to be outside the
@@ -298,6 +325,7 @@ fn switch_out_unknown<const HOW: u8>(
         let state = prev_state::<false, HOW>(preempt, prev, cfg);
         switch_out::<HOW>(cur.stats, cur.tgid, state, *ts, prev, cfg);
         crate::timeline::record(cfg, cur.stats, tid, false, *ts);
+        untracked::note_ours(prev.task, gens, tid);
     } else {
         if let Some(s) = slot.as_mut() {
             if s.tracked == slot_state::TRACKED {
@@ -317,6 +345,7 @@ fn switch_out_unknown<const HOW: u8>(
                         *ts = now();
                         switch_out::<HOW>(cur.stats, cur.tgid, state, *ts, prev, cfg);
                         crate::timeline::record(cfg, cur.stats, tid, false, *ts);
+                        untracked::note_ours(prev.task, gens, tid);
                     }
                 }
             }
@@ -369,6 +398,7 @@ fn switch_out<const HOW: u8>(t: &mut ThreadStats, tgid: u32, state: u8, ts: u64,
     t.state = run_state::OFF;
     t.last_ts = ts;
     t.wake_ts = 0;
+    t.task = prev.task;
     if state == RUNNABLE {
         t.off_reason = reason::RUNQUEUE;
         t.off_nr = -1;
@@ -555,15 +585,8 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
     if cfg.floor != 0 {
         return 0;
     }
-    let p: u64 = ctx.arg(0);
-    if untracked::known(p, untracked::generations(running::generation())) {
-        return 0;
-    }
-    let wakee = read_u32(p, cfg.task.pid) as i32;
-    if wakee <= 0 {
-        return 0;
-    }
-    let Some(p) = THREADS.get_ptr_mut(wakee as u32) else {
+    let task: u64 = ctx.arg(0);
+    let Some((wakee, Some(p))) = thread_of(task, untracked::generations(running::generation()), cfg) else {
         return 0;
     };
     // SAFETY: the non-null value pointer of the wakee's `THREADS` entry,
@@ -580,7 +603,7 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
     // The waker is whoever runs now (in interrupt context: the interrupted
     // task; the agent discounts wakers of I/O waits for that reason).
     let pid_tgid = bpf_get_current_pid_tgid();
-    let key = WakeKey { wakee: wakee as u32, waker: pid_tgid as u32 };
+    let key = WakeKey { wakee, waker: pid_tgid as u32 };
     if let Some(w) = WAKES.get_ptr_mut(key) {
         // SAFETY: `w` is the non-null value pointer of a `WAKES` entry
         // (preallocated: valid memory for the program's run); `count` is an
@@ -595,7 +618,7 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     // Full (a thousand threads waking one another): count it per process.
-    let key = WakeKey { wakee: wakee as u32, waker: waker_tgid | WAKER_ANY_THREAD };
+    let key = WakeKey { wakee, waker: waker_tgid | WAKER_ANY_THREAD };
     if let Some(w) = WAKES_BY_PROC.get_ptr_mut(key) {
         // SAFETY: as for `WAKES` above: a non-null, preallocated value
         // pointer; `count` is an aligned `u64` only ever added to atomically.
