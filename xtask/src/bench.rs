@@ -7,7 +7,12 @@
 //! --floor` (the same programs attached, each returning at once). The agent's
 //! own CPU time and peak RSS come from `wait4` on `stall attach` (through
 //! `bench-wl rusage`), lost events from its `--json` summary.
+//!
+//! `--before REV` builds stall as of REV beside the current one and runs it
+//! as one more mode, and its programs beside the current ones: a change's
+//! before and after, side by side in one run.
 
+mod before;
 mod daemon;
 mod profile;
 mod pystacks;
@@ -35,6 +40,8 @@ pub struct Options {
     pub no_build: bool,
     /// Only the daemon's section, printed, not written.
     pub daemon_only: bool,
+    /// A revision whose stall runs beside the current one.
+    pub before: Option<String>,
 }
 
 /// The syscalls strace is told to trace: what stall's read-side programs see.
@@ -51,10 +58,13 @@ pub enum Mode {
     Timeline,
     Strace,
     Floor,
+    /// `stall run` as built from `--before REV`.
+    Before,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 5] = [Mode::Baseline, Mode::Stall, Mode::Timeline, Mode::Strace, Mode::Floor];
+    pub const ALL: [Mode; 6] =
+        [Mode::Baseline, Mode::Stall, Mode::Timeline, Mode::Strace, Mode::Floor, Mode::Before];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -63,6 +73,7 @@ impl Mode {
             Mode::Timeline => "stall --timeline",
             Mode::Strace => "strace -f",
             Mode::Floor => "floor (stall --floor)",
+            Mode::Before => "stall, before (--before)",
         }
     }
 }
@@ -135,6 +146,8 @@ struct Env {
     /// The scripted NVML library (the daemon bench's GPU job).
     nvml_lib: PathBuf,
     strace: Option<PathBuf>,
+    /// `--before`: that revision's stall.
+    before: Option<before::Build>,
     quiet: Cell<Quiet>,
 }
 
@@ -212,7 +225,16 @@ pub fn run(opts: &Options) -> Result<()> {
     if strace.is_none() {
         println!("xtask bench: strace is not installed; its mode is skipped (apt-get install strace)");
     }
-    let env = Env { dir, wl, stall, nvml_lib, strace, quiet: Cell::new(Quiet::default()) };
+    let before = match &opts.before {
+        Some(rev) => {
+            let built = before::build(rev)?;
+            let dir = bin.join("before");
+            fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            Some(before::Build { stall: private_copy(&built.stall, &dir)?, rev: built.rev })
+        }
+        None => None,
+    };
+    let env = Env { dir, wl, stall, nvml_lib, strace, before, quiet: Cell::new(Quiet::default()) };
 
     let runs = opts.runs.unwrap_or(if opts.quick { 3 } else { 5 });
     ensure!(runs >= 1, "--runs must be at least 1");
@@ -224,8 +246,11 @@ pub fn run(opts: &Options) -> Result<()> {
         return Ok(());
     }
     let mut workloads = workloads(&files, opts.quick);
-    let modes: Vec<Mode> =
-        Mode::ALL.into_iter().filter(|m| *m != Mode::Strace || env.strace.is_some()).collect();
+    let modes: Vec<Mode> = Mode::ALL
+        .into_iter()
+        .filter(|m| *m != Mode::Strace || env.strace.is_some())
+        .filter(|m| *m != Mode::Before || env.before.is_some())
+        .collect();
 
     for w in &mut workloads {
         println!("xtask bench: {}: {} — {runs} runs × {} modes", w.key, w.title, modes.len());
@@ -269,6 +294,7 @@ pub fn run(opts: &Options) -> Result<()> {
         minutes: started.elapsed().as_secs_f64() / 60.0,
         quiet: env.quiet.get(),
         load: (load_before, loadavg()),
+        before: env.before.as_ref().map(|b| b.rev.clone()),
     };
     let doc = report::render(&meta, &workloads, &profiles, &cost, &daemon, &py);
     let path = cmd::workspace_root().join("docs/PERFORMANCE.md");
@@ -467,8 +493,12 @@ fn wrap(env: &Env, mode: Mode, args: &[String], out: &Path) -> Command {
     all.push(out.into());
     let mut c = match mode {
         Mode::Baseline => return with_args(Command::new(&env.wl), all),
-        Mode::Stall | Mode::Floor | Mode::Timeline => {
-            let mut c = Command::new(&env.stall);
+        Mode::Stall | Mode::Floor | Mode::Timeline | Mode::Before => {
+            let stall = match (mode, &env.before) {
+                (Mode::Before, Some(b)) => &b.stall,
+                _ => &env.stall,
+            };
+            let mut c = Command::new(stall);
             c.arg("run");
             if mode == Mode::Floor {
                 c.arg("--floor");

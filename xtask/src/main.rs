@@ -71,6 +71,11 @@ enum Task {
         /// left as it is): for comparing two builds of the scheduler hooks
         #[arg(long)]
         daemon_only: bool,
+        /// Also run stall as of this revision (built in a worktree under
+        /// target/bench/before) beside the current build, as a mode of its
+        /// own and in the programs' profiles: before and after in one run
+        #[arg(long, value_name = "REV")]
+        before: Option<String>,
         /// Instead: the syscall hooks' backends (trampolines, raw tracepoints)
         /// side by side in QEMU on this kernel (repeatable: 6.1, 6.12, a package
         /// or a vmlinuz); writes docs/BACKENDS.md
@@ -118,8 +123,8 @@ fn run(task: Task) -> Result<()> {
             let ops = if quick { 50_000 } else { 200_000 };
             vm::hooks_bench::run(&vm, runs.unwrap_or(if quick { 3 } else { 5 }), ops)
         }
-        Task::Bench { quick, runs, no_build, daemon_only, .. } => {
-            bench::run(&bench::Options { quick, runs, no_build, daemon_only })
+        Task::Bench { quick, runs, no_build, daemon_only, before, .. } => {
+            bench::run(&bench::Options { quick, runs, no_build, daemon_only, before })
         }
         Task::IntegrationTest { target } => vm::run_cli(target),
         Task::GpuCheck { out } => gpu_check::run(out.as_deref()),

@@ -241,6 +241,7 @@ impl Node {
             secs: kv(&text, "secs").and_then(|v| v.parse().ok()).unwrap_or(secs),
             ops_per_s: counted.ops as f64 / (counted.ns as f64 / 1e9),
             progs: profile::parse_progs(&text),
+            before: false,
         })
     }
 }

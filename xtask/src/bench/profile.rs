@@ -3,7 +3,9 @@
 //! `bench-wl bpf-prof` for its measuring span only) while stall is attached
 //! to a workload.
 use std::{
-    fs, thread,
+    fs,
+    path::Path,
+    thread,
     time::{Duration, Instant},
 };
 
@@ -27,6 +29,8 @@ pub struct Profile {
     /// untraced neighbour in the neighbour profile).
     pub ops_per_s: f64,
     pub progs: Vec<ProgCost>,
+    /// Measured on the `--before` build.
+    pub before: bool,
 }
 
 impl Profile {
@@ -102,23 +106,32 @@ pub fn run(env: &Env, files: &Files, secs: f64) -> Result<Vec<Profile>> {
             beside: Some(pread),
         },
     ];
+    let mut builds = vec![(env.stall.as_path(), false)];
+    if let Some(b) = &env.before {
+        builds.push((b.stall.as_path(), true));
+    }
     let mut out = Vec::new();
     for p in plan {
-        let prof = one(env, &p, secs).with_context(|| format!("profiling {}", p.label))?;
-        println!(
-            "  {:<76} {:>7.0} ns of BPF programs per {} ({:.0} {}/s)",
-            prof.label,
-            prof.total_ns() as f64 / prof.ops().max(1.0),
-            prof.unit,
-            prof.ops_per_s,
-            plural(prof.unit)
-        );
-        out.push(prof);
+        // The two builds one after the other, workload by workload.
+        for &(stall, before) in &builds {
+            let prof = one(env, &p, secs, stall, before).with_context(|| format!("profiling {}", p.label))?;
+            println!(
+                "  {:<76} {:>7.0} ns of BPF programs per {} ({:.0} {}/s){}",
+                prof.label,
+                prof.total_ns() as f64 / prof.ops().max(1.0),
+                prof.unit,
+                prof.ops_per_s,
+                plural(prof.unit),
+                if before { " (before)" } else { "" }
+            );
+            out.push(prof);
+        }
     }
     Ok(out)
 }
 
-fn one(env: &Env, p: &Plan, secs: f64) -> Result<Profile> {
+/// Profiles plan `p` under the stall at `stall` (`before`: the `--before` build).
+fn one(env: &Env, p: &Plan, secs: f64, stall: &Path, before: bool) -> Result<Profile> {
     env.wait_quiet();
     let stop = env.dir.join("stop");
     let _ = fs::remove_file(&stop);
@@ -136,7 +149,7 @@ fn one(env: &Env, p: &Plan, secs: f64) -> Result<Profile> {
         Some(a) => Some(Spawned::start(env, super::wrap(env, Mode::Baseline, &with_stop(a), &beside_out))?),
         None => None,
     };
-    let mut attach = std::process::Command::new(&env.stall);
+    let mut attach = std::process::Command::new(stall);
     attach.args(["attach", "--pid", &traced.child.id().to_string(), "--gpu", "off", "-q"]);
     if p.floor {
         attach.arg("--floor");
@@ -172,6 +185,7 @@ fn one(env: &Env, p: &Plan, secs: f64) -> Result<Profile> {
         secs: kv(&text, "secs").and_then(|v| v.parse().ok()).unwrap_or(secs),
         ops_per_s: counted.ops as f64 / (counted.ns as f64 / 1e9),
         progs: parse_progs(&text),
+        before,
     })
 }
 
@@ -206,6 +220,7 @@ pub fn parse_progs(text: &str) -> Vec<ProgCost> {
         };
         let name = match name {
             "sched_process_e" => "sched_process_exec + _exit",
+            "sched_switch_di" => "sched_switch_direct",
             n => n,
         };
         match v.iter_mut().find(|p| p.name == name) {
@@ -226,10 +241,11 @@ mod tests {
     #[test]
     fn merges_truncated_names() {
         let t = "prog=sched_process_e runs=2 ns=100\nprog=sched_process_e runs=3 ns=50\n\
-                 prog=sys_exit runs=10 ns=700\nsecs=2.0";
+                 prog=sys_exit runs=10 ns=700\nprog=sched_switch_di runs=1 ns=9\nsecs=2.0";
         let p = parse_progs(t);
-        assert_eq!(p.len(), 2);
+        assert_eq!(p.len(), 3);
         assert_eq!((p[0].name.as_str(), p[0].runs, p[0].ns), ("sched_process_exec + _exit", 5, 150));
         assert_eq!(p[1].name, "sys_exit");
+        assert_eq!(p[2].name, "sched_switch_direct");
     }
 }

@@ -16,6 +16,8 @@ pub struct Meta {
     pub quiet: Quiet,
     /// 1-minute load average at the start and the end.
     pub load: (f64, f64),
+    /// `--before REV`: the revision run beside the current build.
+    pub before: Option<String>,
 }
 
 /// Medians of one workload under one mode.
@@ -98,6 +100,15 @@ the descriptor together (neighbours in the saved registers; the entry reads noth
 that blocks has its descriptor read at the switch) and, for one read in 8 picked at random, \
 `bpf_ktime_get_ns` at entry and exit (about 50 ns each) for the latency estimate; \
 `--latency-sample 1` times every read at that price.
+- **A traced context switch reads no field through a helper where the kernel allows it.** \
+`sched_switch_direct` (loaded where the verifier takes it: 6.1, 6.12, 6.18) loads the fields of \
+the task going off-CPU (ids, state, the kernel's on-CPU and runqueue totals, the syscall it sleeps \
+in) directly through the BTF pointers `bpf_get_current_task_btf` and `bpf_task_pt_regs` return; \
+the task coming on-CPU, and a wakeup's wakee, are found by a note keyed by their address (their \
+thread id, checked against the address their entry holds), not by reading them. What is left per \
+tracked switch is the two tasks' hash lookups, the clock, the two BTF helpers and the per-CPU \
+slot's flush and refill; tp_btf programs, which would take `next` as a BTF pointer too, are \
+refused on this host. The JSON summary's `switch_reads` says which variant ran.
 - **Storage bytes cost a lookup per page-cache fill, nothing per read.** The program on \
 `filemap:mm_filemap_add_to_page_cache` runs only when a page (or large folio) enters the page \
 cache, i.e. when something is read from storage: a hash lookup for the current task and, for a \
@@ -524,6 +535,14 @@ pub fn render(
     if !meta.strace {
         let _ = writeln!(d, "\nstrace was not installed: its rows are missing.");
     }
+    if let Some(rev) = &meta.before {
+        let _ = writeln!(
+            d,
+            "\nWith `--before {rev}`, one more mode in the same rotation: `stall run` as built from {rev} \
+             (\"{}\").",
+            Mode::Before.label()
+        );
+    }
     for w in ws {
         let _ = writeln!(d, "\n### {}: {}\n\n{}.\n", w.key, w.title, w.what);
         let _ = writeln!(
@@ -558,9 +577,23 @@ pub fn render(
                 pct(rf)
             );
         }
+        if let (Some(rev), Some((rs, sa)), Some((rb, ba))) =
+            (&meta.before, versus(w, Mode::Stall), versus(w, Mode::Before))
+        {
+            let _ = writeln!(
+                d,
+                "\nstall now against stall as of {rev}: {:+.1} pp, {:+.1} ns per {}.",
+                (rs - rb) * 100.0,
+                sa - ba,
+                w.unit
+            );
+        }
     }
 
     render_profiles(&mut d, profiles);
+    if let Some(rev) = &meta.before {
+        render_before_after(&mut d, profiles, rev);
+    }
     render_daemon(&mut d, daemon);
     render_pystacks(&mut d, py);
 
@@ -648,8 +681,67 @@ fn render_profiles(d: &mut String, profiles: &[Profile]) {
             ns as f64 / runs.max(1) as f64
         );
     }
-    for p in profiles {
+    for p in profiles.iter().filter(|p| !p.before) {
         render_profile(d, p);
+    }
+}
+
+/// The scheduler programs' variants (`sched_switch_direct`...) are one
+/// program to compare across builds.
+fn program_family(name: &str) -> &str {
+    if name.starts_with("sched_switch") {
+        "sched_switch"
+    } else {
+        name
+    }
+}
+
+/// Each profiled workload under the `--before` build and the current one,
+/// measured one after the other in this run: ns of programs per op, each
+/// program and in all.
+fn render_before_after(d: &mut String, profiles: &[Profile], rev: &str) {
+    let _ = writeln!(d, "\n## Before and after: stall as of {rev}, and now\n");
+    let _ = writeln!(
+        d,
+        "`cargo xtask bench --before {rev}`: the same workloads' programs under stall as built from {rev} and \
+         under the current build, one after the other in this run (kernel run-time statistics as above). \
+         ns of BPF programs per op; `sched_switch` is whichever variant each build loaded."
+    );
+    for now in profiles.iter().filter(|p| !p.before) {
+        let Some(was) = profiles.iter().find(|p| p.before && p.label == now.label) else { continue };
+        let (ops_now, ops_was) = (now.ops().max(1.0), was.ops().max(1.0));
+        let per_op = |p: &Profile, ops: f64, family: &str| -> Option<f64> {
+            let ns: u64 = p.progs.iter().filter(|c| program_family(&c.name) == family).map(|c| c.ns).sum();
+            (ns > 0).then_some(ns as f64 / ops)
+        };
+        let mut families: Vec<&str> = Vec::new();
+        for c in now.progs.iter().chain(&was.progs).filter(|c| c.runs > 0) {
+            let f = program_family(&c.name);
+            if !families.contains(&f) {
+                families.push(f);
+            }
+        }
+        // Costliest now first; programs below a nanosecond per op in both are left out.
+        families.retain(|f| {
+            per_op(now, ops_now, f).unwrap_or(0.0).max(per_op(was, ops_was, f).unwrap_or(0.0)) >= 1.0
+        });
+        families.sort_by(|a, b| {
+            let key = |f: &str| per_op(now, ops_now, f).or(per_op(was, ops_was, f)).unwrap_or(0.0);
+            key(b).total_cmp(&key(a))
+        });
+        let _ = writeln!(d, "\n**{}** (ns per {}):\n", now.label, now.unit);
+        let _ = writeln!(d, "| program | {rev} | now | change |\n|---|---:|---:|---:|");
+        let cell = |v: Option<f64>| v.map_or("—".to_string(), ns);
+        let change = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if a > 0.0 => format!("{:+.0} %", 100.0 * (b - a) / a),
+            _ => "—".to_string(),
+        };
+        for f in families {
+            let (a, b) = (per_op(was, ops_was, f), per_op(now, ops_now, f));
+            let _ = writeln!(d, "| {f} | {} | {} | {} |", cell(a), cell(b), change(a, b));
+        }
+        let (a, b) = (was.total_ns() as f64 / ops_was, now.total_ns() as f64 / ops_now);
+        let _ = writeln!(d, "| **all** | {} | {} | {} |", ns(a), ns(b), change(Some(a), Some(b)));
     }
 }
 
