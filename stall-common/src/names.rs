@@ -29,6 +29,8 @@ pub const TRACK_GEN: &str = "TRACK_GEN";
 pub const TIMELINE_JOB: &str = "TIMELINE_JOB";
 /// Kernel-side only: the agent never opens it.
 pub const UNTRACKED: &str = "UNTRACKED";
+/// Kernel-side only.
+pub const OURS: &str = "OURS";
 /// Kernel-side only: the agent never opens it.
 pub const MIGRATIONS: &str = "MIGRATIONS";
 /// The ring buffer; also resized by name (`EbpfLoader::map_max_entries`).
@@ -124,6 +126,7 @@ pub const MAPS: &[&str] = &[
     CPU_SLOT,
     TRACK_GEN,
     UNTRACKED,
+    OURS,
     MIGRATIONS,
     EVENTS,
     COUNTERS,

@@ -66,16 +66,31 @@ pub static CPU_SLOT: PerCpuArray<CpuSlot> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub static TRACK_GEN: Array<u32> = Array::with_max_entries(1, 0);
 
-/// Tasks known not to be tracked, or tracked as a thread id, by a hash of
-/// their address: see untracked.rs. Kernel-side only.
+/// Tasks known not to be tracked, by a hash of their address: see
+/// untracked.rs. Kernel-side only.
 pub const UNTRACKED_SLOTS: u32 = 16384;
 #[map]
-pub static UNTRACKED: Array<TaskNote> = Array::with_max_entries(UNTRACKED_SLOTS, 0);
+pub static UNTRACKED: Array<UntrackedNote> = Array::with_max_entries(UNTRACKED_SLOTS, 0);
 
-/// A task's address, the generations it was noted under, and its thread id
-/// if it is ours (0: not ours).
+/// A task's address and the generations it was found not ours under.
 #[repr(C)]
-pub struct TaskNote {
+pub struct UntrackedNote {
+    pub task: u64,
+    pub gens: u64,
+}
+
+/// Tracked tasks' thread ids, by a hash of their address: see untracked.rs.
+/// A table apart from `UNTRACKED`, so that notes torn by two CPUs writing
+/// one slot at once never pair a tracked task with "not ours".
+/// Kernel-side only.
+pub const OURS_SLOTS: u32 = 4096;
+#[map]
+pub static OURS: Array<OursNote> = Array::with_max_entries(OURS_SLOTS, 0);
+
+/// A tracked task's address, the generations it was noted under, and its
+/// thread id.
+#[repr(C)]
+pub struct OursNote {
     pub task: u64,
     pub gens: u64,
     pub tid: u32,

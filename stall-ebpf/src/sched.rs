@@ -128,7 +128,7 @@ impl Prev {
     fn new<const HOW: u8>(task: u64) -> Self {
         let btf = if HOW == DIRECT {
             // SAFETY: takes no arguments; returns the current task as a
-            // BTF pointer, which is only ever loaded from (see `u32_at`).
+            // BTF pointer, which is only ever loaded from (see `at`).
             unsafe { bpf_get_current_task_btf() as *const u8 }
         } else {
             core::ptr::null()
@@ -136,27 +136,22 @@ impl Prev {
         Self { task, btf }
     }
 
+    /// Its field at `off` (a `T` of the size the field has, or its low
+    /// bytes), 0 if unreadable.
     #[inline(always)]
-    fn u32_at<const HOW: u8>(self, off: u32) -> u32 {
+    fn at<T: Copy + Default, const HOW: u8>(self, off: u32) -> T {
         if HOW == DIRECT {
             // SAFETY: `btf` is the current task's BTF pointer and `off` an
             // offset the agent took from the kernel's BTF for a field of at
-            // least 4 bytes; the verifier checks the load against that BTF
-            // (it rejects the program otherwise, and the agent loads another
-            // variant) and makes it a fault-safe load: a fault reads 0.
-            unsafe { core::ptr::read_volatile(self.btf.add(off as usize) as *const u32) }
+            // least `T`'s size; the verifier checks the load against that
+            // BTF (it rejects the program otherwise, and the agent loads
+            // another variant) and makes it a fault-safe load: a fault
+            // reads 0. `T` is an integer: any bytes are valid.
+            unsafe { core::ptr::read_volatile(self.btf.add(off as usize) as *const T) }
         } else {
-            read_u32(self.task, off)
-        }
-    }
-
-    #[inline(always)]
-    fn u64_at<const HOW: u8>(self, off: u32) -> u64 {
-        if HOW == DIRECT {
-            // SAFETY: as in `u32_at`, for an 8-byte field.
-            unsafe { core::ptr::read_volatile(self.btf.add(off as usize) as *const u64) }
-        } else {
-            read_u64(self.task, off)
+            // SAFETY: as in `read_u8`: the helper checks the address; a
+            // fault reads as 0.
+            unsafe { bpf_probe_read_kernel((self.task + u64::from(off)) as *const T) }.unwrap_or_default()
         }
     }
 
@@ -164,7 +159,7 @@ impl Prev {
     #[inline(always)]
     fn ids<const HOW: u8>(self, cfg: &Config) -> (u32, u32) {
         if HOW == DIRECT {
-            (self.u32_at::<HOW>(cfg.task.pid), self.u32_at::<HOW>(cfg.task.tgid))
+            (self.at::<u32, HOW>(cfg.task.pid), self.at::<u32, HOW>(cfg.task.tgid))
         } else {
             ids()
         }
@@ -173,9 +168,9 @@ impl Prev {
     /// The kernel's totals for it, as `kernel_totals`.
     #[inline(always)]
     fn totals<const HOW: u8>(self, cfg: &Config) -> (u64, u64) {
-        let exec = self.u64_at::<HOW>(cfg.task.sum_exec);
+        let exec = self.at::<u64, HOW>(cfg.task.sum_exec);
         let delay = if cfg.task.flags & task_flags::RUN_DELAY != 0 {
-            self.u64_at::<HOW>(cfg.task.run_delay)
+            self.at::<u64, HOW>(cfg.task.run_delay)
         } else {
             0
         };
@@ -189,7 +184,7 @@ impl Prev {
         if HOW == DIRECT {
             // SAFETY: `btf` is the current task's BTF pointer, as
             // bpf_task_pt_regs requires; it returns a BTF pointer to the
-            // task's `struct pt_regs`, loaded from as in `u32_at` (`orig_ax`,
+            // task's `struct pt_regs`, loaded from as in `at` (`orig_ax`,
             // 8 bytes).
             unsafe {
                 let regs = bpf_task_pt_regs(self.btf as *mut _) as *const u8;
@@ -364,8 +359,8 @@ fn prev_state<const EXIT_STATE: bool, const HOW: u8>(preempt: u64, prev: Prev, c
     if preempt & 0xff != 0 {
         return RUNNABLE;
     }
-    let state = prev.u32_at::<HOW>(cfg.task.state);
-    if state & TASK_DEAD != 0 || (EXIT_STATE && prev.u32_at::<HOW>(cfg.task.exit_state) != 0) {
+    let state = prev.at::<u32, HOW>(cfg.task.state);
+    if state & TASK_DEAD != 0 || (EXIT_STATE && prev.at::<u32, HOW>(cfg.task.exit_state) != 0) {
         EXITING
     } else if state & 0xff == 0 {
         RUNNABLE

@@ -14,12 +14,17 @@
 //!   program inserted it into `THREADS`: both [`forget`] it.
 //!
 //! A note of ours names the thread that has lived at the address since it
-//! was created (a new task's note is forgotten first), so its thread id is
-//! the task's own; whether that thread is still tracked is `THREADS`'s to
-//! say.
+//! was created (a new task's notes are forgotten first), so its thread id
+//! is the task's own; whether that thread is still tracked, and is that
+//! task, is `THREADS`'s to say (its entry holds the task's address). The
+//! notes of ours are a table apart (`OURS`): two CPUs noting two tasks in
+//! one slot at once can tear a note, and a torn one must never say "not
+//! ours" of a tracked task, whose switches would then go unseen. Torn in
+//! `UNTRACKED`, a note pairs untracked tasks' fields only; torn in `OURS`,
+//! it names a thread whose entry holds another address, and is not taken.
 use crate::{
     atomic_add,
-    maps::{TaskNote, MIGRATIONS, UNTRACKED, UNTRACKED_SLOTS},
+    maps::{MIGRATIONS, OURS, OURS_SLOTS, UNTRACKED, UNTRACKED_SLOTS},
 };
 
 /// What is noted of a task.
@@ -40,24 +45,21 @@ pub(crate) fn generations(gen: u32) -> u64 {
     u64::from(gen) | (migrations << 32)
 }
 
-/// The slot of a task address: task structs are slab objects of a few KiB,
-/// so the low bits say little; a multiplicative hash spreads the rest.
+/// A multiplicative hash of a task address (task structs are slab objects
+/// of a few KiB, so the low bits say little): its top bits.
 #[inline(always)]
-fn slot(task: u64) -> u32 {
-    (task.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 50) as u32 & (UNTRACKED_SLOTS - 1)
+fn hash(task: u64) -> u32 {
+    (task.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 50) as u32
 }
 
 /// What was noted of the task at `task` under `gens`.
 #[inline(always)]
 pub(crate) fn noted(task: u64, gens: u64) -> Noted {
-    match UNTRACKED.get(slot(task)) {
-        Some(n) if n.task == task && n.gens == gens => {
-            if n.tid == 0 {
-                Noted::NotOurs
-            } else {
-                Noted::Ours(n.tid)
-            }
-        }
+    if known(task, gens) {
+        return Noted::NotOurs;
+    }
+    match OURS.get(hash(task) & (OURS_SLOTS - 1)) {
+        Some(n) if n.task == task && n.gens == gens && n.tid != 0 => Noted::Ours(n.tid),
         _ => Noted::Nothing,
     }
 }
@@ -65,22 +67,35 @@ pub(crate) fn noted(task: u64, gens: u64) -> Noted {
 /// Whether the task at `task` was noted as not ours under `gens`.
 #[inline(always)]
 pub(crate) fn known(task: u64, gens: u64) -> bool {
-    noted(task, gens) == Noted::NotOurs
+    UNTRACKED.get(hash(task) & (UNTRACKED_SLOTS - 1)).is_some_and(|n| n.task == task && n.gens == gens)
 }
 
-/// Notes the task at `task` as not ours (`tid` 0) or as our thread `tid`;
-/// a write only when the note changes.
+/// Notes the task at `task` as not ours (a write only when the note changes).
 #[inline(always)]
-fn write(task: u64, gens: u64, tid: u32) {
-    if let Some(p) = UNTRACKED.get_ptr_mut(slot(task)) {
+pub(crate) fn note(task: u64, gens: u64) {
+    if let Some(p) = UNTRACKED.get_ptr_mut(hash(task) & (UNTRACKED_SLOTS - 1)) {
         // SAFETY: `p` is the non-null pointer to an element of a
         // preallocated array map, aligned and valid for the program's run.
         // Another CPU may note a task of the same slot at once: a torn note
-        // may pair one task's address and generations with the other's
-        // thread id. Both tasks are then going off-CPU on their CPUs, and
-        // the next switch-out of either rewrites the note; a switch-in
-        // meanwhile would take the wrong thread id, which the two-task race
-        // makes rare, and which costs a miscount, never a fault.
+        // pairs one untracked task's address with another's generations,
+        // which matches no task or says of an untracked one what is true.
+        unsafe {
+            if (*p).task != task || (*p).gens != gens {
+                (*p).task = task;
+                (*p).gens = gens;
+            }
+        }
+    }
+}
+
+/// Notes the task at `task` as our thread `tid` (a write only when the
+/// note changes).
+#[inline(always)]
+pub(crate) fn note_ours(task: u64, gens: u64, tid: u32) {
+    if let Some(p) = OURS.get_ptr_mut(hash(task) & (OURS_SLOTS - 1)) {
+        // SAFETY: as in `note`. A note torn by another CPU noting another
+        // of our tasks in this slot names a thread whose entry holds
+        // another address: `sched::thread_of` does not take it.
         unsafe {
             if (*p).task != task || (*p).gens != gens || (*p).tid != tid {
                 (*p).task = task;
@@ -91,23 +106,19 @@ fn write(task: u64, gens: u64, tid: u32) {
     }
 }
 
-/// Notes the task at `task` as not ours.
-#[inline(always)]
-pub(crate) fn note(task: u64, gens: u64) {
-    write(task, gens, 0);
-}
-
-/// Notes the task at `task` as our thread `tid`.
-#[inline(always)]
-pub(crate) fn note_ours(task: u64, gens: u64, tid: u32) {
-    write(task, gens, tid);
-}
-
 /// Drops any note of the task at `task`: it is ours now, or a new task.
 #[inline(always)]
 pub(crate) fn forget(task: u64) {
-    if let Some(p) = UNTRACKED.get_ptr_mut(slot(task)) {
-        // SAFETY: as in `write`.
+    if let Some(p) = UNTRACKED.get_ptr_mut(hash(task) & (UNTRACKED_SLOTS - 1)) {
+        // SAFETY: as in `note`.
+        unsafe {
+            if (*p).task == task {
+                (*p).task = 0;
+            }
+        }
+    }
+    if let Some(p) = OURS.get_ptr_mut(hash(task) & (OURS_SLOTS - 1)) {
+        // SAFETY: as in `note`.
         unsafe {
             if (*p).task == task {
                 (*p).task = 0;
