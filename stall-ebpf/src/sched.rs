@@ -68,10 +68,7 @@ pub(crate) fn read_u64(base: u64, off: u32) -> u64 {
 /// `run_delay` or 0).
 #[inline(always)]
 pub(crate) fn kernel_totals(task: u64, cfg: &Config) -> (u64, u64) {
-    let exec = read_u64(task, cfg.task.sum_exec);
-    let delay =
-        if cfg.task.flags & task_flags::RUN_DELAY != 0 { read_u64(task, cfg.task.run_delay) } else { 0 };
-    (exec, delay)
+    Prev { task, btf: core::ptr::null() }.totals::<PROBE>(cfg)
 }
 
 /// Which kernel totals a thread entry created now carries.
@@ -115,8 +112,9 @@ pub fn sched_switch_stack(ctx: RawTracePointContext) -> i32 {
     switch::<PROBE_STACK>(&ctx)
 }
 
-/// The task going off-CPU, which is the current task: its address (the
-/// tracepoint's argument) and, for `DIRECT`, its BTF pointer.
+/// A task read by `bpf_probe_read_kernel` or, for `DIRECT` (the current
+/// task alone, the one going off-CPU), through its BTF pointer: its address
+/// (the tracepoint's argument) and that pointer.
 #[derive(Clone, Copy)]
 struct Prev {
     task: u64,
@@ -165,7 +163,7 @@ impl Prev {
         }
     }
 
-    /// The kernel's totals for it, as `kernel_totals`.
+    /// Where the kernel's totals stand for it (see `kernel_totals`).
     #[inline(always)]
     fn totals<const HOW: u8>(self, cfg: &Config) -> (u64, u64) {
         let exec = self.at::<u64, HOW>(cfg.task.sum_exec);
