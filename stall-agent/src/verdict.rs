@@ -73,6 +73,11 @@ pub mod rules {
     pub const HANG_MAX_ON_CPU: f64 = 0.05;
     /// Hang: pipe/socket bytes below this are status checks, not batches.
     pub const HANG_MAX_IPC_BYTES_PER_S: f64 = 16_384.0;
+    /// Hang: pages brought in below this are a heartbeat's (the directory
+    /// and inode blocks a status file rewritten now and then reads), not
+    /// work: an import or teardown faulting its libraries in reads
+    /// hundreds of pages a second.
+    pub const HANG_MAX_PAGED_BYTES_PER_S: f64 = 16_384.0;
     /// Idle: the whole job uses less than this share of one CPU.
     pub const IDLE_MAX_CPU: f64 = 0.05;
     /// Hang behind a busy GPU: silent for this many times the job's own

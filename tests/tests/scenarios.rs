@@ -548,7 +548,15 @@ fn hang_is_reported_within_ten_seconds_of_attach() {
     });
     assert!(secs(&first["elapsed_s"]) <= 10.0, "hang first reported at {}", first["elapsed_s"]);
     let sum = run.summary();
-    assert_eq!(kind(sum), "hang", "{}", verdict_summary(&run));
+    let last = intervals.last().unwrap();
+    assert_eq!(
+        kind(sum),
+        "hang",
+        "{}\nintervals: {:?}\nlast interval: {}",
+        verdict_summary(&run),
+        intervals.iter().map(|r| kind(r)).collect::<Vec<_>>(),
+        last["verdict"]
+    );
     let line = verdict_summary(&run);
     let trainer = u(&t["trainer"]);
     assert!(line.contains(&format!("trainer (pid {trainer})")), "{line}");

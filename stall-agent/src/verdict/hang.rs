@@ -79,9 +79,14 @@ pub(in crate::verdict) fn no_progress(
     let file_bytes: u64 = w.procs.iter().map(ProcWindow::file_read_bytes).sum();
     // Pages faulted in (from storage or the page cache) are work too: a
     // process blocked on its faults (an import, a teardown unmapping its
-    // libraries from a cold cache) moves, however slowly.
+    // libraries from a cold cache) moves, however slowly. A few pages now
+    // and then are not: a heartbeat rewriting a status file reads a
+    // directory block.
     let paged: u64 = w.procs.iter().map(|p| p.storage_bytes.unwrap_or(0) + p.mmap_bytes.unwrap_or(0)).sum();
-    if file_bytes > 0 || paged > 0 || ipc as f64 / secs > rules::HANG_MAX_IPC_BYTES_PER_S {
+    if file_bytes > 0
+        || paged as f64 / secs > rules::HANG_MAX_PAGED_BYTES_PER_S
+        || ipc as f64 / secs > rules::HANG_MAX_IPC_BYTES_PER_S
+    {
         return None;
     }
     let worker_tgids: Vec<u32> = workers.iter().map(|p| p.tgid).collect();

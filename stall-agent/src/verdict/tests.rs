@@ -571,6 +571,31 @@ fn blocked_on_faults_that_bring_pages_in_is_not_a_hang() {
     assert_eq!(v.kind, Kind::Hang, "{v:?}");
 }
 
+/// A hung trainer that rewrites a status file at each check (its truth, a
+/// heartbeat) now and then reads a directory or inode block from storage:
+/// a page in seconds is no progress.
+#[test]
+fn a_heartbeats_metadata_page_is_not_progress() {
+    let hung = |storage_bytes: u64| {
+        let mut job = Job::new(6)
+            .trainer(0.003, [0.0, 0.0, 0.997, 0.0, 0.0, 0.0], blocked(reason::POLL))
+            .worker(101, 0.0, [0.0, 0.0, 1.0, 0.0, 0.0, 0.0], 0);
+        job.inode_bytes = Some(vec![InodeSnap {
+            tgid: 100,
+            inode: Inode { dev: 1 << 20, ino: 2 },
+            storage_bytes,
+            mmap_bytes: 0,
+        }]);
+        job.mmap_known = true;
+        job.judge(&[])
+    };
+    let v = hung(4096);
+    assert_eq!(v.kind, Kind::Hang, "{v:?}");
+    // Pages coming in at an import's pace are work.
+    let v = hung(4 << 20);
+    assert_ne!(v.kind, Kind::Hang, "{v:?}");
+}
+
 #[test]
 fn trainer_host_bound_with_and_without_gpu() {
     let job = || {
