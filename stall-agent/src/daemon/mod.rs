@@ -69,6 +69,8 @@ pub struct Options {
     /// No NVML is an error (exit 6), not a note: on a GPU node, a daemon
     /// that cannot see the GPU judges only the host side.
     pub require_gpu: bool,
+    /// Programs return at once (the benchmark's floor).
+    pub floor: bool,
 }
 
 /// The agent's own cost and the node-wide counters, as last exported.
@@ -110,6 +112,7 @@ pub async fn run(opts: Options) -> Result<()> {
         cgroup_mode: true,
         syscall_hooks_on_demand: tiers.is_some(),
         syscall_hooks: opts.syscall_hooks,
+        floor: opts.floor,
         ..Default::default()
     })
     .map_err(Error::from)?;

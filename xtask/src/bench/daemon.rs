@@ -4,7 +4,9 @@
 //! CPU: a wakeup and a context switch per hand-off, what NCCL proxies, data
 //! loaders and RPC servers do), with no daemon, with the daemon in its
 //! cheap tier (the job's scripted GPU busy: only the scheduler hooks run),
-//! and with the job escalated to the full capture (its GPU idle).
+//! the same with every program returning at once (the cheap tier's floor:
+//! what the hooks cost before any work in them), and with the job
+//! escalated to the full capture (its GPU idle).
 
 use std::{
     fs,
@@ -29,16 +31,19 @@ use super::{
 pub enum Watch {
     NoDaemon,
     Cheap,
+    /// The cheap tier's hooks with every program returning at once.
+    CheapFloor,
     Escalated,
 }
 
 impl Watch {
-    pub const ALL: [Watch; 3] = [Watch::NoDaemon, Watch::Cheap, Watch::Escalated];
+    pub const ALL: [Watch; 4] = [Watch::NoDaemon, Watch::Cheap, Watch::CheapFloor, Watch::Escalated];
 
     pub fn label(self) -> &'static str {
         match self {
             Watch::NoDaemon => "no daemon",
             Watch::Cheap => "daemon, job healthy (cheap tier)",
+            Watch::CheapFloor => "daemon, job healthy, floor (programs return at once)",
             Watch::Escalated => "daemon, job escalated (full capture)",
         }
     }
@@ -58,7 +63,7 @@ pub struct DaemonBench {
     pub profiles: Vec<Profile>,
 }
 
-/// Rounds of the three watches: more than the other workloads' runs, as the
+/// Rounds of the watches: more than the other workloads' runs, as the
 /// differences to resolve are a few percent.
 const MIN_ROUNDS: usize = 6;
 
@@ -117,7 +122,7 @@ pub fn run(env: &Env, small: &Path, nvml_lib: &Path, runs: usize, quick: bool) -
             let _ = holder.child.wait();
             let (j, n, f) = (r?, n?, f?);
             println!(
-                "  run {}/{rounds} {:<38} job {:>7.1} ns/read, neighbour {:>7.1} ns/read, switcher {:>7.1} ns/switch",
+                "  run {}/{rounds} {:<52} job {:>7.1} ns/read, neighbour {:>7.1} ns/read, switcher {:>7.1} ns/switch",
                 run + 1,
                 watch.label(),
                 j.ns_per_op(),
@@ -189,7 +194,14 @@ impl Node {
         write_script(&self.script, &self.pid_file, watch != Watch::Escalated)?;
         let daemon = match watch {
             Watch::NoDaemon => None,
-            _ => Some(Daemon::start(env, &self.root.0, &self.mount, &self.nvml_lib, &self.script)?),
+            _ => Some(Daemon::start(
+                env,
+                &self.root.0,
+                &self.mount,
+                &self.nvml_lib,
+                &self.script,
+                watch == Watch::CheapFloor,
+            )?),
         };
         if let Some(d) = &daemon {
             d.wait_hooks(watch == Watch::Escalated)?;
@@ -264,12 +276,22 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(env: &Env, root: &Path, mount: &Path, nvml_lib: &Path, script: &Path) -> Result<Self> {
+    fn start(
+        env: &Env,
+        root: &Path,
+        mount: &Path,
+        nvml_lib: &Path,
+        script: &Path,
+        floor: bool,
+    ) -> Result<Self> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let mut c = Command::new(&env.stall);
         c.arg("daemon").arg("--cgroup-root").arg(root.strip_prefix(mount).unwrap_or(root));
         c.args(["--interval", "1", "--escalate-idle", "1", "--full-window", "600", "--listen"]);
         c.arg(format!("127.0.0.1:{port}")).arg("--nvml-lib").arg(nvml_lib).env("STALL_NVML_SCRIPT", script);
+        if floor {
+            c.arg("--floor");
+        }
         Ok(Self { proc: Spawned::start(env, c)?, port })
     }
 
