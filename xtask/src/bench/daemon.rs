@@ -194,14 +194,7 @@ impl Node {
         write_script(&self.script, &self.pid_file, watch != Watch::Escalated)?;
         let daemon = match watch {
             Watch::NoDaemon => None,
-            _ => Some(Daemon::start(
-                env,
-                &self.root.0,
-                &self.mount,
-                &self.nvml_lib,
-                &self.script,
-                watch == Watch::CheapFloor,
-            )?),
+            _ => Some(Daemon::start(env, self, watch == Watch::CheapFloor)?),
         };
         if let Some(d) = &daemon {
             d.wait_hooks(watch == Watch::Escalated)?;
@@ -276,19 +269,15 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(
-        env: &Env,
-        root: &Path,
-        mount: &Path,
-        nvml_lib: &Path,
-        script: &Path,
-        floor: bool,
-    ) -> Result<Self> {
+    /// A daemon watching `node`'s root; `floor`: its programs return at once.
+    fn start(env: &Env, node: &Node, floor: bool) -> Result<Self> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let root = &node.root.0;
         let mut c = Command::new(&env.stall);
-        c.arg("daemon").arg("--cgroup-root").arg(root.strip_prefix(mount).unwrap_or(root));
+        c.arg("daemon").arg("--cgroup-root").arg(root.strip_prefix(&node.mount).unwrap_or(root));
         c.args(["--interval", "1", "--escalate-idle", "1", "--full-window", "600", "--listen"]);
-        c.arg(format!("127.0.0.1:{port}")).arg("--nvml-lib").arg(nvml_lib).env("STALL_NVML_SCRIPT", script);
+        c.arg(format!("127.0.0.1:{port}")).arg("--nvml-lib").arg(&node.nvml_lib);
+        c.env("STALL_NVML_SCRIPT", &node.script);
         if floor {
             c.arg("--floor");
         }
