@@ -160,9 +160,6 @@ pub struct DaemonArgs {
     /// only: on a GPU node a daemon blind to the GPU never escalates and its GPU alerts never fire.
     #[arg(long)]
     pub require_gpu: bool,
-    /// Programs return at once (benchmark floor: what the hooks cost with no work in them).
-    #[arg(long, hide = true)]
-    pub floor: bool,
     #[command(flatten)]
     pub hooks: HooksArg,
 }

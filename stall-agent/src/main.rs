@@ -85,7 +85,6 @@ fn daemon_options(a: DaemonArgs) -> daemon::Options {
         expose_details: a.expose_details,
         node_name: a.node_name,
         require_gpu: a.require_gpu,
-        floor: a.floor,
     }
 }
 

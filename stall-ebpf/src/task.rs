@@ -4,11 +4,12 @@
 //! while another tracing program or a `bpf()` syscall runs on the CPU.
 use aya_ebpf::{helpers::bpf_get_current_comm, macros::raw_tracepoint, programs::RawTracePointContext};
 use stall_common::{
-    counter, event_kind, reason, run_state, slot_state, ExecEvent, ExitEvent, NewTaskEvent, ThreadStats,
+    counter, event_kind, kclock, reason, run_state, slot_state, ExecEvent, ExitEvent, NewTaskEvent,
+    ThreadStats,
 };
 
 use crate::{
-    bump, config, current, header,
+    bump, config, current, current_task, header,
     maps::{EVENTS, THREADS, URING_READS},
     now, running,
     sched::{kclock_flags, kernel_totals, read_u32},
@@ -121,7 +122,13 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
             s.tracked = slot_state::UNTRACKED;
         }
     }
-    if t.state == run_state::RUNNING {
+    if t.seeded != 0 && t.kclock & kclock::EXEC != 0 {
+        // Its state is the agent's reading of /proc, not a switch (the
+        // daemon's cheap tier runs no scheduler hook): the span since is
+        // split by the kernel's own totals, as the agent splits it.
+        let (exec, delay) = kernel_totals(current_task(), &cfg);
+        settle_seeded(t, ts, exec, delay);
+    } else if t.state == run_state::RUNNING {
         let span = ts.saturating_sub(t.last_ts);
         t.on_cpu_ns += span;
         // exec_ns stays "the kernel's total as of last_ts" (its own
@@ -168,4 +175,35 @@ pub fn cgroup_attach_task(_ctx: RawTracePointContext) -> i32 {
         untracked::migrated();
     }
     0
+}
+
+/// Brings an entry whose state the agent last set from /proc up to `ts`:
+/// since then the kernel's totals moved by exactly its time on-CPU and in
+/// the runqueue; the rest it was blocked for the reason read then (or, read
+/// runnable, waited for a CPU). The agent's `capture::schedstat` does the
+/// same between two readings.
+#[inline(always)]
+fn settle_seeded(t: &mut ThreadStats, ts: u64, exec: u64, delay: u64) {
+    let span = ts.saturating_sub(t.last_ts);
+    let ran = exec.saturating_sub(t.exec_ns).min(span);
+    let off = span - ran;
+    let rq = if t.kclock & kclock::DELAY != 0 { delay.saturating_sub(t.delay_ns).min(off) } else { 0 };
+    let blocked = if t.state == run_state::OFF { t.off_reason } else { reason::RUNQUEUE };
+    if let Some(slot) = t.off_ns.get_mut(usize::from(reason::RUNQUEUE)) {
+        *slot += rq;
+    }
+    if let Some(slot) = t.off_ns.get_mut(usize::from(blocked)) {
+        *slot += off - rq;
+    }
+    if blocked == reason::OTHER {
+        t.other_nr = t.off_nr;
+    }
+    t.on_cpu_ns += ran;
+    if exec > t.exec_ns {
+        t.exec_ns = exec;
+    }
+    t.delay_ns = delay;
+    // Nothing more for the agent's fold to add.
+    t.state = run_state::RUNNING;
+    t.last_ts = ts;
 }

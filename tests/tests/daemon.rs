@@ -236,6 +236,203 @@ fn a_gpu_job_gets_the_full_capture_while_its_gpu_idles() {
     });
 }
 
+/// The sum of every series of `name` whose labels include all of `labels`.
+fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            (n == name && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
+                .then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// Scrapes until `ready` holds of the exposition; on a timeout, fails with
+/// the last one.
+fn scrape_until(what: &str, timeout: Duration, scrape: &dyn Fn() -> String, ready: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = scrape();
+        if ready(&text) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}; last scrape:\n{text}"
+        );
+        sleep(Duration::from_millis(200));
+    }
+}
+
+/// The CPU time of a cgroup and all below it so far, s (cgroup v2's
+/// `cpu.stat`, kept whether or not the cpu controller is enabled).
+fn cgroup_cpu_s(dir: &Path) -> f64 {
+    let text = std::fs::read_to_string(dir.join("cpu.stat")).unwrap();
+    let usec = text.lines().find_map(|l| l.strip_prefix("usage_usec ")).unwrap();
+    usec.trim().parse::<f64>().unwrap() / 1e6
+}
+
+/// A healthy GPU job (scripted NVML, busy) in the cheap tier: no scheduler
+/// or syscall hook is attached, yet the job's time on CPU is its cgroup's
+/// (`cpu.stat`, over the same window), a process sleeping is counted as
+/// sleeping, and a process moved into the job's cgroup from outside is
+/// adopted (nothing in the kernel would adopt it without the hooks).
+#[test]
+fn the_cheap_tier_counts_a_jobs_threads_without_scheduler_hooks() {
+    require_root();
+    let gpu = ScriptedGpu::new(&serde_json::json!(null));
+    let pid_file = gpu.path("holder.pid");
+    gpu.update(&serde_json::json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
+        "phases": [{"util_pct": 100, "power_mw": 650_000,
+                    "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]}));
+    let root = Cgroup::new("cheap");
+    let job_cg = root.child("job1");
+    let rel = job_cg.name.clone();
+    let mut guard = Killer(vec![]);
+    let mut in_job = |argv: &[&str]| {
+        let child = Command::new(argv[0]).args(&argv[1..]).spawn().unwrap();
+        job_cg.add(child.id());
+        let pid = child.id();
+        guard.0.push(child);
+        pid
+    };
+    let holder = in_job(&["sleep", "600"]);
+    std::fs::write(&pid_file, holder.to_string()).unwrap();
+    in_job(&["sh", "-c", "while :; do :; done"]);
+    let port = free_port();
+    let daemon = gpu
+        .command("daemon")
+        .args(["--cgroup-root", &root.name, "--interval", "1"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    guard.0.insert(0, daemon);
+    // Trampolines are loaded, attached and detached at start (the probe of
+    // `auto`): seconds under emulation.
+    wait_until("the daemon's /metrics", Duration::from_secs(60), || http_get(port, "/metrics").is_some());
+    let scrape = || http_get(port, "/metrics").unwrap_or_default();
+    let job = [("cgroup", rel.as_str())];
+    scrape_until("the job watched, GPU busy, in the cheap tier", Duration::from_secs(30), &scrape, |t| {
+        metric(t, "stall_verdict", &[("cgroup", &rel), ("kind", "gpu-busy")]) == Some(1.0)
+            && metric(t, "stall_capture_tier", &job) == Some(0.0)
+            && metric_sum(t, "stall_processes", &job) == 2.0
+    });
+
+    // One more process, moved in from outside: adopted at the next look.
+    let outside = Command::new("sleep").arg("600").spawn().unwrap();
+    let outside_pid = outside.id();
+    guard.0.push(outside);
+    job_cg.add(outside_pid);
+    scrape_until("the process moved into the job counted", Duration::from_secs(10), &scrape, |t| {
+        metric_sum(t, "stall_processes", &job) == 3.0
+    });
+
+    let (t0, cpu0, at0) = (scrape(), cgroup_cpu_s(&job_cg.dir), Instant::now());
+    sleep(Duration::from_secs(8));
+    let (t1, cpu1, at1) = (scrape(), cgroup_cpu_s(&job_cg.dir), Instant::now());
+    for t in [&t0, &t1] {
+        assert_eq!(metric(t, "stall_scheduler_hooks_attached", &[]), Some(0.0), "{t}");
+        assert_eq!(metric(t, "stall_syscall_hooks_attached", &[]), Some(0.0), "{t}");
+        assert_eq!(metric(t, "stall_capture_tier", &job), Some(0.0), "{t}");
+    }
+    let on = |t: &str| metric_sum(t, "stall_on_cpu_seconds_total", &job);
+    let slept =
+        |t: &str| metric_sum(t, "stall_off_cpu_seconds_total", &[("cgroup", &rel), ("reason", "sleep")]);
+    let (stall_on, truth_on) = (on(&t1) - on(&t0), cpu1 - cpu0);
+    let window = (at1 - at0).as_secs_f64();
+    eprintln!(
+        "cheap tier: on CPU {stall_on:.2} s by stall, {truth_on:.2} s by cpu.stat; asleep {:.2} s in {window:.1} s",
+        slept(&t1) - slept(&t0)
+    );
+    // Each series moves once per interval (1 s): the two windows may be
+    // one interval apart at either end.
+    assert!(truth_on > 2.0, "the busy loop ran: {truth_on:.2} s on CPU in {window:.1} s");
+    assert!(
+        (stall_on - truth_on).abs() <= 2.0 + 0.05 * truth_on,
+        "on CPU: stall {stall_on:.2} s, cpu.stat {truth_on:.2} s"
+    );
+    // Two processes asleep all along (the holder and the one moved in).
+    let asleep = slept(&t1) - slept(&t0);
+    assert!(asleep >= 2.0 * (window - 2.0), "asleep {asleep:.2} s in {window:.1} s, two sleepers:\n{t1}");
+}
+
+/// A hang behind a busy GPU, told in the cheap tier (no scheduler or
+/// syscall hook attached): the job logged a line a second, then its main
+/// thread blocked on a lock forever while the (scripted) GPU reports 100 %
+/// at low power. The daemon publishes `hang` within 40 s of the last line,
+/// naming the futex the thread waits in, read from /proc.
+#[test]
+fn a_hang_behind_a_busy_gpu_is_told_in_the_cheap_tier() {
+    require_root();
+    let s = Scratch::new("cheap-hang");
+    let log = s.path("train.log");
+    let gpu = ScriptedGpu::new(&serde_json::json!(null));
+    let pid_file = gpu.path("trainer.pid");
+    gpu.update(&serde_json::json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
+        "phases": [{"util_pct": 100, "power_mw": 90_000,
+                    "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]}));
+    let root = Cgroup::new("cheap-hang");
+    let job_cg = root.child("job1");
+    let rel = job_cg.name.clone();
+    let mut guard = Killer(vec![]);
+    let port = free_port();
+    let daemon = gpu
+        .command("daemon")
+        .args(["--cgroup-root", &root.name, "--interval", "1"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    guard.0.push(daemon);
+    wait_until("the daemon's /metrics", Duration::from_secs(60), || http_get(port, "/metrics").is_some());
+    // Lines for a while (a rhythm of 1 s), then a lock taken twice.
+    let trainer = r#"
+import sys, threading, time
+with open(sys.argv[1], "a", buffering=1) as log:
+    for step in range(8):
+        log.write(f"step {step}\n")
+        time.sleep(1)
+lock = threading.Lock()
+lock.acquire()
+lock.acquire()
+"#;
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(r#"echo $$ > "$0" && exec python3 -c "$1" "$2""#)
+        .arg(job_cg.dir.join("cgroup.procs"))
+        .args([trainer, log.to_str().unwrap()]);
+    let job = cmd.spawn().unwrap();
+    std::fs::write(&pid_file, job.id().to_string()).unwrap();
+    guard.0.push(job);
+    let started = Instant::now();
+    let scrape = || http_get(port, "/metrics").unwrap_or_default();
+    let labels = [("cgroup", rel.as_str())];
+    scrape_until("hang, in the cheap tier", Duration::from_secs(50), &scrape, |t| {
+        metric(t, "stall_verdict", &[("cgroup", &rel), ("kind", "hang")]) == Some(1.0)
+    });
+    eprintln!(
+        "cheap tier: hang published {:.1} s after the trainer started",
+        started.elapsed().as_secs_f64()
+    );
+    let t = scrape();
+    assert_eq!(metric(&t, "stall_capture_tier", &labels), Some(0.0), "{t}");
+    assert_eq!(metric(&t, "stall_scheduler_hooks_attached", &[]), Some(0.0), "{t}");
+    assert_eq!(metric(&t, "stall_syscall_hooks_attached", &[]), Some(0.0), "{t}");
+    let jobs: serde_json::Value = serde_json::from_str(&http_get(port, "/jobs").unwrap_or_default()).unwrap();
+    let v = jobs["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|j| j["cgroup"] == rel.as_str())
+        .map(|j| j["verdict"].clone());
+    let v = v.unwrap_or_else(|| panic!("the job in /jobs: {jobs}"));
+    assert_eq!(v["kind"], "hang", "{v}");
+    assert!(v.to_string().contains("futex"), "the wait read from /proc is named: {v}");
+}
+
 /// `--kubernetes` finds the kubelet's pod cgroups under either cgroup
 /// driver (cgroupfs: `kubepods/burstable/pod<uid>/<container>`, systemd:
 /// `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/

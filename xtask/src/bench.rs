@@ -242,7 +242,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let files = prepare_files(&env.dir, opts.quick)?;
     if opts.daemon_only {
         let daemon = daemon::run(&env, &files.small, &env.nvml_lib, runs, opts.quick)?;
-        print!("{}", report::daemon_text(&daemon));
+        print!("{}", report::daemon_text(&daemon, env.before.as_ref().map(|b| b.rev.as_str())));
         return Ok(());
     }
     let mut workloads = workloads(&files, opts.quick);

@@ -2,7 +2,7 @@
 //! with them, and the programs attached. What fails says why in one line.
 use aya::{
     maps::{Array, MapData, MapType, RingBuf},
-    programs::{ProgramType, RawTracePoint},
+    programs::{raw_trace_point::RawTracePointLinkId, ProgramType, RawTracePoint},
     sys::BpfHelper,
     Btf, EbpfLoader,
 };
@@ -30,6 +30,45 @@ const ATTACH: [(&str, &str, &str); 5] = [
     (names::SCHED_PROCESS_EXEC, "sched", "sched_process_exec"),
     (names::SCHED_PROCESS_EXIT, "sched", "sched_process_exit"),
 ];
+
+/// The tracepoints of [`ATTACH`] that run at every context switch or
+/// wakeup of the machine: what the daemon's cheap tier leaves detached.
+const SCHED_HOOKS: [&str; 2] = ["sched_switch", "sched_waking"];
+
+/// The scheduler hooks' programs (loaded) and links (while attached).
+#[derive(Default)]
+pub(super) struct SchedHooks {
+    programs: Vec<(&'static str, &'static str)>,
+    links: Vec<(&'static str, RawTracePointLinkId)>,
+}
+
+impl SchedHooks {
+    pub fn attached(&self) -> bool {
+        !self.links.is_empty()
+    }
+
+    /// All or none: a half-attached scheduler would count half the switches.
+    pub fn attach(&mut self, ebpf: &mut aya::Ebpf) -> Result<(), CaptureError> {
+        for &(prog, name) in &self.programs {
+            match attached_program::<RawTracePoint>(ebpf, prog).and_then(|p| p.attach(name).map_err(load_err))
+            {
+                Ok(link) => self.links.push((prog, link)),
+                Err(e) => {
+                    let _ = self.detach(ebpf);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn detach(&mut self, ebpf: &mut aya::Ebpf) -> Result<(), CaptureError> {
+        for (prog, link) in self.links.drain(..) {
+            attached_program::<RawTracePoint>(ebpf, prog)?.detach(link).map_err(load_err)?;
+        }
+        Ok(())
+    }
+}
 
 /// (program, category, tracepoint) attached in cgroup mode only: a task
 /// moved into a watched cgroup is no longer known to be outside them
@@ -67,6 +106,10 @@ pub struct CaptureOptions {
     pub syscall_hooks_on_demand: bool,
     /// Which syscall hooks to use (see [`backend`]).
     pub syscall_hooks: SyscallHooks,
+    /// Leave `sched_switch` and `sched_waking` detached at load, until
+    /// [`Capture::set_sched_hooks`]; [`Capture::sample_sched`] keeps the
+    /// threads' counters from /proc meanwhile (the daemon's cheap tier).
+    pub sched_hooks_on_demand: bool,
 }
 
 /// One read in 8 is timed unless asked otherwise: the two clock reads are
@@ -142,15 +185,23 @@ impl Capture {
         let mut ebpf = loader.load(BPF_OBJECT).map_err(load_err)?;
 
         let mut switch_reads = SwitchReads::ProbeStack;
+        let mut sched = SchedHooks::default();
         for (prog, _, name) in ATTACH {
-            if prog == names::SCHED_SWITCH {
+            let prog = if prog == names::SCHED_SWITCH {
                 switch_reads = load_switch(&mut ebpf, &features)?;
-                attached_program::<RawTracePoint>(&mut ebpf, switch_reads.program())?
-                    .attach(name)
-                    .map_err(load_err)?;
+                switch_reads.program()
+            } else {
+                program(&mut ebpf, prog, RawTracePoint::load)?;
+                prog
+            };
+            if SCHED_HOOKS.contains(&name) {
+                sched.programs.push((prog, name));
                 continue;
             }
-            program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
+            attached_program::<RawTracePoint>(&mut ebpf, prog)?.attach(name).map_err(load_err)?;
+        }
+        if !opts.sched_hooks_on_demand {
+            sched.attach(&mut ebpf)?;
         }
         if opts.cgroup_mode {
             let (prog, category, name) = CGROUP_ATTACH;
@@ -220,6 +271,7 @@ impl Capture {
             seed_seq: 0,
             decode_errors: 0,
             hooks,
+            sched,
             task_flags: config.task.flags,
             switch_reads,
             ebpf,

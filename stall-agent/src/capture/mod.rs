@@ -13,6 +13,7 @@ pub mod mapped;
 mod object;
 pub mod procfs;
 mod ring;
+mod schedstat;
 mod snapshot;
 pub mod tracefs;
 mod track;
@@ -66,6 +67,8 @@ pub struct Capture {
     // Last: programs detach when this drops.
     /// The syscall hooks' backend and links (none: detached).
     hooks: backend::Hooks,
+    /// `sched_switch` and `sched_waking` (detached in the daemon's cheap tier).
+    sched: load::SchedHooks,
     ebpf: Ebpf,
 }
 
@@ -79,6 +82,23 @@ impl Capture {
     /// Whether the syscall hooks (file reads, writes, opens) are attached.
     pub fn syscall_hooks(&self) -> bool {
         self.hooks.attached()
+    }
+
+    /// Whether `sched_switch` and `sched_waking` are attached; while they
+    /// are not, [`Capture::sample_sched`] keeps the threads' counters.
+    pub fn sched_hooks(&self) -> bool {
+        self.sched.attached()
+    }
+
+    /// Attaches or detaches the scheduler hooks (the daemon's tiers). Call
+    /// [`Capture::sample_sched`] just before attaching: the kernel side
+    /// goes on from the state the last reading left in each entry.
+    pub fn set_sched_hooks(&mut self, on: bool) -> Result<(), CaptureError> {
+        match (on, self.sched.attached()) {
+            (true, false) => self.sched.attach(&mut self.ebpf),
+            (false, true) => self.sched.detach(&mut self.ebpf),
+            _ => Ok(()),
+        }
     }
 
     /// The syscall hooks' backend (trampolines or raw tracepoints).

@@ -62,14 +62,23 @@ pub fn thread_stat(pid: u32, tid: u32) -> Option<Stat> {
 }
 
 /// The syscall a blocked thread is in (/proc/PID/task/TID/syscall): its
-/// number, -1 when blocked outside one, None when running or unreadable.
-pub fn thread_syscall(pid: u32, tid: u32) -> Option<i64> {
-    let text = fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
-    let first = text.split_whitespace().next()?;
-    if first == "running" {
-        return None;
-    }
-    first.parse().ok()
+/// number (-1 when blocked outside one) and first argument; None when it
+/// runs or cannot be read.
+pub fn thread_syscall(pid: u32, tid: u32) -> Option<Syscall> {
+    parse_syscall(&fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Syscall {
+    pub nr: i64,
+    pub arg0: Option<u64>,
+}
+
+pub fn parse_syscall(text: &str) -> Option<Syscall> {
+    let mut f = text.split_whitespace();
+    let nr = f.next()?.parse().ok()?;
+    let arg0 = f.next().and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok());
+    Some(Syscall { nr, arg0 })
 }
 
 /// The kernel's own scheduling totals for a thread
@@ -388,6 +397,15 @@ pub fn self_rss_bytes() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_syscall_a_thread_waits_in() {
+        let futex = "202 0x7f3a2c000b60 0x80 0x0 0x0 0x0 0x0 0x7ffd5b2e8a40 0x7f3a2e4d1a3d\n";
+        assert_eq!(parse_syscall(futex), Some(Syscall { nr: 202, arg0: Some(0x7f3a_2c00_0b60) }));
+        // Blocked outside a syscall (a page fault): the number only.
+        assert_eq!(parse_syscall("-1 0x7ffd5b2e8a40 0x7f3a2e4d1a3d\n").map(|s| s.nr), Some(-1));
+        assert_eq!(parse_syscall("running\n"), None);
+    }
 
     #[test]
     fn listeners_by_address_and_port() {

@@ -3,12 +3,9 @@
 //! kernel side counts from the first moment on.
 use std::{collections::HashSet, path::Path};
 
-use stall_common::{
-    fd_kind, kclock, names, reason, run_state, syscall_class, task_flags, track_gen, FdKey, FileStats,
-    ThreadStats,
-};
+use stall_common::{fd_kind, names, reason, syscall_class, track_gen, FdKey, FileStats};
 
-use super::{cgroup, error::map_err, procfs, Capture, CaptureError};
+use super::{cgroup, error::map_err, procfs, schedstat, Capture, CaptureError};
 use crate::{
     clock::monotonic_ns,
     decode::{Event, JobEvent},
@@ -76,43 +73,9 @@ impl Capture {
         }
     }
 
-    fn seed_thread(&mut self, tgid: u32, tid: u32, job: u32) -> Result<(), CaptureError> {
-        let now = monotonic_ns();
-        let Some(st) = procfs::thread_stat(tgid, tid) else { return Ok(()) };
-        let mut t = ThreadStats {
-            tgid,
-            job,
-            last_ts: now,
-            off_nr: -1,
-            other_nr: -1,
-            seeded: 1,
-            ..Default::default()
-        };
-        // The kernel's totals so far: what it adds from now on is this job's.
-        if let Some(k) = procfs::thread_schedstat(tgid, tid) {
-            t.kclock = kclock::EXEC;
-            t.exec_base = k.exec_ns;
-            t.exec_ns = k.exec_ns;
-            if self.task_flags & task_flags::RUN_DELAY != 0 {
-                t.kclock |= kclock::DELAY;
-                t.delay_base = k.delay_ns;
-                t.delay_ns = k.delay_ns;
-            }
-        }
-        if st.state == 'R' {
-            t.state = run_state::RUNNING;
-        } else {
-            let nr = procfs::thread_syscall(tgid, tid).unwrap_or(-1);
-            let fd_regular = || {
-                let text = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/syscall")).ok()?;
-                let arg0 = text.split_whitespace().nth(1)?;
-                let fd = i32::from_str_radix(arg0.trim_start_matches("0x"), 16).ok()?;
-                procfs::fd_info(tgid, fd).map(|o| o.regular)
-            };
-            t.state = run_state::OFF;
-            t.off_reason = classify_blocked(nr, st.state, fd_regular);
-            t.off_nr = nr as i32;
-        }
+    pub(super) fn seed_thread(&mut self, tgid: u32, tid: u32, job: u32) -> Result<(), CaptureError> {
+        let Some(r) = schedstat::read(tgid, tid, self.run_delay()) else { return Ok(()) };
+        let t = schedstat::seed(tgid, job, monotonic_ns(), &r);
         // BPF_NOEXIST: the kernel may already have created it (a new thread).
         match self.threads.insert(tid, t, 1) {
             Ok(()) => Ok(()),
@@ -171,11 +134,19 @@ impl Capture {
 
     /// Tracks every task of the cgroup `dir` and its descendants: those in it
     /// now, and any that later runs there. Returns the files already open.
+    /// Called again, it follows the cgroups created below since, and (while
+    /// the scheduler hooks, which adopt them, are detached) the tasks that
+    /// entered from outside.
     pub fn watch_cgroup(&mut self, dir: &Path, job: u32) -> Result<Vec<JobEvent>, CaptureError> {
         let mut opened = Vec::new();
         for d in cgroup::subtree(dir) {
             let Some(id) = cgroup::id(&d) else { continue };
             if self.cgroups.get(&id, 0).is_ok() {
+                if !self.sched_hooks() {
+                    for pid in self.adopt(&cgroup::threads(&d), job) {
+                        opened.extend(self.seed_fds(pid, job));
+                    }
+                }
                 continue;
             }
             self.cgroups.insert(id, job, 0).map_err(map_err(names::CGROUPS))?;

@@ -188,12 +188,14 @@ metrics! {
     last_progress: Family<JobLabels, FloatGauge> = "last_progress_timestamp" in Unit::Seconds,
         "Unix time the job last read a file or wrote output (its log, checkpoints, stdout); stall's start if not since";
     tier: Family<JobLabels, Gauge> = "capture_tier",
-        "The job's capture tier: 1 full (syscall hooks), 0 cheap (scheduler, GPU and /proc only)";
+        "The job's capture tier: 1 full (scheduler and syscall hooks), 0 cheap (GPU and /proc only)";
     escalations: Family<JobLabels, Counter> = "escalations", "Full captures started for the job";
     full_capture: Family<JobLabels, FloatCounter> = "full_capture" in Unit::Seconds,
         "Time the job spent in the full capture";
     pub syscall_hooks: Gauge = "syscall_hooks_attached",
         "1 while the syscall hooks are attached (they tax every process of the node)";
+    pub sched_hooks: Gauge = "scheduler_hooks_attached",
+        "1 while the scheduler hooks are attached (they tax every context switch of the node)";
     gpu_power: Family<GpuLabels, FloatGauge> = "gpu_power" in Unit::Other("watts".into()),
         "Mean board power draw over the last interval";
     gpu_power_limit: Family<GpuLabels, FloatGauge> = "gpu_power_limit" in Unit::Other("watts".into()),
@@ -312,8 +314,9 @@ impl Metrics {
         self.full_capture.get_or_create(job).inc_by(secs);
     }
 
-    pub fn set_syscall_hooks(&self, on: bool) {
-        self.syscall_hooks.set(i64::from(on));
+    pub fn set_hooks(&self, syscalls: bool, sched: bool) {
+        self.syscall_hooks.set(i64::from(syscalls));
+        self.sched_hooks.set(i64::from(sched));
     }
 
     /// stall's version, as `stall_build_info` (1).

@@ -69,8 +69,6 @@ pub struct Options {
     /// No NVML is an error (exit 6), not a note: on a GPU node, a daemon
     /// that cannot see the GPU judges only the host side.
     pub require_gpu: bool,
-    /// Programs return at once (the benchmark's floor).
-    pub floor: bool,
 }
 
 /// The agent's own cost and the node-wide counters, as last exported.
@@ -108,11 +106,15 @@ pub async fn run(opts: Options) -> Result<()> {
     }
     // Tiers need GPU data to tell when to look; without it, full capture.
     let tiers = opts.tiers.filter(|_| gpus.sampling());
+    // The cheap tier reads the threads' counters from /proc, not from the
+    // scheduler hooks, where the kernel keeps them (CONFIG_SCHED_INFO).
+    let own = std::process::id();
+    let sched_on_demand = tiers.is_some() && procfs::thread_schedstat(own, own).is_some();
     let capture = Capture::load(&CaptureOptions {
         cgroup_mode: true,
         syscall_hooks_on_demand: tiers.is_some(),
+        sched_hooks_on_demand: sched_on_demand,
         syscall_hooks: opts.syscall_hooks,
-        floor: opts.floor,
         ..Default::default()
     })
     .map_err(Error::from)?;
@@ -166,6 +168,9 @@ pub async fn run(opts: Options) -> Result<()> {
                 look(&mut node, &mut names, &mut live, &gpus, &shared.metrics).await;
                 live.capture.drain_events(&mut feed.events);
                 node.route(&mut live, &mut feed.events);
+                if !live.capture.sched_hooks() {
+                    live.capture.sample_sched();
+                }
                 let snap = live.capture.snapshot();
                 for w in gpus.poll() {
                     eprintln!("stall: {w}");
@@ -182,9 +187,9 @@ pub async fn run(opts: Options) -> Result<()> {
                 log_changes(&mut node, opts.expose_details);
                 if tiers.is_some() {
                     let want = node.jobs.values().any(|w| w.tier.tier.is_full());
-                    node::set_hooks(&mut live, &mut node, want, snap.ts);
+                    node::set_hooks(&mut live, &mut node, want, snap.ts, sched_on_demand);
                 }
-                shared.metrics.set_syscall_hooks(live.capture.syscall_hooks());
+                shared.metrics.set_hooks(live.capture.syscall_hooks(), live.capture.sched_hooks());
                 export_node(&shared.metrics, &snap, &gpus, &mut seen, opts.interval, node.jobs.len());
                 publish(&shared, &node);
             }

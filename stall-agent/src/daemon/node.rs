@@ -262,22 +262,36 @@ fn gpu_infrastructure(cmdline: &str) -> bool {
     GPU_INFRASTRUCTURE.contains(&name)
 }
 
-/// Attaches or detaches the syscall hooks; after attaching, every job's
+/// Attaches or detaches the hooks of the full capture: the syscall hooks,
+/// and the scheduler's too where `sched_too` (the cheap tier keeps the
+/// threads' counters from /proc instead). After attaching, every job's
 /// descriptors are looked up afresh (opens and closes were not seen).
-pub(super) fn set_hooks(live: &mut LiveHost, node: &mut Node, on: bool, now_ns: u64) {
-    if on == live.capture.syscall_hooks() {
+pub(super) fn set_hooks(live: &mut LiveHost, node: &mut Node, on: bool, now_ns: u64, sched_too: bool) {
+    let sched = sched_too && on != live.capture.sched_hooks();
+    if !sched && on == live.capture.syscall_hooks() {
         return;
     }
     let started = std::time::Instant::now();
-    if let Err(e) = live.capture.set_syscall_hooks(on) {
-        let what = if on { "attach" } else { "detach" };
-        eprintln!("stall: cannot {what} the syscall hooks: {}", crate::error::chain(&e));
+    let c = &mut live.capture;
+    let done = if on {
+        if sched {
+            // Up to now from /proc: the scheduler hooks go on from there.
+            c.sample_sched();
+        }
+        c.set_sched_hooks(true).and_then(|()| c.set_syscall_hooks(true))
+    } else {
+        c.set_syscall_hooks(false).and_then(|()| if sched { c.set_sched_hooks(false) } else { Ok(()) })
+    };
+    let what = if sched { "scheduler and syscall hooks" } else { "syscall hooks" };
+    if let Err(e) = done {
+        let verb = if on { "attach" } else { "detach" };
+        eprintln!("stall: cannot {verb} the {what}: {}", crate::error::chain(&e));
         return;
     }
     // Attaching trampolines patches the kernel's text once per program:
     // say how long the loop stood still for it.
     eprintln!(
-        "stall daemon: syscall hooks ({}) {} in {:.2} s",
+        "stall daemon: {what} ({}) {} in {:.2} s",
         live.capture.syscall_backend().name(),
         if on { "attached" } else { "detached" },
         started.elapsed().as_secs_f64()

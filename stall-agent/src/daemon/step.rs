@@ -73,7 +73,7 @@ fn signals(tick: &Tick) -> tier::Signals {
 
 /// The verdict to publish: the live one when it rests on full data; in the
 /// cheap tier only what it can vouch for — a busy GPU (or a hang behind
-/// one), judged from the GPU, the scheduler and /proc — and otherwise the
+/// one), judged from the GPU and /proc — and otherwise the
 /// last full verdict while the job waits for its next capture.
 fn published(tick: &Tick, full: bool, before: Option<&Verdict>) -> Verdict {
     if full || tick.verdict.kind.cheap_tier_vouches() {
@@ -84,7 +84,7 @@ fn published(tick: &Tick, full: bool, before: Option<&Verdict>) -> Verdict {
     }
     Verdict {
         kind: Kind::Unknown,
-        summary: "no full capture of this job yet (cheap tier: scheduler and GPU only); it starts once its GPU has idled for the escalation threshold".into(),
+        summary: "no full capture of this job yet (cheap tier: the GPU and the kernel's per-thread counters only); it starts once its GPU has idled for the escalation threshold".into(),
         evidence: tick.verdict.evidence.clone(),
         host_only: tick.verdict.host_only,
         ..Default::default()

@@ -1,6 +1,8 @@
 //! The daemon's capture tiers. Attaching any syscall tracepoint puts every
-//! task of the node on the kernel's slow syscall path, so while its jobs
-//! are healthy the daemon keeps only the scheduler hooks, NVML and /proc.
+//! task of the node on the kernel's slow syscall path, and the scheduler
+//! hooks run at every context switch of the node, so while its jobs are
+//! healthy the daemon keeps only NVML and /proc (the threads' scheduling
+//! counters read from there, `capture::schedstat`).
 //! A job that looks wrong — its GPU idle for a while, or a busy GPU behind
 //! a silent job — gets the full capture (file reads and writes) for a
 //! bounded window; then it goes back, and a cooldown keeps it from flapping.
@@ -35,7 +37,7 @@ impl Default for Policy {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
-    /// Scheduler hooks, NVML and /proc only.
+    /// NVML and /proc only.
     Cheap,
     /// The full capture, since `since_ns`, until `until_ns` at the latest.
     Full { since_ns: u64, until_ns: u64 },

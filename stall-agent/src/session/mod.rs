@@ -175,6 +175,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         cgroup_mode: matches!(target, Target::Cgroup(_)),
         latency_sample: opts.latency_sample,
         syscall_hooks_on_demand: false,
+        sched_hooks_on_demand: false,
         timeline: opts.timeline.is_some() || opts.timeline_svg.is_some(),
         syscall_hooks: opts.syscall_hooks,
     })

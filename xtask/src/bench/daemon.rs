@@ -3,9 +3,8 @@
 //! an untraced neighbour that switches often (futex ping-pong pinned to one
 //! CPU: a wakeup and a context switch per hand-off, what NCCL proxies, data
 //! loaders and RPC servers do), with no daemon, with the daemon in its
-//! cheap tier (the job's scripted GPU busy: only the scheduler hooks run),
-//! the same with every program returning at once (the cheap tier's floor:
-//! what the hooks cost before any work in them), and with the job
+//! cheap tier (the job's scripted GPU busy: no scheduler or syscall hook is
+//! attached, the job's threads are read from /proc), and with the job
 //! escalated to the full capture (its GPU idle).
 
 use std::{
@@ -31,19 +30,16 @@ use super::{
 pub enum Watch {
     NoDaemon,
     Cheap,
-    /// The cheap tier's hooks with every program returning at once.
-    CheapFloor,
     Escalated,
 }
 
 impl Watch {
-    pub const ALL: [Watch; 4] = [Watch::NoDaemon, Watch::Cheap, Watch::CheapFloor, Watch::Escalated];
+    pub const ALL: [Watch; 3] = [Watch::NoDaemon, Watch::Cheap, Watch::Escalated];
 
     pub fn label(self) -> &'static str {
         match self {
             Watch::NoDaemon => "no daemon",
             Watch::Cheap => "daemon, job healthy (cheap tier)",
-            Watch::CheapFloor => "daemon, job healthy, floor (programs return at once)",
             Watch::Escalated => "daemon, job escalated (full capture)",
         }
     }
@@ -59,7 +55,7 @@ pub struct DaemonBench {
     pub switches: u64,
     pub switcher: Vec<(Watch, Sample)>,
     /// The daemon's programs per switch of the switching neighbour, in the
-    /// cheap tier and escalated.
+    /// cheap tier and escalated (and under the `--before` build).
     pub profiles: Vec<Profile>,
 }
 
@@ -89,7 +85,7 @@ pub fn run(env: &Env, small: &Path, nvml_lib: &Path, runs: usize, quick: bool) -
         for k in 0..Watch::ALL.len() {
             let watch = Watch::ALL[(run + k) % Watch::ALL.len()];
             env.wait_quiet();
-            let (mut holder, daemon) = node.watch(env, watch)?;
+            let (mut holder, daemon) = node.watch(env, watch, &Stall::now(env))?;
             // The job's own reads, from inside its cgroup (the shell moves
             // itself there, then becomes the workload).
             let job_out = env.dir.join("daemon-job.out");
@@ -134,23 +130,44 @@ pub fn run(env: &Env, small: &Path, nvml_lib: &Path, runs: usize, quick: bool) -
             out.switcher.push((watch, f));
         }
     }
+    let mut builds = vec![Stall::now(env)];
+    if let Some(b) = &env.before {
+        builds.push(Stall { path: b.stall.clone(), before: true });
+    }
     for (watch, label) in [
         (Watch::Cheap, "daemon, job healthy (cheap tier): an untraced neighbour's futex ping-pong"),
         (Watch::Escalated, "daemon, job escalated (full capture): an untraced neighbour's futex ping-pong"),
     ] {
-        env.wait_quiet();
-        let secs = if quick { 1.5 } else { 2.0 };
-        let prof =
-            node.profile(env, watch, label, cpu, secs).with_context(|| format!("profiling {label}"))?;
-        println!(
-            "  {:<76} {:>7.0} ns of BPF programs per switch ({:.0} switches/s)",
-            prof.label,
-            prof.total_ns() as f64 / prof.ops().max(1.0),
-            prof.ops_per_s
-        );
-        out.profiles.push(prof);
+        for stall in &builds {
+            env.wait_quiet();
+            let secs = if quick { 1.5 } else { 2.0 };
+            let prof = node
+                .profile(env, watch, stall, label, cpu, secs)
+                .with_context(|| format!("profiling {label}"))?;
+            println!(
+                "  {:<76} {:>7.0} ns of BPF programs per switch ({:.0} switches/s){}",
+                prof.label,
+                prof.total_ns() as f64 / prof.ops().max(1.0),
+                prof.ops_per_s,
+                if stall.before { " (before)" } else { "" }
+            );
+            out.profiles.push(prof);
+        }
     }
     Ok(out)
+}
+
+/// Which build of stall runs the daemon.
+struct Stall {
+    path: PathBuf,
+    /// The `--before` build: it exports no `stall_scheduler_hooks_attached`.
+    before: bool,
+}
+
+impl Stall {
+    fn now(env: &Env) -> Self {
+        Self { path: env.stall.clone(), before: false }
+    }
 }
 
 /// The node of the bench: a root cgroup for the daemon, with the GPU job's
@@ -182,8 +199,8 @@ impl Node {
     }
 
     /// The GPU job (a process holding the scripted GPU, in the job's
-    /// cgroup) and the daemon `watch` asks for, in its tier.
-    fn watch(&self, env: &Env, watch: Watch) -> Result<(Spawned, Option<Daemon>)> {
+    /// cgroup) and the daemon `watch` asks for (run by `stall`), in its tier.
+    fn watch(&self, env: &Env, watch: Watch, stall: &Stall) -> Result<(Spawned, Option<Daemon>)> {
         let holder = Spawned::start(env, {
             let mut c = Command::new("sleep");
             c.arg("600");
@@ -194,7 +211,7 @@ impl Node {
         write_script(&self.script, &self.pid_file, watch != Watch::Escalated)?;
         let daemon = match watch {
             Watch::NoDaemon => None,
-            _ => Some(Daemon::start(env, self, watch == Watch::CheapFloor)?),
+            _ => Some(Daemon::start(env, self, stall)?),
         };
         if let Some(d) = &daemon {
             d.wait_hooks(watch == Watch::Escalated)?;
@@ -208,11 +225,12 @@ impl Node {
         &self,
         env: &Env,
         watch: Watch,
+        stall: &Stall,
         label: &'static str,
         cpu: usize,
         secs: f64,
     ) -> Result<Profile> {
-        let (mut holder, daemon) = self.watch(env, watch)?;
+        let (mut holder, daemon) = self.watch(env, watch, stall)?;
         let daemon = daemon.context("a watch with a daemon")?;
         let f_out = env.dir.join("daemon-profile-switcher.out");
         let _ = fs::remove_file(&f_out);
@@ -246,7 +264,7 @@ impl Node {
             secs: kv(&text, "secs").and_then(|v| v.parse().ok()).unwrap_or(secs),
             ops_per_s: counted.ops as f64 / (counted.ns as f64 / 1e9),
             progs: profile::parse_progs(&text),
-            before: false,
+            before: stall.before,
         })
     }
 }
@@ -266,34 +284,41 @@ fn write_script(script: &Path, pid_file: &Path, busy: bool) -> Result<()> {
 struct Daemon {
     proc: Spawned,
     port: u16,
+    /// It exports `stall_scheduler_hooks_attached`.
+    sched_gauge: bool,
 }
 
 impl Daemon {
-    /// A daemon watching `node`'s root; `floor`: its programs return at once.
-    fn start(env: &Env, node: &Node, floor: bool) -> Result<Self> {
+    /// A daemon watching `node`'s root.
+    fn start(env: &Env, node: &Node, stall: &Stall) -> Result<Self> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let root = &node.root.0;
-        let mut c = Command::new(&env.stall);
+        let mut c = Command::new(&stall.path);
         c.arg("daemon").arg("--cgroup-root").arg(root.strip_prefix(&node.mount).unwrap_or(root));
         c.args(["--interval", "1", "--escalate-idle", "1", "--full-window", "600", "--listen"]);
         c.arg(format!("127.0.0.1:{port}")).arg("--nvml-lib").arg(&node.nvml_lib);
         c.env("STALL_NVML_SCRIPT", &node.script);
-        if floor {
-            c.arg("--floor");
-        }
-        Ok(Self { proc: Spawned::start(env, c)?, port })
+        Ok(Self { proc: Spawned::start(env, c)?, port, sched_gauge: !stall.before })
     }
 
-    /// Waits until the job is watched and the syscall hooks are `on` (or off).
+    /// Waits until the job is watched and the full capture's hooks (syscall
+    /// and scheduler) are `on` (or off).
     fn wait_hooks(&self, on: bool) -> Result<()> {
-        let want = if on { "stall_syscall_hooks_attached 1" } else { "stall_syscall_hooks_attached 0" };
+        let gauges = ["stall_syscall_hooks_attached", "stall_scheduler_hooks_attached"];
+        let want: Vec<String> = gauges[..if self.sched_gauge { 2 } else { 1 }]
+            .iter()
+            .map(|name| format!("{name} {}", u8::from(on)))
+            .collect();
         let t0 = Instant::now();
         loop {
             let text = http_get(self.port, "/metrics").unwrap_or_default();
-            if text.contains("stall_capture_tier{") && text.lines().any(|l| l == want) {
+            if text.contains("stall_capture_tier{") && want.iter().all(|w| text.lines().any(|l| l == w)) {
                 return Ok(());
             }
-            ensure!(t0.elapsed() < Duration::from_secs(60), "the daemon did not reach `{want}` within 60 s");
+            ensure!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the daemon did not reach `{want:?}` within 60 s"
+            );
             thread::sleep(Duration::from_millis(200));
         }
     }

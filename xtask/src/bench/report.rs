@@ -113,16 +113,17 @@ thread id, checked against the address their entry holds), not by reading them. 
 tracked switch is the two tasks' hash lookups, the clock, the two BTF helpers and the per-CPU \
 slot's flush and refill; tp_btf programs, which would take `next` as a BTF pointer too, are \
 refused on this host. The JSON summary's `switch_reads` says which variant ran.
-- **A healthy node's switches pay the scheduler tracepoints' dispatch, not stall's work.** In \
-the daemon's cheap tier only `sched_switch` and `sched_waking` fire on a neighbour's switches, \
-and for a task not of a watched job they decide \"not ours\" from a note keyed by the task's \
-address (no hash lookup, no field read). The daemon's floor row (the same hooks, every program \
-returning at once) measures what attaching them costs before any work. Where it is within noise \
-of the cheap tier, as on this host (retpolines and AMD's safe-RET mitigation make each call and \
-return of the tracepoint's dispatch expensive), a switch-heavy neighbour pays the dispatch, not the \
-programs' work, and no change to the programs gets under it: that takes a cheap tier with no \
-per-switch hook at all (the job's threads sampled from /proc: `schedstat`, `stat`, `syscall`; the \
-scheduler hooks attached on escalation, with the syscall hooks).
+- **A healthy node's switches run no stall program.** Attached, `sched_switch` and \
+`sched_waking` cost every switch of the node the tracepoints' dispatch even where the programs \
+decide \"not ours\" at once (a note keyed by the task's address, no hash lookup): with every \
+program returning at once, a switch-heavy neighbour paid +10 % on this host (retpolines and \
+AMD's safe-RET mitigation make each call and return of the dispatch expensive), as much as the \
+cheap tier's real programs. So the daemon's cheap tier attaches no scheduler hook: once per \
+interval it reads the jobs' threads from /proc (`schedstat`: the kernel's own on-CPU and \
+runqueue totals, which the hooks read too; `stat` and `syscall`: what a thread waits in), into \
+the same `THREADS` entries, and attaches the scheduler hooks with the syscall hooks on \
+escalation, going on from each thread's last reading. The cost moves to the agent: three small \
+/proc reads per thread per interval.
 - **Storage bytes cost a lookup per page-cache fill, nothing per read.** The program on \
 `filemap:mm_filemap_add_to_page_cache` runs only when a page (or large folio) enters the page \
 cache, i.e. when something is read from storage: a hash lookup for the current task and, for a \
@@ -233,12 +234,6 @@ fn targets(ws: &[Workload], cost: &[CostRow], daemon: &DaemonBench) -> Vec<Targe
             Watch::Cheap,
             3.0,
             "daemon, healthy GPU job: switch-heavy untraced neighbour (futex ping-pong) < 3 % added",
-        ),
-        (
-            &daemon.switcher,
-            Watch::CheapFloor,
-            f64::INFINITY,
-            "daemon, healthy GPU job, floor (programs return at once): switch-heavy untraced neighbour (reported)",
         ),
         (
             &daemon.neighbour,
@@ -361,7 +356,7 @@ fn render_pystacks(d: &mut String, b: &PyStacksBench) {
     }
 }
 
-fn render_daemon(d: &mut String, b: &DaemonBench) {
+fn render_daemon(d: &mut String, b: &DaemonBench, rev: Option<&str>) {
     let _ = writeln!(d, "\n## stall daemon on a node\n");
     let _ = writeln!(
         d,
@@ -369,9 +364,9 @@ fn render_daemon(d: &mut String, b: &DaemonBench) {
          its own). In each mode, in rotating order, {} rounds: a process of the job, then an untraced neighbour, \
          each doing {} `pread`s of 4 KiB from a cached file; then an untraced neighbour that switches often: two \
          threads pinned to one CPU hand a futex back and forth ({} context switches). *Cheap tier*: the job's GPU \
-         is busy, so only the scheduler hooks run; *floor*: the same, every program returning at once (`stall \
-         daemon --floor`: what the hooks cost before any work in them); *escalated*: its GPU is idle, so the \
-         daemon attached the full capture (syscall hooks). Medians of ns per read or per switch; the ratio is against no daemon in the \
+         is busy, so no scheduler or syscall hook is attached (the job's threads are read from /proc each \
+         interval); *escalated*: its GPU is idle, so the daemon attached the full capture (scheduler and \
+         syscall hooks). Medians of ns per read or per switch; the ratio is against no daemon in the \
          same run.\n",
         b.rounds, b.reads, b.switches
     );
@@ -384,20 +379,31 @@ fn render_daemon(d: &mut String, b: &DaemonBench) {
              inside them. The rest of the neighbour's slowdown is the tracepoints' own dispatch, which no \
              program avoids (an empty program: the floor's ns per run above)."
         );
-        for p in &b.profiles {
+        for p in b.profiles.iter().filter(|p| !p.before) {
             render_profile(d, p);
         }
+    }
+    if let Some(rev) = rev.filter(|_| b.profiles.iter().any(|p| p.before)) {
+        let _ = writeln!(
+            d,
+            "\nThe same under the daemon as built from {rev} (`--before`), measured one after the other in \
+             this run: ns of BPF programs per switch of the neighbour, then and now."
+        );
+        render_changes(d, &b.profiles, rev);
     }
 }
 
 /// The daemon's table, alone (`cargo xtask bench --daemon-only`).
-pub fn daemon_text(b: &DaemonBench) -> String {
+pub fn daemon_text(b: &DaemonBench, rev: Option<&str>) -> String {
     let mut t = daemon_table(b);
-    for p in &b.profiles {
+    for p in b.profiles.iter().filter(|p| !p.before) {
         render_profile(&mut t, p);
     }
+    if let Some(rev) = rev {
+        render_changes(&mut t, &b.profiles, rev);
+    }
     for (samples, what) in [(&b.neighbour, "reads"), (&b.switcher, "switches")] {
-        for (watch, tier) in [(Watch::Cheap, "cheap tier"), (Watch::CheapFloor, "cheap tier's floor")] {
+        for (watch, tier) in [(Watch::Cheap, "cheap tier"), (Watch::Escalated, "escalated")] {
             if let Some(r) = daemon_versus(samples, watch) {
                 let _ = writeln!(t, "{tier}: untraced neighbour's {what} {:+.2} %", pct(r));
             }
@@ -617,7 +623,7 @@ pub fn render(
     if let Some(rev) = &meta.before {
         render_before_after(&mut d, profiles, rev);
     }
-    render_daemon(&mut d, daemon);
+    render_daemon(&mut d, daemon, meta.before.as_deref());
     render_pystacks(&mut d, py);
 
     let _ = writeln!(d, "\n## Agent cost\n");
@@ -728,8 +734,15 @@ fn render_before_after(d: &mut String, profiles: &[Profile], rev: &str) {
         d,
         "`cargo xtask bench --before {rev}`: the same workloads' programs under stall as built from {rev} and \
          under the current build, one after the other in this run (kernel run-time statistics as above). \
-         ns of BPF programs per op; `sched_switch` is whichever variant each build loaded."
+         ns of BPF programs per op; `sched_switch` is whichever variant each build loaded. The daemon's \
+         are under \"stall daemon on a node\"."
     );
+    render_changes(d, profiles, rev);
+}
+
+/// Per profile measured under both builds: its programs' ns per op, then
+/// and now.
+fn render_changes(d: &mut String, profiles: &[Profile], rev: &str) {
     for now in profiles.iter().filter(|p| !p.before) {
         let Some(was) = profiles.iter().find(|p| p.before && p.label == now.label) else { continue };
         let (ops_now, ops_was) = (now.ops().max(1.0), was.ops().max(1.0));
@@ -780,10 +793,14 @@ fn render_profile(d: &mut String, p: &Profile) {
         p.total_ns() as f64 / ops,
         p.unit
     );
+    let mut progs: Vec<_> = p.progs.iter().filter(|c| c.runs > 0).collect();
+    if progs.is_empty() {
+        let _ = writeln!(d, "No program of stall's ran.");
+        return;
+    }
     let _ = writeln!(d, "| program | runs per {u} | ns per run | ns per {u} | share |", u = p.unit);
     let _ = writeln!(d, "|---|---:|---:|---:|---:|");
     let total = p.total_ns().max(1) as f64;
-    let mut progs: Vec<_> = p.progs.iter().filter(|c| c.runs > 0).collect();
     progs.sort_by_key(|c| std::cmp::Reverse(c.ns));
     for c in progs {
         let _ = writeln!(
