@@ -122,12 +122,13 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
             s.tracked = slot_state::UNTRACKED;
         }
     }
-    if t.seeded != 0 && t.kclock & kclock::EXEC != 0 {
-        // Its state is the agent's reading of /proc, not a switch (the
-        // daemon's cheap tier runs no scheduler hook): the span since is
-        // split by the kernel's own totals, as the agent splits it.
+    if t.kclock & kclock::EXEC != 0 && (t.seeded != 0 || t.state == run_state::OFF) {
+        // Its state is the agent's reading of /proc, or a switch-out whose
+        // switch-in was never seen (the daemon's cheap tier runs no
+        // scheduler hook): the span since is split by the kernel's own
+        // totals, as the agent splits it.
         let (exec, delay) = kernel_totals(current_task(), &cfg);
-        settle_seeded(t, ts, exec, delay);
+        settle_from_totals(t, ts, exec, delay);
     } else if t.state == run_state::RUNNING {
         let span = ts.saturating_sub(t.last_ts);
         t.on_cpu_ns += span;
@@ -177,13 +178,14 @@ pub fn cgroup_attach_task(_ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// Brings an entry whose state the agent last set from /proc up to `ts`:
-/// since then the kernel's totals moved by exactly its time on-CPU and in
-/// the runqueue; the rest it was blocked for the reason read then (or, read
-/// runnable, waited for a CPU). The agent's `capture::schedstat` does the
-/// same between two readings.
+/// Brings an entry up to `ts` from its state as of `last_ts` (read from
+/// /proc by the agent, or a switch-out): since then the kernel's totals
+/// moved by exactly its time on-CPU and in the runqueue; the rest it was
+/// blocked for the reason it was blocked in then (or, runnable then,
+/// waited for a CPU). The agent's `capture::schedstat` does the same
+/// between two readings.
 #[inline(always)]
-fn settle_seeded(t: &mut ThreadStats, ts: u64, exec: u64, delay: u64) {
+fn settle_from_totals(t: &mut ThreadStats, ts: u64, exec: u64, delay: u64) {
     let span = ts.saturating_sub(t.last_ts);
     let ran = exec.saturating_sub(t.exec_ns).min(span);
     let off = span - ran;

@@ -540,6 +540,10 @@ impl Model {
         self.files.retain(|_, f| f.open && procs.contains_key(&f.tgid));
         let files = &self.files;
         self.open_fds.retain(|_, id| files.contains_key(id));
+        // A peer is asked about again at its next connect.
+        let sockets: HashSet<&str> =
+            files.values().filter(|f| f.kind == fd_kind::SOCKET).map(|f| f.path.as_str()).collect();
+        self.peers.retain(|peer, _| sockets.contains(peer.as_str()));
         let (paths, bytes) = (&self.inode_paths, &self.inode_bytes);
         self.inode_names.retain(|inode, _| {
             paths.keys().any(|(_, i)| i == inode)

@@ -59,6 +59,8 @@ pub struct Capture {
     gen: u32,
     ring: AsyncFd<RingBuf<MapData>>,
     seed_seq: u64,
+    /// The threads [`Capture::sample_sched`] last found tracked.
+    sampled: std::collections::HashSet<u32>,
     decode_errors: u64,
     /// `TaskOffsets::flags` as loaded.
     task_flags: u32,

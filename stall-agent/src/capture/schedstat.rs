@@ -30,7 +30,11 @@ pub struct Reading {
 
 /// Reads thread `tid` of `tgid`; None once it is gone (or a zombie).
 pub fn read(tgid: u32, tid: u32, run_delay: bool) -> Option<Reading> {
-    let totals = procfs::thread_schedstat(tgid, tid);
+    read_with(tgid, tid, procfs::thread_schedstat(tgid, tid), run_delay)
+}
+
+/// [`read`], the kernel's totals (`schedstat`) read already.
+fn read_with(tgid: u32, tid: u32, totals: Option<procfs::Schedstat>, run_delay: bool) -> Option<Reading> {
     let stat = procfs::thread_stat(tgid, tid)?;
     if matches!(stat.state, 'Z' | 'X' | 'x') {
         return None;
@@ -131,6 +135,14 @@ pub fn settle(e: &ThreadStats, now: u64, r: &Reading) -> ThreadStats {
     t
 }
 
+/// Whether a thread its entry shows blocked has not run since: its entry
+/// is right as it stands (blocked, for the reason read then, since
+/// `last_ts`), with nothing to read or write. Most threads of a job, most
+/// of the time.
+fn still_blocked(e: &ThreadStats, now: &procfs::Schedstat) -> bool {
+    e.state == run_state::OFF && e.kclock & kclock::EXEC != 0 && now.exec_ns == e.exec_ns
+}
+
 impl Capture {
     /// Whether the kernel keeps `run_delay` (runqueue time in `schedstat`).
     pub(super) fn run_delay(&self) -> bool {
@@ -142,11 +154,16 @@ impl Capture {
     /// Returns how many threads were read.
     pub fn sample_sched(&mut self) -> usize {
         let entries: Vec<(u32, ThreadStats)> = self.threads.iter().filter_map(Result::ok).collect();
+        self.sampled = entries.iter().map(|(tid, _)| *tid).collect();
         let run_delay = self.run_delay();
         let mut read_now = 0;
         for (tid, e) in entries {
-            let Some(r) = read(e.tgid, tid, run_delay) else { continue };
+            let Some(totals) = procfs::thread_schedstat(e.tgid, tid) else { continue };
             read_now += 1;
+            if still_blocked(&e, &totals) {
+                continue;
+            }
+            let Some(r) = read_with(e.tgid, tid, Some(totals), run_delay) else { continue };
             // BPF_EXIST: an entry its exit removed meanwhile stays removed.
             let _ = self.threads.insert(tid, settle(&e, monotonic_ns(), &r), 2);
         }
@@ -160,7 +177,9 @@ impl Capture {
     pub(super) fn adopt(&mut self, tasks: &[(u32, u32)], job: u32) -> HashSet<u32> {
         let mut new_procs = HashSet::new();
         for &(pid, tid) in tasks {
-            if self.threads.get(&tid, 0).is_ok() {
+            // Known from the last sample (a tid reused since is adopted at
+            // the look after the next), else asked of the map.
+            if self.sampled.contains(&tid) || self.threads.get(&tid, 0).is_ok() {
                 continue;
             }
             if self.threads.get(&pid, 0).is_err() {
@@ -186,6 +205,21 @@ mod tests {
     /// What the agent's fold reports for `t` at `now`.
     fn counters(t: &ThreadStats, now: u64) -> crate::decode::ThreadCounters {
         crate::decode::fold(t, now).0
+    }
+
+    #[test]
+    fn a_blocked_thread_that_has_not_run_needs_no_reading() {
+        let t = seed(10, 1, 0, &reading(5000, 700, FUTEX));
+        let same = procfs::Schedstat { exec_ns: 5000 * MS, delay_ns: 700 * MS };
+        assert!(still_blocked(&t, &same));
+        assert!(!still_blocked(&t, &procfs::Schedstat { exec_ns: 5001 * MS, ..same }));
+        // Runnable when read: it may be waiting for a CPU all along.
+        let t = seed(10, 1, 0, &reading(5000, 700, None));
+        assert!(!still_blocked(&t, &same));
+        // Its fold, untouched, counts the span as it would have been settled.
+        let t = seed(10, 1, 0, &reading(5000, 700, FUTEX));
+        let settled = settle(&t, 3000 * MS, &reading(5000, 700, FUTEX));
+        assert_eq!(counters(&t, 3000 * MS).off_ns, counters(&settled, 3000 * MS).off_ns);
     }
 
     #[test]

@@ -319,13 +319,13 @@ fn targets(ws: &[Workload], cost: &[CostRow], daemon: &DaemonBench) -> Vec<Targe
     t
 }
 
-/// Median ns per op under `watch` over the median with no daemon.
+/// ns per op under `watch` over no daemon: the median of each round's
+/// ratio (the k-th sample of a watch is of round k), so that the machine's
+/// drift from round to round cancels.
 fn daemon_versus(samples: &[(Watch, Sample)], watch: Watch) -> Option<f64> {
-    let med = |w: Watch| {
-        let v: Vec<f64> = samples.iter().filter(|(x, _)| *x == w).map(|(_, s)| s.ns_per_op()).collect();
-        (!v.is_empty()).then(|| median(v))
-    };
-    Some(med(watch)? / med(Watch::NoDaemon)?)
+    let of = |w: Watch| samples.iter().filter(move |(x, _)| *x == w).map(|(_, s)| s.ns_per_op());
+    let ratios: Vec<f64> = of(watch).zip(of(Watch::NoDaemon)).map(|(a, b)| a / b).collect();
+    (!ratios.is_empty()).then(|| median(ratios))
 }
 
 fn render_pystacks(d: &mut String, b: &PyStacksBench) {
@@ -366,8 +366,8 @@ fn render_daemon(d: &mut String, b: &DaemonBench, rev: Option<&str>) {
          threads pinned to one CPU hand a futex back and forth ({} context switches). *Cheap tier*: the job's GPU \
          is busy, so no scheduler or syscall hook is attached (the job's threads are read from /proc each \
          interval); *escalated*: its GPU is idle, so the daemon attached the full capture (scheduler and \
-         syscall hooks). Medians of ns per read or per switch; the ratio is against no daemon in the \
-         same run.\n",
+         syscall hooks). Medians of ns per read or per switch; the ratio is the median of each round's \
+         ratio to no daemon in the same round.\n",
         b.rounds, b.reads, b.switches
     );
     d.push_str(&daemon_table(b));

@@ -471,6 +471,28 @@ fn prune_keeps_only_the_live_job() {
     assert!(m.files.is_empty());
 }
 
+/// Peers are remembered while a socket connected to them is open: a
+/// long-running daemon's memory follows the job's connections, not every
+/// address it ever reached.
+#[test]
+fn prune_forgets_peers_no_socket_names() {
+    let mut m = Model::new(0);
+    for (fd, file_id, peer) in [(4, 7, "10.0.0.1:443"), (5, 8, "10.0.0.2:443")] {
+        m.note_peer(peer, false);
+        m.apply(&Event::Connect { ts: 1, tgid: 10, fd, file_id, peer: peer.into() });
+    }
+    m.apply(&Event::Close { ts: 2, tgid: 10, fd: 4, file_id: 7, counters: FileCounters::default() });
+    m.apply_snapshot(&Snapshot {
+        ts: 3,
+        threads: vec![ThreadSnap { tid: 10, tgid: 10, ..Default::default() }],
+        ..Default::default()
+    });
+    let _ = m.interval(3);
+    m.prune();
+    assert!(!m.peer_known("10.0.0.1:443"));
+    assert!(m.peer_known("10.0.0.2:443"));
+}
+
 #[test]
 fn wakers_are_listed_most_frequent_first() {
     let mut m = Model::new(0);
