@@ -122,8 +122,11 @@ cheap tier's real programs. So the daemon's cheap tier attaches no scheduler hoo
 interval it reads the jobs' threads from /proc (`schedstat`: the kernel's own on-CPU and \
 runqueue totals, which the hooks read too; `stat` and `syscall`: what a thread waits in), into \
 the same `THREADS` entries, and attaches the scheduler hooks with the syscall hooks on \
-escalation, going on from each thread's last reading. The cost moves to the agent: three small \
-/proc reads per thread per interval.
+escalation, going on from each thread's last reading. The cost moves to the agent: one \
+`schedstat` read per thread per interval (three for a thread that ran since the last: a thread \
+still blocked where its entry says needs nothing more), about 14 µs of agent CPU per thread per \
+interval here (a job of 1000 threads at `--interval 1`: 3.3 % of a core, against 1.9 % with the \
+scheduler hooks).
 - **Storage bytes cost a lookup per page-cache fill, nothing per read.** The program on \
 `filemap:mm_filemap_add_to_page_cache` runs only when a page (or large folio) enters the page \
 cache, i.e. when something is read from storage: a hash lookup for the current task and, for a \
