@@ -150,6 +150,14 @@ fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     })
 }
 
+/// One scripted H200 (700 W limit) at `util` % and `power_mw`, held by the
+/// process whose pid is in `pid_file`.
+fn one_gpu(pid_file: &Path, util: u32, power_mw: u32) -> serde_json::Value {
+    serde_json::json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
+        "phases": [{"util_pct": util, "power_mw": power_mw,
+                    "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]})
+}
+
 /// The daemon's tiers on a GPU job (scripted NVML): while its GPU is busy
 /// no syscall hook runs; once the GPU idles while the workers wait on
 /// storage, the full capture starts and `/metrics` says `input-io-bound`
@@ -167,11 +175,7 @@ fn a_gpu_job_gets_the_full_capture_while_its_gpu_idles() {
     args.push(start.to_str().unwrap().to_string());
     let gpu = ScriptedGpu::new(&serde_json::json!(null));
     let pid_file = gpu.path("trainer.pid");
-    let gpu_at = |util: u32, power_mw: u32| {
-        serde_json::json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
-            "phases": [{"util_pct": util, "power_mw": power_mw,
-                        "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]})
-    };
+    let gpu_at = |util: u32, power_mw: u32| one_gpu(&pid_file, util, power_mw);
     gpu.update(&gpu_at(100, 650_000));
     let root = Cgroup::new("tiers");
     let job_cg = root.child("job1");
@@ -284,9 +288,7 @@ fn the_cheap_tier_counts_a_jobs_threads_without_scheduler_hooks() {
     require_root();
     let gpu = ScriptedGpu::new(&serde_json::json!(null));
     let pid_file = gpu.path("holder.pid");
-    gpu.update(&serde_json::json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
-        "phases": [{"util_pct": 100, "power_mw": 650_000,
-                    "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]}));
+    gpu.update(&one_gpu(&pid_file, 100, 650_000));
     let root = Cgroup::new("cheap");
     let job_cg = root.child("job1");
     let rel = job_cg.name.clone();
@@ -371,9 +373,7 @@ fn a_hang_behind_a_busy_gpu_is_told_in_the_cheap_tier() {
     let log = s.path("train.log");
     let gpu = ScriptedGpu::new(&serde_json::json!(null));
     let pid_file = gpu.path("trainer.pid");
-    gpu.update(&serde_json::json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
-        "phases": [{"util_pct": 100, "power_mw": 90_000,
-                    "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]}));
+    gpu.update(&one_gpu(&pid_file, 100, 90_000));
     let root = Cgroup::new("cheap-hang");
     let job_cg = root.child("job1");
     let rel = job_cg.name.clone();
@@ -551,9 +551,7 @@ fn gpu_jobs_are_cuda_contexts_and_device_holders_where_asked() {
     let gpu = ScriptedGpu::new(&serde_json::json!(null));
     let pid_file = gpu.path("cuda.pid");
     std::fs::write(&pid_file, cuda_pid.to_string()).unwrap();
-    gpu.update(&serde_json::json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
-        "phases": [{"util_pct": 90, "power_mw": 600_000,
-                    "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]}));
+    gpu.update(&one_gpu(&pid_file, 90, 600_000));
 
     // The jobs a daemon watches, once the one it must watch is there.
     let jobs_of = |mut daemon: Command, must: &str| -> Vec<String> {
