@@ -158,6 +158,25 @@ fn one_gpu(pid_file: &Path, util: u32, power_mw: u32) -> serde_json::Value {
                     "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]})
 }
 
+/// `stall daemon` (default tiers, 1-s interval) on `root`, seeing `gpu`,
+/// first in `guard` (killed before the job), once it serves /metrics; its
+/// port.
+fn tiered_daemon(gpu: &ScriptedGpu, root: &Cgroup, guard: &mut Killer) -> u16 {
+    let port = free_port();
+    let daemon = gpu
+        .command("daemon")
+        .args(["--cgroup-root", &root.name, "--interval", "1"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    guard.0.insert(0, daemon);
+    // Trampolines are loaded, attached and detached at start (the probe of
+    // `auto`): seconds under emulation.
+    wait_until("the daemon's /metrics", Duration::from_secs(60), || http_get(port, "/metrics").is_some());
+    port
+}
+
 /// The daemon's tiers on a GPU job (scripted NVML): while its GPU is busy
 /// no syscall hook runs; once the GPU idles while the workers wait on
 /// storage, the full capture starts and `/metrics` says `input-io-bound`
@@ -303,18 +322,7 @@ fn the_cheap_tier_counts_a_jobs_threads_without_scheduler_hooks() {
     let holder = in_job(&["sleep", "600"]);
     std::fs::write(&pid_file, holder.to_string()).unwrap();
     in_job(&["sh", "-c", "while :; do :; done"]);
-    let port = free_port();
-    let daemon = gpu
-        .command("daemon")
-        .args(["--cgroup-root", &root.name, "--interval", "1"])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    guard.0.insert(0, daemon);
-    // Trampolines are loaded, attached and detached at start (the probe of
-    // `auto`): seconds under emulation.
-    wait_until("the daemon's /metrics", Duration::from_secs(60), || http_get(port, "/metrics").is_some());
+    let port = tiered_daemon(&gpu, &root, &mut guard);
     let scrape = || http_get(port, "/metrics").unwrap_or_default();
     let job = [("cgroup", rel.as_str())];
     scrape_until("the job watched, GPU busy, in the cheap tier", Duration::from_secs(30), &scrape, |t| {
@@ -378,16 +386,7 @@ fn a_hang_behind_a_busy_gpu_is_told_in_the_cheap_tier() {
     let job_cg = root.child("job1");
     let rel = job_cg.name.clone();
     let mut guard = Killer(vec![]);
-    let port = free_port();
-    let daemon = gpu
-        .command("daemon")
-        .args(["--cgroup-root", &root.name, "--interval", "1"])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    guard.0.push(daemon);
-    wait_until("the daemon's /metrics", Duration::from_secs(60), || http_get(port, "/metrics").is_some());
+    let port = tiered_daemon(&gpu, &root, &mut guard);
     // Lines for a while (a rhythm of 1 s), then a lock taken twice.
     let trainer = r#"
 import sys, threading, time
