@@ -509,23 +509,30 @@ fn missed_switch_in(t: &mut ThreadStats, ts: u64, exec: u64, delay: u64) {
         bump(counter::SCHED_GAPS);
         return;
     }
+    split_by_totals(t, ts, exec, delay, t.off_reason);
+    bump(counter::SCHED_REPAIRED);
+}
+
+/// The span from `t.last_ts` to `ts`, split by the kernel's totals now
+/// (`exec`, `delay`) against those of `t`: on-CPU by exactly what `exec`
+/// moved, runqueue by what `delay` moved, the rest blocked for `why` (all
+/// of it runqueue where `why` is). Only the counters change.
+#[inline(always)]
+pub(crate) fn split_by_totals(t: &mut ThreadStats, ts: u64, exec: u64, delay: u64, why: u8) {
     let span = ts.saturating_sub(t.last_ts);
-    let ran = (exec - t.exec_ns).min(span);
+    let ran = exec.saturating_sub(t.exec_ns).min(span);
     t.on_cpu_ns += ran;
     let off = span - ran;
-    let rq =
-        if t.kclock & kclock::DELAY != 0 && delay >= t.delay_ns { (delay - t.delay_ns).min(off) } else { 0 };
-    let r = t.off_reason;
-    if r == reason::RUNQUEUE {
-        add_off(t, r, off);
+    let rq = if t.kclock & kclock::DELAY != 0 { delay.saturating_sub(t.delay_ns).min(off) } else { 0 };
+    if why == reason::RUNQUEUE {
+        add_off(t, why, off);
     } else {
         add_off(t, reason::RUNQUEUE, rq);
-        add_off(t, r, off - rq);
-        if r == reason::OTHER {
+        add_off(t, why, off - rq);
+        if why == reason::OTHER {
             t.other_nr = t.off_nr;
         }
     }
-    bump(counter::SCHED_REPAIRED);
 }
 
 #[inline(always)]

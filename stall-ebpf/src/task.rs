@@ -12,7 +12,7 @@ use crate::{
     bump, config, current, current_task, header,
     maps::{EVENTS, THREADS, URING_READS},
     now, running,
-    sched::{kclock_flags, kernel_totals, read_u32},
+    sched::{kclock_flags, kernel_totals, read_u32, split_by_totals},
     submit_flags, untracked,
 };
 
@@ -179,28 +179,14 @@ pub fn cgroup_attach_task(_ctx: RawTracePointContext) -> i32 {
 }
 
 /// Brings an entry up to `ts` from its state as of `last_ts` (read from
-/// /proc by the agent, or a switch-out): since then the kernel's totals
-/// moved by exactly its time on-CPU and in the runqueue; the rest it was
-/// blocked for the reason it was blocked in then (or, runnable then,
-/// waited for a CPU). The agent's `capture::schedstat` does the same
+/// /proc by the agent, or a switch-out): blocked for the reason it was
+/// blocked in then, or, runnable then, waiting for a CPU; split by the
+/// kernel's totals as the agent's `capture::schedstat` splits the span
 /// between two readings.
 #[inline(always)]
 fn settle_from_totals(t: &mut ThreadStats, ts: u64, exec: u64, delay: u64) {
-    let span = ts.saturating_sub(t.last_ts);
-    let ran = exec.saturating_sub(t.exec_ns).min(span);
-    let off = span - ran;
-    let rq = if t.kclock & kclock::DELAY != 0 { delay.saturating_sub(t.delay_ns).min(off) } else { 0 };
-    let blocked = if t.state == run_state::OFF { t.off_reason } else { reason::RUNQUEUE };
-    if let Some(slot) = t.off_ns.get_mut(usize::from(reason::RUNQUEUE)) {
-        *slot += rq;
-    }
-    if let Some(slot) = t.off_ns.get_mut(usize::from(blocked)) {
-        *slot += off - rq;
-    }
-    if blocked == reason::OTHER {
-        t.other_nr = t.off_nr;
-    }
-    t.on_cpu_ns += ran;
+    let why = if t.state == run_state::OFF { t.off_reason } else { reason::RUNQUEUE };
+    split_by_totals(t, ts, exec, delay, why);
     if exec > t.exec_ns {
         t.exec_ns = exec;
     }

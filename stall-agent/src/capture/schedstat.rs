@@ -151,15 +151,12 @@ impl Capture {
 
     /// Brings every tracked thread's entry up to now from /proc (see the
     /// module's comment); for use while the scheduler hooks are detached.
-    /// Returns how many threads were read.
-    pub fn sample_sched(&mut self) -> usize {
+    pub fn sample_sched(&mut self) {
         let entries: Vec<(u32, ThreadStats)> = self.threads.iter().filter_map(Result::ok).collect();
         self.sampled = entries.iter().map(|(tid, _)| *tid).collect();
         let run_delay = self.run_delay();
-        let mut read_now = 0;
         for (tid, e) in entries {
             let Some(totals) = procfs::thread_schedstat(e.tgid, tid) else { continue };
-            read_now += 1;
             if still_blocked(&e, &totals) {
                 continue;
             }
@@ -167,10 +164,9 @@ impl Capture {
             // BPF_EXIST: an entry its exit removed meanwhile stays removed.
             let _ = self.threads.insert(tid, settle(&e, monotonic_ns(), &r), 2);
         }
-        read_now
     }
 
-    /// Threads of `cgroups` (their tasks, as (pid, tid)) not tracked yet:
+    /// Seeds the `tasks` (pid, tid) of a watched cgroup not tracked yet:
     /// without the scheduler hooks nothing adopts a task that enters a
     /// watched cgroup from outside (`kubectl exec`), so the agent does, at
     /// each look. Returns the processes new to the job.

@@ -443,6 +443,18 @@ fn ended_processes_beyond_the_cap_are_summed() {
     assert_eq!(on, 3 * u64::from(n));
 }
 
+/// An interval ending at `ts` in which only thread `tid` (its process's
+/// main thread) is alive, then the prune that follows it.
+fn prune_with_alive(m: &mut Model, tid: u32, ts: u64) {
+    m.apply_snapshot(&Snapshot {
+        ts,
+        threads: vec![ThreadSnap { tid, tgid: tid, ..Default::default() }],
+        ..Default::default()
+    });
+    let _ = m.interval(ts);
+    m.prune();
+}
+
 #[test]
 fn prune_keeps_only_the_live_job() {
     let mut m = Model::new(0);
@@ -459,13 +471,7 @@ fn prune_keeps_only_the_live_job() {
     let counters = ThreadCounters::default();
     m.apply(&Event::Exit { ts: 2, tid: 20, tgid: 20, comm: "w".into(), counters, other_nr: -1 });
     m.apply(&Event::Close { ts: 2, tgid: 10, fd: 3, file_id: 1, counters: FileCounters::default() });
-    m.apply_snapshot(&Snapshot {
-        ts: 3,
-        threads: vec![ThreadSnap { tid: 10, tgid: 10, ..Default::default() }],
-        ..Default::default()
-    });
-    let _ = m.interval(3);
-    m.prune();
+    prune_with_alive(&mut m, 10, 3);
     assert_eq!(m.threads.keys().copied().collect::<Vec<_>>(), vec![10]);
     assert_eq!(m.procs.keys().copied().collect::<Vec<_>>(), vec![10]);
     assert!(m.files.is_empty());
@@ -482,13 +488,7 @@ fn prune_forgets_peers_no_socket_names() {
         m.apply(&Event::Connect { ts: 1, tgid: 10, fd, file_id, peer: peer.into() });
     }
     m.apply(&Event::Close { ts: 2, tgid: 10, fd: 4, file_id: 7, counters: FileCounters::default() });
-    m.apply_snapshot(&Snapshot {
-        ts: 3,
-        threads: vec![ThreadSnap { tid: 10, tgid: 10, ..Default::default() }],
-        ..Default::default()
-    });
-    let _ = m.interval(3);
-    m.prune();
+    prune_with_alive(&mut m, 10, 3);
     assert!(!m.peer_known("10.0.0.1:443"));
     assert!(m.peer_known("10.0.0.2:443"));
 }
