@@ -94,6 +94,10 @@ pub struct FileStats {
     pub _pad: u32,
 }
 
+// SAFETY: integers only (checked by `layouts_have_no_hidden_padding`),
+// 8-aligned by its `u64` fields, 64 bytes.
+unsafe impl crate::Plain for FileStats {}
+
 impl FileStats {
     /// Adds the per-file counts a CPU slot (`CPU_SLOT`) holds for its cached
     /// descriptor (`CpuSlot::file_fd`, if it is still `file_id`), each
@@ -162,6 +166,10 @@ pub struct InodeBytes {
     /// pages are counted at the file's next fault; 0: none.
     pub pending: u64,
 }
+
+// SAFETY: integers only (checked by `layouts_have_no_hidden_padding`),
+// 8-aligned by its `u64` fields, 40 bytes.
+unsafe impl crate::Plain for InodeBytes {}
 
 #[cfg(feature = "user")]
 mod pod {

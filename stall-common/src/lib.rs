@@ -24,8 +24,8 @@ pub use events::{
 pub use files::{fd_kind, inflight, FdKey, FileStats, InodeBytes, InodeKey};
 pub use pagecache::PageCacheOffsets;
 pub use sched::{
-    kclock, reason, run_state, slot_state, task_flags, CpuSlot, Regs, TaskOffsets, ThreadStats, WakeKey,
-    WakeStats, WAKER_ANY_THREAD,
+    kclock, reason, run_state, slot_state, store_apart, task_flags, zeroed_in, CpuSlot, Plain, Regs,
+    TaskOffsets, ThreadStats, WakeKey, WakeStats, WAKER_ANY_THREAD,
 };
 pub use uring::{uring_op, UringKey, UringLayout, UringRead, UringReads};
 

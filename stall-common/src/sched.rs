@@ -118,6 +118,12 @@ pub struct ThreadStats {
     /// switch-out, which a note naming the thread must match (stall-ebpf's
     /// untracked.rs); 0 before.
     pub task: u64,
+    /// Kernel-side: the address of the thread's saved user registers (its
+    /// `pt_regs`, fixed for its life) once a syscall of it from 64-bit code
+    /// was seen, else 0. A slot loaded for it at its switch-in takes it
+    /// (`CpuSlot::regs`), so that its first syscall after asks neither its
+    /// thread id nor its code segment.
+    pub regs: u64,
 }
 
 impl ThreadStats {
@@ -282,9 +288,10 @@ pub struct CpuSlot {
     pub inflight_ptr: u64,
     pub file_id: u64,
     /// Address of the task's saved user registers, as the raw syscall
-    /// tracepoints pass it (0 until its first syscall on this CPU since it
-    /// was switched in): unique to the task while it runs, so a match
-    /// proves the slot is the current task's without asking for its tid.
+    /// tracepoints pass it (from its entry at its switch-in, else 0 until
+    /// its first syscall on this CPU since): unique to the task while it
+    /// runs, so a match proves the slot is the current task's without
+    /// asking for its tid.
     pub regs: u64,
     /// Pending: program runs for this thread (`counter::EVENTS`).
     pub events: u64,
@@ -318,21 +325,114 @@ pub struct CpuSlot {
     pub write_calls: u64,
 }
 
+/// Stores `v` in `*field` as a store of its own. LLVM merges plain stores
+/// of one byte value to neighbouring fields into a `memset`, which the BPF
+/// target turns into a call of compiler-builtins' byte-at-a-time loop
+/// (bpf-linker inlines `memcpy`, not `memset`): resetting a slot's counts
+/// that way cost over a thousand instructions per context switch. A
+/// volatile store is never merged.
+#[inline(always)]
+pub fn store_apart<T: Copy>(field: &mut T, v: T) {
+    // SAFETY: `field` is a valid, aligned reference that nothing else holds.
+    unsafe { core::ptr::write_volatile(field, v) }
+}
+
+/// Plain data: integers and arrays of them, valid as all-zero bytes, its
+/// size a multiple of 8 and its alignment 8.
+///
+/// # Safety
+///
+/// Implement it only for such types: [`zeroed`] writes one as `u64`s.
+pub unsafe trait Plain: Copy {}
+
+// SAFETY: integers only (checked by `layouts_have_no_hidden_padding`),
+// 8-aligned by their `u64` fields, sizes multiples of 8.
+unsafe impl Plain for ThreadStats {}
+
+/// Makes `at` a `T` of zero bytes, written a `u64` at a time with volatile
+/// stores (see [`store_apart`]): `T::default()` of a struct this large is a
+/// `memset`, a call of a byte-at-a-time loop on the BPF target. In place,
+/// as a BPF program's stack has no room for a copy.
+#[inline(always)]
+pub fn zeroed_in<T: Plain>(at: &mut core::mem::MaybeUninit<T>) -> &mut T {
+    let words = at.as_mut_ptr().cast::<u64>();
+    let mut i = 0;
+    while i < core::mem::size_of::<T>() / 8 {
+        // SAFETY: `i` words lie within `T` (its size is a multiple of 8) and
+        // `words` is 8-aligned (`Plain`).
+        unsafe { core::ptr::write_volatile(words.add(i), 0) };
+        i += 1;
+    }
+    // SAFETY: every byte was written, and all-zero is a valid `T` (`Plain`).
+    unsafe { at.assume_init_mut() }
+}
+
 impl CpuSlot {
-    /// Zeroes what [`ThreadStats::add_slot_counts`] adds.
+    /// Fills the slot for tracked thread `tid` of `tgid` coming on-CPU,
+    /// with `t` its `THREADS` entry: every field as
+    /// `CpuSlot { rng, tid, tgid, job, gen, tracked, file_fd: -1,
+    /// write_fd: -1, in-flight call and registers from t, native: whether
+    /// t knows its registers, ..Default::default() }` would set it, `rng`
+    /// kept, one store per field (see [`store_apart`]).
+    #[inline(always)]
+    pub fn load_thread(&mut self, tid: u32, tgid: u32, gen: u32, t: &ThreadStats) {
+        self.tid = tid;
+        self.tgid = if t.tgid != 0 { t.tgid } else { tgid };
+        self.job = t.job;
+        self.gen = gen;
+        store_apart(&mut self.tracked, slot_state::TRACKED);
+        store_apart(&mut self.native, u8::from(t.regs != 0));
+        store_apart(&mut self._pad, [0; 2]);
+        store_apart(&mut self._pad1, 0);
+        self.inflight = t.inflight;
+        self.inflight_fd = t.inflight_fd;
+        self.inflight_kind = t.inflight_kind;
+        self.inflight_ts = t.inflight_ts;
+        self.inflight_ptr = t.inflight_ptr;
+        store_apart(&mut self.regs, t.regs);
+        store_apart(&mut self.events, 0);
+        self.clear_thread_counts();
+        store_apart(&mut self.file_fd, -1);
+        store_apart(&mut self.file_kind, 0);
+        store_apart(&mut self.file_id, 0);
+        self.clear_file_counts();
+        store_apart(&mut self.write_fd, -1);
+        store_apart(&mut self.write_kind, 0);
+        store_apart(&mut self.write_file_id, 0);
+        self.clear_write_counts();
+    }
+
+    /// Zeroes the per-thread counts (after they were added to `THREADS`).
     #[inline(always)]
     pub fn clear_thread_counts(&mut self) {
-        self.file_read_bytes = 0;
-        self.file_read_calls = 0;
-        self.file_read_ns = 0;
-        self.other_read_bytes = 0;
-        self.other_read_calls = 0;
-        self.other_read_ns = 0;
-        self.file_write_bytes = 0;
-        self.file_write_calls = 0;
-        self.other_write_bytes = 0;
-        self.other_write_calls = 0;
-        self.stdio_write_bytes = 0;
+        store_apart(&mut self.file_read_bytes, 0);
+        store_apart(&mut self.file_read_calls, 0);
+        store_apart(&mut self.file_read_ns, 0);
+        store_apart(&mut self.other_read_bytes, 0);
+        store_apart(&mut self.other_read_calls, 0);
+        store_apart(&mut self.other_read_ns, 0);
+        store_apart(&mut self.file_write_bytes, 0);
+        store_apart(&mut self.file_write_calls, 0);
+        store_apart(&mut self.other_write_bytes, 0);
+        store_apart(&mut self.other_write_calls, 0);
+        store_apart(&mut self.stdio_write_bytes, 0);
+    }
+
+    /// Zeroes the cached read descriptor's counts (after they were added to
+    /// `FILES`).
+    #[inline(always)]
+    pub fn clear_file_counts(&mut self) {
+        store_apart(&mut self.file_bytes, 0);
+        store_apart(&mut self.file_calls, 0);
+        store_apart(&mut self.file_ns, 0);
+        store_apart(&mut self.file_timed, 0);
+    }
+
+    /// Zeroes the cached written descriptor's counts.
+    #[inline(always)]
+    pub fn clear_write_counts(&mut self) {
+        store_apart(&mut self.write_bytes, 0);
+        store_apart(&mut self.write_calls, 0);
     }
 }
 
@@ -392,7 +492,7 @@ mod tests {
     fn layouts_have_no_hidden_padding() {
         assert_eq!(
             size_of::<ThreadStats>(),
-            4 * 2 + 8 + 8 * 9 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 6
+            4 * 2 + 8 + 8 * 9 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 7
         );
         assert_eq!(size_of::<ThreadStats>() % 8, 0);
         assert_eq!(size_of::<WakeKey>(), 8);
@@ -400,5 +500,97 @@ mod tests {
         assert_eq!(size_of::<TaskOffsets>(), 40);
         assert_eq!(size_of::<Regs>(), 16);
         assert_eq!(size_of::<CpuSlot>(), 240);
+    }
+
+    /// A slot whose every byte is `b`.
+    fn slot_of(b: u8) -> CpuSlot {
+        // SAFETY: `CpuSlot` is integers only, so any bytes are a valid one.
+        unsafe { core::mem::transmute([b; size_of::<CpuSlot>()]) }
+    }
+
+    fn bytes(s: &CpuSlot) -> [u8; size_of::<CpuSlot>()] {
+        // SAFETY: as in `slot_of`, and it has no padding.
+        unsafe { core::mem::transmute(*s) }
+    }
+
+    // Field by field, the slot must come out as the struct literal would
+    // (a field added later and not reset would carry the last thread's
+    // value into the next one's).
+    #[test]
+    fn loading_a_thread_sets_every_field_as_a_fresh_slot_would() {
+        let t = ThreadStats {
+            tgid: 10,
+            job: 3,
+            inflight: 7,
+            inflight_fd: 4,
+            inflight_kind: 2,
+            inflight_ts: 99,
+            inflight_ptr: 1234,
+            regs: 0xffff_c900_0001_3f58,
+            ..Default::default()
+        };
+        for b in [0x00, 0xa5, 0xff] {
+            let mut s = slot_of(b);
+            s.load_thread(11, 12, 5, &t);
+            let want = CpuSlot {
+                rng: u32::from_ne_bytes([b; 4]),
+                tid: 11,
+                tgid: 10,
+                job: 3,
+                gen: 5,
+                tracked: slot_state::TRACKED,
+                file_fd: -1,
+                write_fd: -1,
+                inflight: 7,
+                inflight_fd: 4,
+                inflight_kind: 2,
+                inflight_ts: 99,
+                inflight_ptr: 1234,
+                regs: 0xffff_c900_0001_3f58,
+                native: 1,
+                ..Default::default()
+            };
+            assert_eq!(bytes(&s), bytes(&want), "from a slot of {b:#x} bytes");
+        }
+        // An entry without its process id yet takes the caller's; one
+        // without its registers leaves them to its first syscall.
+        let mut s = slot_of(0xa5);
+        s.load_thread(11, 12, 5, &ThreadStats::default());
+        assert_eq!((s.tgid, s.regs, s.native), (12, 0, 0));
+    }
+
+    #[test]
+    fn zeroed_is_the_default() {
+        fn zeroed<T: Plain>() -> T {
+            let mut v = core::mem::MaybeUninit::uninit();
+            *zeroed_in(&mut v)
+        }
+        fn bytes<T: Plain>(v: T) -> [u8; 512] {
+            let mut b = [0xa5; 512];
+            // SAFETY: `T` is plain bytes, smaller than the buffer.
+            unsafe {
+                core::ptr::copy_nonoverlapping((&raw const v).cast::<u8>(), b.as_mut_ptr(), size_of::<T>())
+            };
+            b
+        }
+        assert_eq!(bytes(zeroed::<ThreadStats>()), bytes(ThreadStats::default()));
+        assert_eq!(bytes(zeroed::<crate::FileStats>()), bytes(crate::FileStats::default()));
+        assert_eq!(bytes(zeroed::<crate::InodeBytes>()), bytes(crate::InodeBytes::default()));
+    }
+
+    #[test]
+    fn clearing_the_counts_zeroes_them_and_nothing_else() {
+        let mut s = slot_of(0xa5);
+        s.clear_thread_counts();
+        s.clear_file_counts();
+        s.clear_write_counts();
+        let mut want = slot_of(0xa5);
+        (want.file_read_bytes, want.file_read_calls, want.file_read_ns) = (0, 0, 0);
+        (want.other_read_bytes, want.other_read_calls, want.other_read_ns) = (0, 0, 0);
+        (want.file_write_bytes, want.file_write_calls) = (0, 0);
+        (want.other_write_bytes, want.other_write_calls, want.stdio_write_bytes) = (0, 0, 0);
+        (want.file_bytes, want.file_calls, want.file_ns, want.file_timed) = (0, 0, 0, 0);
+        (want.write_bytes, want.write_calls) = (0, 0);
+        assert_eq!(bytes(&s), bytes(&want));
     }
 }

@@ -34,10 +34,12 @@ mod trampoline;
 mod untracked;
 mod uring;
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::helpers::{
     bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
 };
-use stall_common::{counter, Config, EventHeader, ThreadStats};
+use stall_common::{counter, zeroed_in, Config, EventHeader, ThreadStats};
 
 use crate::maps::{CGROUPS, COUNTERS, THREADS};
 
@@ -208,20 +210,17 @@ pub(crate) fn adopt(cfg: &Config, tid: u32, tgid: u32) -> Option<Current> {
 #[inline(always)]
 pub(crate) fn adopt_into(cfg: &Config, tid: u32, tgid: u32, job: u32) -> Option<Current> {
     let (exec, delay) = sched::kernel_totals(current_task(), cfg);
-    let fresh = ThreadStats {
-        tgid,
-        job,
-        off_nr: -1,
-        other_nr: -1,
-        kclock: sched::kclock_flags(cfg),
-        exec_base: exec,
-        exec_ns: exec,
-        delay_base: delay,
-        delay_ns: delay,
-        ..Default::default()
-    };
+    let mut at = MaybeUninit::<ThreadStats>::uninit();
+    let fresh = zeroed_in(&mut at);
+    fresh.tgid = tgid;
+    fresh.job = job;
+    fresh.off_nr = -1;
+    fresh.other_nr = -1;
+    fresh.kclock = sched::kclock_flags(cfg);
+    (fresh.exec_base, fresh.exec_ns) = (exec, exec);
+    (fresh.delay_base, fresh.delay_ns) = (delay, delay);
     // Never reset a thread another CPU inserted meanwhile.
-    if THREADS.insert(tid, fresh, BPF_NOEXIST).is_err() && THREADS.get_ptr(tid).is_none() {
+    if THREADS.insert(tid, &*fresh, BPF_NOEXIST).is_err() && THREADS.get_ptr(tid).is_none() {
         bump(counter::LOST_THREAD_MAP);
         return None;
     }

@@ -6,8 +6,10 @@
 //! syscall, from its saved registers, says whether it is writing, whichever
 //! syscall hooks are attached (none in the daemon's cheap tier). Costs a
 //! lookup per filled folio of any process, nothing per read from cache.
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
-use stall_common::{counter, hook, InodeBytes, InodeKey, PageCacheOffsets};
+use stall_common::{counter, hook, zeroed_in, InodeBytes, InodeKey, PageCacheOffsets};
 
 use crate::{
     atomic_add, bump, config, current, current_task,
@@ -96,7 +98,8 @@ pub(crate) fn inode_entry(key: &InodeKey) -> Option<*mut InodeBytes> {
     }
     // Another thread of the process may insert the same file at once: then
     // its entry is used.
-    let _ = INODE_BYTES.insert(key, &InodeBytes::default(), BPF_NOEXIST);
+    let mut at = MaybeUninit::<InodeBytes>::uninit();
+    let _ = INODE_BYTES.insert(key, &*zeroed_in(&mut at), BPF_NOEXIST);
     let p = INODE_BYTES.get_ptr_mut(key);
     if p.is_none() {
         bump(counter::LOST_INODE_MAP);

@@ -39,14 +39,15 @@ pub(crate) fn tracked_slot(cfg: &Config, regs: u64) -> Option<&'static mut CpuSl
     let s = slot()?;
     let gen = generation();
     if s.regs != regs || s.gen != gen || s.tracked == slot_state::UNCHECKED {
-        let (tid, tgid) = ids();
+        let (tid, _) = ids();
         if s.tid != tid || s.gen != gen || s.tracked == slot_state::UNCHECKED {
-            refill(s, tid, tgid, gen, cfg);
+            refill(s, tid, gen, cfg);
         }
         s.regs = regs;
         if s.tracked == slot_state::TRACKED {
-            // Once per span, not per syscall: a compat (ia32) task numbers
-            // its syscalls differently.
+            // Once per thread where its syscalls come from 64-bit code (its
+            // entry keeps the registers, `ThreadStats::regs`), else once per
+            // span: a compat (ia32) task numbers its syscalls differently.
             // SAFETY: bpf_probe_read_kernel checks the address (the saved
             // registers the tracepoint or trampoline passed); a fault returns
             // an error, read as 0, never a crash. Any 2 bytes are a `u16`.
@@ -63,36 +64,14 @@ pub(crate) fn tracked_slot(cfg: &Config, regs: u64) -> Option<&'static mut CpuSl
 }
 
 #[inline(always)]
-fn refill(s: &mut CpuSlot, tid: u32, tgid: u32, gen: u32, cfg: &Config) {
+fn refill(s: &mut CpuSlot, tid: u32, gen: u32, cfg: &Config) {
     if s.tracked == slot_state::TRACKED {
         flush(s);
     }
     match current(cfg) {
-        Some(c) => load(s, tid, c.tgid, c.stats, gen),
+        Some(c) => s.load_thread(tid, c.tgid, gen, c.stats),
         None => set_untracked(s, tid, gen, slot_state::UNTRACKED),
     }
-}
-
-/// Fills the slot for a tracked task coming on-CPU.
-#[inline(always)]
-pub(crate) fn load(s: &mut CpuSlot, tid: u32, tgid: u32, t: &ThreadStats, gen: u32) {
-    let rng = s.rng;
-    *s = CpuSlot {
-        rng,
-        tid,
-        tgid: if t.tgid != 0 { t.tgid } else { tgid },
-        job: t.job,
-        gen,
-        tracked: slot_state::TRACKED,
-        file_fd: -1,
-        write_fd: -1,
-        inflight: t.inflight,
-        inflight_fd: t.inflight_fd,
-        inflight_kind: t.inflight_kind,
-        inflight_ts: t.inflight_ts,
-        inflight_ptr: t.inflight_ptr,
-        ..Default::default()
-    };
 }
 
 #[inline(always)]
@@ -129,6 +108,9 @@ pub(crate) fn flush_into(s: &mut CpuSlot, t: &mut ThreadStats) {
     t.inflight_kind = s.inflight_kind;
     t.inflight_ts = s.inflight_ts;
     t.inflight_ptr = s.inflight_ptr;
+    // The registers are the thread's only where its syscalls were seen to
+    // come from 64-bit code (`tracked_slot`).
+    t.regs = if s.native != 0 { s.regs } else { 0 };
     t.add_slot_counts(s);
     s.clear_thread_counts();
     flush_events(s);
@@ -178,10 +160,7 @@ pub(crate) fn flush_file(s: &mut CpuSlot) {
         // 8-byte aligned.
         f.add_slot_file_with(s, |p, v| unsafe { atomic_add(p, v) });
     }
-    s.file_bytes = 0;
-    s.file_calls = 0;
-    s.file_ns = 0;
-    s.file_timed = 0;
+    s.clear_file_counts();
 }
 
 /// Adds the pending write counts of the cached written descriptor to `FILES`.
@@ -194,8 +173,7 @@ fn flush_write_file(s: &mut CpuSlot) {
         // SAFETY: as in `flush_file`.
         f.add_slot_writes_with(s, |p, v| unsafe { atomic_add(p, v) });
     }
-    s.write_bytes = 0;
-    s.write_calls = 0;
+    s.clear_write_counts();
 }
 
 /// What `fd` of `tgid` is (its file id and `FileStats::kind`), from

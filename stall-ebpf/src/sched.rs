@@ -249,7 +249,7 @@ fn switch<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
             crate::timeline::record(cfg, t, next_pid, true, ts);
             switch_in(t, ts, next, cfg);
             if let Some(s) = slot {
-                running::load(s, next_pid, 0, t, gen);
+                s.load_thread(next_pid, 0, gen, t);
             }
         }
         (None, Some(s)) => {

@@ -20,6 +20,8 @@
 //! registers. Both run for every syscall of the machine, so the first
 //! checks are a table lookup by number (enter) and the per-CPU slot
 //! (exit): an untracked task never reaches a hash map.
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     helpers::{
         bpf_get_smp_processor_id, bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_buf,
@@ -29,8 +31,8 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use stall_common::{
-    counter, event_kind, fd_kind, hook, inflight, syscall_class, CloseEvent, Config, CpuSlot, FdKey,
-    FileStats, OpenEvent, Regs, PATH_LEN,
+    counter, event_kind, fd_kind, hook, inflight, syscall_class, zeroed_in, CloseEvent, Config, CpuSlot,
+    FdKey, FileStats, OpenEvent, Regs, PATH_LEN,
 };
 
 use crate::{
@@ -293,8 +295,10 @@ fn new_entry(cfg: &Config, s: &mut CpuSlot, fd: i32, kind: u32) -> u64 {
         emit_close(cfg, s, fd, old);
     }
     let file_id = next_file_id();
-    let stats = FileStats { file_id, kind, ..Default::default() };
-    if FILES.insert(key, stats, 0).is_err() {
+    let mut at = MaybeUninit::<FileStats>::uninit();
+    let stats = zeroed_in(&mut at);
+    (stats.file_id, stats.kind) = (file_id, kind);
+    if FILES.insert(key, &*stats, 0).is_err() {
         bump(counter::LOST_FD_MAP);
     }
     file_id

@@ -2,10 +2,12 @@
 //! context, before the child can run, so no fork escapes), exec and exit.
 //! Raw tracepoints, like the scheduler's (see sched.rs): never skipped
 //! while another tracing program or a `bpf()` syscall runs on the CPU.
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{helpers::bpf_get_current_comm, macros::raw_tracepoint, programs::RawTracePointContext};
 use stall_common::{
-    counter, event_kind, kclock, reason, run_state, slot_state, ExecEvent, ExitEvent, NewTaskEvent,
-    ThreadStats,
+    counter, event_kind, kclock, reason, run_state, slot_state, zeroed_in, ExecEvent, ExitEvent,
+    NewTaskEvent, ThreadStats,
 };
 
 use crate::{
@@ -44,22 +46,19 @@ pub fn task_newtask(ctx: RawTracePointContext) -> i32 {
     let (exec, delay) = kernel_totals(task, &cfg);
     let ts = now();
     // A new task is runnable from its creation until it first runs.
-    let fresh = ThreadStats {
-        tgid: child_tgid,
-        job: parent.stats.job,
-        state: run_state::OFF,
-        off_reason: reason::RUNQUEUE,
-        off_nr: -1,
-        other_nr: -1,
-        last_ts: ts,
-        kclock: kclock_flags(&cfg),
-        exec_base: exec,
-        exec_ns: exec,
-        delay_base: delay,
-        delay_ns: delay,
-        ..Default::default()
-    };
-    if THREADS.insert(child, fresh, 0).is_err() {
+    let mut at = MaybeUninit::<ThreadStats>::uninit();
+    let fresh = zeroed_in(&mut at);
+    fresh.tgid = child_tgid;
+    fresh.job = parent.stats.job;
+    fresh.state = run_state::OFF;
+    fresh.off_reason = reason::RUNQUEUE;
+    fresh.off_nr = -1;
+    fresh.other_nr = -1;
+    fresh.last_ts = ts;
+    fresh.kclock = kclock_flags(&cfg);
+    (fresh.exec_base, fresh.exec_ns) = (exec, exec);
+    (fresh.delay_base, fresh.delay_ns) = (delay, delay);
+    if THREADS.insert(child, &*fresh, 0).is_err() {
         bump(counter::LOST_THREAD_MAP);
     }
     match EVENTS.reserve::<NewTaskEvent>(0) {

@@ -387,4 +387,42 @@ mod tests {
             "a program of the object is not in names::PROGRAMS"
         );
     }
+
+    /// LLVM turns a struct literal's zeroed fields into a `memset`, which
+    /// the BPF target links as a byte-at-a-time loop: one in the slot's
+    /// refill cost a context switch over a thousand instructions. The
+    /// programs that run per switch, per syscall or per fault must not
+    /// call it (`stall_common::store_apart`, `zeroed_in`).
+    #[test]
+    fn the_hot_programs_call_no_byte_loop() {
+        use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
+        assert!(!BPF_OBJECT.is_empty(), "built with STALL_BPF_STUB: no kernel object to check");
+        let obj = object::File::parse(BPF_OBJECT).expect("the kernel object parses");
+        let hot = [
+            "raw_tp/sched_switch",
+            "raw_tp/sys_enter",
+            "raw_tp/sys_exit",
+            "raw_tp/mm_filemap",
+            "fentry",
+            "fexit",
+        ];
+        let mut checked = 0;
+        for section in obj.sections() {
+            let name = section.name().unwrap_or_default();
+            if !hot.iter().any(|h| name.starts_with(h)) {
+                continue;
+            }
+            checked += 1;
+            for (at, reloc) in section.relocations() {
+                let RelocationTarget::Symbol(sym) = reloc.target() else { continue };
+                let target =
+                    obj.symbol_by_index(sym).and_then(|s| s.name().map(str::to_owned)).unwrap_or_default();
+                assert!(
+                    !matches!(target.as_str(), "memset" | "memcpy" | "memmove" | "memcmp" | "bcmp"),
+                    "{name} calls {target} at {at:#x}"
+                );
+            }
+        }
+        assert!(checked >= hot.len(), "only {checked} of the hot sections found");
+    }
 }
