@@ -111,10 +111,15 @@ pub(crate) fn flush_into(s: &mut CpuSlot, t: &mut ThreadStats) {
     // The registers are the thread's only where its syscalls were seen to
     // come from 64-bit code (`tracked_slot`).
     t.regs = if s.native != 0 { s.regs } else { 0 };
-    t.add_slot_counts(s);
-    s.clear_thread_counts();
-    flush_events(s);
-    flush_files(s);
+    // Counts move only in a syscall return that counts itself in `events`:
+    // a thread that made no hooked call since its switch-in (a futex or
+    // poll waiter) has nothing to add.
+    if s.events != 0 {
+        t.add_slot_counts(s);
+        s.clear_thread_counts();
+        flush_events(s);
+        flush_files(s);
+    }
 }
 
 /// Adds the pending program runs to the per-CPU `counter::EVENTS`.
