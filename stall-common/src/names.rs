@@ -22,6 +22,7 @@ pub const URING_READS: &str = "URING_READS";
 pub const URING_FD: &str = "URING_FD";
 pub const WAKES: &str = "WAKES";
 pub const WAKES_BY_PROC: &str = "WAKES_BY_PROC";
+pub const WAKE_CACHE: &str = "WAKE_CACHE";
 pub const SYSCALL_CLASS: &str = "SYSCALL_CLASS";
 pub const HOOKS: &str = "HOOKS";
 pub const CPU_SLOT: &str = "CPU_SLOT";
@@ -121,6 +122,7 @@ pub const MAPS: &[&str] = &[
     URING_FD,
     WAKES,
     WAKES_BY_PROC,
+    WAKE_CACHE,
     SYSCALL_CLASS,
     HOOKS,
     CPU_SLOT,

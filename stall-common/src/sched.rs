@@ -189,6 +189,23 @@ pub struct WakeStats {
     pub waker_comm: [u8; COMM_LEN],
 }
 
+/// `WAKE_CACHE`'s slots per CPU (a power of two): a wakee's is its tid
+/// modulo this.
+pub const WAKE_CACHE_SLOTS: u32 = 8;
+
+/// A CPU's last wakeup pair in one slot (`WAKE_CACHE`) and its wakeups not yet
+/// added to its `WAKES` entry: a wakee woken again and again by one waker
+/// (a futex or pipe ping-pong, a queue's feeder) costs the count here, not
+/// a hash lookup and an atomic add each time. The agent adds `pending` to
+/// the pair's count in its snapshots.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WakeCache {
+    /// The pair; a `wakee` of 0: none.
+    pub key: WakeKey,
+    pub pending: u64,
+}
+
 /// Byte offsets of the `struct task_struct` fields the scheduler and task
 /// programs read, taken from the running kernel's BTF (/sys/kernel/btf/vmlinux)
 /// at start-up: the layout moves between kernels and builds.
@@ -443,6 +460,7 @@ mod pod {
     unsafe impl aya::Pod for ThreadStats {}
     unsafe impl aya::Pod for WakeKey {}
     unsafe impl aya::Pod for WakeStats {}
+    unsafe impl aya::Pod for WakeCache {}
     unsafe impl aya::Pod for CpuSlot {}
 }
 
@@ -497,6 +515,7 @@ mod tests {
         assert_eq!(size_of::<ThreadStats>() % 8, 0);
         assert_eq!(size_of::<WakeKey>(), 8);
         assert_eq!(size_of::<WakeStats>(), 32);
+        assert_eq!(size_of::<WakeCache>(), 16);
         assert_eq!(size_of::<TaskOffsets>(), 40);
         assert_eq!(size_of::<Regs>(), 16);
         assert_eq!(size_of::<CpuSlot>(), 240);

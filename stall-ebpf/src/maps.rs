@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use stall_common::{
     counter, syscall_class, CpuSlot, FdKey, FileStats, InodeBytes, InodeKey, ThreadStats, UringKey,
-    UringRead, UringReads, WakeKey, WakeStats,
+    UringRead, UringReads, WakeCache, WakeKey, WakeStats, WAKE_CACHE_SLOTS,
 };
 
 /// Tracked threads by tid. Being here is what "tracked" means.
@@ -48,6 +48,12 @@ pub static WAKES: HashMap<WakeKey, WakeStats> = HashMap::with_max_entries(32768,
 /// What `WAKES` has no room for, per waking process (`WAKER_ANY_THREAD`).
 #[map]
 pub static WAKES_BY_PROC: HashMap<WakeKey, WakeStats> = HashMap::with_max_entries(16384, 0);
+
+/// Per CPU, by the wakee's tid modulo its size: the last pair of `WAKES`
+/// counted there and its wakeups not added yet (see `WakeCache`). Slots
+/// apart, so that two threads waking each other in turn keep their pairs.
+#[map]
+pub static WAKE_CACHE: PerCpuArray<WakeCache> = PerCpuArray::with_max_entries(WAKE_CACHE_SLOTS, 0);
 
 /// Syscall number → wait class, filled by the agent for its architecture.
 #[map]

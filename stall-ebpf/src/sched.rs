@@ -19,12 +19,12 @@ use aya_ebpf::{
 };
 use stall_common::{
     counter, fd_kind, inflight, kclock, reason, run_state, slot_state, syscall_class, task_flags, Config,
-    CpuSlot, FdKey, ThreadStats, WakeKey, WakeStats, WAKER_ANY_THREAD,
+    CpuSlot, FdKey, ThreadStats, WakeCache, WakeKey, WakeStats, WAKER_ANY_THREAD, WAKE_CACHE_SLOTS,
 };
 
 use crate::{
     adopt_into, atomic_add, bump, config, ids,
-    maps::{FILES, SYSCALL_CLASS, THREADS, WAKES, WAKES_BY_PROC},
+    maps::{FILES, SYSCALL_CLASS, THREADS, WAKES, WAKES_BY_PROC, WAKE_CACHE},
     now, running, tracked,
     untracked::{self, Noted},
     watched_job,
@@ -604,11 +604,26 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
     // task; the agent discounts wakers of I/O waits for that reason).
     let pid_tgid = bpf_get_current_pid_tgid();
     let key = WakeKey { wakee, waker: pid_tgid as u32 };
+    // SAFETY: this CPU's element of a per-CPU array, valid memory for the
+    // program's run. Besides this program only the agent writes it (to
+    // clear gone pairs); that, or a wakeup in an interrupt nested in this
+    // run (kernels that do not skip nested runs), may lose a count, never
+    // fault.
+    let mut cache = WAKE_CACHE.get_ptr_mut(wakee & (WAKE_CACHE_SLOTS - 1)).map(|c| unsafe { &mut *c });
+    if let Some(c) = cache.as_deref_mut() {
+        if c.key == key {
+            c.pending += 1;
+            return 0;
+        }
+        flush_wakes(c);
+    }
     if let Some(w) = WAKES.get_ptr_mut(key) {
-        // SAFETY: `w` is the non-null value pointer of a `WAKES` entry
-        // (preallocated: valid memory for the program's run); `count` is an
-        // aligned `u64` that wakers on other CPUs also add to atomically.
+        // SAFETY: as in `flush_wakes`.
         unsafe { atomic_add(&mut (*w).count, 1) };
+        // Its next wakeups by the same waker are counted in the cache.
+        if let Some(c) = cache {
+            c.key = key;
+        }
         return 0;
     }
     let waker_tgid = (pid_tgid >> 32) as u32;
@@ -627,4 +642,22 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
         bump(counter::LOST_WAKE_MAP);
     }
     0
+}
+
+/// Adds the wakeups a CPU's slot counted for its last pair to the pair's
+/// `WAKES` entry, and forgets the pair (an entry the agent removed, its
+/// wakee or waker gone, takes nothing).
+#[inline(always)]
+fn flush_wakes(c: &mut WakeCache) {
+    if c.pending != 0 {
+        if let Some(w) = WAKES.get_ptr_mut(c.key) {
+            // SAFETY: `w` is the non-null value pointer of a `WAKES` entry
+            // (preallocated: valid memory for the program's run); `count` is
+            // an aligned `u64` that wakers on other CPUs also add to
+            // atomically.
+            unsafe { atomic_add(&mut (*w).count, c.pending) };
+        }
+        c.pending = 0;
+    }
+    c.key = WakeKey::default();
 }

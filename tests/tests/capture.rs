@@ -138,6 +138,36 @@ fn waker_is_identified() {
     assert!(secs(&sleeper["off_cpu_by_reason"]["futex"]) >= 0.45, "{sleeper}");
 }
 
+/// One waker waking one wakee over and over on one CPU is counted in that
+/// CPU's cache of its last pair, not in the pair's entry: the counts must
+/// still come out whole.
+#[test]
+fn every_wakeup_of_a_ping_pong_is_counted() {
+    let s = Scratch::new("pingpong");
+    let truth_path = s.path("truth.json");
+    let run = run_job(&[], &["pingpong", "3000"], &truth_path);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    let blocked = t["blocked"].as_u64().unwrap();
+    let ping = run.thread(t["ping_tid"].as_u64().unwrap());
+    let by_pong = ping["woken_by"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["tid"] == t["pong_tid"])
+        .unwrap_or_else(|| panic!("pong missing among the ping's wakers: {ping}"))["count"]
+        .as_u64()
+        .unwrap();
+    // Only the pong's write wakes the ping from a block in its loop (a
+    // page fault's wait may add a few blocks that others end), and the
+    // pong's exit once more, from its wait.
+    assert!(blocked >= 1000, "the ping blocked only {blocked} times: no test");
+    assert!(
+        by_pong <= blocked + 1 && by_pong + 10 + blocked / 100 >= blocked,
+        "the pong woke the ping {by_pong} times; it blocked {blocked} times in its loop: {ping}"
+    );
+}
+
 #[test]
 fn exec_after_fork_is_traced() {
     let s = Scratch::new("exec");

@@ -7,6 +7,7 @@ to the path in $TRUTH, so tests compare stall's figures with the job's own.
 import ctypes
 import json
 import os
+import resource
 import select
 import signal
 import sys
@@ -268,6 +269,31 @@ def job_wake(args):
     for t in ts:
         t.join()
     write_truth(truth)
+
+
+def job_pingpong(args):
+    """Two processes on one CPU hand a byte back and forth over two pipes.
+    The ping blocks in its read until the pong writes, at most once a
+    round; the kernel counts each block (a voluntary context switch)."""
+    rounds = int(args[0])
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    to_pong, from_ping = os.pipe()
+    from_pong, to_ping = os.pipe()
+    pong = os.fork()
+    if pong == 0:
+        name_thread("pong")
+        for _ in range(rounds):
+            os.read(to_pong, 1)
+            os.write(to_ping, b"x")
+        os._exit(0)
+    name_thread("ping")
+    blocked = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+    for _ in range(rounds):
+        os.write(from_ping, b"x")
+        os.read(from_pong, 1)
+    blocked = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - blocked
+    os.waitpid(pong, 0)
+    write_truth({"ping_tid": os.getpid(), "pong_tid": pong, "rounds": rounds, "blocked": blocked})
 
 
 def job_exec(args):
@@ -892,6 +918,7 @@ JOBS = {
     "family": job_family,
     "waits": job_waits,
     "wake": job_wake,
+    "pingpong": job_pingpong,
     "exec": job_exec,
     "many-opens": job_many_opens,
     "idle-then-read": job_idle_then_read,

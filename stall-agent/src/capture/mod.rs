@@ -25,7 +25,7 @@ use aya::{
 };
 use stall_common::{
     names, task_flags, track_gen, CpuSlot, FdKey, FileStats, InodeBytes, InodeKey, ThreadStats, UringKey,
-    UringRead, UringReads, WakeKey, WakeStats,
+    UringRead, UringReads, WakeCache, WakeKey, WakeStats,
 };
 use tokio::io::unix::AsyncFd;
 
@@ -42,6 +42,8 @@ pub struct Capture {
     wakes: HashMap<MapData, WakeKey, WakeStats>,
     /// What `wakes` had no room for, per waking process.
     wakes_by_proc: HashMap<MapData, WakeKey, WakeStats>,
+    /// Each CPU's last pair of `wakes` and its wakeups not added yet.
+    wake_cache: PerCpuArray<MapData, WakeCache>,
     cgroups: HashMap<MapData, u64, u32>,
     /// Storage and mapped bytes per process and file (None: no page-cache
     /// hook here).

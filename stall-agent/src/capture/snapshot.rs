@@ -2,8 +2,11 @@
 //! waker and page-cache count, and retirement of what ended.
 use std::collections::HashSet;
 
-use aya::maps::{HashMap, MapData};
-use stall_common::{counter, slot_state, CpuSlot, FdKey, FileStats, ThreadStats, WakeKey, WAKER_ANY_THREAD};
+use aya::maps::{HashMap, MapData, PerCpuValues};
+use stall_common::{
+    counter, slot_state, CpuSlot, FdKey, FileStats, ThreadStats, WakeCache, WakeKey, WAKER_ANY_THREAD,
+    WAKE_CACHE_SLOTS,
+};
 
 use super::Capture;
 use crate::{
@@ -50,7 +53,7 @@ impl Capture {
                 ThreadSnap { tid, tgid: s.tgid, job: s.job, counters, now, other_nr: s.other_nr }
             })
             .collect();
-        let wakes = self
+        let mut wakes: Vec<WakeSnap> = self
             .wakes
             .iter()
             .chain(self.wakes_by_proc.iter())
@@ -63,6 +66,9 @@ impl Capture {
                 count: w.count,
             })
             .collect();
+        // After the map, as the slots: a pair flushed meanwhile is counted
+        // short until the next snapshot, never twice.
+        add_pending_wakes(&mut wakes, &self.wake_caches());
         let mut lost = [0u64; counter::LOST_CAUSES];
         for (i, slot) in lost.iter_mut().enumerate() {
             *slot = self.counter_sum(i as u32);
@@ -92,11 +98,40 @@ impl Capture {
         }
     }
 
+    /// Every CPU's cached wakeup pairs with wakeups pending (`WAKE_CACHE`).
+    fn wake_caches(&self) -> Vec<WakeCache> {
+        (0..WAKE_CACHE_SLOTS)
+            .filter_map(|i| self.wake_cache.get(&i, 0).ok())
+            .flat_map(|v| v.iter().filter(|c| c.pending != 0).copied().collect::<Vec<_>>())
+            .collect()
+    }
+
     /// Every CPU's slot (`CPU_SLOT`) that holds a tracked thread.
     fn cpu_slots(&self) -> Vec<CpuSlot> {
         match self.cpu_slot.get(&0, 0) {
             Ok(v) => v.iter().filter(|r| r.tracked == slot_state::TRACKED).copied().collect(),
             Err(_) => Vec::new(),
+        }
+    }
+
+    /// Clears the CPUs' cached wakeup pairs that `gone` names, whose
+    /// entries were just removed: a new thread given a gone one's id must
+    /// get an entry of its own. Their pending wakeups go with them; so may
+    /// one a CPU adds to another pair meanwhile (written back as read).
+    fn forget_wake_pairs(&mut self, gone: impl Fn(&WakeKey) -> bool) {
+        for i in 0..WAKE_CACHE_SLOTS {
+            let Ok(v) = self.wake_cache.get(&i, 0) else {
+                continue;
+            };
+            let mut v = v.to_vec();
+            let mut changed = false;
+            for c in v.iter_mut().filter(|c| c.key.wakee != 0 && gone(&c.key)) {
+                *c = WakeCache::default();
+                changed = true;
+            }
+            if let (true, Ok(v)) = (changed, PerCpuValues::try_from(v)) {
+                let _ = self.wake_cache.set(i, v, 0);
+            }
         }
     }
 
@@ -134,6 +169,7 @@ impl Capture {
         };
         remove_where(&mut self.wakes, |k, _| gone(k));
         remove_where(&mut self.wakes_by_proc, |k, _| gone(k));
+        self.forget_wake_pairs(gone);
         remove_where(&mut self.uring_reads, |tid, _| tids.contains(tid));
         // Reads in flight when their process ended never complete for it.
         remove_where(&mut self.uring_pending, |_, r| tgids.contains(&r.tgid));
@@ -157,4 +193,37 @@ fn remove_where<K: aya::Pod, V: aya::Pod>(
         let _ = map.remove(k);
     }
     removed
+}
+
+/// Adds each CPU's pending wakeups (`cached`) to their pair's count, where
+/// the pair has one (an entry removed meanwhile has none: its party is gone).
+fn add_pending_wakes(wakes: &mut [WakeSnap], cached: &[WakeCache]) {
+    for c in cached {
+        if let Some(w) = wakes.iter_mut().find(|w| w.wakee == c.key.wakee && w.waker == c.key.waker) {
+            w.count += c.pending;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wake(wakee: u32, waker: u32, count: u64) -> WakeSnap {
+        WakeSnap { wakee, waker, waker_tgid: waker, waker_comm: "w".into(), count }
+    }
+
+    fn cached(wakee: u32, waker: u32, pending: u64) -> WakeCache {
+        WakeCache { key: WakeKey { wakee, waker }, pending }
+    }
+
+    #[test]
+    fn pending_wakeups_add_to_their_pair_only() {
+        let mut wakes = vec![wake(1, 2, 10), wake(1, 3, 4), wake(5, 2, 1)];
+        // Two CPUs' last pairs, one of them the same pair; a pair whose entry
+        // is gone adds nothing.
+        add_pending_wakes(&mut wakes, &[cached(1, 2, 7), cached(1, 2, 1), cached(9, 9, 100)]);
+        let counts: Vec<u64> = wakes.iter().map(|w| w.count).collect();
+        assert_eq!(counts, [18, 4, 1]);
+    }
 }

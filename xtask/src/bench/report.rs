@@ -123,6 +123,10 @@ fails if a program on a switch, syscall or fault path links any of the byte loop
 entry also keeps its register pointer, so its slot is recognised from its switch-in on: the first \
 syscall return after a switch no longer asks the thread id and code segment (`sys_exit` from 112 to 72 \
 ns per run there).
+- **A repeated wakeup costs no hash lookup.** Each CPU keeps the last pair of wakee and waker it \
+counted and the wakeups since (`WAKE_CACHE`), added to the pair's `WAKES` entry when another pair \
+comes; the agent adds what the CPUs hold to its snapshots. A futex or pipe ping-pong, or a queue \
+and its feeder, wake the same pair again and again.
 - **A healthy node's switches run no stall program.** Attached, `sched_switch` and \
 `sched_waking` cost every switch of the node the tracepoints' dispatch even where the programs \
 decide \"not ours\" at once (a note keyed by the task's address, no hash lookup): with every \
