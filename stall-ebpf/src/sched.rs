@@ -617,9 +617,7 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
         }
         flush_wakes(c);
     }
-    if let Some(w) = WAKES.get_ptr_mut(key) {
-        // SAFETY: as in `flush_wakes`.
-        unsafe { atomic_add(&mut (*w).count, 1) };
+    if add_to_pair(key, 1) {
         // Its next wakeups by the same waker are counted in the cache.
         if let Some(c) = cache {
             c.key = key;
@@ -635,7 +633,7 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
     // Full (a thousand threads waking one another): count it per process.
     let key = WakeKey { wakee, waker: waker_tgid | WAKER_ANY_THREAD };
     if let Some(w) = WAKES_BY_PROC.get_ptr_mut(key) {
-        // SAFETY: as for `WAKES` above: a non-null, preallocated value
+        // SAFETY: as in `add_to_pair`: a non-null, preallocated value
         // pointer; `count` is an aligned `u64` only ever added to atomically.
         unsafe { atomic_add(&mut (*w).count, 1) };
     } else if WAKES_BY_PROC.insert(key, fresh, 0).is_err() {
@@ -650,14 +648,21 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
 #[inline(always)]
 fn flush_wakes(c: &mut WakeCache) {
     if c.pending != 0 {
-        if let Some(w) = WAKES.get_ptr_mut(c.key) {
-            // SAFETY: `w` is the non-null value pointer of a `WAKES` entry
-            // (preallocated: valid memory for the program's run); `count` is
-            // an aligned `u64` that wakers on other CPUs also add to
-            // atomically.
-            unsafe { atomic_add(&mut (*w).count, c.pending) };
-        }
+        add_to_pair(c.key, c.pending);
         c.pending = 0;
     }
     c.key = WakeKey::default();
+}
+
+/// Adds `n` wakeups to the `WAKES` entry of `key`; whether it has one.
+#[inline(always)]
+fn add_to_pair(key: WakeKey, n: u64) -> bool {
+    let Some(w) = WAKES.get_ptr_mut(key) else {
+        return false;
+    };
+    // SAFETY: `w` is the non-null value pointer of a `WAKES` entry
+    // (preallocated: valid memory for the program's run); `count` is an
+    // aligned `u64` that wakers on other CPUs also add to atomically.
+    unsafe { atomic_add(&mut (*w).count, n) };
+    true
 }

@@ -42,7 +42,8 @@ pub struct Capture {
     wakes: HashMap<MapData, WakeKey, WakeStats>,
     /// What `wakes` had no room for, per waking process.
     wakes_by_proc: HashMap<MapData, WakeKey, WakeStats>,
-    /// Each CPU's last pair of `wakes` and its wakeups not added yet.
+    /// Per CPU and slot of wakees, the last pair of `wakes` and its
+    /// wakeups not added yet.
     wake_cache: PerCpuArray<MapData, WakeCache>,
     cgroups: HashMap<MapData, u64, u32>,
     /// Storage and mapped bytes per process and file (None: no page-cache

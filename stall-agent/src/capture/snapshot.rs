@@ -102,7 +102,8 @@ impl Capture {
     fn wake_caches(&self) -> Vec<WakeCache> {
         (0..WAKE_CACHE_SLOTS)
             .filter_map(|i| self.wake_cache.get(&i, 0).ok())
-            .flat_map(|v| v.iter().filter(|c| c.pending != 0).copied().collect::<Vec<_>>())
+            .flat_map(|v| v.to_vec())
+            .filter(|c| c.pending != 0)
             .collect()
     }
 
