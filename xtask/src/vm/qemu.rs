@@ -46,6 +46,9 @@ const KERNEL_ARGS: &str = "console=ttyS0 panic=-1 quiet";
 /// Printed by /init (init.sh) once it runs, and as its last line.
 const INIT_MARK: &str = "STALL-VM-INIT: ";
 const RESULT_MARK: &str = "STALL-VM-RESULT: ";
+/// Printed by /init before each test binary (`STALL-VM: running LABEL ...`)
+/// and after it (`STALL-VM: LABEL exited RC after Ns`).
+const BINARY_MARK: &str = "STALL-VM: ";
 /// One test at a time in the VM: the timing checks' workloads need the two
 /// emulated CPUs to themselves.
 const DEFAULT_THREADS: &str = "--test-threads=1";
@@ -194,6 +197,11 @@ fn clean(raw: &str) -> String {
 struct Console {
     booted: Option<Duration>,
     result: Option<(Duration, String)>,
+    /// The test binary /init runs now (its label) and since when: where a
+    /// run that times out was.
+    running: Option<(String, Duration)>,
+    /// The last test that began (the harness prints `test NAME ...`).
+    last_test: Option<String>,
 }
 
 impl Console {
@@ -202,6 +210,33 @@ impl Console {
             self.booted = Some(at);
         } else if let Some(verdict) = line.strip_prefix(RESULT_MARK) {
             self.result = Some((at, verdict.trim().to_string()));
+        } else if let Some(rest) = line.strip_prefix(BINARY_MARK) {
+            if let Some(label) = rest.strip_prefix("running ").and_then(|r| r.split(' ').next()) {
+                self.running = Some((label.to_string(), at));
+                self.last_test = None;
+            } else if rest.contains(" exited ") {
+                self.running = None;
+            }
+        } else if let Some(test) = line.strip_prefix("test ").and_then(|t| t.split(" ...").next()) {
+            if !test.starts_with("result:") && !test.is_empty() {
+                self.last_test = Some(test.to_string());
+            }
+        }
+    }
+
+    /// Where the tests were when they ran out of time.
+    fn whereabouts(&self, total: Duration) -> String {
+        match &self.running {
+            Some((label, since)) => {
+                let mut at =
+                    format!(" in {label} ({:.0}s into it", total.saturating_sub(*since).as_secs_f64());
+                if let Some(test) = &self.last_test {
+                    at.push_str(&format!(", last test begun: {test}"));
+                }
+                at.push(')');
+                at
+            }
+            None => String::new(),
         }
     }
 
@@ -220,9 +255,15 @@ impl Console {
         };
         let (passed, detail) = match self.result {
             Some((_, verdict)) => (verdict.starts_with("PASS") && exited_ok, verdict),
-            None if timed_out => {
-                (false, format!("FAIL timed out after {}s (see {})", timeout.as_secs(), log.display()))
-            }
+            None if timed_out => (
+                false,
+                format!(
+                    "FAIL timed out after {}s{} (see {})",
+                    timeout.as_secs(),
+                    self.whereabouts(total),
+                    log.display()
+                ),
+            ),
             None if self.booted.is_none() => (
                 false,
                 format!("FAIL /init never ran: kernel panic or bad initramfs? (see {})", log.display()),
@@ -281,5 +322,24 @@ mod tests {
             .outcome(true, true, secs(600), secs(600), log)
             .detail
             .contains("timed out"));
+
+        let mut c = Console::default();
+        c.see("STALL-VM-INIT: 6.1", secs(3));
+        c.see("STALL-VM: running hooks (STALL_SYSCALL_HOOKS=fentry)", secs(10));
+        c.see("test one ... ok", secs(20));
+        c.see("test result: ok. 1 passed; 0 failed", secs(30));
+        c.see("STALL-VM: hooks exited 0 after 20.0s", secs(30));
+        c.see("STALL-VM: running scenarios --skip a (STALL_SYSCALL_HOOKS=auto)", secs(40));
+        c.see("test healthy_job_is_not_input_bound ... ", secs(50));
+        let detail = c.outcome(true, true, secs(600), secs(600), log).detail;
+        assert!(
+            detail.contains("in scenarios (560s into it, last test begun: healthy_job_is_not_input_bound)"),
+            "{detail}"
+        );
+        let mut c = Console::default();
+        c.see("STALL-VM: running hooks (STALL_SYSCALL_HOOKS=fentry)", secs(10));
+        c.see("STALL-VM: hooks exited 0 after 20.0s", secs(30));
+        let detail = c.outcome(true, true, secs(600), secs(600), log).detail;
+        assert!(!detail.contains(" in hooks"), "{detail}");
     }
 }
