@@ -127,6 +127,18 @@ ns per run there).
 counted and the wakeups since (`WAKE_CACHE`), added to the pair's `WAKES` entry when another pair \
 comes; the agent adds what the CPUs hold to its snapshots. A futex or pipe ping-pong, or a queue \
 and its feeder, wake the same pair again and again.
+- **What is left per tracked switch is mostly the clock.** Ablated on futex ping-pong (a \
+temporary build with a load-time switch per part, 3 rounds each, reverted): with \
+`bpf_ktime_get_ns` answering a constant, `sched_switch_direct` took 341 to 354 ns per run against \
+375 to 457, and `sched_waking` 186 to 195 against 235 to 271. One read of the clock costs 60 to \
+80 ns on this host, as much as the rest of the wakeup's work (the empty program of the floor row, \
+77 to 79 ns per run, is mostly `bpf_stats`' own two clock reads). A switch reads it once (both \
+tasks' spans end and start at the same time), a counted wakeup once (`wake_ts`, which splits the \
+wakee's off-CPU span into blocked and waiting for a CPU). The syscall the task blocks in \
+(`bpf_task_pt_regs` and one load) costs about 40 ns of a switch-out; the waker's \
+`bpf_get_current_pid_tgid`, nothing measurable. Taking that split from the kernel's `run_delay` \
+at the wakee's next switch-out, instead of the clock at its wakeup, would drop the wakeup's read; \
+not done (the split would then land at the next switch-out, not at the switch-in).
 - **A healthy node's switches run no stall program.** Attached, `sched_switch` and \
 `sched_waking` cost every switch of the node the tracepoints' dispatch even where the programs \
 decide \"not ours\" at once (a note keyed by the task's address, no hash lookup): with every \
@@ -171,22 +183,26 @@ fn targets(ws: &[Workload], cost: &[CostRow], daemon: &DaemonBench) -> Vec<Targe
         margin: String::new(),
     };
 
-    let what = "pread-4k (worst case): stall within 5 percentage points of the floor";
-    match by("pread-4k").and_then(|w| Some((versus(w, Mode::Stall)?, versus(w, Mode::Floor)?))) {
-        Some(((rs, _), (rf, _))) => {
-            let pp = (rs - rf) * 100.0;
-            t.push(Target {
-                what: what.into(),
-                measured: format!(
-                    "stall {:+.1} %, floor {:+.1} % vs baseline: {pp:+.1} pp",
-                    pct(rs),
-                    pct(rf)
-                ),
-                met: Some(pp <= 5.0),
-                margin: margin(5.0 - pp, "pp"),
-            });
+    for (key, title, most) in
+        [("pread-4k", "pread-4k (worst case)", 5.0), ("futex-pingpong", "futex ping-pong", 15.0)]
+    {
+        let what = format!("{title}: stall within {most} percentage points of the floor");
+        match by(key).and_then(|w| Some((versus(w, Mode::Stall)?, versus(w, Mode::Floor)?))) {
+            Some(((rs, _), (rf, _))) => {
+                let pp = (rs - rf) * 100.0;
+                t.push(Target {
+                    what,
+                    measured: format!(
+                        "stall {:+.1} %, floor {:+.1} % vs baseline: {pp:+.1} pp",
+                        pct(rs),
+                        pct(rf)
+                    ),
+                    met: Some(pp <= most),
+                    margin: margin(most - pp, "pp"),
+                });
+            }
+            None => t.push(unmeasured(&what)),
         }
-        None => t.push(unmeasured(what)),
     }
 
     let what = "pread-4k (worst case): ≥ 500× less added time per read than strace";
