@@ -266,9 +266,20 @@ def block_device(path):
     return major, minor, os.path.basename(real)
 
 
+# Wall time of the trainer's writes to control files (cgroup.procs, io.max,
+# ...): moving a process between cgroups waits for an RCU grace period, so
+# these block in write() as a checkpoint's writes do, and the truth has them.
+CONTROL_WRITES = {"calls": 0, "s": 0.0}
+
+
 def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
+    t0 = time.monotonic()
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    finally:
+        CONTROL_WRITES["calls"] += 1
+        CONTROL_WRITES["s"] += time.monotonic() - t0
 
 
 def cgroup2_mount():
@@ -675,14 +686,16 @@ class Job:
     # ----------------------------------------------------------- ground truth
 
     def cpu_limit_truth(self):
-        """The CPU limit's cgroup and its cpu.stat now (None: no limit)."""
+        """The CPU limit's cgroup and its cpu.stat now, or as last read once
+        the cgroup is gone (None: no limit)."""
         c = getattr(self, "cpu_limit", None)
         if c is None:
             return None
         try:
-            return {"cgroup": c.path, "cpus": self.args.cpu_limit, **cpu_stat(c.path)}
+            self.cpu_limit_read = {"cgroup": c.path, "cpus": self.args.cpu_limit, **cpu_stat(c.path)}
         except OSError:
-            return None
+            pass
+        return getattr(self, "cpu_limit_read", None)
 
     def write_truth(self):
         path = self.args.truth
@@ -706,6 +719,7 @@ class Job:
             "files": self.paths,
             "throttle": self.note,
             "checkpoint": self.ckpt,
+            "control_writes": CONTROL_WRITES,
             "cpu_limit": self.cpu_limit_truth(),
         }
         tmp = f"{path}.tmp{os.getpid()}"
@@ -933,6 +947,7 @@ def main(argv=None):
         limit, cpu_note = setup_cpu_limit(args.cpu_limit, f"stall-demo-cpu-{os.getpid()}")
         log(f"job's CPU: {limit.description if limit else cpu_note}")
     set_comm("trainer")
+    job = None
     try:
         # Before forking: the workers inherit the cgroups.
         for cgroup in (throttle, limit):
@@ -953,6 +968,8 @@ def main(argv=None):
         if args.mode == "checkpoint":
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(args.cache_dir, f"ckpt-{os.getpid()}.bin"))
+        if job is not None:
+            job.write_truth()  # with the writes that left the cgroups
     return 0
 
 

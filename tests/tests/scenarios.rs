@@ -678,11 +678,12 @@ fn checkpoints_to_slow_storage_are_output_io_bound() {
     let main = run.thread(trainer);
     let by = &main["off_cpu_by_reason"];
     eprintln!(
-        "checkpoint: trainer sync {:.3}s (own clock {:.3}s), write {:.3}s (own clock {:.3}s), io {:.3}s; {}",
+        "checkpoint: trainer sync {:.3}s (own clock {:.3}s), write {:.3}s (own clock {:.3}s, control files {:.3}s), io {:.3}s; {}",
         secs(&by["sync"]),
         secs(&c["sync_s"]),
         secs(&by["write"]),
         secs(&c["write_s"]),
+        secs(&t["control_writes"]["s"]),
         secs(&by["io"]),
         verdict_summary(&run)
     );
@@ -691,7 +692,11 @@ fn checkpoints_to_slow_storage_are_output_io_bound() {
     assert!(want >= 4.0 * 24.0 * 1.048 / 12.0 * 0.8, "the fsyncs waited for the throttle: {t}");
     assert!(secs(&by["sync"]) <= want * 1.02 && secs(&by["sync"]) >= want * 0.9, "sync: {main}");
     // Writes into the page cache block little; what does is counted as write.
-    assert!(secs(&by["write"]) <= secs(&c["write_s"]) * 1.05 + 0.01, "write: {main}");
+    // So do the writes that move the trainer in and out of the throttling
+    // cgroup (an RCU grace period each, 7-15 ms here, more under load).
+    let control = secs(&t["control_writes"]["s"]);
+    let own_writes = secs(&c["write_s"]) + control;
+    assert!(secs(&by["write"]) <= own_writes * 1.05 + 0.01, "write (control files {control:.3}s): {main}");
     assert!(secs(&by["io"]) < 0.1 * want, "a sync is not a read: {main}");
     assert_eq!(kind(run.summary()), "output-io-bound", "{}", verdict_summary(&run));
     let line = verdict_summary(&run);
