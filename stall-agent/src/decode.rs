@@ -316,9 +316,11 @@ pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
 /// off-CPU reasons are stall's, from the switches, the wakeups and what
 /// each blocked in (a span whose switch-in was never delivered is split
 /// with the kernel's counters in the kernel side, `SCHED_REPAIRED`).
-/// Runqueue time is from the wakeup (`sched_waking`) to the switch-in: the
-/// kernel's `run_delay` starts at the enqueue, which a remote wakeup can
-/// delay, and would leave that part of the span under no reason.
+/// A woken thread's runqueue time is from its enqueue to its switch-in, as
+/// the kernel's `run_delay` counts it, where the switch-in can read that
+/// (`task_flags::QUEUED_AT`: the span is split then, and a woken thread
+/// still waiting counts as blocked until it runs); else from its wakeup
+/// (`sched_waking`), which also counts the wakeup's delivery.
 pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
     let rq = usize::from(reason::RUNQUEUE);
     let mut c = ThreadCounters {
@@ -514,6 +516,13 @@ mod tests {
         let (c, _) = fold(&woken, 500);
         assert_eq!(c.off_ns[reason::FUTEX as usize], 300);
         assert_eq!(c.off_ns[reason::RUNQUEUE as usize], 100);
+
+        // Woken at a time not read (the switch-in will split the span):
+        // blocked until it runs.
+        let untimed = ThreadStats { wake_ts: stall_common::WOKEN_UNTIMED, ..blocked };
+        let (c, _) = fold(&untimed, 500);
+        assert_eq!(c.off_ns[reason::FUTEX as usize], 400);
+        assert_eq!(c.off_ns[reason::RUNQUEUE as usize], 0);
     }
 
     #[test]

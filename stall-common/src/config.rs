@@ -166,6 +166,6 @@ mod tests {
     // Sizes are fixed so a change on one side cannot silently desync the other.
     #[test]
     fn layouts_have_no_hidden_padding() {
-        assert_eq!(size_of::<Config>(), 64 + size_of::<PageCacheOffsets>() + size_of::<UringLayout>());
+        assert_eq!(size_of::<Config>(), 80 + size_of::<PageCacheOffsets>() + size_of::<UringLayout>());
     }
 }

@@ -26,6 +26,7 @@ pub use pagecache::PageCacheOffsets;
 pub use sched::{
     kclock, reason, run_state, slot_state, store_apart, task_flags, zeroed_in, CpuSlot, Plain, Regs,
     TaskOffsets, ThreadStats, WakeCache, WakeKey, WakeStats, WAKER_ANY_THREAD, WAKE_CACHE_SLOTS,
+    WOKEN_UNTIMED,
 };
 pub use uring::{uring_op, UringKey, UringLayout, UringRead, UringReads};
 

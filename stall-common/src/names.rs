@@ -43,11 +43,15 @@ pub const FILE_SEQ: &str = "FILE_SEQ";
 // Scheduler and task programs (sched.rs, task.rs). `*_STACK`: the variant
 // for kernels without `bpf_task_pt_regs`; `SCHED_SWITCH_DIRECT`: the one
 // that loads the current task's fields directly, where the verifier takes
-// it. The agent loads one of each kind.
+// it; `SCHED_SWITCH_QUEUED`: that one, taking a woken task's wait for a CPU
+// from the kernel, loaded with `SCHED_WAKING_MARKED`. The agent loads one
+// of each kind.
+pub const SCHED_SWITCH_QUEUED: &str = "sched_switch_queued";
 pub const SCHED_SWITCH_DIRECT: &str = "sched_switch_direct";
 pub const SCHED_SWITCH: &str = "sched_switch";
 pub const SCHED_SWITCH_STACK: &str = "sched_switch_stack";
 pub const SCHED_WAKING: &str = "sched_waking";
+pub const SCHED_WAKING_MARKED: &str = "sched_waking_marked";
 pub const TASK_NEWTASK: &str = "task_newtask";
 pub const SCHED_PROCESS_EXEC: &str = "sched_process_exec";
 pub const SCHED_PROCESS_EXIT: &str = "sched_process_exit";
@@ -137,10 +141,12 @@ pub const MAPS: &[&str] = &[
 
 /// Every program the object defines.
 pub const PROGRAMS: &[&str] = &[
+    SCHED_SWITCH_QUEUED,
     SCHED_SWITCH_DIRECT,
     SCHED_SWITCH,
     SCHED_SWITCH_STACK,
     SCHED_WAKING,
+    SCHED_WAKING_MARKED,
     TASK_NEWTASK,
     SCHED_PROCESS_EXEC,
     SCHED_PROCESS_EXIT,

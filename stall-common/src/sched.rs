@@ -49,6 +49,10 @@ pub mod run_state {
     pub const OFF: u8 = 2;
 }
 
+/// [`ThreadStats::wake_ts`] of a thread woken at a time not read: below any
+/// switch-out time, so whoever splits a span by the wakeup time finds none.
+pub const WOKEN_UNTIMED: u64 = 1;
+
 /// Value of the `THREADS` map, keyed by tid. Presence in the map is what
 /// makes a thread tracked.
 #[repr(C)]
@@ -81,7 +85,10 @@ pub struct ThreadStats {
     /// Switch-in time while running, switch-out time while off-CPU
     /// (CLOCK_MONOTONIC ns, as `bpf_ktime_get_ns`).
     pub last_ts: u64,
-    /// When a wakeup was seen during the current off-CPU span, else 0.
+    /// When a wakeup was seen during the current off-CPU span, else 0; or
+    /// [`WOKEN_UNTIMED`] where the switch-in takes the span's runqueue part
+    /// from the kernel (`task_flags::QUEUED_AT`), and stores the enqueue
+    /// time here.
     pub wake_ts: u64,
     pub state: u8,
     pub off_reason: u8,
@@ -231,7 +238,16 @@ pub struct TaskOffsets {
     pub regs_in_stack: u32,
     /// [`task_flags`].
     pub flags: u32,
-    pub _pad: u32,
+    /// `sched_info.last_queued`: the runqueue clock when the task was last
+    /// enqueued (0 once it runs); meaningful only with
+    /// [`task_flags::QUEUED_AT`], as are the four below.
+    pub last_queued: u32,
+    /// `se.cfs_rq`: the task's CFS runqueue, whose `rq` is its CPU's.
+    pub se_cfs_rq: u32,
+    /// `cfs_rq.rq`, `rq.clock` and `rq.curr`.
+    pub cfs_rq_rq: u32,
+    pub rq_clock: u32,
+    pub rq_curr: u32,
 }
 
 /// `TaskOffsets::flags`.
@@ -241,6 +257,15 @@ pub mod task_flags {
     /// No `bpf_task_pt_regs` (before 5.15): the saved user registers are
     /// found from `task->stack` (the `sched_switch_stack` program).
     pub const REGS_FROM_STACK: u32 = 2;
+    /// The kernel keeps `sched_info.last_queued` and the current task leads
+    /// to its CPU's runqueue clock (`se.cfs_rq->rq->clock`): a switch-in
+    /// can tell how long the task waited for a CPU as the kernel's own
+    /// `run_delay` will (the `sched_switch_queued` program), so a wakeup
+    /// need not read the clock. Not where EEVDF delays a blocked task's
+    /// dequeue (`sched_entity.sched_delayed`, 6.12 on): migrating such a
+    /// task enqueues it, long before its wakeup, and its `last_queued`
+    /// then counts the rest of its sleep as waiting for a CPU.
+    pub const QUEUED_AT: u32 = 4;
 }
 
 /// Where the syscall number, arguments and code segment sit in the
@@ -516,7 +541,7 @@ mod tests {
         assert_eq!(size_of::<WakeKey>(), 8);
         assert_eq!(size_of::<WakeStats>(), 32);
         assert_eq!(size_of::<WakeCache>(), 16);
-        assert_eq!(size_of::<TaskOffsets>(), 40);
+        assert_eq!(size_of::<TaskOffsets>(), 56);
         assert_eq!(size_of::<Regs>(), 16);
         assert_eq!(size_of::<CpuSlot>(), 240);
     }

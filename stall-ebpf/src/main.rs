@@ -72,6 +72,23 @@ pub(crate) fn header(kind: u32, tid: u32, tgid: u32, job: u32, ts: u64) -> Event
     EventHeader { kind, tid, tgid, job, ts }
 }
 
+/// The current task's name. aya's `bpf_get_current_comm` zeroes its buffer
+/// first, which LLVM makes a byte loop; the helper itself writes all of it
+/// (the name padded with zeros, or zeros where it fails).
+#[inline(always)]
+pub(crate) fn current_comm() -> [u8; stall_common::COMM_LEN] {
+    let mut comm = MaybeUninit::<[u8; stall_common::COMM_LEN]>::uninit();
+    // SAFETY: the helper takes a buffer and its size, and fills every byte
+    // of it whatever it returns; any bytes are a valid `[u8; N]`.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_get_current_comm(
+            comm.as_mut_ptr().cast(),
+            stall_common::COMM_LEN as u32,
+        );
+        comm.assume_init()
+    }
+}
+
 #[inline(always)]
 pub(crate) fn now() -> u64 {
     // SAFETY: takes no arguments and only reads the monotonic clock.

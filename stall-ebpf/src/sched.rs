@@ -8,22 +8,22 @@
 //!
 //! On-CPU and runqueue totals come from the kernel's own counters
 //! (`se.sum_exec_runtime`, `sched_info.run_delay`), read at every switch:
-//! a missed event can delay them, never skew them.
+//! a missed event can delay them, never skew them. A woken task's wait for
+//! a CPU is the kernel's too where it can be read at the switch-in
+//! (`queued_at`), else the time from its wakeup.
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_kernel,
-        bpf_task_pt_regs,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_task_pt_regs},
     macros::raw_tracepoint,
     programs::RawTracePointContext,
 };
 use stall_common::{
     counter, fd_kind, inflight, kclock, reason, run_state, slot_state, syscall_class, task_flags, Config,
     CpuSlot, FdKey, ThreadStats, WakeCache, WakeKey, WakeStats, WAKER_ANY_THREAD, WAKE_CACHE_SLOTS,
+    WOKEN_UNTIMED,
 };
 
 use crate::{
-    adopt_into, atomic_add, bump, config, ids,
+    adopt_into, atomic_add, bump, config, current_comm, ids,
     maps::{FILES, SYSCALL_CLASS, THREADS, WAKES, WAKES_BY_PROC, WAKE_CACHE},
     now, running, tracked,
     untracked::{self, Noted},
@@ -86,11 +86,28 @@ pub(crate) fn kclock_flags(cfg: &Config) -> u8 {
 /// 5.15) or from `bpf_task_pt_regs`; or `DIRECT`ly, by plain loads through
 /// the BTF pointers `bpf_get_current_task_btf` and `bpf_task_pt_regs`
 /// return, which the verifier turns into fault-safe loads: no helper call
-/// per field. The agent loads `sched_switch_direct` where the kernel's
-/// verifier takes it, else one of the other two.
+/// per field. The agent loads `sched_switch_queued` (`DIRECT` reads, and a
+/// woken task's wait for a CPU from the kernel) or else `sched_switch_direct`
+/// where the kernel's verifier takes it, else one of the other two.
 const PROBE_STACK: u8 = 0;
 const PROBE: u8 = 1;
 const DIRECT: u8 = 2;
+/// `DIRECT`, and a woken task's wait for a CPU taken from the kernel at its
+/// switch-in (`queued_at`) rather than from the clock at its wakeup.
+const QUEUED: u8 = 3;
+
+/// Whether `HOW` reads the current task by plain loads.
+const fn direct(how: u8) -> bool {
+    how == DIRECT || how == QUEUED
+}
+
+/// Kernels that also keep `sched_info.last_queued` with the runqueue's
+/// clock in reach (`task_flags::QUEUED_AT`): loaded with
+/// `sched_waking_marked`, which reads no clock.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn sched_switch_queued(ctx: RawTracePointContext) -> i32 {
+    switch::<QUEUED>(&ctx)
+}
 
 /// Kernels whose verifier takes plain loads through the current task's BTF
 /// pointer in a raw tracepoint program.
@@ -124,7 +141,7 @@ struct Prev {
 impl Prev {
     #[inline(always)]
     fn new<const HOW: u8>(task: u64) -> Self {
-        let btf = if HOW == DIRECT {
+        let btf = if direct(HOW) {
             // SAFETY: takes no arguments; returns the current task as a
             // BTF pointer, which is only ever loaded from (see `at`).
             unsafe { bpf_get_current_task_btf() as *const u8 }
@@ -138,7 +155,7 @@ impl Prev {
     /// bytes), 0 if unreadable.
     #[inline(always)]
     fn at<T: Copy + Default, const HOW: u8>(self, off: u32) -> T {
-        if HOW == DIRECT {
+        if direct(HOW) {
             // SAFETY: `btf` is the current task's BTF pointer and `off` an
             // offset the agent took from the kernel's BTF for a field of at
             // least `T`'s size; the verifier checks the load against that
@@ -156,7 +173,7 @@ impl Prev {
     /// Its thread and process ids.
     #[inline(always)]
     fn ids<const HOW: u8>(self, cfg: &Config) -> (u32, u32) {
-        if HOW == DIRECT {
+        if direct(HOW) {
             (self.at::<u32, HOW>(cfg.task.pid), self.at::<u32, HOW>(cfg.task.tgid))
         } else {
             ids()
@@ -179,7 +196,7 @@ impl Prev {
     /// syscall it is in there (-1: none).
     #[inline(always)]
     fn regs_and_nr<const HOW: u8>(self, cfg: &Config) -> (u64, i32) {
-        if HOW == DIRECT {
+        if direct(HOW) {
             // SAFETY: `btf` is the current task's BTF pointer, as
             // bpf_task_pt_regs requires; it returns a BTF pointer to the
             // task's `struct pt_regs`, loaded from as in `at` (`orig_ax`,
@@ -245,6 +262,9 @@ fn switch<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
             let t = unsafe { &mut *p };
             if ts == 0 {
                 ts = now();
+            }
+            if HOW == QUEUED && t.state == run_state::OFF && t.off_reason != reason::RUNQUEUE {
+                t.wake_ts = queued_at(cfg, next, ts, t.last_ts);
             }
             crate::timeline::record(cfg, t, next_pid, true, ts);
             switch_in(t, ts, next, cfg);
@@ -535,6 +555,45 @@ pub(crate) fn split_by_totals(t: &mut ThreadStats, ts: u64, exec: u64, delay: u6
     }
 }
 
+/// When `next`, switching in at `ts` after an off-CPU span from `since`,
+/// was put on the runqueue, on the clock of `ts`; 0 where unknown. Its wait
+/// for a CPU is what the kernel adds to its `run_delay` right after this
+/// tracepoint: the runqueue's clock, as the switch updated it, less the
+/// task's `sched_info.last_queued`. That clock differs from `ts`'s, so only
+/// the difference crosses over. The runqueue is the current task's
+/// (`se.cfs_rq->rq`); its `curr` is `next` already, and leads to its field.
+#[inline(always)]
+fn queued_at(cfg: &Config, next: u64, ts: u64, since: u64) -> u64 {
+    let o = &cfg.task;
+    // SAFETY: bpf_get_current_task_btf returns the current task as a BTF
+    // pointer. Each load is at an offset the agent took from the kernel's
+    // BTF for a field of the loaded type (pointers to `struct cfs_rq`,
+    // `struct rq` and `struct task_struct`, and `u64`s), through a pointer
+    // the verifier typed from the one before: it checks each against that
+    // BTF (refusing the program otherwise, and the agent loads another) and
+    // makes it a fault-safe load, a fault reading 0. Integers: any bytes
+    // are valid.
+    let (clock, queued) = unsafe {
+        let task = bpf_get_current_task_btf() as *const u8;
+        let cfs_rq = core::ptr::read_volatile(task.add(o.se_cfs_rq as usize) as *const *const u8);
+        let rq = core::ptr::read_volatile(cfs_rq.add(o.cfs_rq_rq as usize) as *const *const u8);
+        let curr = core::ptr::read_volatile(rq.add(o.rq_curr as usize) as *const *const u8);
+        if curr as u64 != next {
+            return 0;
+        }
+        (
+            core::ptr::read_volatile(rq.add(o.rq_clock as usize) as *const u64),
+            core::ptr::read_volatile(curr.add(o.last_queued as usize) as *const u64),
+        )
+    };
+    let waited = clock.wrapping_sub(queued);
+    // Not queued since it went off-CPU, or clocks that disagree.
+    if queued == 0 || queued > clock || waited > ts.saturating_sub(since) {
+        return 0;
+    }
+    ts - waited
+}
+
 #[inline(always)]
 fn switch_in(t: &mut ThreadStats, ts: u64, next: u64, cfg: &Config) {
     if t.state == run_state::RUNNING && t.seeded == 0 {
@@ -581,6 +640,19 @@ fn add_off(t: &mut ThreadStats, r: u8, ns: u64) {
 /// `sched_waking(struct task_struct *p)`.
 #[raw_tracepoint(tracepoint = "sched_waking")]
 pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
+    waking::<true>(&ctx)
+}
+
+/// Beside `sched_switch_queued`, which takes a woken task's wait for a CPU
+/// from the kernel: the wakeup is marked (`WOKEN_UNTIMED`), not timed, and
+/// the clock read that costs as much as the rest of a wakeup is saved.
+#[raw_tracepoint(tracepoint = "sched_waking")]
+pub fn sched_waking_marked(ctx: RawTracePointContext) -> i32 {
+    waking::<false>(&ctx)
+}
+
+#[inline(always)]
+fn waking<const TIMED: bool>(ctx: &RawTracePointContext) -> i32 {
     let cfg = config();
     if cfg.floor != 0 {
         return 0;
@@ -598,7 +670,7 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     bump(counter::EVENTS);
-    t.wake_ts = now();
+    t.wake_ts = if TIMED { now() } else { WOKEN_UNTIMED };
     t.wakeups += 1;
     // The waker is whoever runs now (in interrupt context: the interrupted
     // task; the agent discounts wakers of I/O waits for that reason).
@@ -625,8 +697,7 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let waker_tgid = (pid_tgid >> 32) as u32;
-    let fresh =
-        WakeStats { count: 1, waker_tgid, _pad: 0, waker_comm: bpf_get_current_comm().unwrap_or_default() };
+    let fresh = WakeStats { count: 1, waker_tgid, _pad: 0, waker_comm: current_comm() };
     if WAKES.insert(key, fresh, 0).is_ok() {
         return 0;
     }

@@ -54,14 +54,23 @@ fn workers_bytes_exact_per_syscall_family_and_pipes_are_not_files() {
 
 /// Off-CPU reasons and totals against ground truth, for each way the
 /// kernel lets `sched_switch` read the task going off-CPU: the cheapest it
-/// takes (plain loads through a BTF pointer from 5.15 on, where the
-/// verifier allows them), and the probing fallback beside it.
+/// takes (from 5.15 on, plain loads through a BTF pointer, and before
+/// 6.12's delayed dequeues a woken task's wait for a CPU from the kernel's
+/// enqueue time, wakeups only marked), and the fallbacks beside it: timed
+/// wakeups, then probing reads.
 #[test]
 fn off_cpu_reasons_match_ground_truth() {
     let first = off_cpu_reasons(None);
-    let expected = if kernel_at_least(5, 15) { "direct" } else { "probe-stack" };
+    let expected = match (kernel_at_least(5, 15), kernel_at_least(6, 12)) {
+        (true, false) => "queued",
+        (true, true) => "direct",
+        _ => "probe-stack",
+    };
     assert_eq!(first, expected, "the cheapest sched_switch the kernel takes");
-    if first == "direct" {
+    if first == "queued" {
+        assert_eq!(off_cpu_reasons(Some("direct")), "direct", "timed wakeups, asked for");
+    }
+    if first != "probe-stack" {
         assert_eq!(off_cpu_reasons(Some("probe")), "probe", "the fallback, asked for");
     }
 }

@@ -381,6 +381,25 @@ impl KernelBtf {
             }
             _ => 0,
         };
+        // Where a switch-in finds how long its task waited for a CPU; a
+        // kernel without CFS groups has no `se.cfs_rq`.
+        let queued = || {
+            Some((
+                self.offset("task_struct", "sched_info.last_queued", &[8])?,
+                self.offset("task_struct", "se.cfs_rq", &[8])?,
+                self.offset("cfs_rq", "rq", &[8])?,
+                self.offset("rq", "clock", &[8])?,
+                self.offset("rq", "curr", &[8])?,
+            ))
+        };
+        let delayed_dequeue = self.field("sched_entity", "sched_delayed").is_some();
+        let (last_queued, se_cfs_rq, cfs_rq_rq, rq_clock, rq_curr) = match queued() {
+            Some(q) if flags & task_flags::RUN_DELAY != 0 && !delayed_dequeue => {
+                flags |= task_flags::QUEUED_AT;
+                q
+            }
+            _ => Default::default(),
+        };
         let (stack, regs_in_stack) = if regs_from_stack {
             flags |= task_flags::REGS_FROM_STACK;
             let regs = self
@@ -400,7 +419,11 @@ impl KernelBtf {
             stack,
             regs_in_stack,
             flags,
-            _pad: 0,
+            last_queued,
+            se_cfs_rq,
+            cfs_rq_rq,
+            rq_clock,
+            rq_curr,
         })
     }
 }
@@ -419,6 +442,14 @@ mod tests {
             assert!(o.pid > 0 && o.tgid == o.pid + 4, "{o:?}");
             assert!(o.sum_exec > 0 && o.state < o.pid, "{o:?}");
             assert_eq!(o.regs_in_stack != 0, stack);
+            // Every kernel the suites boot has CFS groups and sched_info;
+            // from 6.12 on, delayed dequeues.
+            let delayed = btf.field("sched_entity", "sched_delayed").is_some();
+            assert_eq!(o.flags & task_flags::QUEUED_AT != 0, !delayed, "{o:?}");
+            if !delayed {
+                assert!(o.last_queued > o.run_delay && o.se_cfs_rq > o.sum_exec, "{o:?}");
+                assert!(o.rq_clock != o.rq_curr && o.cfs_rq_rq != 0, "{o:?}");
+            }
         }
         assert_eq!(btf.struct_size("pt_regs"), Some(168));
         assert_eq!(btf.field("task_struct", "se.nope"), None);

@@ -6,7 +6,7 @@ use aya::{
     sys::BpfHelper,
     Btf, EbpfLoader,
 };
-use stall_common::{names, Config, Regs};
+use stall_common::{names, task_flags, Config, Regs};
 use tokio::io::unix::AsyncFd;
 
 use super::{
@@ -188,8 +188,12 @@ impl Capture {
         let mut sched = SchedHooks::default();
         for (prog, _, name) in ATTACH {
             let prog = if prog == names::SCHED_SWITCH {
-                switch_reads = load_switch(&mut ebpf, &features)?;
+                switch_reads = load_switch(&mut ebpf, &features, config.task.flags)?;
                 switch_reads.program()
+            } else if prog == names::SCHED_WAKING && switch_reads == SwitchReads::Queued {
+                // The switch-in splits a woken task's span: the wakeup is only marked.
+                program(&mut ebpf, names::SCHED_WAKING_MARKED, RawTracePoint::load)?;
+                names::SCHED_WAKING_MARKED
             } else {
                 program(&mut ebpf, prog, RawTracePoint::load)?;
                 prog
@@ -285,6 +289,9 @@ impl Capture {
 /// (stall-ebpf's sched.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SwitchReads {
+    /// `Direct`, and a woken task's wait for a CPU from the kernel's
+    /// enqueue time (`task_flags::QUEUED_AT`): its wakeup reads no clock.
+    Queued,
     /// Plain loads through its BTF pointer: no helper call per field.
     Direct,
     /// `bpf_probe_read_kernel` per field, registers from `bpf_task_pt_regs`.
@@ -297,6 +304,7 @@ impl SwitchReads {
     /// As the JSON summary (`switch_reads`) names it.
     pub fn name(self) -> &'static str {
         match self {
+            SwitchReads::Queued => "queued",
             SwitchReads::Direct => "direct",
             SwitchReads::Probe => "probe",
             SwitchReads::ProbeStack => "probe-stack",
@@ -305,6 +313,7 @@ impl SwitchReads {
 
     fn program(self) -> &'static str {
         match self {
+            SwitchReads::Queued => names::SCHED_SWITCH_QUEUED,
             SwitchReads::Direct => names::SCHED_SWITCH_DIRECT,
             SwitchReads::Probe => names::SCHED_SWITCH,
             SwitchReads::ProbeStack => names::SCHED_SWITCH_STACK,
@@ -312,20 +321,29 @@ impl SwitchReads {
     }
 }
 
-/// `STALL_SWITCH_READS=probe` loads the probing `sched_switch` where the
-/// direct one would load: for tests and benchmarks of the fallback.
+/// `STALL_SWITCH_READS=probe` loads the probing `sched_switch` where a
+/// direct one would load, `=direct` the direct one that times wakeups where
+/// the queued one would: for tests and benchmarks of the fallbacks.
 const SWITCH_READS_ENV: &str = "STALL_SWITCH_READS";
 
 /// Loads the cheapest `sched_switch` the kernel takes: whether plain loads
 /// through a BTF pointer are allowed in a raw tracepoint program is the
 /// verifier's to say, so its answer is the probe (a refused program is
 /// not loaded, and nothing of it stays).
-fn load_switch(ebpf: &mut aya::Ebpf, features: &Features) -> Result<SwitchReads, CaptureError> {
+fn load_switch(ebpf: &mut aya::Ebpf, features: &Features, flags: u32) -> Result<SwitchReads, CaptureError> {
     if !features.task_pt_regs {
         program(ebpf, names::SCHED_SWITCH_STACK, RawTracePoint::load)?;
         return Ok(SwitchReads::ProbeStack);
     }
-    let probe_only = std::env::var_os(SWITCH_READS_ENV).is_some_and(|v| v == "probe");
+    let asked = std::env::var_os(SWITCH_READS_ENV);
+    let probe_only = asked.as_ref().is_some_and(|v| v == "probe");
+    let queued = !probe_only && asked.as_ref().is_none_or(|v| v != "direct");
+    if queued
+        && flags & task_flags::QUEUED_AT != 0
+        && program(ebpf, names::SCHED_SWITCH_QUEUED, RawTracePoint::load).is_ok()
+    {
+        return Ok(SwitchReads::Queued);
+    }
     if !probe_only && program(ebpf, names::SCHED_SWITCH_DIRECT, RawTracePoint::load).is_ok() {
         return Ok(SwitchReads::Direct);
     }
@@ -401,6 +419,7 @@ mod tests {
         let obj = object::File::parse(BPF_OBJECT).expect("the kernel object parses");
         let hot = [
             "raw_tp/sched_switch",
+            "raw_tp/sched_waking",
             "raw_tp/sys_enter",
             "raw_tp/sys_exit",
             "raw_tp/mm_filemap",

@@ -221,6 +221,8 @@ pub fn parse_progs(text: &str) -> Vec<ProgCost> {
         let name = match name {
             "sched_process_e" => "sched_process_exec + _exit",
             "sched_switch_di" => "sched_switch_direct",
+            "sched_switch_qu" => "sched_switch_queued",
+            "sched_waking_ma" => "sched_waking_marked",
             n => n,
         };
         match v.iter_mut().find(|p| p.name == name) {

@@ -136,9 +136,23 @@ temporary build with a load-time switch per part, 3 rounds each, reverted): with
 tasks' spans end and start at the same time), a counted wakeup once (`wake_ts`, which splits the \
 wakee's off-CPU span into blocked and waiting for a CPU). The syscall the task blocks in \
 (`bpf_task_pt_regs` and one load) costs about 40 ns of a switch-out; the waker's \
-`bpf_get_current_pid_tgid`, nothing measurable. Taking that split from the kernel's `run_delay` \
-at the wakee's next switch-out, instead of the clock at its wakeup, would drop the wakeup's read; \
-not done (the split would then land at the next switch-out, not at the switch-in).
+`bpf_get_current_pid_tgid`, nothing measurable.
+- **Before 6.12, a wakeup reads no clock.** Where the kernel keeps `sched_info.last_queued` \
+(5.15 to 6.11 with the direct loads), `sched_switch_queued` takes a woken task's wait for a CPU at \
+its switch-in from the kernel: the runqueue's clock, which the switch has just updated, less the \
+time the task was enqueued, reached in five plain loads from the current task (`se.cfs_rq->rq`, \
+whose `curr` is the task coming in). That is the wait the kernel adds to the task's `run_delay` \
+right after, so stall's runqueue time is the kernel's own, and `sched_waking_marked` only marks \
+the wakeup. Measured here on 6.18 in a build that loaded it (futex ping-pong, 4 rounds side by \
+side with the timed pair): `sched_waking` 168 to 186 ns per run against 238 to 287, \
+`sched_switch` 398 to 455 against 376 to 465; about 35 ns less per switch. The clock at the \
+wakeup also counts the wakeup's delivery (a timer's, or another CPU's interrupt) as waiting for a \
+CPU: a thread sleeping 1 ms at a time beside three CPU hogs on two CPUs had 41 and 53 ms of \
+runqueue by it against 19 and 24 ms of `run_delay`; by the enqueue, 15.3 and 24.7 ms against \
+15.3 and 24.7. It is not loaded from 6.12 on, so not on this host: EEVDF's delayed dequeue leaves \
+a blocked task queued for a while, and migrating it then enqueues it, setting `last_queued` long \
+before its wakeup (a 2 s poll counted as 2 s of runqueue, once in six runs on 6.12). Telling that \
+case apart at the wakeup takes a read of the wakee, which costs as much as the clock here.
 - **A healthy node's switches run no stall program.** Attached, `sched_switch` and \
 `sched_waking` cost every switch of the node the tracepoints' dispatch even where the programs \
 decide \"not ours\" at once (a note keyed by the task's address, no hash lookup): with every \
@@ -748,11 +762,13 @@ fn render_profiles(d: &mut String, profiles: &[Profile]) {
     }
 }
 
-/// The scheduler programs' variants (`sched_switch_direct`...) are one
-/// program to compare across builds.
+/// The scheduler programs' variants (`sched_switch_direct`,
+/// `sched_waking_marked`...) are one program to compare across builds.
 fn program_family(name: &str) -> &str {
     if name.starts_with("sched_switch") {
         "sched_switch"
+    } else if name.starts_with("sched_waking") {
+        "sched_waking"
     } else {
         name
     }
@@ -767,7 +783,7 @@ fn render_before_after(d: &mut String, profiles: &[Profile], rev: &str) {
         d,
         "`cargo xtask bench --before {rev}`: the same workloads' programs under stall as built from {rev} and \
          under the current build, one after the other in this run (kernel run-time statistics as above). \
-         ns of BPF programs per op; `sched_switch` is whichever variant each build loaded. The daemon's \
+         ns of BPF programs per op; `sched_switch` and `sched_waking` are whichever variant each build loaded. The daemon's \
          are under \"stall daemon on a node\"."
     );
     render_changes(d, profiles, rev);
