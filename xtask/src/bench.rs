@@ -118,6 +118,10 @@ pub struct CostRow {
     pub records_per_op: f64,
     pub traced_s: f64,
     pub cpu_s: f64,
+    /// stall's CPU over the middle of its run, once loaded and attached,
+    /// as % of one core: what the events cost it, without the start-up and
+    /// the final report that `cpu_s` includes (None: not measured).
+    pub steady_pct: Option<f64>,
     pub rss_kb: u64,
     pub lost: u64,
 }
@@ -712,7 +716,10 @@ fn agent_cost(env: &Env, files: &Files, quick: bool) -> Result<Vec<CostRow>> {
         attach.arg("rusage").arg("--out").arg(&ru).arg("--").arg(&env.stall);
         attach.args(["attach", "--pid", &job.child.id().to_string(), "--duration", &secs.to_string()]);
         attach.args(["--gpu", "off", "-q", "--json"]).arg(&json);
-        let r = run_timed(env, attach, RUN_TIMEOUT);
+        let started = Instant::now();
+        let mut wrapper = Spawned::start(env, attach)?;
+        let steady_pct = steady_cpu_pct(wrapper.child.id(), started, secs);
+        let r = wrapper.wait(RUN_TIMEOUT);
         fs::write(&stop, "stop")?;
         job.wait(Duration::from_secs(90))?;
         r.with_context(|| format!("stall attach to {label}"))?;
@@ -732,22 +739,64 @@ fn agent_cost(env: &Env, files: &Files, quick: bool) -> Result<Vec<CostRow>> {
             records_per_op,
             traced_s: json_num(&summary, "elapsed_s").unwrap_or(secs),
             cpu_s: f("utime_s") + f("stime_s"),
+            steady_pct,
             rss_kb: f("maxrss_kb") as u64,
             lost: json_num(&summary, "lost_events").unwrap_or(f64::NAN) as u64,
         };
         println!(
-            "  {:<32} {:>10.0} ops/s  stall {:.3} CPU s over {:.1} s ({:.2}% of a core), peak RSS {:.1} MiB, lost {}",
+            "  {:<32} {:>10.0} ops/s  stall {:.3} CPU s over {:.1} s ({:.2}% of a core; once attached {}), peak RSS \
+             {:.1} MiB, lost {}",
             row.label,
             row.achieved,
             row.cpu_s,
             row.traced_s,
             row.core_pct(),
+            row.steady_pct.map_or("—".into(), |p| format!("{p:.2}%")),
             row.rss_kb as f64 / 1024.0,
             row.lost
         );
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// The CPU that stall (the child of the `bench-wl rusage` at `wrapper`,
+/// started at `started` for `secs`) uses once it has loaded its programs
+/// and made its first look, over the middle of its run, as % of one core:
+/// the sum of its threads' on-CPU time (`schedstat`, in ns) at both ends.
+/// None where it cannot be read (no schedstat, or stall not found in time).
+fn steady_cpu_pct(wrapper: u32, started: Instant, secs: f64) -> Option<f64> {
+    let end = started + Duration::from_secs_f64((secs - 0.5).max(0.0));
+    let stall = loop {
+        let children =
+            fs::read_to_string(format!("/proc/{wrapper}/task/{wrapper}/children")).unwrap_or_default();
+        if let Some(pid) = children.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) {
+            if profile::prog_count(pid) >= 7 {
+                break pid;
+            }
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    thread::sleep(Duration::from_millis(700));
+    let (t0, cpu0) = (Instant::now(), on_cpu_ns(stall)?);
+    let left = end.checked_duration_since(t0).filter(|d| *d >= Duration::from_secs(1))?;
+    thread::sleep(left);
+    let (t1, cpu1) = (Instant::now(), on_cpu_ns(stall)?);
+    Some(100.0 * cpu1.saturating_sub(cpu0) as f64 / (t1 - t0).as_nanos() as f64)
+}
+
+/// The on-CPU time of all of `pid`'s threads so far, ns (`schedstat`).
+fn on_cpu_ns(pid: u32) -> Option<u64> {
+    let mut sum = 0;
+    for t in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        // A thread that ended meanwhile takes its time with it.
+        let Ok(s) = fs::read_to_string(t.path().join("schedstat")) else { continue };
+        sum += s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    }
+    Some(sum)
 }
 
 /// A top-level number in one JSON record (the first occurrence of the key).

@@ -199,7 +199,8 @@ pub fn plural(unit: &str) -> String {
 }
 
 /// BPF programs held by a process (fdinfo lines `prog_id:`).
-fn prog_count(pid: u32) -> usize {
+/// How many BPF programs `pid` holds open.
+pub fn prog_count(pid: u32) -> usize {
     let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return 0 };
     dir.flatten()
         .filter(|e| fs::read_to_string(e.path()).is_ok_and(|s| s.lines().any(|l| l.starts_with("prog_id:"))))
