@@ -166,7 +166,10 @@ pub async fn run(opts: Options) -> Result<()> {
             Wake::Events => node.route(&mut live, &mut feed.events),
             Wake::Tick => {
                 look(&mut node, &mut names, &mut live, &gpus, &shared.metrics).await;
-                live.capture.drain_events(&mut feed.events);
+                // Everything in the ring before the cut, a batch at a time.
+                while live.capture.drain_events(&mut feed.events) {
+                    node.route(&mut live, &mut feed.events);
+                }
                 node.route(&mut live, &mut feed.events);
                 if !live.capture.sched_hooks() {
                     live.capture.sample_sched();

@@ -121,7 +121,8 @@ impl Feed {
                 Wake::Events
             }
             _ = self.drain.tick() => {
-                // Records that did not reach the wake-up threshold.
+                // Records that did not reach the wake-up threshold (a
+                // batch; more are read at the next wake).
                 capture.drain_events(&mut self.events);
                 Wake::Events
             }

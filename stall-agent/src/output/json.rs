@@ -339,6 +339,10 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
     }
 }
 
-pub fn line(kind: &'static str, v: &View) -> String {
-    serde_json::to_string(&record(kind, v)).expect("JSON of plain data")
+/// One JSON line to `w`, written as it is serialised: the summary of a
+/// job that forked thousands of processes is tens of megabytes, which a
+/// string would hold at once.
+pub fn write_line(w: &mut dyn std::io::Write, kind: &'static str, v: &View) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *w, &record(kind, v))?;
+    writeln!(w)
 }

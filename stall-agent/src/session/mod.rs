@@ -301,7 +301,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         switch_reads: Some(out.switch_reads),
     };
     if let Some(j) = sinks.json.as_mut() {
-        writeln!(j, "{}", output::json::line("summary", &view))?;
+        output::json::write_line(j, "summary", &view)?;
         j.flush()?;
     }
     if sinks.live_tty {
@@ -325,12 +325,18 @@ fn interval(
     gpus: &mut GpuFleet,
     timeline: Option<&mut Recording>,
 ) -> Result<Tick> {
-    live.capture.drain_events(&mut feed.events);
     let mut timeline = timeline;
-    if let Some(t) = timeline.as_deref_mut() {
-        t.take_switches(&mut feed.events)?;
+    // Everything in the ring before the cut, a batch at a time.
+    loop {
+        let more = live.capture.drain_events(&mut feed.events);
+        if let Some(t) = timeline.as_deref_mut() {
+            t.take_switches(&mut feed.events)?;
+        }
+        job.observe(live, feed.events.drain(..).map(|(_, ev)| ev));
+        if !more {
+            break;
+        }
     }
-    job.observe(live, feed.events.drain(..).map(|(_, ev)| ev));
     let snap = live.capture.snapshot();
     for w in gpus.poll() {
         eprintln!("stall: {w}");
@@ -376,7 +382,7 @@ fn emit_interval(sinks: &mut Sinks, tick: &Tick, out: &Out) -> Result<()> {
         switch_reads: None,
     };
     if let Some(j) = &mut sinks.json {
-        writeln!(j, "{}", output::json::line("interval", &v))?;
+        output::json::write_line(j, "interval", &v)?;
         j.flush()?;
     }
     if sinks.quiet {

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use stall_common::{counter::LOST_CAUSES, fd_kind, WAKER_ANY_THREAD};
 
-use super::Model;
+use super::{Model, Thread};
 use crate::aggregate::window::{add_known, fold_small_ended};
 use crate::aggregate::{CpuLimitWindow, FileWindow, ProcWindow, ThreadWindow, Waker, Window};
 use crate::decode::ThreadCounters;
@@ -159,15 +159,26 @@ impl Model {
     /// process; the summed threads of reused ids too.
     fn add_threads(&self, procs: &mut [ProcWindow], index: &Index, since_mark: bool) {
         let mut woken = self.wakers(since_mark);
-        let reused = self.procs.values().filter_map(|p| p.reused_tids.as_deref());
-        for t in self.threads.values().chain(reused) {
-            let Some(&i) = index.get(&t.tgid) else { continue };
+        let reused = || self.procs.values().filter_map(|p| p.reused_tids.as_deref());
+        let in_window = |t: &Thread| {
+            let i = *index.get(&t.tgid)?;
             let delta = if since_mark { t.total.saturating_sub(&t.mark) } else { t.total };
             // A thread that exited before this window adds nothing to it
             // (nor do reused ids' threads that counted nothing).
-            if (since_mark || t.tid == 0) && !t.alive && delta == ThreadCounters::default() {
-                continue;
-            }
+            let nothing = (since_mark || t.tid == 0) && !t.alive && delta == ThreadCounters::default();
+            (!nothing).then_some((i, delta))
+        };
+        // Each process's list at its exact size: most processes of a fork
+        // storm have one thread, and a list grown by pushes would hold four.
+        let mut counts = vec![0usize; procs.len()];
+        for (i, _) in self.threads.values().chain(reused()).filter_map(in_window) {
+            counts[i] += 1;
+        }
+        for (p, n) in procs.iter_mut().zip(counts) {
+            p.threads.reserve_exact(n);
+        }
+        for t in self.threads.values().chain(reused()) {
+            let Some((i, delta)) = in_window(t) else { continue };
             let mut by = woken.remove(&t.tid).unwrap_or_default();
             Waker::rank(&mut by);
             let comm = if t.comm.is_empty() { procs[i].comm.clone() } else { t.comm.clone() };

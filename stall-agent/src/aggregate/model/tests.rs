@@ -432,7 +432,9 @@ fn ended_processes_beyond_the_cap_are_summed() {
         let counters = ThreadCounters { file_read_bytes: 7, on_cpu_ns: 3, ..Default::default() };
         m.apply(&Event::Exit { ts: 3, tid: pid, tgid: pid, comm: "w".into(), counters, other_nr: -1 });
     }
-    let _ = m.interval(10);
+    let first = m.interval(10);
+    // One thread each, held at its size (a fork storm's window holds thousands).
+    assert!(first.procs.iter().all(|p| p.threads.capacity() == p.threads.len()));
     assert!(m.procs.len() <= MAX_ENDED + 1, "{}", m.procs.len());
     let w = m.summary(10);
     let folded = w.proc(0).expect("the summed entry");
