@@ -771,7 +771,7 @@ fn steady_cpu_pct(wrapper: u32, started: Instant, secs: f64) -> Option<f64> {
         let children =
             fs::read_to_string(format!("/proc/{wrapper}/task/{wrapper}/children")).unwrap_or_default();
         if let Some(pid) = children.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) {
-            if profile::prog_count(pid) >= 7 {
+            if profile::prog_count(pid) >= profile::LOADED {
                 break pid;
             }
         }

@@ -156,7 +156,7 @@ fn one(env: &Env, p: &Plan, secs: f64, stall: &Path, before: bool) -> Result<Pro
     }
     let mut stall = Spawned::start(env, attach)?;
     let t0 = Instant::now();
-    while prog_count(stall.child.id()) < 7 {
+    while prog_count(stall.child.id()) < LOADED {
         ensure!(stall.child.try_wait()?.is_none(), "stall attach exited: {}", stall.stderr());
         ensure!(t0.elapsed() < Duration::from_secs(60), "stall attach did not load within 60 s");
         thread::sleep(Duration::from_millis(20));
@@ -198,8 +198,10 @@ pub fn plural(unit: &str) -> String {
     }
 }
 
+/// As many programs as a `stall attach` holds once it is loaded and attached.
+pub const LOADED: usize = 7;
+
 /// BPF programs held by a process (fdinfo lines `prog_id:`).
-/// How many BPF programs `pid` holds open.
 pub fn prog_count(pid: u32) -> usize {
     let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return 0 };
     dir.flatten()

@@ -74,7 +74,7 @@ fn versus(w: &Workload, mode: Mode) -> Option<(f64, f64)> {
 /// to round (the noise of these hosts) moves all three alike and cancels;
 /// a ratio of medians taken over different rounds keeps it.
 fn above_floor(w: &Workload, mode: Mode) -> Option<(f64, f64, f64)> {
-    let of = |m: Mode| w.samples.iter().filter(move |(x, _)| *x == m).map(|(_, s)| s.ns_per_op());
+    let of = |m: Mode| rounds(&w.samples, m);
     let pp: Vec<f64> = of(Mode::Baseline)
         .zip(of(mode))
         .zip(of(Mode::Floor))
@@ -88,8 +88,17 @@ fn above_floor(w: &Workload, mode: Mode) -> Option<(f64, f64, f64)> {
 /// `mode` over the baseline round by round: the median of each round's
 /// ratio (see `above_floor`).
 fn paired_ratio(w: &Workload, mode: Mode) -> Option<f64> {
-    let of = |m: Mode| w.samples.iter().filter(move |(x, _)| *x == m).map(|(_, s)| s.ns_per_op());
-    let ratios: Vec<f64> = of(mode).zip(of(Mode::Baseline)).map(|(m, base)| m / base).collect();
+    median_ratio(&w.samples, mode, Mode::Baseline)
+}
+
+/// ns per op of `mode`'s samples, round by round (the k-th is of round k).
+fn rounds<M: PartialEq + Copy>(samples: &[(M, Sample)], mode: M) -> impl Iterator<Item = f64> + '_ {
+    samples.iter().filter(move |(m, _)| *m == mode).map(|(_, s)| s.ns_per_op())
+}
+
+/// The median of each round's ratio of `mode` to `base`.
+fn median_ratio<M: PartialEq + Copy>(samples: &[(M, Sample)], mode: M, base: M) -> Option<f64> {
+    let ratios: Vec<f64> = rounds(samples, mode).zip(rounds(samples, base)).map(|(a, b)| a / b).collect();
     (!ratios.is_empty()).then(|| median(ratios))
 }
 
@@ -418,9 +427,7 @@ fn targets(ws: &[Workload], cost: &[CostRow], daemon: &DaemonBench) -> Vec<Targe
 /// ratio (the k-th sample of a watch is of round k), so that the machine's
 /// drift from round to round cancels.
 fn daemon_versus(samples: &[(Watch, Sample)], watch: Watch) -> Option<f64> {
-    let of = |w: Watch| samples.iter().filter(move |(x, _)| *x == w).map(|(_, s)| s.ns_per_op());
-    let ratios: Vec<f64> = of(watch).zip(of(Watch::NoDaemon)).map(|(a, b)| a / b).collect();
-    (!ratios.is_empty()).then(|| median(ratios))
+    median_ratio(samples, watch, Watch::NoDaemon)
 }
 
 fn render_pystacks(d: &mut String, b: &PyStacksBench) {
