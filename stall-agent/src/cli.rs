@@ -209,8 +209,10 @@ pub struct Common {
     /// Programs return at once (benchmark floor).
     #[arg(long, hide = true)]
     pub floor: bool,
-    /// Time one read in N, picked at random (1: every read). Bytes and calls
-    /// are always exact; timing costs more than the rest of a read's count.
+    /// Time one read in N, picked at random (1: every read); past a thread's
+    /// first 32 traced calls since it came on-CPU, one in 128 if N is smaller than
+    /// that. Bytes and calls are always exact; timing costs more than the
+    /// rest of a read's count.
     #[arg(long, value_name = "N", default_value = "8", value_parser = parse_sample)]
     pub latency_sample: u32,
     /// Write a timeline of every traced thread's states, its file reads, the

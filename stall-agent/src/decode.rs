@@ -13,10 +13,8 @@ pub struct ThreadCounters {
     pub off_ns: [u64; reason::COUNT],
     pub file_read_bytes: u64,
     pub file_read_calls: u64,
-    pub file_read_ns: u64,
     pub other_read_bytes: u64,
     pub other_read_calls: u64,
-    pub other_read_ns: u64,
     /// Successful writes to files (logs, checkpoints), to anything else
     /// (pipes, sockets, ttys), and to fd 1 or 2 whatever they are (these
     /// are also in one of the two before): progress signals.
@@ -39,10 +37,8 @@ impl ThreadCounters {
             off_ns: off,
             file_read_bytes: self.file_read_bytes.saturating_sub(o.file_read_bytes),
             file_read_calls: self.file_read_calls.saturating_sub(o.file_read_calls),
-            file_read_ns: self.file_read_ns.saturating_sub(o.file_read_ns),
             other_read_bytes: self.other_read_bytes.saturating_sub(o.other_read_bytes),
             other_read_calls: self.other_read_calls.saturating_sub(o.other_read_calls),
-            other_read_ns: self.other_read_ns.saturating_sub(o.other_read_ns),
             file_write_bytes: self.file_write_bytes.saturating_sub(o.file_write_bytes),
             file_write_calls: self.file_write_calls.saturating_sub(o.file_write_calls),
             other_write_bytes: self.other_write_bytes.saturating_sub(o.other_write_bytes),
@@ -59,10 +55,8 @@ impl ThreadCounters {
         }
         self.file_read_bytes += o.file_read_bytes;
         self.file_read_calls += o.file_read_calls;
-        self.file_read_ns += o.file_read_ns;
         self.other_read_bytes += o.other_read_bytes;
         self.other_read_calls += o.other_read_calls;
-        self.other_read_ns += o.other_read_ns;
         self.file_write_bytes += o.file_write_bytes;
         self.file_write_calls += o.file_write_calls;
         self.other_write_bytes += o.other_write_bytes;
@@ -328,10 +322,8 @@ pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
         off_ns: s.off_ns,
         file_read_bytes: s.file_read_bytes,
         file_read_calls: s.file_read_calls,
-        file_read_ns: s.file_read_ns,
         other_read_bytes: s.other_read_bytes,
         other_read_calls: s.other_read_calls,
-        other_read_ns: s.other_read_ns,
         file_write_bytes: s.file_write_bytes,
         file_write_calls: s.file_write_calls,
         other_write_bytes: s.other_write_bytes,

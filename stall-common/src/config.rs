@@ -17,14 +17,41 @@ pub struct Config {
     /// Non-zero: send a `SwitchEvent` for every switch of a tracked thread.
     pub timeline: u8,
     /// A read is timed when the random draw has none of these bits set
-    /// (0: every read; 7: one in 8).
+    /// (0: every read; 7: one in 8)...
     pub latency_mask: u8,
+    /// ...or of these, once the thread has made [`LATENCY_RUN_EVENTS`]
+    /// hooked calls since it came on-CPU (see [`Config::read_sample_mask`]).
+    pub latency_run_mask: u8,
+    pub _pad: [u8; 3],
     /// Wake the agent only once this many bytes wait in the ring buffer
     /// (it also drains on a short timer): a wakeup per record would cost
     /// more than the record on fork and open storms.
     pub ringbuf_wake_bytes: u32,
     pub page: PageCacheOffsets,
     pub uring: UringLayout,
+}
+
+/// Hooked calls (entries and returns, `CpuSlot::events`) since a thread came
+/// on-CPU after which its reads are sampled by `latency_run_mask`: a thread
+/// that reads this often without blocking loops on cached data, where a
+/// clock read would be a large part of each read's cost, and its many
+/// reads give the estimate its samples at a lower rate. Reads that block
+/// (from storage, a slow pipe) switch out and keep the base rate.
+pub const LATENCY_RUN_EVENTS: u64 = 64;
+
+impl Config {
+    /// The mask of the draw that times a read entered after `events` hooked
+    /// calls in the current on-CPU span. Each timed read stands for
+    /// `mask + 1` reads (`CpuSlot::file_timed`), so the estimate stays
+    /// unbiased whatever mask picked it.
+    #[inline(always)]
+    pub fn read_sample_mask(&self, events: u64) -> u8 {
+        if events < LATENCY_RUN_EVENTS {
+            self.latency_mask
+        } else {
+            self.latency_run_mask
+        }
+    }
 }
 
 /// How a syscall number maps to a wait reason; the values of the
@@ -166,6 +193,15 @@ mod tests {
     // Sizes are fixed so a change on one side cannot silently desync the other.
     #[test]
     fn layouts_have_no_hidden_padding() {
-        assert_eq!(size_of::<Config>(), 80 + size_of::<PageCacheOffsets>() + size_of::<UringLayout>());
+        assert_eq!(size_of::<Config>(), 84 + size_of::<PageCacheOffsets>() + size_of::<UringLayout>());
+    }
+
+    #[test]
+    fn reads_in_a_long_on_cpu_run_are_sampled_at_the_run_rate() {
+        let c = Config { latency_mask: 7, latency_run_mask: 127, ..Default::default() };
+        assert_eq!(c.read_sample_mask(0), 7);
+        assert_eq!(c.read_sample_mask(LATENCY_RUN_EVENTS - 1), 7);
+        assert_eq!(c.read_sample_mask(LATENCY_RUN_EVENTS), 127);
+        assert_eq!(c.read_sample_mask(u64::MAX), 127);
     }
 }

@@ -82,9 +82,13 @@ pub struct FileStats {
     pub file_id: u64,
     pub read_bytes: u64,
     pub read_calls: u64,
-    /// Time in the timed reads: one read in `Config::latency_mask + 1`,
-    /// picked at random, is timed (the clock costs more than the rest of
-    /// a read's accounting); `timed_calls` counts them.
+    /// Time in reads, estimated from the timed ones: a read is timed at
+    /// random, one in `Config::latency_mask + 1` (one in
+    /// `latency_run_mask + 1` in a long on-CPU run of calls: the clock
+    /// costs more than the rest of a read's accounting), and counts its
+    /// time and itself once for every read it stands for. `timed_calls` is
+    /// the reads the timed ones stand for; `read_ns / timed_calls`, their
+    /// mean, is unbiased.
     pub read_ns: u64,
     pub timed_calls: u64,
     /// Successful write-family calls on this descriptor, and their bytes.

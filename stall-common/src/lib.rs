@@ -17,7 +17,7 @@ mod pagecache;
 mod sched;
 mod uring;
 
-pub use config::{counter, hook, syscall_class, track_gen, Config};
+pub use config::{counter, hook, syscall_class, track_gen, Config, LATENCY_RUN_EVENTS};
 pub use events::{
     event_kind, CloseEvent, EventHeader, ExecEvent, ExitEvent, NewTaskEvent, OpenEvent, SwitchEvent,
 };

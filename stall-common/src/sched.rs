@@ -65,11 +65,8 @@ pub struct ThreadStats {
     pub off_ns: [u64; reason::COUNT],
     pub file_read_bytes: u64,
     pub file_read_calls: u64,
-    /// Time in the timed reads only (see `FileStats::read_ns`).
-    pub file_read_ns: u64,
     pub other_read_bytes: u64,
     pub other_read_calls: u64,
-    pub other_read_ns: u64,
     /// Successful write-family calls (bytes as returned) on descriptors
     /// counted as files (`fd_kind::UNKNOWN`/`REGULAR` in `FILES`): logs,
     /// checkpoints. Progress signals, never I/O waits.
@@ -106,6 +103,7 @@ pub struct ThreadStats {
     pub inflight_ts: u64,
     /// fd for reads, dfd for openat.
     pub inflight_fd: i32,
+    /// As `CpuSlot::inflight_kind`.
     pub inflight_kind: u32,
     /// filename pointer for openat.
     pub inflight_ptr: u64,
@@ -150,10 +148,8 @@ impl ThreadStats {
     pub fn add_slot_counts(&mut self, r: &CpuSlot) {
         self.file_read_bytes += r.file_read_bytes;
         self.file_read_calls += r.file_read_calls;
-        self.file_read_ns += r.file_read_ns;
         self.other_read_bytes += r.other_read_bytes;
         self.other_read_calls += r.other_read_calls;
-        self.other_read_ns += r.other_read_ns;
         self.file_write_bytes += r.file_write_bytes;
         self.file_write_calls += r.file_write_calls;
         self.other_write_bytes += r.other_write_bytes;
@@ -321,39 +317,44 @@ pub struct CpuSlot {
     pub file_kind: u32,
     pub inflight: u32,
     pub inflight_fd: i32,
+    /// openat's flags; for a timed read, the reads it stands for (the
+    /// sampling mask + 1, `Config::read_sample_mask`).
     pub inflight_kind: u32,
     /// xorshift32 state: which reads are timed.
     pub rng: u32,
     pub _pad1: u32,
     /// Start of the read in flight if it is timed, else 0.
     pub inflight_ts: u64,
-    pub inflight_ptr: u64,
-    pub file_id: u64,
     /// Address of the task's saved user registers, as the raw syscall
     /// tracepoints pass it (from its entry at its switch-in, else 0 until
     /// its first syscall on this CPU since): unique to the task while it
     /// runs, so a match proves the slot is the current task's without
     /// asking for its tid.
     pub regs: u64,
+    // Everything a read of a cached descriptor touches is above
+    // `file_write_bytes`: about two cache lines per read, not four.
     /// Pending: program runs for this thread (`counter::EVENTS`).
     pub events: u64,
+    /// Pending: added to `FILES[(tgid, file_fd)]` if it is still `file_id`;
+    /// `file_ns` is the timed reads' time, each multiplied by the reads it
+    /// stands for, and `file_timed` the sum of those.
+    pub file_bytes: u64,
+    pub file_calls: u64,
+    pub file_ns: u64,
+    pub file_timed: u64,
     /// Pending: added to the thread's `ThreadStats` counters of the same names.
     pub file_read_bytes: u64,
     pub file_read_calls: u64,
-    pub file_read_ns: u64,
     pub other_read_bytes: u64,
     pub other_read_calls: u64,
-    pub other_read_ns: u64,
     pub file_write_bytes: u64,
     pub file_write_calls: u64,
     pub other_write_bytes: u64,
     pub other_write_calls: u64,
     pub stdio_write_bytes: u64,
-    /// Pending: added to `FILES[(tgid, file_fd)]` if it is still `file_id`.
-    pub file_bytes: u64,
-    pub file_calls: u64,
-    pub file_ns: u64,
-    pub file_timed: u64,
+    /// openat's filename pointer.
+    pub inflight_ptr: u64,
+    pub file_id: u64,
     /// The descriptor last written (-1: none), cached apart from the one
     /// read: a copy loop (`dd`, a checkpoint writer reading its source)
     /// alternates the two and would otherwise look one up at every call.
@@ -449,10 +450,8 @@ impl CpuSlot {
     pub fn clear_thread_counts(&mut self) {
         store_apart(&mut self.file_read_bytes, 0);
         store_apart(&mut self.file_read_calls, 0);
-        store_apart(&mut self.file_read_ns, 0);
         store_apart(&mut self.other_read_bytes, 0);
         store_apart(&mut self.other_read_calls, 0);
-        store_apart(&mut self.other_read_ns, 0);
         store_apart(&mut self.file_write_bytes, 0);
         store_apart(&mut self.file_write_calls, 0);
         store_apart(&mut self.other_write_bytes, 0);
@@ -535,7 +534,7 @@ mod tests {
     fn layouts_have_no_hidden_padding() {
         assert_eq!(
             size_of::<ThreadStats>(),
-            4 * 2 + 8 + 8 * 9 + 8 * 14 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 7
+            4 * 2 + 8 + 8 * 9 + 8 * 12 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 7
         );
         assert_eq!(size_of::<ThreadStats>() % 8, 0);
         assert_eq!(size_of::<WakeKey>(), 8);
@@ -543,7 +542,8 @@ mod tests {
         assert_eq!(size_of::<WakeCache>(), 16);
         assert_eq!(size_of::<TaskOffsets>(), 56);
         assert_eq!(size_of::<Regs>(), 16);
-        assert_eq!(size_of::<CpuSlot>(), 240);
+        assert_eq!(size_of::<CpuSlot>(), 224);
+        assert_eq!(core::mem::offset_of!(CpuSlot, file_write_bytes), 136, "a read's fields first");
     }
 
     /// A slot whose every byte is `b`.
@@ -629,8 +629,8 @@ mod tests {
         s.clear_file_counts();
         s.clear_write_counts();
         let mut want = slot_of(0xa5);
-        (want.file_read_bytes, want.file_read_calls, want.file_read_ns) = (0, 0, 0);
-        (want.other_read_bytes, want.other_read_calls, want.other_read_ns) = (0, 0, 0);
+        (want.file_read_bytes, want.file_read_calls) = (0, 0);
+        (want.other_read_bytes, want.other_read_calls) = (0, 0);
         (want.file_write_bytes, want.file_write_calls) = (0, 0);
         (want.other_write_bytes, want.other_write_calls, want.stdio_write_bytes) = (0, 0, 0);
         (want.file_bytes, want.file_calls, want.file_ns, want.file_timed) = (0, 0, 0, 0);

@@ -223,10 +223,12 @@ pub(crate) fn uncache_fd(s: &mut CpuSlot, fd: i32) {
     }
 }
 
-/// Whether the read starting now is timed: a random one in
-/// `latency_mask + 1` (xorshift32 in the slot: no helper call).
+/// Whether the read starting now is timed, and if so for how many reads it
+/// stands: a random one in `mask + 1` (xorshift32 in the slot: no helper
+/// call), the mask by the calls made since the thread came on-CPU
+/// (`Config::read_sample_mask`).
 #[inline(always)]
-pub(crate) fn time_this_read(s: &mut CpuSlot, cfg: &Config) -> bool {
+pub(crate) fn time_this_read(s: &mut CpuSlot, cfg: &Config) -> Option<u32> {
     let mut x = s.rng;
     if x == 0 {
         x = 0x9e37_79b9 ^ s.tid;
@@ -235,38 +237,35 @@ pub(crate) fn time_this_read(s: &mut CpuSlot, cfg: &Config) -> bool {
     x ^= x >> 17;
     x ^= x << 5;
     s.rng = x;
-    x & u32::from(cfg.latency_mask) == 0
+    let mask = u32::from(cfg.read_sample_mask(s.events));
+    (x & mask == 0).then_some(mask + 1)
 }
 
-/// Counts one finished read on the slot; `lat` is its duration if it was
-/// timed.
+/// Counts one finished read on the slot; `timed` is, if it was timed, its
+/// duration and the reads it stands for.
 #[inline(always)]
-pub(crate) fn count_read(s: &mut CpuSlot, bytes: u64, lat: Option<u64>) {
+pub(crate) fn count_read(s: &mut CpuSlot, bytes: u64, timed: Option<(u64, u32)>) {
     let fd = s.inflight_fd;
     s.inflight = inflight::NONE;
     if s.file_fd != fd {
         cache_fd(s, fd);
     }
-    let (ns, timed) = match lat {
-        Some(ns) => (ns, 1),
-        None => (0, 0),
-    };
     // Files and connected sockets are counted per descriptor; only files'
     // bytes are file throughput.
     if s.file_kind != fd_kind::OTHER {
         s.file_bytes += bytes;
         s.file_calls += 1;
-        s.file_ns += ns;
-        s.file_timed += timed;
+        if let Some((ns, weight)) = timed {
+            s.file_ns += ns * u64::from(weight);
+            s.file_timed += u64::from(weight);
+        }
     }
     if fd_kind::is_file(s.file_kind) {
         s.file_read_bytes += bytes;
         s.file_read_calls += 1;
-        s.file_read_ns += ns;
     } else {
         s.other_read_bytes += bytes;
         s.other_read_calls += 1;
-        s.other_read_ns += ns;
     }
 }
 

@@ -174,9 +174,13 @@ pub(crate) fn exit(cfg: &Config, s: &mut CpuSlot, hooked: u8, regs: u64, ret: i6
         s.inflight_fd = arg0.or_else(|| reg(regs, cfg.regs.arg0)).map_or(-1, |v| v as i32);
     }
     if what == inflight::READ {
-        let lat = if s.inflight_ts != 0 { Some(now().saturating_sub(s.inflight_ts)) } else { None };
+        let timed = if s.inflight_ts != 0 {
+            Some((now().saturating_sub(s.inflight_ts), s.inflight_kind))
+        } else {
+            None
+        };
         let bytes = if ret > 0 { ret as u64 } else { 0 };
-        count_read(s, bytes, lat);
+        count_read(s, bytes, timed);
         // What sendfile, splice and copy_file_range read, they wrote.
         let out = match hooked {
             hook::SENDFILE => reg(regs, cfg.regs.arg0),
@@ -241,12 +245,19 @@ pub(crate) fn hook_of(nr: i64) -> u8 {
     HOOKS.get(nr as u32).copied().unwrap_or(hook::NONE)
 }
 
-/// A read-family call entered on `fd`; one in `latency_mask + 1` is timed.
+/// A read-family call entered on `fd`; a sample of them is timed
+/// (`time_this_read`).
 #[inline(always)]
 fn reading(s: &mut CpuSlot, cfg: &Config, fd: i32) {
     s.inflight = inflight::tag(inflight::READ, s.gen);
     s.inflight_fd = fd;
-    s.inflight_ts = if time_this_read(s, cfg) { now() } else { 0 };
+    match time_this_read(s, cfg) {
+        Some(weight) => {
+            s.inflight_kind = weight;
+            s.inflight_ts = now();
+        }
+        None => s.inflight_ts = 0,
+    }
 }
 
 /// A dup-family call entered: the copy will name what `fd` names.

@@ -118,6 +118,22 @@ pub struct CaptureOptions {
 /// hundred reads. Bytes and calls are always exact.
 pub const DEFAULT_LATENCY_SAMPLE: u32 = 8;
 
+/// A thread's reads past the first few of an on-CPU span (a loop on cached
+/// data: [`stall_common::LATENCY_RUN_EVENTS`]) are timed one in this many, or in the
+/// asked-for sample if that is sparser, unless every read is to be timed:
+/// such a loop makes thousands of reads a second, and one in 8 of them
+/// would spend a third of what stall adds to each on the clock.
+pub const LATENCY_RUN_SAMPLE: u32 = 128;
+
+/// The `latency_run_mask` for the asked-for `latency_mask`.
+fn latency_run_mask(mask: u8) -> u8 {
+    if mask == 0 {
+        0
+    } else {
+        mask.max((LATENCY_RUN_SAMPLE - 1) as u8)
+    }
+}
+
 fn latency_mask(sample: u32) -> Result<u8, CaptureError> {
     let n = if sample == 0 { DEFAULT_LATENCY_SAMPLE } else { sample };
     if !n.is_power_of_two() || n > 128 {
@@ -149,13 +165,16 @@ impl Capture {
         // layout are known (docs/KERNELS.md).
         let uring_submit = uring::SUBMIT.iter().copied().find(|e| tracefs.has("io_uring", e));
         let kernel_btf = btf::KernelBtf::open()?;
+        let latency_mask = latency_mask(opts.latency_sample)?;
         let config = Config {
             task: kernel_btf.task_offsets(!features.task_pt_regs)?,
             regs: REGS,
             cgroup_filter: u8::from(opts.cgroup_mode),
             floor: u8::from(opts.floor),
             timeline: u8::from(opts.timeline),
-            latency_mask: latency_mask(opts.latency_sample)?,
+            latency_mask,
+            latency_run_mask: latency_run_mask(latency_mask),
+            _pad: [0; 3],
             ringbuf_wake_bytes: opts.ringbuf_bytes.unwrap_or(DEFAULT_RINGBUF_BYTES) / 8,
             page: if tracefs.has(PAGE_CACHE_FILL.1, PAGE_CACHE_FILL.2) {
                 kernel_btf.page_cache_offsets(mapped::whole_folios()).unwrap_or_default()
@@ -387,6 +406,15 @@ impl Features {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_runs_of_reads_are_timed_sparser_unless_every_read_is() {
+        assert_eq!(latency_run_mask(latency_mask(1).unwrap()), 0, "every read stays timed");
+        assert_eq!(latency_run_mask(latency_mask(8).unwrap()), 127);
+        assert_eq!(latency_run_mask(latency_mask(0).unwrap()), 127, "the default is 8");
+        assert_eq!(latency_run_mask(latency_mask(128).unwrap()), 127);
+        assert!(latency_mask(3).is_err());
+    }
 
     /// The agent finds maps and programs by the names in `stall_common::names`;
     /// the kernel side names them after its identifiers. Both must agree.

@@ -143,9 +143,12 @@ a table lookup and a compare; each program loads only the configuration fields i
 - **What is left per traced read** is helper calls that the AMD VM makes expensive (call-depth \
 tracking and retpolines on): one `bpf_probe_read_kernel` at the return for the syscall number and \
 the descriptor together (neighbours in the saved registers; the entry reads nothing, and a read \
-that blocks has its descriptor read at the switch) and, for one read in 8 picked at random, \
-`bpf_ktime_get_ns` at entry and exit (about 50 ns each) for the latency estimate; \
-`--latency-sample 1` times every read at that price. Loading the two registers through the BTF \
+that blocks has its descriptor read at the switch) and, for a random sample of reads, \
+`bpf_ktime_get_ns` at entry and exit (about 50 ns each here, 19 on the Intel VM) for the latency \
+estimate: one read in 8 after a switch-in, one in 128 once the thread has made 32 traced calls \
+without leaving the CPU (a loop on cached data, pread-4k's case: at one in 8 the clock was a third \
+of what its programs add per read on the Intel VM), each timed read weighted by the reads it \
+stands for; `--latency-sample 1` times every read at that price. Loading the two registers through the BTF \
 pointer `bpf_task_pt_regs` returns instead (as `sched_switch_direct` loads the task) was measured \
 side by side and costs the same here, about 48 ns per return, being two helper calls in place of \
 one: only a register read with no call at all (`tp_btf`, fentry, or the inlined `bpf_rdonly_cast` \
