@@ -12,6 +12,7 @@
 mod config;
 mod events;
 mod files;
+pub mod kfunc;
 pub mod names;
 mod pagecache;
 mod sched;

@@ -74,6 +74,8 @@ pub const URING_COMPLETE: &str = "uring_complete";
 // Syscall hooks as raw tracepoints (syscalls.rs).
 pub const SYS_ENTER: &str = "sys_enter";
 pub const SYS_EXIT: &str = "sys_exit";
+/// `sys_exit` reading the registers through `bpf_rdonly_cast` (`kfunc`).
+pub const SYS_EXIT_CAST: &str = "sys_exit_cast";
 
 // Syscall hooks as trampolines (trampoline.rs): one per hooked function and
 // side (copy_file_range is "cfr").
@@ -162,6 +164,7 @@ pub const PROGRAMS: &[&str] = &[
     URING_COMPLETE,
     SYS_ENTER,
     SYS_EXIT,
+    SYS_EXIT_CAST,
     FENTRY_READ,
     FENTRY_PREAD64,
     FENTRY_READV,

@@ -31,8 +31,8 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use stall_common::{
-    counter, event_kind, fd_kind, hook, inflight, syscall_class, zeroed_in, CloseEvent, Config, CpuSlot,
-    FdKey, FileStats, OpenEvent, Regs, PATH_LEN,
+    counter, event_kind, fd_kind, hook, inflight, kfunc, syscall_class, zeroed_in, CloseEvent, Config,
+    CpuSlot, FdKey, FileStats, OpenEvent, Regs, PATH_LEN,
 };
 
 use crate::{
@@ -62,21 +62,69 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
 
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
+    returned(&ctx, nr_and_arg0)
+}
+
+/// `sys_exit` loading the registers through `bpf_rdonly_cast` (6.2; the
+/// agent rewrites its placeholder, `stall_common::kfunc`, and loads this
+/// one where the kernel takes it): plain loads in place of the one helper
+/// call per traced return, which is most of what a traced read costs where
+/// calls are dear (retpolines, AMD's safe-RET).
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn sys_exit_cast(ctx: RawTracePointContext) -> i32 {
+    returned(&ctx, nr_and_arg0_cast)
+}
+
+/// What both `sys_exit` programs do; `read` reads the syscall number and
+/// first argument from the saved registers.
+#[inline(always)]
+fn returned(ctx: &RawTracePointContext, read: impl Fn(u64, &Regs) -> (i64, Option<u64>)) -> i32 {
     let cfg = config();
     if cfg.floor != 0 {
         return 0;
     }
     let regs: u64 = ctx.arg(0);
-    if let Some(s) = tracked_slot(&cfg, regs) {
+    if let Some(s) = tracked_slot(cfg, regs) {
         // Most returns of a tracked task end nothing `enter` recorded
         // (futex, poll, mmap...): they read no register.
         if s.inflight == inflight::NONE {
             return 0;
         }
-        let (nr, arg0) = nr_and_arg0(regs, &cfg.regs);
-        exit(&cfg, s, hook_of(nr), regs, ctx.arg(1), arg0);
+        let (nr, arg0) = read(regs, &cfg.regs);
+        exit(cfg, s, hook_of(nr), regs, ctx.arg(1), arg0);
     }
     0
+}
+
+/// `nr_and_arg0` by plain loads through a cast of the register pointer:
+/// the verifier makes them fault-safe (a fault reads 0) and checks them
+/// against `struct pt_regs`, at offsets it must know, x86-64's.
+#[inline(always)]
+fn nr_and_arg0_cast(regs: u64, _: &Regs) -> (i64, Option<u64>) {
+    let at = rdonly_cast_pt_regs(regs) as *const u8;
+    // SAFETY: the verifier turns loads through the pointer `bpf_rdonly_cast`
+    // returns into fault-checked ones (`BPF_PROBE_MEM`) after checking each
+    // is a field of `struct pt_regs`; any 8 bytes are a `u64`.
+    unsafe {
+        let arg0 = core::ptr::read_volatile(at.add(kfunc::X86_64_ARG0).cast::<u64>());
+        let nr = core::ptr::read_volatile(at.add(kfunc::X86_64_NR).cast::<u64>());
+        (nr as i64, Some(arg0))
+    }
+}
+
+/// `bpf_rdonly_cast(regs, <struct pt_regs>)`, by its placeholder (see
+/// `stall_common::kfunc`).
+#[inline(always)]
+fn rdonly_cast_pt_regs(regs: u64) -> u64 {
+    // SAFETY: a call through a constant is how BPF helpers are called; this
+    // one's number is the placeholder the agent rewrites into the kfunc's
+    // call before load (a program still holding it is never loaded, and a
+    // verifier refuses it). The kfunc only returns its first argument.
+    unsafe {
+        let cast: unsafe extern "C" fn(u64, u32) -> u64 =
+            core::mem::transmute(kfunc::RDONLY_CAST_CALL as usize);
+        cast(regs, kfunc::PT_REGS_TYPE as u32)
+    }
 }
 
 /// The syscall number and first argument in the saved registers: one read

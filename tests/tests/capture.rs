@@ -21,15 +21,38 @@ fn run_job(extra: &[&str], job_args: &[&str], truth_path: &Path) -> Run {
     stall(&refs, &[("TRUTH", truth_path)], T)
 }
 
+/// Bytes per worker and file for each syscall family, with the registers
+/// of a returning call read the cheapest way the kernel takes (on the raw
+/// tracepoints from 6.2 on, plain loads through `bpf_rdonly_cast`) and by
+/// the fallback, `bpf_probe_read_kernel`.
 #[test]
 fn workers_bytes_exact_per_syscall_family_and_pipes_are_not_files() {
+    let summary = family_bytes_exact(None);
+    let cast_expected = summary["syscall_backend"] == "tracepoint" && kernel_at_least(6, 2);
+    let expected = if cast_expected { "cast" } else { "probe" };
+    assert_eq!(summary["syscall_reads"], expected, "the cheapest register reads the kernel takes: {summary}");
+    if cast_expected {
+        let fallback = family_bytes_exact(Some("probe"));
+        assert_eq!(fallback["syscall_reads"], "probe", "the fallback, asked for: {fallback}");
+    }
+}
+
+/// One run of the family job, checked; `syscall_reads` is
+/// `STALL_SYSCALL_READS`. Returns the summary.
+fn family_bytes_exact(syscall_reads: Option<&str>) -> serde_json::Value {
     let s = Scratch::new("family");
     let sizes = [1_000_003usize, 2_000_029, 777_777, 1_500_001];
     let files: Vec<_> = sizes.iter().enumerate().map(|(i, n)| s.file(&format!("w{i}.bin"), *n)).collect();
     let truth_path = s.path("truth.json");
-    let mut args = vec!["family"];
-    args.extend(files.iter().map(|f| f.to_str().unwrap()));
-    let run = run_job(&[], &args, &truth_path);
+    let mut args = vec!["run", "-q", "--"];
+    let job_args: Vec<String> =
+        job(&["family"]).into_iter().chain(files.iter().map(|f| f.to_str().unwrap().to_string())).collect();
+    args.extend(job_args.iter().map(String::as_str));
+    let mut env = vec![("TRUTH", truth_path.as_path())];
+    if let Some(how) = syscall_reads {
+        env.push(("STALL_SYSCALL_READS", Path::new(how)));
+    }
+    let run = stall(&args, &env, T);
     assert_eq!(run.status, 0, "{}", run.stderr);
     let t = truth(&truth_path);
     for w in t["workers"].as_array().unwrap() {
@@ -50,6 +73,7 @@ fn workers_bytes_exact_per_syscall_family_and_pipes_are_not_files() {
     for f in parent["files"].as_array().unwrap() {
         assert!(!f["path"].as_str().unwrap().starts_with("pipe:"), "a pipe counted as a file: {f}");
     }
+    run.summary().clone()
 }
 
 /// Off-CPU reasons and totals against ground truth, for each way the

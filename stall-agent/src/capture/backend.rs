@@ -60,8 +60,28 @@ impl Backend {
 }
 
 /// (program, tracepoint) for the raw tracepoints: every syscall's entry and
-/// exit (the programs pick the ones in the `HOOKS` table).
+/// exit (the programs pick the ones in the `HOOKS` table). The exit's
+/// program is `sys_exit_cast` where the kernel takes it.
 pub const ATTACH_RAW: [(&str, &str); 2] = [(names::SYS_ENTER, "sys_enter"), (names::SYS_EXIT, "sys_exit")];
+
+/// How the syscall hooks read a returning call's registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegisterReads {
+    /// Plain loads through `bpf_rdonly_cast` (`sys_exit_cast`).
+    Cast,
+    /// `bpf_probe_read_kernel`.
+    Probe,
+}
+
+impl RegisterReads {
+    /// As the JSON summary (`syscall_reads`) names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RegisterReads::Cast => "cast",
+            RegisterReads::Probe => "probe",
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Side {
@@ -144,26 +164,37 @@ pub struct Hooks {
     backend: Backend,
     /// Why `auto` fell back to the tracepoints.
     refused: Option<String>,
+    /// The raw tracepoints' (program, tracepoint), the exit's as loaded.
+    raw: [(&'static str, &'static str); 2],
+    reads: RegisterReads,
     links: Vec<(&'static str, Link)>,
 }
 
 impl Hooks {
     /// Loads the backend `want` asks for, attached unless `on_demand`.
     /// `auto` probes the trampolines by loading and attaching them (then
-    /// detaching them again if `on_demand`).
+    /// detaching them again if `on_demand`). `casts`: the object's kfunc
+    /// placeholders were rewritten (`kfunc.rs`), so `sys_exit_cast` may load.
     pub fn load(
         ebpf: &mut Ebpf,
         want: SyscallHooks,
         btf: Option<&Btf>,
         kernel_btf: &KernelBtf,
         tracefs: &Tracefs,
+        casts: bool,
         on_demand: bool,
     ) -> Result<Self, CaptureError> {
         let mut refused = None;
         if want != SyscallHooks::Tracepoint {
             match trampolines(ebpf, btf, kernel_btf) {
                 Ok(links) => {
-                    let mut hooks = Hooks { backend: Backend::Trampoline, refused: None, links };
+                    let mut hooks = Hooks {
+                        backend: Backend::Trampoline,
+                        refused: None,
+                        raw: ATTACH_RAW,
+                        reads: RegisterReads::Probe,
+                        links,
+                    };
                     if on_demand {
                         hooks.detach(ebpf)?;
                     }
@@ -178,10 +209,17 @@ impl Hooks {
         if let Some((_, n)) = ATTACH_RAW.iter().find(|(_, n)| !tracefs.has("raw_syscalls", n)) {
             return Err(CaptureError::MissingTracepoint { name: format!("raw_syscalls:{n}") });
         }
-        let mut hooks = Hooks { backend: Backend::Tracepoint, refused, links: Vec::new() };
-        for (prog, _) in ATTACH_RAW {
-            program(ebpf, prog, RawTracePoint::load)?;
-        }
+        program(ebpf, names::SYS_ENTER, RawTracePoint::load)?;
+        // Whether the verifier takes loads through a cast pointer in a raw
+        // tracepoint program is its to say: a refused program is not loaded.
+        let (exit, reads) = if casts && program(ebpf, names::SYS_EXIT_CAST, RawTracePoint::load).is_ok() {
+            (names::SYS_EXIT_CAST, RegisterReads::Cast)
+        } else {
+            program(ebpf, names::SYS_EXIT, RawTracePoint::load)?;
+            (names::SYS_EXIT, RegisterReads::Probe)
+        };
+        let raw = [ATTACH_RAW[0], (exit, ATTACH_RAW[1].1)];
+        let mut hooks = Hooks { backend: Backend::Tracepoint, refused, raw, reads, links: Vec::new() };
         if !on_demand {
             hooks.attach(ebpf)?;
         }
@@ -190,6 +228,10 @@ impl Hooks {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    pub fn register_reads(&self) -> RegisterReads {
+        self.reads
     }
 
     /// Why the trampolines were not used, when `auto` fell back.
@@ -204,7 +246,7 @@ impl Hooks {
     pub fn attach(&mut self, ebpf: &mut Ebpf) -> Result<(), CaptureError> {
         match self.backend {
             Backend::Tracepoint => {
-                for (prog, name) in ATTACH_RAW {
+                for (prog, name) in self.raw {
                     let p: &mut RawTracePoint = attached_program(ebpf, prog)?;
                     self.links.push((prog, Link::Raw(p.attach(name).map_err(load_err)?)));
                 }

@@ -167,9 +167,18 @@ impl KernelBtf {
     }
 
     /// The id of the struct named `name`.
-    fn struct_id(&self, name: &str) -> Option<u32> {
+    pub fn struct_id(&self, name: &str) -> Option<u32> {
+        self.id_of(KIND_STRUCT, name)
+    }
+
+    /// The id of the function named `name` (a kfunc is called by it).
+    pub fn func_id(&self, name: &str) -> Option<u32> {
+        self.id_of(KIND_FUNC, name)
+    }
+
+    fn id_of(&self, kind: u32, name: &str) -> Option<u32> {
         (1..=self.starts.len() as u32).find(|id| {
-            self.head(*id).is_some_and(|h| h.kind == KIND_STRUCT && self.name(h.name_off) == name.as_bytes())
+            self.head(*id).is_some_and(|h| h.kind == kind && self.name(h.name_off) == name.as_bytes())
         })
     }
 

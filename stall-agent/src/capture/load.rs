@@ -13,7 +13,7 @@ use super::{
     backend::{self, SyscallHooks},
     btf,
     error::{load_err, map_err},
-    mapped,
+    kfunc, mapped,
     object::{attached_program, program, take, BPF_OBJECT},
     tracefs, uring, Capture, CaptureError,
 };
@@ -83,7 +83,15 @@ const PAGE_CACHE_FILL: (&str, &str, &str) =
 /// x86-64's `struct pt_regs`: `orig_ax` (the syscall a task is in), `di`,
 /// `si`, `dx` (arguments 0-2), `cs`. Native syscalls come from `__USER_CS`.
 #[cfg(target_arch = "x86_64")]
-const REGS: Regs = Regs { nr: 120, arg0: 112, arg1: 104, arg2: 96, cs: 136, user_cs: 0x33, _pad: [0; 2] };
+const REGS: Regs = Regs {
+    nr: stall_common::kfunc::X86_64_NR as u16,
+    arg0: stall_common::kfunc::X86_64_ARG0 as u16,
+    arg1: 104,
+    arg2: 96,
+    cs: 136,
+    user_cs: 0x33,
+    _pad: [0; 2],
+};
 
 /// The ring buffer's size as declared in stall-ebpf's maps.rs.
 const DEFAULT_RINGBUF_BYTES: u32 = 4 << 20;
@@ -201,7 +209,16 @@ impl Capture {
         if let Some(bytes) = opts.ringbuf_bytes {
             loader.map_max_entries(names::EVENTS, bytes);
         }
-        let mut ebpf = loader.load(BPF_OBJECT).map_err(load_err)?;
+        // The kfunc calls, where the kernel has them (else the programs
+        // that make them are not loaded, and their placeholders stay).
+        let casts = match kfunc::KfuncIds::find(&kernel_btf) {
+            Some(ids) if std::env::var_os(SYSCALL_READS_ENV).is_none_or(|v| v != "probe") => {
+                Some(kfunc::rewrite(BPF_OBJECT, ids).map_err(|e| CaptureError::Load(e.into()))?.0)
+            }
+            _ => None,
+        };
+        let object = casts.as_ref().map_or(BPF_OBJECT, |o| o.bytes());
+        let mut ebpf = loader.load(object).map_err(load_err)?;
 
         let mut switch_reads = SwitchReads::ProbeStack;
         let mut sched = SchedHooks::default();
@@ -270,6 +287,7 @@ impl Capture {
             btf.as_ref(),
             &kernel_btf,
             &tracefs,
+            casts.is_some(),
             opts.syscall_hooks_on_demand,
         )?;
         let ring: RingBuf<MapData> = take(&mut ebpf, names::EVENTS)?;
@@ -339,6 +357,12 @@ impl SwitchReads {
         }
     }
 }
+
+/// `STALL_SYSCALL_READS=probe` leaves the kfunc placeholders as they are,
+/// so the raw syscall return reads the registers with
+/// `bpf_probe_read_kernel` where it would load them through
+/// `bpf_rdonly_cast`: for tests and benchmarks of the fallback.
+const SYSCALL_READS_ENV: &str = "STALL_SYSCALL_READS";
 
 /// `STALL_SWITCH_READS=probe` loads the probing `sched_switch` where a
 /// direct one would load, `=direct` the direct one that times wakeups where

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod btf;
 pub mod cgroup;
 mod error;
+mod kfunc;
 mod load;
 pub mod mapped;
 mod object;
@@ -29,7 +30,7 @@ use stall_common::{
 };
 use tokio::io::unix::AsyncFd;
 
-pub use backend::{Backend, SyscallHooks};
+pub use backend::{Backend, RegisterReads, SyscallHooks};
 use error::map_err;
 pub use error::CaptureError;
 pub use load::{CaptureOptions, DEFAULT_LATENCY_SAMPLE};
@@ -111,6 +112,18 @@ impl Capture {
         self.hooks.backend()
     }
 
+    fn reads_line(&self) -> &'static str {
+        match self.hooks.register_reads() {
+            RegisterReads::Cast => "registers by plain loads (bpf_rdonly_cast)",
+            RegisterReads::Probe => "registers by bpf_probe_read_kernel",
+        }
+    }
+
+    /// How a returning syscall's registers are read: `cast` or `probe`.
+    pub fn syscall_reads(&self) -> &'static str {
+        self.hooks.register_reads().name()
+    }
+
     /// How `sched_switch` reads the task going off-CPU: `direct`, `probe`
     /// or `probe-stack`.
     pub fn switch_reads(&self) -> &'static str {
@@ -130,10 +143,11 @@ impl Capture {
                 "syscall hooks: trampoline (fentry/fexit on the hooked syscalls only)".to_string()
             }
             (Backend::Tracepoint, None) => {
-                "syscall hooks: tracepoint (raw_syscalls: every syscall of the machine)".to_string()
+                format!("syscall hooks: tracepoint (raw_syscalls: every syscall of the machine; {})", self.reads_line())
             }
             (Backend::Tracepoint, Some(why)) => format!(
-                "syscall hooks: tracepoint (raw_syscalls: every syscall of the machine; trampolines refused: {why})"
+                "syscall hooks: tracepoint (raw_syscalls: every syscall of the machine; {}; trampolines refused: {why})",
+                self.reads_line()
             ),
         }
     }

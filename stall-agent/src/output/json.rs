@@ -50,6 +50,11 @@ pub struct Record<'a> {
     /// Summary only: how the syscalls were hooked, `trampoline` or `tracepoint`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub syscall_backend: Option<&'static str>,
+    /// Summary only: how a returning syscall's registers were read
+    /// (`cast`: plain loads through `bpf_rdonly_cast`; `probe`:
+    /// `bpf_probe_read_kernel`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syscall_reads: Option<&'static str>,
     /// Summary only: how faults on file mappings were followed
     /// (`tracepoint`, `trampoline`, or `none`: `mmap_bytes` null).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -332,7 +337,8 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         gpus: v.gpus,
         progress: v.progress,
         startup_s: v.startup_s,
-        syscall_backend: v.syscall_backend.map(|(name, _)| name),
+        syscall_backend: v.syscall_backend.map(|(name, _, _)| name),
+        syscall_reads: v.syscall_backend.map(|(_, reads, _)| reads),
         mmap_hooks: v.mmap_hooks,
         switch_reads: v.switch_reads,
         verdict: v.verdict,

@@ -26,8 +26,9 @@ pub struct View<'a> {
     /// took, when the verdict is on the steady state after it.
     pub startup_s: Option<f64>,
     /// The final report: the syscall hooks' backend (`trampoline`,
-    /// `tracepoint`) and the line that says so for people.
-    pub syscall_backend: Option<(&'static str, &'a str)>,
+    /// `tracepoint`), how they read a returning call's registers (`cast`,
+    /// `probe`) and the line that says so for people.
+    pub syscall_backend: Option<(&'static str, &'static str, &'a str)>,
     /// The final report: how faults on file mappings were followed
     /// (`tracepoint`, `trampoline`, `none`).
     pub mmap_hooks: Option<&'static str>,

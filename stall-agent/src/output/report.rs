@@ -117,7 +117,7 @@ pub fn render(v: &View) -> String {
     let secs = w.secs();
     let mut out = String::new();
     let _ = writeln!(out, "stall report: {} over {}", v.target, units::secs(secs));
-    if let Some((_, line)) = v.syscall_backend {
+    if let Some((_, _, line)) = v.syscall_backend {
         let _ = writeln!(out, "{line}");
     }
     if let Some(note) = v.gpu_note {

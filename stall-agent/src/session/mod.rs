@@ -235,6 +235,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         label: &label,
         gpu_note: gpu_note.as_deref(),
         syscall_backend: live.capture.syscall_backend().name(),
+        syscall_reads: live.capture.syscall_reads(),
         hooks_line: &hooks_line,
         mmap_hooks: live.capture.mmap_hooks(),
         switch_reads: live.capture.switch_reads(),
@@ -296,7 +297,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         gpu_note: out.gpu_note,
         progress: &report.progress,
         startup_s: report.startup_s,
-        syscall_backend: Some((out.syscall_backend, out.hooks_line)),
+        syscall_backend: Some((out.syscall_backend, out.syscall_reads, out.hooks_line)),
         mmap_hooks: Some(out.mmap_hooks),
         switch_reads: Some(out.switch_reads),
     };
@@ -354,6 +355,8 @@ struct Out<'a> {
     gpu_note: Option<&'a str>,
     /// `Backend::name` of the syscall hooks, and the line saying so.
     syscall_backend: &'static str,
+    /// `Capture::syscall_reads`.
+    syscall_reads: &'static str,
     hooks_line: &'a str,
     /// `Capture::mmap_hooks`.
     mmap_hooks: &'static str,

@@ -140,19 +140,26 @@ the last one written (a copy loop alternates the two), and accumulates their cou
 the per-thread and per-file maps when the task is switched out, closes the descriptor, or exits \
 (the agent adds what slots hold to its snapshots). An untraced task's syscall costs the programs \
 a table lookup and a compare; each program loads only the configuration fields it uses.
-- **What is left per traced read** is helper calls that the AMD VM makes expensive (call-depth \
-tracking and retpolines on): one `bpf_probe_read_kernel` at the return for the syscall number and \
-the descriptor together (neighbours in the saved registers; the entry reads nothing, and a read \
-that blocks has its descriptor read at the switch) and, for a random sample of reads, \
-`bpf_ktime_get_ns` at entry and exit (about 50 ns each here, 19 on the Intel VM) for the latency \
-estimate: one read in 8 after a switch-in, one in 128 once the thread has made 32 traced calls \
-without leaving the CPU (a loop on cached data, pread-4k's case: at one in 8 the clock was a third \
-of what its programs add per read on the Intel VM), each timed read weighted by the reads it \
-stands for; `--latency-sample 1` times every read at that price. Loading the two registers through the BTF \
-pointer `bpf_task_pt_regs` returns instead (as `sched_switch_direct` loads the task) was measured \
-side by side and costs the same here, about 48 ns per return, being two helper calls in place of \
-one: only a register read with no call at all (`tp_btf`, fentry, or the inlined `bpf_rdonly_cast` \
-kfunc, whose calls aya 0.14 does not relocate) would cut it.
+- **A traced read calls no helper.** Its return needs the syscall number and the descriptor from \
+the saved registers (neighbours there; the entry reads nothing, and a read that blocks has its \
+descriptor read at the switch). A raw tracepoint is handed their address as a plain number, and \
+`bpf_probe_read_kernel` cost about 55 ns per return on the AMD VM (retpolines and safe-RET make \
+every call and return dear there): more than half of what the programs added to a cached read. \
+`sys_exit_cast`, loaded where the kernel has the kfunc `bpf_rdonly_cast` (6.2 on) and the \
+verifier takes it, casts the address to `struct pt_regs` instead: the verifier inlines the cast \
+and makes the two loads plain, fault-checked ones. aya 0.14 does not relocate kfunc calls, so the \
+program calls a placeholder that the agent rewrites into the kfunc's call, by its id in the \
+kernel's BTF, before load (`capture/kfunc.rs`; `sys_exit` with the helper is the fallback, and \
+the JSON summary's `syscall_reads` says which ran). Measured side by side under `bpf_stats` on the \
+AMD VM, pread-4k: `sys_exit` 167 to 206 ns per run, `sys_exit_cast` 111 to 152, the floor's 68 to \
+83. Loading the registers through `bpf_task_pt_regs` instead had cost the same as the probe (two \
+helper calls in place of one).
+- **The clock is sampled, and sparser in a loop on cached data.** `bpf_ktime_get_ns` at a read's \
+entry and exit (about 100 ns each on the AMD VM with `--latency-sample 1`, 19 on the Intel VM) \
+times a random sample of reads for the latency estimate: one in 8 after a switch-in, one in 128 \
+once the thread has made 32 traced calls without leaving the CPU (pread-4k's case, where one in 8 \
+was a third of what the programs added per read on the Intel VM), each timed read weighted by the \
+reads it stands for, so the per-file mean stays unbiased; `--latency-sample 1` times every read.
 - **A traced context switch reads no field through a helper where the kernel allows it.** \
 `sched_switch_direct` (loaded where the verifier takes it: 6.1, 6.12, 6.18) loads the fields of \
 the task going off-CPU (ids, state, the kernel's on-CPU and runqueue totals, the syscall it sleeps \
@@ -838,6 +845,8 @@ fn program_family(name: &str) -> &str {
         "sched_switch"
     } else if name.starts_with("sched_waking") {
         "sched_waking"
+    } else if name.starts_with("sys_exit") {
+        "sys_exit"
     } else {
         name
     }
