@@ -62,23 +62,6 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
 
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
-    returned(&ctx, nr_and_arg0)
-}
-
-/// `sys_exit` loading the registers through `bpf_rdonly_cast` (6.2; the
-/// agent rewrites its placeholder, `stall_common::kfunc`, and loads this
-/// one where the kernel takes it): plain loads in place of the one helper
-/// call per traced return, which is most of what a traced read costs where
-/// calls are dear (retpolines, AMD's safe-RET).
-#[raw_tracepoint(tracepoint = "sys_exit")]
-pub fn sys_exit_cast(ctx: RawTracePointContext) -> i32 {
-    returned(&ctx, nr_and_arg0_cast)
-}
-
-/// What both `sys_exit` programs do; `read` reads the syscall number and
-/// first argument from the saved registers.
-#[inline(always)]
-fn returned(ctx: &RawTracePointContext, read: impl Fn(u64, &Regs) -> (i64, Option<u64>)) -> i32 {
     let cfg = config();
     if cfg.floor != 0 {
         return 0;
@@ -86,12 +69,42 @@ fn returned(ctx: &RawTracePointContext, read: impl Fn(u64, &Regs) -> (i64, Optio
     let regs: u64 = ctx.arg(0);
     if let Some(s) = tracked_slot(cfg, regs) {
         // Most returns of a tracked task end nothing `enter` recorded
-        // (futex, poll, mmap...): they read no register.
+        // (futex, poll, mmap...): they read no register, a helper call.
         if s.inflight == inflight::NONE {
             return 0;
         }
-        let (nr, arg0) = read(regs, &cfg.regs);
+        let (nr, arg0) = nr_and_arg0(regs, &cfg.regs);
         exit(cfg, s, hook_of(nr), regs, ctx.arg(1), arg0);
+    }
+    0
+}
+
+/// `sys_exit` loading the registers through `bpf_rdonly_cast` (6.2; the
+/// agent rewrites its placeholder, `stall_common::kfunc`, and loads this
+/// one where the kernel takes it): plain loads in place of the one helper
+/// call per traced return, which is most of what a traced read costs where
+/// calls are dear (retpolines, AMD's safe-RET). The number being that
+/// cheap, an unhooked call (futex, poll, any task's) returns before the
+/// slot is looked at, as at the entry: a task that switches often asks
+/// nothing else, where its first return after a switch-in would otherwise
+/// ask its thread id to recognise its slot.
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn sys_exit_cast(ctx: RawTracePointContext) -> i32 {
+    let cfg = config();
+    if cfg.floor != 0 {
+        return 0;
+    }
+    let regs: u64 = ctx.arg(0);
+    let (nr, arg0) = nr_and_arg0_cast(regs);
+    let hooked = hook_of(nr);
+    if hooked == hook::NONE {
+        return 0;
+    }
+    if let Some(s) = tracked_slot(cfg, regs) {
+        if s.inflight == inflight::NONE {
+            return 0;
+        }
+        exit(cfg, s, hooked, regs, ctx.arg(1), arg0);
     }
     0
 }
@@ -100,7 +113,7 @@ fn returned(ctx: &RawTracePointContext, read: impl Fn(u64, &Regs) -> (i64, Optio
 /// the verifier makes them fault-safe (a fault reads 0) and checks them
 /// against `struct pt_regs`, at offsets it must know, x86-64's.
 #[inline(always)]
-fn nr_and_arg0_cast(regs: u64, _: &Regs) -> (i64, Option<u64>) {
+fn nr_and_arg0_cast(regs: u64) -> (i64, Option<u64>) {
     let at = rdonly_cast_pt_regs(regs) as *const u8;
     // SAFETY: the verifier turns loads through the pointer `bpf_rdonly_cast`
     // returns into fault-checked ones (`BPF_PROBE_MEM`) after checking each

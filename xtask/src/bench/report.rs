@@ -153,7 +153,11 @@ kernel's BTF, before load (`capture/kfunc.rs`; `sys_exit` with the helper is the
 the JSON summary's `syscall_reads` says which ran). Measured side by side under `bpf_stats` on the \
 AMD VM, pread-4k: `sys_exit` 167 to 206 ns per run, `sys_exit_cast` 111 to 152, the floor's 68 to \
 83. Loading the registers through `bpf_task_pt_regs` instead had cost the same as the probe (two \
-helper calls in place of one).
+helper calls in place of one). The number being that cheap to read, `sys_exit_cast` returns on an \
+unhooked call (futex, poll: any task's) before it looks at the slot, as the entry does; that look \
+asks the thread id at a task's first return after each switch-in, which an untraced neighbour \
+handing a futex back and forth paid at every return: 118 to 136 ns per run of `sys_exit`, 75 of \
+`sys_exit_cast`, against the floor's 68.
 - **The clock is sampled, and sparser in a loop on cached data.** `bpf_ktime_get_ns` at a read's \
 entry and exit (about 100 ns each on the AMD VM with `--latency-sample 1`, 19 on the Intel VM) \
 times a random sample of reads for the latency estimate: one in 8 after a switch-in, one in 128 \
