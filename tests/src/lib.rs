@@ -386,6 +386,16 @@ pub fn schedstat_tolerance() -> f64 {
     }
 }
 
+/// A thread's totals as the kernel keeps them now (`/proc/PID/task/TID/schedstat`):
+/// seconds on CPU and waiting for one.
+pub fn thread_schedstat(pid: u32, tid: u32) -> (f64, f64) {
+    let path = format!("/proc/{pid}/task/{tid}/schedstat");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut fields =
+        text.split_whitespace().map(|f| f.parse::<u64>().expect("a schedstat number") as f64 / 1e9);
+    (fields.next().expect("on-CPU ns"), fields.next().expect("runqueue ns"))
+}
+
 /// A whole thread's total that stall counts to the thread's end, against
 /// the kernel's figure read by the thread shortly before it ended: `got`
 /// is at least `at_read` and at most `at_read` plus the `tail` the thread
