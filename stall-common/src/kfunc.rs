@@ -16,6 +16,10 @@ pub const RDONLY_CAST_CALL: i32 = 0x5374_6c01;
 /// The immediate standing for the BTF id of `struct pt_regs`.
 pub const PT_REGS_TYPE: i32 = 0x5374_6c02;
 
+/// The immediate standing for the BTF id of `struct task_struct`: a task
+/// that is not the current one (a wakee) read by plain loads.
+pub const TASK_STRUCT_TYPE: i32 = 0x5374_6c03;
+
 /// Where `struct pt_regs` keeps the syscall number and first argument on
 /// x86-64, the one architecture the agent runs on: a load through a cast
 /// pointer needs its offset known to the verifier, so it is a constant here

@@ -44,14 +44,18 @@ pub const FILE_SEQ: &str = "FILE_SEQ";
 // for kernels without `bpf_task_pt_regs`; `SCHED_SWITCH_DIRECT`: the one
 // that loads the current task's fields directly, where the verifier takes
 // it; `SCHED_SWITCH_QUEUED`: that one, taking a woken task's wait for a CPU
-// from the kernel, loaded with `SCHED_WAKING_MARKED`. The agent loads one
-// of each kind.
+// from the kernel, loaded with `SCHED_WAKING_MARKED`, or where EEVDF delays
+// dequeues as `SCHED_SWITCH_QUEUED_CAST` (no helper call to find the task
+// and its registers) with `SCHED_WAKING_CHECKED`. The agent loads one of
+// each kind.
 pub const SCHED_SWITCH_QUEUED: &str = "sched_switch_queued";
+pub const SCHED_SWITCH_QUEUED_CAST: &str = "sched_switch_queued_cast";
 pub const SCHED_SWITCH_DIRECT: &str = "sched_switch_direct";
 pub const SCHED_SWITCH: &str = "sched_switch";
 pub const SCHED_SWITCH_STACK: &str = "sched_switch_stack";
 pub const SCHED_WAKING: &str = "sched_waking";
 pub const SCHED_WAKING_MARKED: &str = "sched_waking_marked";
+pub const SCHED_WAKING_CHECKED: &str = "sched_waking_checked";
 pub const TASK_NEWTASK: &str = "task_newtask";
 pub const SCHED_PROCESS_EXEC: &str = "sched_process_exec";
 pub const SCHED_PROCESS_EXIT: &str = "sched_process_exit";
@@ -144,11 +148,13 @@ pub const MAPS: &[&str] = &[
 /// Every program the object defines.
 pub const PROGRAMS: &[&str] = &[
     SCHED_SWITCH_QUEUED,
+    SCHED_SWITCH_QUEUED_CAST,
     SCHED_SWITCH_DIRECT,
     SCHED_SWITCH,
     SCHED_SWITCH_STACK,
     SCHED_WAKING,
     SCHED_WAKING_MARKED,
+    SCHED_WAKING_CHECKED,
     TASK_NEWTASK,
     SCHED_PROCESS_EXEC,
     SCHED_PROCESS_EXIT,

@@ -226,8 +226,9 @@ pub struct TaskOffsets {
     /// `sched_info.run_delay`: the kernel's own runqueue-wait total, ns;
     /// meaningful only with [`task_flags::RUN_DELAY`].
     pub run_delay: u32,
-    /// `stack`: the task's kernel stack, for kernels without
-    /// `bpf_task_pt_regs` (see [`task_flags::REGS_FROM_STACK`]).
+    /// `stack`: the task's kernel stack, where its user registers are found
+    /// without `bpf_task_pt_regs` (before 5.15: [`task_flags::REGS_FROM_STACK`];
+    /// and by the cast switch).
     pub stack: u32,
     /// Where the saved user registers sit from `stack`:
     /// `THREAD_SIZE - sizeof(struct pt_regs)`.
@@ -257,11 +258,16 @@ pub mod task_flags {
     /// to its CPU's runqueue clock (`se.cfs_rq->rq->clock`): a switch-in
     /// can tell how long the task waited for a CPU as the kernel's own
     /// `run_delay` will (the `sched_switch_queued` program), so a wakeup
-    /// need not read the clock. Not where EEVDF delays a blocked task's
-    /// dequeue (`sched_entity.sched_delayed`, 6.12 on): migrating such a
-    /// task enqueues it, long before its wakeup, and its `last_queued`
-    /// then counts the rest of its sleep as waiting for a CPU.
+    /// need not read the clock.
     pub const QUEUED_AT: u32 = 4;
+    /// EEVDF delays a blocked task's dequeue (`sched_entity.sched_delayed`,
+    /// 6.12 on): migrating such a task enqueues it, long before its wakeup,
+    /// and its `last_queued` then counts the rest of its sleep as waiting
+    /// for a CPU. With [`QUEUED_AT`], the wakeup reads the wakee's
+    /// `last_queued` (`sched_waking_checked`, through `bpf_rdonly_cast`):
+    /// set already, the enqueue is not this wakeup's, and the wakeup is
+    /// timed by the clock instead.
+    pub const DELAYED_DEQUEUE: u32 = 8;
 }
 
 /// Where the syscall number, arguments and code segment sit in the

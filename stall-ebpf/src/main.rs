@@ -89,6 +89,24 @@ pub(crate) fn current_comm() -> [u8; stall_common::COMM_LEN] {
     }
 }
 
+/// `bpf_rdonly_cast(at, <type>)`, by its placeholders (see
+/// `stall_common::kfunc`; `type_placeholder` is one of its `*_TYPE`s): a
+/// pointer whose fields of that kernel type are read by plain loads, which
+/// the verifier checks against the type and makes fault-safe (a fault
+/// reads 0). Only in programs the agent loads once it rewrote them.
+#[inline(always)]
+pub(crate) fn rdonly_cast(at: u64, type_placeholder: i32) -> *const u8 {
+    // SAFETY: a call through a constant is how BPF helpers are called; this
+    // one's number is the placeholder the agent rewrites into the kfunc's
+    // call before load (a program still holding it is never loaded, and a
+    // verifier refuses it). The kfunc only returns its first argument.
+    unsafe {
+        let cast: unsafe extern "C" fn(u64, u32) -> u64 =
+            core::mem::transmute(stall_common::kfunc::RDONLY_CAST_CALL as usize);
+        cast(at, type_placeholder as u32) as *const u8
+    }
+}
+
 #[inline(always)]
 pub(crate) fn now() -> u64 {
     // SAFETY: takes no arguments and only reads the monotonic clock.

@@ -17,8 +17,8 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use stall_common::{
-    counter, fd_kind, inflight, kclock, reason, run_state, slot_state, syscall_class, task_flags, Config,
-    CpuSlot, FdKey, ThreadStats, WakeCache, WakeKey, WakeStats, WAKER_ANY_THREAD, WAKE_CACHE_SLOTS,
+    counter, fd_kind, inflight, kclock, kfunc, reason, run_state, slot_state, syscall_class, task_flags,
+    Config, CpuSlot, FdKey, ThreadStats, WakeCache, WakeKey, WakeStats, WAKER_ANY_THREAD, WAKE_CACHE_SLOTS,
     WOKEN_UNTIMED,
 };
 
@@ -95,18 +95,39 @@ const DIRECT: u8 = 2;
 /// `DIRECT`, and a woken task's wait for a CPU taken from the kernel at its
 /// switch-in (`queued_at`) rather than from the clock at its wakeup.
 const QUEUED: u8 = 3;
+/// `QUEUED`, the current task reached through `bpf_rdonly_cast` of the
+/// tracepoint's argument and its registers from its stack, where the
+/// kfunc placeholders were rewritten: no helper call to find either.
+const QUEUED_CAST: u8 = 4;
 
 /// Whether `HOW` reads the current task by plain loads.
 const fn direct(how: u8) -> bool {
-    how == DIRECT || how == QUEUED
+    how == DIRECT || how == QUEUED || how == QUEUED_CAST
+}
+
+/// Whether `HOW` takes a woken task's wait for a CPU from the kernel.
+const fn queued(how: u8) -> bool {
+    how == QUEUED || how == QUEUED_CAST
 }
 
 /// Kernels that also keep `sched_info.last_queued` with the runqueue's
 /// clock in reach (`task_flags::QUEUED_AT`): loaded with
-/// `sched_waking_marked`, which reads no clock.
+/// `sched_waking_marked`, which reads no clock, or where EEVDF delays
+/// dequeues with `sched_waking_checked`, which reads it only where the
+/// wakee's enqueue time is not this wakeup's.
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch_queued(ctx: RawTracePointContext) -> i32 {
     switch::<QUEUED>(&ctx)
+}
+
+/// `sched_switch_queued` where the kernel has `bpf_rdonly_cast` (6.2 on)
+/// and the agent rewrote its placeholders: the task going off-CPU is the
+/// tracepoint's argument cast to `struct task_struct`, its user registers
+/// the top of its stack cast to `struct pt_regs`, so that neither
+/// `bpf_get_current_task_btf` nor `bpf_task_pt_regs` is called.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn sched_switch_queued_cast(ctx: RawTracePointContext) -> i32 {
+    switch::<QUEUED_CAST>(&ctx)
 }
 
 /// Kernels whose verifier takes plain loads through the current task's BTF
@@ -141,7 +162,9 @@ struct Prev {
 impl Prev {
     #[inline(always)]
     fn new<const HOW: u8>(task: u64) -> Self {
-        let btf = if direct(HOW) {
+        let btf = if HOW == QUEUED_CAST {
+            crate::rdonly_cast(task, kfunc::TASK_STRUCT_TYPE)
+        } else if direct(HOW) {
             // SAFETY: takes no arguments; returns the current task as a
             // BTF pointer, which is only ever loaded from (see `at`).
             unsafe { bpf_get_current_task_btf() as *const u8 }
@@ -196,7 +219,20 @@ impl Prev {
     /// syscall it is in there (-1: none).
     #[inline(always)]
     fn regs_and_nr<const HOW: u8>(self, cfg: &Config) -> (u64, i32) {
-        if direct(HOW) {
+        if HOW == QUEUED_CAST {
+            // `task_pt_regs`: the top of the task's kernel stack.
+            let stack = self.at::<u64, HOW>(cfg.task.stack);
+            if stack == 0 {
+                return (0, -1);
+            }
+            let regs = stack + u64::from(cfg.task.regs_in_stack);
+            let at = crate::rdonly_cast(regs, kfunc::PT_REGS_TYPE);
+            // SAFETY: the verifier checks the load against `struct pt_regs`
+            // (x86-64's offset of `orig_ax`) and makes it fault-safe: a
+            // fault reads 0. Any 8 bytes are an `i64`.
+            let nr = unsafe { core::ptr::read_volatile(at.add(kfunc::X86_64_NR) as *const i64) };
+            (regs, nr as i32)
+        } else if direct(HOW) {
             // SAFETY: `btf` is the current task's BTF pointer, as
             // bpf_task_pt_regs requires; it returns a BTF pointer to the
             // task's `struct pt_regs`, loaded from as in `at` (`orig_ax`,
@@ -237,6 +273,8 @@ fn switch<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
     // Taken only when a tracked thread is involved: the rest of the
     // machine does not pay for the clock.
     let mut ts = 0;
+    // The current task's BTF pointer where it was taken (DIRECT), else null.
+    let mut current: *const u8 = core::ptr::null();
     if untracked::known(prev, gens) {
         if let Some(s) = slot.as_mut() {
             if s.tracked == slot_state::TRACKED {
@@ -244,7 +282,9 @@ fn switch<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
             }
         }
     } else {
-        switch_out_unknown::<HOW>(cfg, preempt, Prev::new::<HOW>(prev), gens, &mut slot, &mut ts);
+        let p = Prev::new::<HOW>(prev);
+        current = p.btf;
+        switch_out_unknown::<HOW>(cfg, preempt, p, gens, &mut slot, &mut ts);
     }
     let Some((next_pid, next_stats)) = thread_of(next, gens, cfg) else {
         // Its tid is not read: a syscall program that finds the slot
@@ -263,8 +303,21 @@ fn switch<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
             if ts == 0 {
                 ts = now();
             }
-            if HOW == QUEUED && t.state == run_state::OFF && t.off_reason != reason::RUNQUEUE {
-                t.wake_ts = queued_at(cfg, next, ts, t.last_ts);
+            if queued(HOW)
+                && t.state == run_state::OFF
+                && t.off_reason != reason::RUNQUEUE
+                && enqueue_is_wakeup(t, cfg)
+            {
+                let current = if !current.is_null() {
+                    current
+                } else if HOW == QUEUED_CAST {
+                    crate::rdonly_cast(prev, kfunc::TASK_STRUCT_TYPE)
+                } else {
+                    // SAFETY: takes no arguments; returns the current task
+                    // as a BTF pointer, only ever loaded from.
+                    unsafe { bpf_get_current_task_btf() as *const u8 }
+                };
+                t.wake_ts = queued_at(cfg, current, next, ts, t.last_ts);
             }
             crate::timeline::record(cfg, t, next_pid, true, ts);
             switch_in(t, ts, next, cfg);
@@ -555,6 +608,15 @@ pub(crate) fn split_by_totals(t: &mut ThreadStats, ts: u64, exec: u64, delay: u6
     }
 }
 
+/// Whether a blocked task's `last_queued` tells when its wakeup queued it:
+/// its wakeup was marked (`WOKEN_UNTIMED`: no earlier enqueue seen then),
+/// or went unseen where no enqueue comes before a wakeup (no delayed
+/// dequeues). A wakeup timed by the clock keeps its time.
+#[inline(always)]
+fn enqueue_is_wakeup(t: &ThreadStats, cfg: &Config) -> bool {
+    t.wake_ts == WOKEN_UNTIMED || (t.wake_ts == 0 && cfg.task.flags & task_flags::DELAYED_DEQUEUE == 0)
+}
+
 /// When `next`, switching in at `ts` after an off-CPU span from `since`,
 /// was put on the runqueue, on the clock of `ts`; 0 where unknown. Its wait
 /// for a CPU is what the kernel adds to its `run_delay` right after this
@@ -562,11 +624,12 @@ pub(crate) fn split_by_totals(t: &mut ThreadStats, ts: u64, exec: u64, delay: u6
 /// task's `sched_info.last_queued`. That clock differs from `ts`'s, so only
 /// the difference crosses over. The runqueue is the current task's
 /// (`se.cfs_rq->rq`); its `curr` is `next` already, and leads to its field.
+/// `current`: the current task as a BTF pointer (`bpf_get_current_task_btf`
+/// or `bpf_rdonly_cast`).
 #[inline(always)]
-fn queued_at(cfg: &Config, next: u64, ts: u64, since: u64) -> u64 {
+fn queued_at(cfg: &Config, current: *const u8, next: u64, ts: u64, since: u64) -> u64 {
     let o = &cfg.task;
-    // SAFETY: bpf_get_current_task_btf returns the current task as a BTF
-    // pointer. Each load is at an offset the agent took from the kernel's
+    // SAFETY: `current` is the current task as a BTF pointer. Each load is at an offset the agent took from the kernel's
     // BTF for a field of the loaded type (pointers to `struct cfs_rq`,
     // `struct rq` and `struct task_struct`, and `u64`s), through a pointer
     // the verifier typed from the one before: it checks each against that
@@ -574,8 +637,7 @@ fn queued_at(cfg: &Config, next: u64, ts: u64, since: u64) -> u64 {
     // makes it a fault-safe load, a fault reading 0. Integers: any bytes
     // are valid.
     let (clock, queued) = unsafe {
-        let task = bpf_get_current_task_btf() as *const u8;
-        let cfs_rq = core::ptr::read_volatile(task.add(o.se_cfs_rq as usize) as *const *const u8);
+        let cfs_rq = core::ptr::read_volatile(current.add(o.se_cfs_rq as usize) as *const *const u8);
         let rq = core::ptr::read_volatile(cfs_rq.add(o.cfs_rq_rq as usize) as *const *const u8);
         let curr = core::ptr::read_volatile(rq.add(o.rq_curr as usize) as *const *const u8);
         if curr as u64 != next {
@@ -637,10 +699,15 @@ fn add_off(t: &mut ThreadStats, r: u8, ns: u64) {
     }
 }
 
+/// How a wakeup is noted in its wakee's entry (`wake_ts`).
+const TIMED: u8 = 0;
+const MARKED: u8 = 1;
+const CHECKED: u8 = 2;
+
 /// `sched_waking(struct task_struct *p)`.
 #[raw_tracepoint(tracepoint = "sched_waking")]
 pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
-    waking::<true>(&ctx)
+    waking::<TIMED>(&ctx)
 }
 
 /// Beside `sched_switch_queued`, which takes a woken task's wait for a CPU
@@ -648,11 +715,23 @@ pub fn sched_waking(ctx: RawTracePointContext) -> i32 {
 /// the clock read that costs as much as the rest of a wakeup is saved.
 #[raw_tracepoint(tracepoint = "sched_waking")]
 pub fn sched_waking_marked(ctx: RawTracePointContext) -> i32 {
-    waking::<false>(&ctx)
+    waking::<MARKED>(&ctx)
+}
+
+/// `sched_waking_marked` where EEVDF delays dequeues
+/// (`task_flags::DELAYED_DEQUEUE`): a blocked task still queued that was
+/// migrated meanwhile was enqueued then, and this wakeup will not set its
+/// `last_queued` again. The wakee's `last_queued`, read by a plain load
+/// through `bpf_rdonly_cast` (the agent rewrites the placeholders), says
+/// so: 0, this wakeup's enqueue will set it, and the wakeup is marked;
+/// set, the wakeup is timed by the clock.
+#[raw_tracepoint(tracepoint = "sched_waking")]
+pub fn sched_waking_checked(ctx: RawTracePointContext) -> i32 {
+    waking::<CHECKED>(&ctx)
 }
 
 #[inline(always)]
-fn waking<const TIMED: bool>(ctx: &RawTracePointContext) -> i32 {
+fn waking<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
     let cfg = config();
     if cfg.floor != 0 {
         return 0;
@@ -670,7 +749,11 @@ fn waking<const TIMED: bool>(ctx: &RawTracePointContext) -> i32 {
         return 0;
     }
     bump(counter::EVENTS);
-    t.wake_ts = if TIMED { now() } else { WOKEN_UNTIMED };
+    t.wake_ts = match HOW {
+        MARKED => WOKEN_UNTIMED,
+        CHECKED if enqueued_before(task, cfg) == 0 => WOKEN_UNTIMED,
+        _ => now(),
+    };
     t.wakeups += 1;
     // The waker is whoever runs now (in interrupt context: the interrupted
     // task; the agent discounts wakers of I/O waits for that reason).
@@ -711,6 +794,18 @@ fn waking<const TIMED: bool>(ctx: &RawTracePointContext) -> i32 {
         bump(counter::LOST_WAKE_MAP);
     }
     0
+}
+
+/// The `sched_info.last_queued` of the task at `task` (not the current one),
+/// by a plain load through `bpf_rdonly_cast`: 0 unless it was enqueued
+/// since it last ran (or the load faulted).
+#[inline(always)]
+fn enqueued_before(task: u64, cfg: &Config) -> u64 {
+    let at = crate::rdonly_cast(task, stall_common::kfunc::TASK_STRUCT_TYPE);
+    // SAFETY: the verifier checks the load against `struct task_struct`
+    // (the offset is one the agent took from the kernel's BTF for this
+    // `u64`, a frozen constant) and makes it fault-safe: a fault reads 0.
+    unsafe { core::ptr::read_volatile(at.add(cfg.task.last_queued as usize) as *const u64) }
 }
 
 /// Adds the wakeups a CPU's slot counted for its last pair to the pair's

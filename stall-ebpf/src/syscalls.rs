@@ -114,7 +114,7 @@ pub fn sys_exit_cast(ctx: RawTracePointContext) -> i32 {
 /// against `struct pt_regs`, at offsets it must know, x86-64's.
 #[inline(always)]
 fn nr_and_arg0_cast(regs: u64) -> (i64, Option<u64>) {
-    let at = rdonly_cast_pt_regs(regs) as *const u8;
+    let at = crate::rdonly_cast(regs, kfunc::PT_REGS_TYPE);
     // SAFETY: the verifier turns loads through the pointer `bpf_rdonly_cast`
     // returns into fault-checked ones (`BPF_PROBE_MEM`) after checking each
     // is a field of `struct pt_regs`; any 8 bytes are a `u64`.
@@ -122,21 +122,6 @@ fn nr_and_arg0_cast(regs: u64) -> (i64, Option<u64>) {
         let arg0 = core::ptr::read_volatile(at.add(kfunc::X86_64_ARG0).cast::<u64>());
         let nr = core::ptr::read_volatile(at.add(kfunc::X86_64_NR).cast::<u64>());
         (nr as i64, Some(arg0))
-    }
-}
-
-/// `bpf_rdonly_cast(regs, <struct pt_regs>)`, by its placeholder (see
-/// `stall_common::kfunc`).
-#[inline(always)]
-fn rdonly_cast_pt_regs(regs: u64) -> u64 {
-    // SAFETY: a call through a constant is how BPF helpers are called; this
-    // one's number is the placeholder the agent rewrites into the kfunc's
-    // call before load (a program still holding it is never loaded, and a
-    // verifier refuses it). The kfunc only returns its first argument.
-    unsafe {
-        let cast: unsafe extern "C" fn(u64, u32) -> u64 =
-            core::mem::transmute(kfunc::RDONLY_CAST_CALL as usize);
-        cast(regs, kfunc::PT_REGS_TYPE as u32)
     }
 }
 

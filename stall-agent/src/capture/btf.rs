@@ -19,8 +19,9 @@ use super::CaptureError;
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 /// x86-64's `THREAD_SIZE` (16 KiB: 4 pages, without KASAN's doubling):
-/// `task_pt_regs(task)` is `task->stack + THREAD_SIZE - sizeof(pt_regs)`
-/// on the kernels that lack `bpf_task_pt_regs` (before 5.15).
+/// `task_pt_regs(task)` is `task->stack + THREAD_SIZE - sizeof(pt_regs)`,
+/// where the programs find it without `bpf_task_pt_regs` (before 5.15, and
+/// the cast switch).
 #[cfg(target_arch = "x86_64")]
 const THREAD_SIZE: u32 = 16 << 10;
 
@@ -401,23 +402,25 @@ impl KernelBtf {
                 self.offset("rq", "curr", &[8])?,
             ))
         };
-        let delayed_dequeue = self.field("sched_entity", "sched_delayed").is_some();
+        if self.field("sched_entity", "sched_delayed").is_some() {
+            flags |= task_flags::DELAYED_DEQUEUE;
+        }
         let (last_queued, se_cfs_rq, cfs_rq_rq, rq_clock, rq_curr) = match queued() {
-            Some(q) if flags & task_flags::RUN_DELAY != 0 && !delayed_dequeue => {
+            Some(q) if flags & task_flags::RUN_DELAY != 0 => {
                 flags |= task_flags::QUEUED_AT;
                 q
             }
             _ => Default::default(),
         };
-        let (stack, regs_in_stack) = if regs_from_stack {
+        // Where the user registers are from `task->stack`: needed before
+        // 5.15, and by the cast switch (`sched_switch_queued_cast`).
+        let regs = self
+            .struct_size("pt_regs")
+            .ok_or_else(|| CaptureError::MissingKernelField { field: "struct pt_regs".into() })?;
+        let (stack, regs_in_stack) = (need("stack", &[8])?, THREAD_SIZE - regs as u32);
+        if regs_from_stack {
             flags |= task_flags::REGS_FROM_STACK;
-            let regs = self
-                .struct_size("pt_regs")
-                .ok_or_else(|| CaptureError::MissingKernelField { field: "struct pt_regs".into() })?;
-            (need("stack", &[8])?, THREAD_SIZE - regs as u32)
-        } else {
-            (0, 0)
-        };
+        }
         Ok(TaskOffsets {
             pid: need("pid", &[4])?,
             tgid: need("tgid", &[4])?,
@@ -450,15 +453,15 @@ mod tests {
             let o = btf.task_offsets(stack).unwrap();
             assert!(o.pid > 0 && o.tgid == o.pid + 4, "{o:?}");
             assert!(o.sum_exec > 0 && o.state < o.pid, "{o:?}");
-            assert_eq!(o.regs_in_stack != 0, stack);
+            assert_eq!(o.regs_in_stack, THREAD_SIZE - 168, "{o:?}");
+            assert_eq!(o.flags & task_flags::REGS_FROM_STACK != 0, stack, "{o:?}");
             // Every kernel the suites boot has CFS groups and sched_info;
             // from 6.12 on, delayed dequeues.
             let delayed = btf.field("sched_entity", "sched_delayed").is_some();
-            assert_eq!(o.flags & task_flags::QUEUED_AT != 0, !delayed, "{o:?}");
-            if !delayed {
-                assert!(o.last_queued > o.run_delay && o.se_cfs_rq > o.sum_exec, "{o:?}");
-                assert!(o.rq_clock != o.rq_curr && o.cfs_rq_rq != 0, "{o:?}");
-            }
+            assert_eq!(o.flags & task_flags::DELAYED_DEQUEUE != 0, delayed, "{o:?}");
+            assert!(o.flags & task_flags::QUEUED_AT != 0, "{o:?}");
+            assert!(o.last_queued > o.run_delay && o.se_cfs_rq > o.sum_exec, "{o:?}");
+            assert!(o.rq_clock != o.rq_curr && o.cfs_rq_rq != 0, "{o:?}");
         }
         assert_eq!(btf.struct_size("pt_regs"), Some(168));
         assert_eq!(btf.field("task_struct", "se.nope"), None);

@@ -2,7 +2,7 @@
 //! rewritten into calls of this kernel's kfuncs, by their ids in its BTF:
 //! what libbpf does for `__ksym` externs, which aya 0.14 does not.
 use object::{Object, ObjectSection, SectionKind};
-use stall_common::kfunc::{PT_REGS_TYPE, RDONLY_CAST_CALL};
+use stall_common::kfunc::{PT_REGS_TYPE, RDONLY_CAST_CALL, TASK_STRUCT_TYPE};
 
 use super::btf::KernelBtf;
 
@@ -20,12 +20,18 @@ pub struct KfuncIds {
     pub rdonly_cast: u32,
     /// The struct `pt_regs`.
     pub pt_regs: u32,
+    /// The struct `task_struct`.
+    pub task_struct: u32,
 }
 
 impl KfuncIds {
     /// None where the kernel's BTF lacks either.
     pub fn find(btf: &KernelBtf) -> Option<Self> {
-        Some(Self { rdonly_cast: btf.func_id("bpf_rdonly_cast")?, pt_regs: btf.struct_id("pt_regs")? })
+        Some(Self {
+            rdonly_cast: btf.func_id("bpf_rdonly_cast")?,
+            pt_regs: btf.struct_id("pt_regs")?,
+            task_struct: btf.struct_id("task_struct")?,
+        })
     }
 }
 
@@ -86,6 +92,10 @@ pub fn rewrite(elf: &[u8], ids: KfuncIds) -> Result<(AlignedObject, Rewritten), 
                     insn[4..8].copy_from_slice(&ids.pt_regs.to_le_bytes());
                     done.type_ids += 1;
                 }
+                BPF_ALU64_MOV_K | BPF_ALU_MOV_K if src_reg == 0 && imm == TASK_STRUCT_TYPE => {
+                    insn[4..8].copy_from_slice(&ids.task_struct.to_le_bytes());
+                    done.type_ids += 1;
+                }
                 _ => {}
             }
         }
@@ -102,9 +112,10 @@ mod tests {
         section.chunks_exact(INSN).map(|i| (i[0], i[1] >> 4, i32::from_le_bytes(i[4..8].try_into().unwrap())))
     }
 
-    /// The placeholders are in `sys_exit_cast` (and not in `sys_exit`, loaded
-    /// where the kernel lacks the kfunc); after the rewrite none is left
-    /// and only the instructions that held them changed.
+    /// The placeholders are in `sys_exit_cast`, `sched_waking_checked` and
+    /// `sched_switch_queued_cast` (and not in the programs loaded where the
+    /// kernel lacks the kfunc); after the rewrite none is left and only the
+    /// instructions that held them changed.
     #[test]
     fn placeholders_become_kfunc_calls_and_only_the_cast_program_holds_them() {
         use object::ObjectSymbol;
@@ -118,13 +129,35 @@ mod tests {
             let code = &data[start..start + sym.size() as usize];
             let calls =
                 insns(code).filter(|&(op, src, imm)| op == BPF_CALL && src == 0 && imm == RDONLY_CAST_CALL);
-            (calls.count(), insns(code).filter(|&(_, _, imm)| imm == PT_REGS_TYPE).count())
+            let of = |ty| insns(code).filter(|&(_, _, imm)| imm == ty).count();
+            (calls.count(), of(PT_REGS_TYPE), of(TASK_STRUCT_TYPE))
         };
-        assert_eq!(placeholders(stall_common::names::SYS_EXIT), (0, 0));
-        let (calls, type_ids) = placeholders(stall_common::names::SYS_EXIT_CAST);
-        assert!(calls >= 1 && type_ids >= 1, "sys_exit_cast: {calls} calls, {type_ids} type ids");
+        use stall_common::names;
+        for prog in [
+            names::SYS_EXIT,
+            names::SCHED_WAKING,
+            names::SCHED_WAKING_MARKED,
+            names::SCHED_SWITCH_QUEUED,
+            names::SCHED_SWITCH_DIRECT,
+        ] {
+            assert_eq!(placeholders(prog), (0, 0, 0), "{prog}");
+        }
+        let (calls, regs, _) = placeholders(names::SYS_EXIT_CAST);
+        assert!(calls >= 1 && regs >= 1, "sys_exit_cast: {calls} calls, {regs} pt_regs ids");
+        let (waking_calls, _, tasks) = placeholders(names::SCHED_WAKING_CHECKED);
+        assert!(
+            waking_calls >= 1 && tasks >= 1,
+            "sched_waking_checked: {waking_calls} calls, {tasks} task ids"
+        );
+        let (switch_calls, switch_regs, switch_tasks) = placeholders(names::SCHED_SWITCH_QUEUED_CAST);
+        assert!(
+            switch_calls >= 2 && switch_regs >= 1 && switch_tasks >= 1,
+            "sched_switch_queued_cast: {switch_calls} calls, {switch_regs} pt_regs ids, {switch_tasks} task ids"
+        );
+        let (calls, type_ids) =
+            (calls + waking_calls + switch_calls, regs + tasks + switch_regs + switch_tasks);
 
-        let ids = KfuncIds { rdonly_cast: 4242, pt_regs: 77 };
+        let ids = KfuncIds { rdonly_cast: 4242, pt_regs: 77, task_struct: 78 };
         let (out, done) = rewrite(BPF_OBJECT, ids).unwrap();
         assert!(done.calls >= calls && done.type_ids >= type_ids, "{done:?}");
         assert_eq!(out.bytes().len(), BPF_OBJECT.len());
@@ -134,7 +167,8 @@ mod tests {
         let mut kfunc_calls = 0;
         for s in rewritten.sections().filter(|s| s.kind() == SectionKind::Text) {
             let data = s.data().unwrap();
-            assert!(!insns(data).any(|(_, _, imm)| imm == RDONLY_CAST_CALL || imm == PT_REGS_TYPE));
+            assert!(!insns(data)
+                .any(|(_, _, imm)| [RDONLY_CAST_CALL, PT_REGS_TYPE, TASK_STRUCT_TYPE].contains(&imm)));
             kfunc_calls += insns(data)
                 .filter(|&(op, src, imm)| op == BPF_CALL && src == BPF_PSEUDO_KFUNC_CALL && imm == 4242)
                 .count();
@@ -149,7 +183,7 @@ mod tests {
         // bpf_rdonly_cast is 6.2's: a kernel that has it has pt_regs.
         if btf.func_id("bpf_rdonly_cast").is_some() {
             let ids = ids.expect("both ids");
-            assert_ne!(ids.rdonly_cast, ids.pt_regs);
+            assert!(ids.rdonly_cast != ids.pt_regs && ids.pt_regs != ids.task_struct, "{ids:?}");
         } else {
             assert_eq!(ids, None);
         }

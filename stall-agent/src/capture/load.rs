@@ -224,12 +224,15 @@ impl Capture {
         let mut sched = SchedHooks::default();
         for (prog, _, name) in ATTACH {
             let prog = if prog == names::SCHED_SWITCH {
-                switch_reads = load_switch(&mut ebpf, &features, config.task.flags)?;
+                switch_reads = load_switch(&mut ebpf, &features, config.task.flags, casts.is_some())?;
                 switch_reads.program()
             } else if prog == names::SCHED_WAKING && switch_reads == SwitchReads::Queued {
                 // The switch-in splits a woken task's span: the wakeup is only marked.
                 program(&mut ebpf, names::SCHED_WAKING_MARKED, RawTracePoint::load)?;
                 names::SCHED_WAKING_MARKED
+            } else if prog == names::SCHED_WAKING && switch_reads == SwitchReads::QueuedChecked {
+                // Loaded with the switch.
+                names::SCHED_WAKING_CHECKED
             } else {
                 program(&mut ebpf, prog, RawTracePoint::load)?;
                 prog
@@ -329,6 +332,12 @@ pub enum SwitchReads {
     /// `Direct`, and a woken task's wait for a CPU from the kernel's
     /// enqueue time (`task_flags::QUEUED_AT`): its wakeup reads no clock.
     Queued,
+    /// `Queued` where EEVDF delays dequeues (`task_flags::DELAYED_DEQUEUE`):
+    /// a wakeup reads the clock only where the wakee was enqueued before
+    /// it (`sched_waking_checked`), and the switch finds the task going
+    /// off-CPU and its registers by `bpf_rdonly_cast`, not by helper calls
+    /// (`sched_switch_queued_cast`): both need the kfunc rewrite.
+    QueuedChecked,
     /// Plain loads through its BTF pointer: no helper call per field.
     Direct,
     /// `bpf_probe_read_kernel` per field, registers from `bpf_task_pt_regs`.
@@ -342,6 +351,7 @@ impl SwitchReads {
     pub fn name(self) -> &'static str {
         match self {
             SwitchReads::Queued => "queued",
+            SwitchReads::QueuedChecked => "queued-checked",
             SwitchReads::Direct => "direct",
             SwitchReads::Probe => "probe",
             SwitchReads::ProbeStack => "probe-stack",
@@ -351,6 +361,7 @@ impl SwitchReads {
     fn program(self) -> &'static str {
         match self {
             SwitchReads::Queued => names::SCHED_SWITCH_QUEUED,
+            SwitchReads::QueuedChecked => names::SCHED_SWITCH_QUEUED_CAST,
             SwitchReads::Direct => names::SCHED_SWITCH_DIRECT,
             SwitchReads::Probe => names::SCHED_SWITCH,
             SwitchReads::ProbeStack => names::SCHED_SWITCH_STACK,
@@ -372,8 +383,15 @@ const SWITCH_READS_ENV: &str = "STALL_SWITCH_READS";
 /// Loads the cheapest `sched_switch` the kernel takes: whether plain loads
 /// through a BTF pointer are allowed in a raw tracepoint program is the
 /// verifier's to say, so its answer is the probe (a refused program is
-/// not loaded, and nothing of it stays).
-fn load_switch(ebpf: &mut aya::Ebpf, features: &Features, flags: u32) -> Result<SwitchReads, CaptureError> {
+/// not loaded, and nothing of it stays). Where EEVDF delays dequeues, the
+/// queued one goes only with `sched_waking_checked`, loaded here too,
+/// which needs the kfunc placeholders rewritten (`casts`).
+fn load_switch(
+    ebpf: &mut aya::Ebpf,
+    features: &Features,
+    flags: u32,
+    casts: bool,
+) -> Result<SwitchReads, CaptureError> {
     if !features.task_pt_regs {
         program(ebpf, names::SCHED_SWITCH_STACK, RawTracePoint::load)?;
         return Ok(SwitchReads::ProbeStack);
@@ -381,11 +399,17 @@ fn load_switch(ebpf: &mut aya::Ebpf, features: &Features, flags: u32) -> Result<
     let asked = std::env::var_os(SWITCH_READS_ENV);
     let probe_only = asked.as_ref().is_some_and(|v| v == "probe");
     let queued = !probe_only && asked.as_ref().is_none_or(|v| v != "direct");
-    if queued
-        && flags & task_flags::QUEUED_AT != 0
-        && program(ebpf, names::SCHED_SWITCH_QUEUED, RawTracePoint::load).is_ok()
-    {
-        return Ok(SwitchReads::Queued);
+    if queued && flags & task_flags::QUEUED_AT != 0 {
+        if flags & task_flags::DELAYED_DEQUEUE == 0 {
+            if program(ebpf, names::SCHED_SWITCH_QUEUED, RawTracePoint::load).is_ok() {
+                return Ok(SwitchReads::Queued);
+            }
+        } else if casts && program(ebpf, names::SCHED_WAKING_CHECKED, RawTracePoint::load).is_ok() {
+            if program(ebpf, names::SCHED_SWITCH_QUEUED_CAST, RawTracePoint::load).is_ok() {
+                return Ok(SwitchReads::QueuedChecked);
+            }
+            program(ebpf, names::SCHED_WAKING_CHECKED, RawTracePoint::unload)?;
+        }
     }
     if !probe_only && program(ebpf, names::SCHED_SWITCH_DIRECT, RawTracePoint::load).is_ok() {
         return Ok(SwitchReads::Direct);

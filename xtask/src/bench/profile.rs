@@ -224,8 +224,10 @@ pub fn parse_progs(text: &str) -> Vec<ProgCost> {
         let name = match name {
             "sched_process_e" => "sched_process_exec + _exit",
             "sched_switch_di" => "sched_switch_direct",
-            "sched_switch_qu" => "sched_switch_queued",
+            // `sched_switch_queued` and `_queued_cast` share the kernel's 15 characters.
+            "sched_switch_qu" => "sched_switch_queued(_cast)",
             "sched_waking_ma" => "sched_waking_marked",
+            "sched_waking_ch" => "sched_waking_checked",
             n => n,
         };
         match v.iter_mut().find(|p| p.name == name) {

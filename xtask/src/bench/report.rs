@@ -169,8 +169,10 @@ reads it stands for, so the per-file mean stays unbiased; `--latency-sample 1` t
 the task going off-CPU (ids, state, the kernel's on-CPU and runqueue totals, the syscall it sleeps \
 in) directly through the BTF pointers `bpf_get_current_task_btf` and `bpf_task_pt_regs` return; \
 the task coming on-CPU, and a wakeup's wakee, are found by a note keyed by their address (their \
-thread id, checked against the address their entry holds), not by reading them. What is left per \
-tracked switch is the two tasks' hash lookups, the clock, the two BTF helpers and the per-CPU \
+thread id, checked against the address their entry holds), not by reading them. From 6.12 on \
+(`sched_switch_queued_cast`) the task going off-CPU is the tracepoint's argument cast through \
+`bpf_rdonly_cast`, its registers the top of its stack cast likewise, so neither BTF helper is \
+called. What is left per tracked switch is the two tasks' hash lookups, the clock and the per-CPU \
 slot's flush and refill; tp_btf programs, which would take `next` as a BTF pointer too, are \
 refused on this host. The JSON summary's `switch_reads` says which variant ran.
 - **No byte loop in a hot program.** The slot's flush and refill once reset its counts with plain \
@@ -197,8 +199,8 @@ tasks' spans end and start at the same time), a counted wakeup once (`wake_ts`, 
 wakee's off-CPU span into blocked and waiting for a CPU). The syscall the task blocks in \
 (`bpf_task_pt_regs` and one load) costs about 40 ns of a switch-out; the waker's \
 `bpf_get_current_pid_tgid`, nothing measurable.
-- **Before 6.12, a wakeup reads no clock.** Where the kernel keeps `sched_info.last_queued` \
-(5.15 to 6.11 with the direct loads), `sched_switch_queued` takes a woken task's wait for a CPU at \
+- **A wakeup reads no clock.** Where the kernel keeps `sched_info.last_queued` \
+(5.15 on with the direct loads), `sched_switch_queued` takes a woken task's wait for a CPU at \
 its switch-in from the kernel: the runqueue's clock, which the switch has just updated, less the \
 time the task was enqueued, reached in five plain loads from the current task (`se.cfs_rq->rq`, \
 whose `curr` is the task coming in). That is the wait the kernel adds to the task's `run_delay` \
@@ -209,10 +211,16 @@ side with the timed pair): `sched_waking` 168 to 186 ns per run against 238 to 2
 wakeup also counts the wakeup's delivery (a timer's, or another CPU's interrupt) as waiting for a \
 CPU: a thread sleeping 1 ms at a time beside three CPU hogs on two CPUs had 41 and 53 ms of \
 runqueue by it against 19 and 24 ms of `run_delay`; by the enqueue, 15.3 and 24.7 ms against \
-15.3 and 24.7. It is not loaded from 6.12 on, so not on this host: EEVDF's delayed dequeue leaves \
-a blocked task queued for a while, and migrating it then enqueues it, setting `last_queued` long \
-before its wakeup (a 2 s poll counted as 2 s of runqueue, once in six runs on 6.12). Telling that \
-case apart at the wakeup takes a read of the wakee, which costs as much as the clock here.
+15.3 and 24.7. From 6.12 on, EEVDF's delayed dequeue leaves a blocked task queued for a while, and \
+migrating it then enqueues it, setting `last_queued` long before its wakeup (a 2 s poll counted as \
+2 s of runqueue, once in six runs on 6.12). There `sched_waking_checked` reads the wakee's \
+`last_queued` at the wakeup, by a plain load through `bpf_rdonly_cast` (no helper call): 0, the \
+wakeup's own enqueue will set it, and the wakeup is only marked; set, the wakeup is timed by the \
+clock. `sched_switch_queued_cast`, loaded with it, reaches the task going off-CPU by casting the \
+tracepoint's argument and its registers at the top of its stack, calling neither \
+`bpf_get_current_task_btf` nor `bpf_task_pt_regs`. Measured on this host (6.18, futex ping-pong, \
+`bpf_stats`, 3 rounds side by side with the build before): `sched_waking` 120 to 126 ns per run \
+against 160 to 166, `sched_switch` 232 to 246 against 238 to 248.
 - **A healthy node's switches run no stall program.** Attached, `sched_switch` and \
 `sched_waking` cost every switch of the node the tracepoints' dispatch even where the programs \
 decide \"not ours\" at once (a note keyed by the task's address, no hash lookup): with every \
