@@ -25,7 +25,7 @@ pub struct KfuncIds {
 }
 
 impl KfuncIds {
-    /// None where the kernel's BTF lacks either.
+    /// None where the kernel's BTF lacks any of them.
     pub fn find(btf: &KernelBtf) -> Option<Self> {
         Some(Self {
             rdonly_cast: btf.func_id("bpf_rdonly_cast")?,
