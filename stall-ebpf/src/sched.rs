@@ -629,13 +629,13 @@ fn enqueue_is_wakeup(t: &ThreadStats, cfg: &Config) -> bool {
 #[inline(always)]
 fn queued_at(cfg: &Config, current: *const u8, next: u64, ts: u64, since: u64) -> u64 {
     let o = &cfg.task;
-    // SAFETY: `current` is the current task as a BTF pointer. Each load is at an offset the agent took from the kernel's
-    // BTF for a field of the loaded type (pointers to `struct cfs_rq`,
-    // `struct rq` and `struct task_struct`, and `u64`s), through a pointer
-    // the verifier typed from the one before: it checks each against that
-    // BTF (refusing the program otherwise, and the agent loads another) and
-    // makes it a fault-safe load, a fault reading 0. Integers: any bytes
-    // are valid.
+    // SAFETY: `current` is the current task as a BTF pointer. Each load is
+    // at an offset the agent took from the kernel's BTF for a field of the
+    // loaded type (pointers to `struct cfs_rq`, `struct rq` and `struct
+    // task_struct`, and `u64`s), through a pointer the verifier typed from
+    // the one before: it checks each against that BTF (refusing the program
+    // otherwise, and the agent loads another) and makes it a fault-safe
+    // load, a fault reading 0. Integers: any bytes are valid.
     let (clock, queued) = unsafe {
         let cfs_rq = core::ptr::read_volatile(current.add(o.se_cfs_rq as usize) as *const *const u8);
         let rq = core::ptr::read_volatile(cfs_rq.add(o.cfs_rq_rq as usize) as *const *const u8);
@@ -801,7 +801,7 @@ fn waking<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
 /// since it last ran (or the load faulted).
 #[inline(always)]
 fn enqueued_before(task: u64, cfg: &Config) -> u64 {
-    let at = crate::rdonly_cast(task, stall_common::kfunc::TASK_STRUCT_TYPE);
+    let at = crate::rdonly_cast(task, kfunc::TASK_STRUCT_TYPE);
     // SAFETY: the verifier checks the load against `struct task_struct`
     // (the offset is one the agent took from the kernel's BTF for this
     // `u64`, a frozen constant) and makes it fault-safe: a fault reads 0.
