@@ -1,6 +1,6 @@
 //! The architecture's syscall numbers: which ones are which kind of wait (the
-//! kernel side's `SYSCALL_CLASS` table), and names for the report.
-use stall_common::{hook, syscall_class as class};
+//! kernel side's `SyscallTables`), and names for the report.
+use stall_common::{hook, syscall_class as class, SyscallTables};
 
 /// (number, name, class) for x86-64. Only waits need a class; the names
 /// cover what commonly blocks, so "other" can say what it was.
@@ -84,7 +84,7 @@ const TABLE: &[(u32, &str, u8)] = &[
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("stall's syscall table covers x86-64 only so far");
 
-/// What the raw syscall programs do per syscall number: the `HOOKS` table.
+/// What the raw syscall programs do per syscall number (`SyscallTables::hooks`).
 /// The read and write families are their wait classes; the rest are named.
 pub fn hook_table() -> Vec<(u32, u8)> {
     TABLE
@@ -113,9 +113,21 @@ pub fn hook_table() -> Vec<(u32, u8)> {
         .collect()
 }
 
-/// The class table indexed by syscall number.
+/// The wait class per syscall number (`SyscallTables::classes`).
 pub fn class_table() -> Vec<(u32, u8)> {
     TABLE.iter().filter(|(_, _, c)| *c != class::OTHER).map(|&(nr, _, c)| (nr, c)).collect()
+}
+
+/// Both tables as the programs read them, in their configuration.
+pub fn tables() -> SyscallTables {
+    let mut t = SyscallTables::default();
+    for (nr, what) in hook_table() {
+        t.hooks[nr as usize] = what;
+    }
+    for (nr, c) in class_table() {
+        t.classes[nr as usize] = c;
+    }
+    t
 }
 
 pub fn name(nr: i64) -> String {
@@ -150,6 +162,20 @@ mod tests {
         assert_eq!(class(1), class::WRITE);
         let syncs: Vec<u32> = TABLE.iter().filter(|t| t.2 == class::SYNC).map(|t| t.0).collect();
         assert_eq!(syncs, [74, 75, 277, 26, 162, 306]);
+    }
+
+    #[test]
+    fn the_programs_tables_hold_every_hook_and_class() {
+        let t = tables();
+        for (nr, what) in hook_table() {
+            assert_eq!(t.hook(i64::from(nr)), what);
+        }
+        assert_eq!(t.hook(202), hook::NONE, "futex is not hooked");
+        assert_eq!(t.class(202), class::FUTEX);
+        assert_eq!(t.class(0), class::READ);
+        for nr in [-1, i64::from(class::TABLE_LEN), i64::MAX] {
+            assert_eq!((t.hook(nr), t.class(nr)), (hook::NONE, class::OTHER), "{nr}");
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! What the agent sets for the programs: the load-time `Config` global, the
-//! per-syscall tables (`SYSCALL_CLASS`, `HOOKS`), the `TRACK_GEN` value, and
-//! the indices of the `COUNTERS` array.
+//! What the agent sets for the programs: the load-time `Config` global with
+//! its per-syscall tables (`SyscallTables`), the `TRACK_GEN` value, and the
+//! indices of the `COUNTERS` array.
 
 use crate::{inflight, PageCacheOffsets, Regs, TaskOffsets, UringLayout};
 
@@ -29,6 +29,53 @@ pub struct Config {
     pub ringbuf_wake_bytes: u32,
     pub page: PageCacheOffsets,
     pub uring: UringLayout,
+    pub tables: SyscallTables,
+}
+
+/// Per syscall number, what the programs do with it: read-only data beside
+/// the rest of the configuration, so that a lookup is one load from memory
+/// the programs touch anyway (as a map, each syscall of the machine paid a
+/// lookup's instructions twice, at its entry and its return).
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct SyscallTables {
+    /// What the raw syscall programs do (`hook`).
+    pub hooks: [u8; syscall_class::TABLE_LEN as usize],
+    /// What a thread blocked in it waits for (`syscall_class`).
+    pub classes: [u8; syscall_class::TABLE_LEN as usize],
+}
+
+impl SyscallTables {
+    /// The `hook` kind of syscall `nr` (`hook::NONE` out of the table).
+    #[inline(always)]
+    pub fn hook(&self, nr: i64) -> u8 {
+        usize::try_from(nr).ok().and_then(|i| self.hooks.get(i)).copied().unwrap_or(hook::NONE)
+    }
+
+    /// The `syscall_class` of syscall `nr` (`OTHER` out of the table).
+    #[inline(always)]
+    pub fn class(&self, nr: i64) -> u8 {
+        usize::try_from(nr).ok().and_then(|i| self.classes.get(i)).copied().unwrap_or(syscall_class::OTHER)
+    }
+}
+
+impl Default for SyscallTables {
+    fn default() -> Self {
+        Self {
+            hooks: [hook::NONE; syscall_class::TABLE_LEN as usize],
+            classes: [syscall_class::OTHER; syscall_class::TABLE_LEN as usize],
+        }
+    }
+}
+
+impl core::fmt::Debug for SyscallTables {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let set = |t: &[u8]| t.iter().filter(|&&v| v != 0).count();
+        f.debug_struct("SyscallTables")
+            .field("hooked", &set(&self.hooks))
+            .field("classified", &set(&self.classes))
+            .finish()
+    }
 }
 
 /// Hooked calls (entries and returns, `CpuSlot::events`) since a thread came
@@ -54,8 +101,8 @@ impl Config {
     }
 }
 
-/// How a syscall number maps to a wait reason; the values of the
-/// `SYSCALL_CLASS` array map, filled by the agent for its architecture.
+/// How a syscall number maps to a wait reason; the values of
+/// `SyscallTables::classes`, filled by the agent for its architecture.
 pub mod syscall_class {
     pub const OTHER: u8 = 0;
     pub const FUTEX: u8 = 1;
@@ -71,8 +118,8 @@ pub mod syscall_class {
     pub const TABLE_LEN: u32 = 1024;
 }
 
-/// What the raw syscall programs do for a syscall number; the values of the
-/// `HOOKS` array map, filled by the agent for its architecture.
+/// What the raw syscall programs do for a syscall number; the values of
+/// `SyscallTables::hooks`, filled by the agent for its architecture.
 pub mod hook {
     pub const NONE: u8 = 0;
     /// read, pread64, readv, preadv, preadv2 (fd is argument 0 of each).
@@ -193,7 +240,12 @@ mod tests {
     // Sizes are fixed so a change on one side cannot silently desync the other.
     #[test]
     fn layouts_have_no_hidden_padding() {
-        assert_eq!(size_of::<Config>(), 84 + size_of::<PageCacheOffsets>() + size_of::<UringLayout>());
+        assert_eq!(
+            size_of::<Config>(),
+            84 + size_of::<PageCacheOffsets>()
+                + size_of::<UringLayout>()
+                + 2 * syscall_class::TABLE_LEN as usize
+        );
     }
 
     #[test]

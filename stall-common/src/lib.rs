@@ -18,7 +18,7 @@ mod pagecache;
 mod sched;
 mod uring;
 
-pub use config::{counter, hook, syscall_class, track_gen, Config, LATENCY_RUN_EVENTS};
+pub use config::{counter, hook, syscall_class, track_gen, Config, SyscallTables, LATENCY_RUN_EVENTS};
 pub use events::{
     event_kind, CloseEvent, EventHeader, ExecEvent, ExitEvent, NewTaskEvent, OpenEvent, SwitchEvent,
 };

@@ -23,10 +23,9 @@ pub const URING_FD: &str = "URING_FD";
 pub const WAKES: &str = "WAKES";
 pub const WAKES_BY_PROC: &str = "WAKES_BY_PROC";
 pub const WAKE_CACHE: &str = "WAKE_CACHE";
-pub const SYSCALL_CLASS: &str = "SYSCALL_CLASS";
-pub const HOOKS: &str = "HOOKS";
 pub const CPU_SLOT: &str = "CPU_SLOT";
-pub const TRACK_GEN: &str = "TRACK_GEN";
+/// The object's `.bss`, which holds the `TRACK_GEN` global alone.
+pub const TRACK_GEN: &str = ".bss";
 pub const TIMELINE_JOB: &str = "TIMELINE_JOB";
 /// Kernel-side only: the agent never opens it.
 pub const UNTRACKED: &str = "UNTRACKED";
@@ -133,8 +132,6 @@ pub const MAPS: &[&str] = &[
     WAKES,
     WAKES_BY_PROC,
     WAKE_CACHE,
-    SYSCALL_CLASS,
-    HOOKS,
     CPU_SLOT,
     TRACK_GEN,
     UNTRACKED,

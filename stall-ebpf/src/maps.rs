@@ -5,8 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use stall_common::{
-    counter, syscall_class, CpuSlot, FdKey, FileStats, InodeBytes, InodeKey, ThreadStats, UringKey,
-    UringRead, UringReads, WakeCache, WakeKey, WakeStats, WAKE_CACHE_SLOTS,
+    counter, CpuSlot, FdKey, FileStats, InodeBytes, InodeKey, ThreadStats, UringKey, UringRead, UringReads,
+    WakeCache, WakeKey, WakeStats, WAKE_CACHE_SLOTS,
 };
 
 /// Tracked threads by tid. Being here is what "tracked" means.
@@ -55,22 +55,9 @@ pub static WAKES_BY_PROC: HashMap<WakeKey, WakeStats> = HashMap::with_max_entrie
 #[map]
 pub static WAKE_CACHE: PerCpuArray<WakeCache> = PerCpuArray::with_max_entries(WAKE_CACHE_SLOTS, 0);
 
-/// Syscall number → wait class, filled by the agent for its architecture.
-#[map]
-pub static SYSCALL_CLASS: Array<u8> = Array::with_max_entries(syscall_class::TABLE_LEN, 0);
-
-/// Syscall number → what the raw syscall programs do with it (`hook`).
-#[map]
-pub static HOOKS: Array<u8> = Array::with_max_entries(syscall_class::TABLE_LEN, 0);
-
 /// What each CPU runs now, with the hot per-thread state (see `CpuSlot`).
 #[map]
 pub static CPU_SLOT: PerCpuArray<CpuSlot> = PerCpuArray::with_max_entries(1, 0);
-
-/// Bumped by the agent whenever it changes `THREADS`, `FILES` or `CGROUPS`
-/// itself: a slot filled under an older value is looked up again.
-#[map]
-pub static TRACK_GEN: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Tasks known not to be tracked, by a hash of their address: see
 /// untracked.rs. Kernel-side only.

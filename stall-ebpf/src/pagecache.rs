@@ -15,7 +15,6 @@ use crate::{
     atomic_add, bump, config, current, current_task,
     maps::INODE_BYTES,
     sched::{read_u32, read_u64, read_u8, syscall_nr},
-    syscalls::hook_of,
     BPF_NOEXIST,
 };
 
@@ -49,7 +48,7 @@ fn fill<const STACK: bool>(ctx: &RawTracePointContext) -> i32 {
         return 0;
     };
     // In a write: these are the pages being written.
-    if hook_of(i64::from(syscall_nr::<STACK>(current_task(), &cfg))) == hook::WRITE {
+    if cfg.tables.hook(i64::from(syscall_nr::<STACK>(current_task(), &cfg))) == hook::WRITE {
         return 0;
     }
     let folio: u64 = ctx.arg(0);

@@ -10,7 +10,7 @@ use stall_common::{counter, fd_kind, inflight, slot_state, Config, CpuSlot, FdKe
 
 use crate::{
     atomic_add, bump_by, current, ids,
-    maps::{CPU_SLOT, FILES, THREADS, TRACK_GEN},
+    maps::{CPU_SLOT, FILES, THREADS},
 };
 
 #[inline(always)]
@@ -26,9 +26,23 @@ pub(crate) fn slot() -> Option<&'static mut CpuSlot> {
     CPU_SLOT.get_ptr_mut(0).map(|p| unsafe { &mut *p })
 }
 
+/// Bumped by the agent whenever it changes `THREADS`, `FILES` or `CGROUPS`
+/// itself (`stall_common::track_gen`): a slot filled under an older value
+/// is looked up again. A global, alone in the object's `.bss` (the agent
+/// writes it there), rather than a map: every syscall of a tracked task
+/// reads it, and a global is one load where a map lookup took a dozen
+/// instructions and a stack slot.
+// SAFETY: no other symbol of the object is named `TRACK_GEN`; the name is
+// kept so that the linker cannot merge or drop it. Mutable so that it lands
+// in `.bss` (writable), not `.rodata`; no program writes it.
+#[unsafe(no_mangle)]
+static mut TRACK_GEN: u32 = 0;
+
 #[inline(always)]
 pub(crate) fn generation() -> u32 {
-    TRACK_GEN.get(0).copied().unwrap_or(0)
+    // SAFETY: an aligned `u32` that only the agent writes (a 4-byte store):
+    // the volatile read keeps the compiler from folding the zero it sees.
+    unsafe { core::ptr::read_volatile(&raw const TRACK_GEN) }
 }
 
 /// The slot of the current task if it is tracked, looked up again if it

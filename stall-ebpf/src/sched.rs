@@ -24,7 +24,7 @@ use stall_common::{
 
 use crate::{
     adopt_into, atomic_add, bump, config, current_comm, ids,
-    maps::{FILES, SYSCALL_CLASS, THREADS, WAKES, WAKES_BY_PROC, WAKE_CACHE},
+    maps::{FILES, THREADS, WAKES, WAKES_BY_PROC, WAKE_CACHE},
     now, running, tracked,
     untracked::{self, Noted},
     watched_job,
@@ -472,11 +472,7 @@ fn switch_out<const HOW: u8>(t: &mut ThreadStats, tgid: u32, state: u8, ts: u64,
     }
     let (regs, nr) = prev.regs_and_nr::<HOW>(cfg);
     t.off_nr = nr;
-    let class = if nr >= 0 {
-        SYSCALL_CLASS.get(nr as u32).copied().unwrap_or(syscall_class::OTHER)
-    } else {
-        syscall_class::OTHER
-    };
+    let class = cfg.tables.class(i64::from(nr));
     t.off_reason = match class {
         syscall_class::FUTEX => reason::FUTEX,
         syscall_class::POLL => reason::POLL,

@@ -18,8 +18,9 @@
 //! per syscall: the per-syscall events cost a perf record per call (about
 //! twice the floor here), while a raw tracepoint hands the program the
 //! registers. Both run for every syscall of the machine, so the first
-//! checks are a table lookup by number (enter) and the per-CPU slot
-//! (exit): an untracked task never reaches a hash map.
+//! check is the number's entry in the configuration's table (one load;
+//! the plain exit looks at the per-CPU slot first), then the slot: an
+//! untracked task never reaches a hash map.
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
@@ -31,13 +32,13 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use stall_common::{
-    counter, event_kind, fd_kind, hook, inflight, kfunc, syscall_class, zeroed_in, CloseEvent, Config,
-    CpuSlot, FdKey, FileStats, OpenEvent, Regs, PATH_LEN,
+    counter, event_kind, fd_kind, hook, inflight, kfunc, zeroed_in, CloseEvent, Config, CpuSlot, FdKey,
+    FileStats, OpenEvent, Regs, PATH_LEN,
 };
 
 use crate::{
     bump, config, header,
-    maps::{EVENTS, FILES, FILE_SEQ, HOOKS},
+    maps::{EVENTS, FILES, FILE_SEQ},
     now,
     running::{count_read, count_write, time_this_read, tracked_slot, uncache_fd},
     submit_flags,
@@ -49,7 +50,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     if cfg.floor != 0 {
         return 0;
     }
-    let what = hook_of(ctx.arg(1));
+    let what = cfg.tables.hook(ctx.arg(1));
     if what == hook::NONE {
         return 0;
     }
@@ -74,7 +75,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
             return 0;
         }
         let (nr, arg0) = nr_and_arg0(regs, &cfg.regs);
-        exit(cfg, s, hook_of(nr), regs, ctx.arg(1), arg0);
+        exit(cfg, s, cfg.tables.hook(nr), regs, ctx.arg(1), arg0);
     }
     0
 }
@@ -96,7 +97,7 @@ pub fn sys_exit_cast(ctx: RawTracePointContext) -> i32 {
     }
     let regs: u64 = ctx.arg(0);
     let (nr, arg0) = nr_and_arg0_cast(regs);
-    let hooked = hook_of(nr);
+    let hooked = cfg.tables.hook(nr);
     if hooked == hook::NONE {
         return 0;
     }
@@ -281,15 +282,6 @@ const O_CREAT_WRONLY_TRUNC: u32 = 0o1101;
 const O_DIRECTORY: u32 = 0o200000;
 const F_DUPFD: u64 = 0;
 const F_DUPFD_CLOEXEC: u64 = 1030;
-
-/// What the programs do with syscall `nr` (`hook::NONE`: nothing).
-#[inline(always)]
-pub(crate) fn hook_of(nr: i64) -> u8 {
-    if !(0..i64::from(syscall_class::TABLE_LEN)).contains(&nr) {
-        return hook::NONE;
-    }
-    HOOKS.get(nr as u32).copied().unwrap_or(hook::NONE)
-}
 
 /// A read-family call entered on `fd`; a sample of them is timed
 /// (`time_this_read`).

@@ -103,8 +103,15 @@ pub struct Workload {
     strace_args: Vec<String>,
     /// The neighbour workload: `args` run untraced while the traced job runs under the mode.
     neighbour: bool,
+    /// Rounds per `--runs`: more for the short loops whose targets are a
+    /// few points of their baseline, where one round's noise is several.
+    pub rounds_per_run: usize,
     pub samples: Vec<(Mode, Sample)>,
 }
+
+/// `rounds_per_run` of the workloads with a target of a few points above
+/// the floor (pread-4k, futex-pingpong) and of copy-4k beside them.
+const PER_CALL_ROUNDS: usize = 3;
 
 pub struct CostRow {
     pub label: String,
@@ -257,6 +264,7 @@ pub fn run(opts: &Options) -> Result<()> {
         .collect();
 
     for w in &mut workloads {
+        let runs = runs * w.rounds_per_run;
         println!("xtask bench: {}: {} — {runs} runs × {} modes", w.key, w.title, modes.len());
         warm(&files)?;
         for run in 0..runs {
@@ -382,6 +390,11 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
         args,
         strace_args,
         neighbour,
+        rounds_per_run: if matches!(key, "pread-4k" | "copy-4k" | "futex-pingpong") {
+            PER_CALL_ROUNDS
+        } else {
+            1
+        },
         samples: Vec::new(),
     };
     vec![

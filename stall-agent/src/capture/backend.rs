@@ -60,7 +60,7 @@ impl Backend {
 }
 
 /// (program, tracepoint) for the raw tracepoints: every syscall's entry and
-/// exit (the programs pick the ones in the `HOOKS` table). The exit's
+/// exit (the programs pick the ones in `SyscallTables::hooks`). The exit's
 /// program is `sys_exit_cast` where the kernel takes it.
 pub const ATTACH_RAW: [(&str, &str); 2] = [(names::SYS_ENTER, "sys_enter"), (names::SYS_EXIT, "sys_exit")];
 

@@ -1,7 +1,7 @@
 //! Loading: the kernel's features and layouts probed, the object loaded
 //! with them, and the programs attached. What fails says why in one line.
 use aya::{
-    maps::{Array, MapData, MapType, RingBuf},
+    maps::{MapData, MapType, RingBuf},
     programs::{raw_trace_point::RawTracePointLinkId, ProgramType, RawTracePoint},
     sys::BpfHelper,
     Btf, EbpfLoader,
@@ -12,7 +12,7 @@ use tokio::io::unix::AsyncFd;
 use super::{
     backend::{self, SyscallHooks},
     btf,
-    error::{load_err, map_err},
+    error::load_err,
     kfunc, mapped,
     object::{attached_program, program, take, BPF_OBJECT},
     tracefs, uring, Capture, CaptureError,
@@ -193,6 +193,7 @@ impl Capture {
                 .filter(|_| tracefs.has("io_uring", uring::COMPLETE))
                 .and_then(|submit| uring::layout(&kernel_btf, submit))
                 .unwrap_or_default(),
+            tables: syscalls::tables(),
         };
         // Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
         let _ = nix::sys::resource::setrlimit(
@@ -272,17 +273,6 @@ impl Capture {
                     .attach(uring::FILE_GET)
                     .map_err(load_err)?;
             }
-        }
-        // The tables first: a program attached before them would see every
-        // syscall as unhooked, which is only harmless because nothing is
-        // tracked yet.
-        let mut classes: Array<_, u8> = take(&mut ebpf, names::SYSCALL_CLASS)?;
-        for (nr, class) in syscalls::class_table() {
-            classes.set(nr, class, 0).map_err(map_err(names::SYSCALL_CLASS))?;
-        }
-        let mut hooks: Array<_, u8> = take(&mut ebpf, names::HOOKS)?;
-        for (nr, what) in syscalls::hook_table() {
-            hooks.set(nr, what, 0).map_err(map_err(names::HOOKS))?;
         }
         let hooks = backend::Hooks::load(
             &mut ebpf,
@@ -481,6 +471,20 @@ mod tests {
             names::PROGRAMS.len(),
             "a program of the object is not in names::PROGRAMS"
         );
+    }
+
+    /// The agent writes the tracking generation as the whole value of the
+    /// object's `.bss` map (`names::TRACK_GEN`): any other mutable global
+    /// there would share, and break, that value.
+    #[test]
+    fn the_bss_holds_the_tracking_generation_alone() {
+        use object::{Object, ObjectSection, ObjectSymbol};
+        assert!(!BPF_OBJECT.is_empty(), "built with STALL_BPF_STUB: no kernel object to check");
+        let obj = object::File::parse(BPF_OBJECT).expect("the kernel object parses");
+        let bss = obj.section_by_name(names::TRACK_GEN).expect("a .bss section");
+        assert_eq!(bss.size(), 4, "the .bss holds more than a u32");
+        let sym = obj.symbols().find(|s| s.name() == Ok("TRACK_GEN")).expect("the TRACK_GEN symbol");
+        assert_eq!(sym.section_index(), Some(bss.index()));
     }
 
     /// LLVM turns a struct literal's zeroed fields into a `memset`, which
