@@ -372,6 +372,11 @@ pub struct CpuSlot {
     /// `write_file_id`.
     pub write_bytes: u64,
     pub write_calls: u64,
+    /// This CPU's runqueue clock and the clock (`bpf_ktime_get_ns`) read at
+    /// one switch: later switches count on from them by the runqueue's
+    /// clock alone for a while. Not the task's: kept across switches.
+    pub clock_rq: u64,
+    pub clock_mono: u64,
 }
 
 /// Stores `v` in `*field` as a store of its own. LLVM merges plain stores
@@ -422,7 +427,8 @@ impl CpuSlot {
     /// `CpuSlot { rng, tid, tgid, job, gen, tracked, file_fd: -1,
     /// write_fd: -1, in-flight call and registers from t, native: whether
     /// t knows its registers, ..Default::default() }` would set it, `rng`
-    /// kept, one store per field (see [`store_apart`]).
+    /// and the CPU's clocks (`clock_rq`, `clock_mono`) kept, one store per
+    /// field (see [`store_apart`]).
     #[inline(always)]
     pub fn load_thread(&mut self, tid: u32, tgid: u32, gen: u32, t: &ThreadStats) {
         self.tid = tid;
@@ -548,7 +554,7 @@ mod tests {
         assert_eq!(size_of::<WakeCache>(), 16);
         assert_eq!(size_of::<TaskOffsets>(), 56);
         assert_eq!(size_of::<Regs>(), 16);
-        assert_eq!(size_of::<CpuSlot>(), 224);
+        assert_eq!(size_of::<CpuSlot>(), 240);
         assert_eq!(core::mem::offset_of!(CpuSlot, file_write_bytes), 136, "a read's fields first");
     }
 
@@ -584,6 +590,8 @@ mod tests {
             s.load_thread(11, 12, 5, &t);
             let want = CpuSlot {
                 rng: u32::from_ne_bytes([b; 4]),
+                clock_rq: u64::from_ne_bytes([b; 8]),
+                clock_mono: u64::from_ne_bytes([b; 8]),
                 tid: 11,
                 tgid: 10,
                 job: 3,
