@@ -713,8 +713,10 @@ fn respawned_workers_every_epoch() {
     let s = disk_scratch("respawn");
     let cache = s.path("cache");
     let truth_path = s.path("truth.json");
-    // 8 MB/s: I/O-bound even where Python runs slowly (an emulated CPU).
-    let mut args = shards(&cache, 4, 4, 8);
+    // 4 MB/s: I/O-bound even where Python runs slowly. Under CI's emulated
+    // CPU with the host loaded, forked workers spent 38% of their lives on
+    // CPU and 11% waiting for one at 8 MB/s, more than in their reads.
+    let mut args = shards(&cache, 4, 3, 4);
     args.extend(
         [
             "--workers",
