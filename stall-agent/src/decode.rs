@@ -213,6 +213,10 @@ fn read<T: Copy>(buf: &[u8]) -> Result<T, DecodeError> {
     Ok(unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<T>()) })
 }
 
+/// The name of waker 0: a wakeup made in interrupt context (a device, a
+/// timer, the network), which the kernel side gives to no task.
+pub const KERNEL_WAKER: &str = "[interrupt]";
+
 pub fn comm(raw: &[u8; COMM_LEN]) -> String {
     let end = raw.iter().position(|b| *b == 0).unwrap_or(COMM_LEN);
     String::from_utf8_lossy(&raw[..end]).into_owned()

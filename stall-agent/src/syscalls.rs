@@ -37,8 +37,8 @@ const TABLE: &[(u32, &str, u8)] = &[
     (296, "pwritev", class::WRITE),
     (328, "pwritev2", class::WRITE),
     (42, "connect", class::OTHER),
-    (44, "sendto", class::OTHER),
-    (46, "sendmsg", class::OTHER),
+    (44, "sendto", class::WRITE),
+    (46, "sendmsg", class::WRITE),
     (56, "clone", class::OTHER),
     (57, "fork", class::OTHER),
     (59, "execve", class::OTHER),
@@ -130,6 +130,8 @@ pub fn tables() -> SyscallTables {
     t
 }
 
+/// The syscall's name: from the table, else from the architecture's full
+/// list, else its number.
 pub fn name(nr: i64) -> String {
     if nr < 0 {
         return "no syscall".into();
@@ -138,6 +140,7 @@ pub fn name(nr: i64) -> String {
         .iter()
         .find(|(n, _, _)| i64::from(*n) == nr)
         .map(|(_, name, _)| (*name).to_string())
+        .or_else(|| Some(::syscalls::Sysno::new(usize::try_from(nr).ok()?)?.name().to_string()))
         .unwrap_or_else(|| format!("syscall {nr}"))
 }
 
@@ -158,6 +161,9 @@ mod tests {
         }
         assert_eq!(name(202), "futex");
         assert_eq!(name(9999), "syscall 9999");
+        // Not in the table, named all the same.
+        assert_eq!(name(73), "flock");
+        assert_eq!(name(293), "pipe2");
         assert_eq!(class(7), class::POLL);
         assert_eq!(class(1), class::WRITE);
         let syncs: Vec<u32> = TABLE.iter().filter(|t| t.2 == class::SYNC).map(|t| t.0).collect();

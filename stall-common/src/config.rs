@@ -110,7 +110,7 @@ pub mod syscall_class {
     pub const READ: u8 = 2;
     pub const POLL: u8 = 3;
     pub const SLEEP: u8 = 4;
-    /// write-family: refined to WRITE (a file) or POLL (a pipe or socket,
+    /// write-family: refined to WRITE (a file) or SEND (a pipe or socket,
     /// waiting for its reader) by the descriptor's kind.
     pub const WRITE: u8 = 5;
     /// The sync family: always SYNC.

@@ -31,9 +31,47 @@ pub mod reason {
     /// throttling). The kernel side never sets it: the agent moves it out
     /// of RUNQUEUE, apportioned from the cgroup's `cpu.stat`.
     pub const THROTTLED: u8 = 8;
-    pub const COUNT: usize = 9;
+    /// Blocked writing a pipe or socket: waiting for its reader or peer to
+    /// take the data (stdout into a slow log shipper, an upload).
+    pub const SEND: u8 = 9;
+    pub const COUNT: usize = 10;
     pub const NAMES: [&str; COUNT] =
-        ["futex", "io", "poll", "sleep", "runqueue", "other", "write", "sync", "throttled"];
+        ["futex", "io", "poll", "sleep", "runqueue", "other", "write", "sync", "throttled", "send"];
+
+    /// The reason a thread blocked in a syscall of `class` (a
+    /// [`crate::syscall_class`]) waits for; the one rule both sides apply.
+    /// `on_file`, asked only for the read and write families: whether the
+    /// call's descriptor is a regular file (a file's read is input, its
+    /// write output; a pipe's or socket's read waits for another party, its
+    /// write for the party that takes the data).
+    #[inline(always)]
+    pub fn for_class(class: u8, uninterruptible: bool, on_file: impl FnOnce() -> bool) -> u8 {
+        use crate::syscall_class as c;
+        match class {
+            c::FUTEX => FUTEX,
+            c::POLL => POLL,
+            c::SLEEP => SLEEP,
+            c::READ => {
+                if on_file() {
+                    IO
+                } else {
+                    POLL
+                }
+            }
+            c::WRITE => {
+                if on_file() {
+                    WRITE
+                } else {
+                    SEND
+                }
+            }
+            c::SYNC => SYNC,
+            // Uninterruptible sleep outside the known waits: disk I/O (page
+            // faults on mapped files, metadata reads), rarely a kernel lock.
+            _ if uninterruptible => IO,
+            _ => OTHER,
+        }
+    }
 
     /// The reason's name; "other" for a value no reason has.
     pub fn name(r: u8) -> &'static str {
@@ -286,7 +324,9 @@ pub struct Regs {
     /// and are not counted.
     pub cs: u16,
     pub user_cs: u16,
-    pub _pad: [u16; 2],
+    /// The return value (`ax` on x86-64): `-ENOSYS` while a syscall runs.
+    pub ax: u16,
+    pub _pad: u16,
 }
 
 /// `CpuSlot::tracked`.
@@ -546,7 +586,7 @@ mod tests {
     fn layouts_have_no_hidden_padding() {
         assert_eq!(
             size_of::<ThreadStats>(),
-            4 * 2 + 8 + 8 * 9 + 8 * 12 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 7
+            4 * 2 + 8 + 8 * 10 + 8 * 12 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 7
         );
         assert_eq!(size_of::<ThreadStats>() % 8, 0);
         assert_eq!(size_of::<WakeKey>(), 8);

@@ -474,32 +474,9 @@ fn switch_out<const HOW: u8>(t: &mut ThreadStats, tgid: u32, state: u8, ts: u64,
     let (regs, nr) = prev.regs_and_nr::<HOW>(cfg);
     t.off_nr = nr;
     let class = cfg.tables.class(i64::from(nr));
-    t.off_reason = match class {
-        syscall_class::FUTEX => reason::FUTEX,
-        syscall_class::POLL => reason::POLL,
-        syscall_class::SLEEP => reason::SLEEP,
-        // A blocking read or write of a file is I/O; of a pipe or socket it
-        // is a wait on another party, like poll.
-        syscall_class::READ => {
-            if on_file(t, tgid, inflight::READ, state, regs, cfg) {
-                reason::IO
-            } else {
-                reason::POLL
-            }
-        }
-        syscall_class::WRITE => {
-            if on_file(t, tgid, inflight::WRITE, state, regs, cfg) {
-                reason::WRITE
-            } else {
-                reason::POLL
-            }
-        }
-        syscall_class::SYNC => reason::SYNC,
-        // Uninterruptible sleep outside the known waits: disk I/O (page
-        // faults on mapped files, metadata reads), rarely a kernel lock.
-        _ if state == UNINTERRUPTIBLE => reason::IO,
-        _ => reason::OTHER,
-    };
+    let what = if class == syscall_class::READ { inflight::READ } else { inflight::WRITE };
+    t.off_reason =
+        reason::for_class(class, state == UNINTERRUPTIBLE, || on_file(t, tgid, what, state, regs, cfg));
 }
 
 /// Whether the read or write (`what`, an `inflight` kind) `t` blocks in is
@@ -812,9 +789,10 @@ fn waking<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
         _ => now(),
     };
     t.wakeups += 1;
-    // The waker is whoever runs now (in interrupt context: the interrupted
-    // task; the agent discounts wakers of I/O waits for that reason).
-    let pid_tgid = bpf_get_current_pid_tgid();
+    // The waker is whoever runs now, unless this is interrupt context (a
+    // device, a timer, the network's softirq): the wakeup is the kernel's
+    // then, not the interrupted task's.
+    let pid_tgid = if in_interrupt(cfg) { 0 } else { bpf_get_current_pid_tgid() };
     let key = WakeKey { wakee, waker: pid_tgid as u32 };
     // SAFETY: this CPU's element of a per-CPU array, valid memory for the
     // program's run. Besides this program only the agent writes it (to
@@ -837,6 +815,8 @@ fn waking<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
         return 0;
     }
     let waker_tgid = (pid_tgid >> 32) as u32;
+    // Waker 0 (an interrupt) keeps the interrupted task's name here; the
+    // agent names it.
     let fresh = WakeStats { count: 1, waker_tgid, _pad: 0, waker_comm: current_comm() };
     if WAKES.insert(key, fresh, 0).is_ok() {
         return 0;
@@ -851,6 +831,32 @@ fn waking<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
         bump(counter::LOST_WAKE_MAP);
     }
     0
+}
+
+/// Whether this program runs in interrupt context (a device, a timer, the
+/// network's softirq). x86-64 runs an interrupt that came while the CPU ran
+/// kernel code (a syscall, the idle loop) on a stack of its own, outside
+/// the current task's (`stack` up to its saved user registers); one that
+/// came from user mode on the task's own stack, then empty, whose saved
+/// registers are the interrupted program's — where a syscall's hold
+/// `-ENOSYS` in `ax` until it returns.
+#[inline(always)]
+fn in_interrupt(cfg: &Config) -> bool {
+    const ENOSYS: i64 = 38;
+    let base = read_u64(crate::current_task(), cfg.task.stack);
+    if base == 0 {
+        return false;
+    }
+    let regs = base + u64::from(cfg.task.regs_in_stack);
+    let mark = 0u8;
+    // The address of a slot of this frame: compared, never dereferenced
+    // (comparing a stack pointer needs CAP_PERFMON, which stall has).
+    let here = core::hint::black_box(core::ptr::addr_of!(mark)) as u64;
+    if here < base || here >= regs {
+        return true;
+    }
+    let user = read_u64(regs, u32::from(cfg.regs.cs)) & 3 == 3;
+    user && read_u64(regs, u32::from(cfg.regs.ax)) as i64 != -ENOSYS
 }
 
 /// The `sched_info.last_queued` of the task at `task` (not the current one),

@@ -62,7 +62,12 @@ impl Capture {
                 wakee: k.wakee,
                 waker: k.waker,
                 waker_tgid: w.waker_tgid,
-                waker_comm: decode::comm(&w.waker_comm),
+                // Waker 0: the kernel, in an interrupt (see `in_interrupt`).
+                waker_comm: if k.waker == 0 {
+                    decode::KERNEL_WAKER.into()
+                } else {
+                    decode::comm(&w.waker_comm)
+                },
                 count: w.count,
             })
             .collect();

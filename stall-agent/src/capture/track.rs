@@ -3,7 +3,7 @@
 //! kernel side counts from the first moment on.
 use std::{collections::HashSet, path::Path};
 
-use stall_common::{fd_kind, names, reason, syscall_class, track_gen, FdKey, FileStats};
+use stall_common::{fd_kind, names, reason, track_gen, FdKey, FileStats};
 
 use super::{cgroup, error::map_err, procfs, schedstat, Capture, CaptureError};
 use crate::{
@@ -211,22 +211,7 @@ impl Capture {
 /// shows: the syscall it is in, its state letter, and (for reads) whether
 /// the descriptor is a regular file. Mirrors the kernel side's rules.
 pub fn classify_blocked(nr: i64, state: char, fd_regular: impl FnOnce() -> Option<bool>) -> u8 {
-    match syscalls::class(nr) {
-        syscall_class::FUTEX => reason::FUTEX,
-        syscall_class::POLL => reason::POLL,
-        syscall_class::SLEEP => reason::SLEEP,
-        syscall_class::READ | syscall_class::WRITE if nr >= 0 => {
-            let file = fd_regular().unwrap_or(state == 'D');
-            match (syscalls::class(nr) == syscall_class::READ, file) {
-                (_, false) => reason::POLL,
-                (true, true) => reason::IO,
-                (false, true) => reason::WRITE,
-            }
-        }
-        syscall_class::SYNC => reason::SYNC,
-        _ if state == 'D' => reason::IO,
-        _ => reason::OTHER,
-    }
+    reason::for_class(syscalls::class(nr), state == 'D', || fd_regular().unwrap_or(state == 'D'))
 }
 
 #[cfg(test)]
@@ -243,10 +228,11 @@ mod tests {
         assert_eq!(classify_blocked(-1, 'D', || None), reason::IO);
         assert_eq!(classify_blocked(61, 'S', || None), reason::OTHER);
         assert_eq!(classify_blocked(1, 'D', || Some(true)), reason::WRITE);
-        assert_eq!(classify_blocked(1, 'S', || Some(false)), reason::POLL);
+        assert_eq!(classify_blocked(1, 'S', || Some(false)), reason::SEND);
         // Descriptor unknown: a file blocks uninterruptibly, a pipe does not.
         assert_eq!(classify_blocked(18, 'D', || None), reason::WRITE);
-        assert_eq!(classify_blocked(1, 'S', || None), reason::POLL);
+        assert_eq!(classify_blocked(1, 'S', || None), reason::SEND);
+        assert_eq!(classify_blocked(44, 'S', || None), reason::SEND, "sendto");
         assert_eq!(classify_blocked(74, 'D', || None), reason::SYNC);
         assert_eq!(classify_blocked(75, 'S', || None), reason::SYNC);
     }

@@ -13,7 +13,7 @@ use crate::{correlate::Role, units};
 pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String> {
     let secs = v.window.secs().max(1e-9);
     let mut rows = vec![format!(
-        "{:<8} {:>7} {:>7} {:<15} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10}  {}",
+        "{:<8} {:>7} {:>7} {:<15} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10}  {}",
         "ROLE",
         "PID",
         "TID",
@@ -27,6 +27,7 @@ pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String>
         "THROTL",
         "WRITE",
         "SYNC",
+        "SEND",
         "OTHER",
         "READ/s",
         "TOP FILE"
@@ -62,7 +63,7 @@ pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String>
             let off = |r: u8| units::pct(pct(t.delta.off_ns[usize::from(r)]));
             let file = if t.tid == p.tgid { shorten(top, file_cols) } else { String::new() };
             rows.push(format!(
-                "{:<8} {:>7} {:>7} {:<15} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10}  {}",
+                "{:<8} {:>7} {:>7} {:<15} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10}  {}",
                 role,
                 p.tgid,
                 t.tid,
@@ -76,6 +77,7 @@ pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String>
                 off(reason::THROTTLED),
                 off(reason::WRITE),
                 off(reason::SYNC),
+                off(reason::SEND),
                 off(reason::OTHER),
                 units::rate(t.delta.file_read_bytes, secs),
                 file
