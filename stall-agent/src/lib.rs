@@ -24,3 +24,4 @@ pub mod syscalls;
 pub mod timeline;
 pub mod units;
 pub mod verdict;
+pub mod wait;

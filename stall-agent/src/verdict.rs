@@ -11,12 +11,14 @@ use crate::{aggregate::Window, correlate::Roles, gpu, progress::ProgressView, py
 mod classify;
 mod hang;
 mod kind;
+mod path;
 mod run;
 mod shares;
 mod trainer;
 mod words;
 
 pub use kind::Kind;
+pub use path::PathStep;
 pub use run::{collective_waits, RankVerdict, RunVerdict, Straggler};
 // Until every user imports it from `gpu`.
 pub use gpu::GpuWindow;
@@ -26,6 +28,9 @@ pub struct Verdict {
     pub kind: Kind,
     pub summary: String,
     pub evidence: Vec<String>,
+    /// The path followed from the trainer's main thread to where its time
+    /// goes, each step with its share (empty: no trainer to start from).
+    pub path: Vec<PathStep>,
     /// No GPU data: the verdict is about the host side only.
     pub host_only: bool,
     /// The threads the verdict names (whose Python stacks are worth reading).

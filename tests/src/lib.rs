@@ -299,7 +299,7 @@ pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Output {
 }
 
 /// [`run_with_timeout`] with stdout as the caller set it.
-fn run_with_timeout_as_is(mut cmd: Command, timeout: Duration) -> Output {
+pub fn run_with_timeout_as_is(mut cmd: Command, timeout: Duration) -> Output {
     let child = cmd.stdin(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn");
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();

@@ -191,7 +191,7 @@ fn tls_and_passwords_guard_every_endpoint() {
     let (_, body) = curl(&["--cacert", ca, "-u", "prometheus:s3cret", &url("/jobs")]);
     let jobs: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(jobs["node"], "node-a");
-    assert_eq!(jobs["schema"], 2);
+    assert_eq!(jobs["schema"], 3);
     assert!(jobs["time"].as_f64().unwrap() > 1.7e9);
 }
 

@@ -450,7 +450,8 @@ impl ProcWindow {
     /// point to)?
     pub fn moved(&self) -> bool {
         let c = self.sum();
-        c.file_read_bytes + c.file_write_bytes + c.stdio_write_bytes > 0
+        // Any output: files, stdout and stderr, pipes and sockets.
+        c.file_read_bytes + c.file_write_bytes + c.stdio_write_bytes + c.other_write_bytes > 0
             || self.files.iter().any(|f| f.read_bytes + f.write_bytes > 0 || f.mmap_bytes > Some(0))
             || self.sockets.iter().any(|s| s.read_bytes + s.write_bytes > 0)
     }
@@ -472,6 +473,9 @@ pub struct ThreadWindow {
     pub alive: bool,
     /// Who woke this thread, most frequent first.
     pub woken_by: Vec<Waker>,
+    /// What it was last seen blocked on (the reason it waited for, and the
+    /// object), where /proc could say; set by the job before a verdict.
+    pub waits_on: Option<(u8, crate::wait::WaitObject)>,
 }
 
 /// A thread that woke another, and how often in the window.

@@ -1,7 +1,8 @@
 //! The kernel side, seen from the agent: load and attach the programs with
 //! this kernel's tracepoint layouts (`load`, `backend`, `mapped`), choose
 //! what is tracked, a PID tree or cgroups (`track`), and read back the
-//! ring buffer's events (`ring`) and the counter maps (`snapshot`).
+//! ring buffer's events (`ring`) and the counter maps (`snapshot`); what a
+//! blocked thread waits on and who holds its other end (`waits_on`).
 //! Dropping a [`Capture`] detaches and unloads everything; nothing is
 //! pinned, so nothing outlives the agent, even when it is killed.
 pub mod backend;
@@ -19,6 +20,7 @@ mod snapshot;
 pub mod tracefs;
 mod track;
 pub mod uring;
+pub mod waits_on;
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},

@@ -128,6 +128,18 @@ pub fn cmdline(pid: u32) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join(" "))
 }
 
+/// A process's children (/proc/PID/task/TID/children of each thread).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut out: Vec<u32> = threads(pid)
+        .into_iter()
+        .filter_map(|tid| fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")).ok())
+        .flat_map(|text| text.split_whitespace().filter_map(|c| c.parse().ok()).collect::<Vec<u32>>())
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// Parent → children for every process on the machine.
 pub fn children_map() -> HashMap<u32, Vec<u32>> {
     let mut map: HashMap<u32, Vec<u32>> = HashMap::new();

@@ -5,12 +5,13 @@
 use std::collections::HashSet;
 
 use crate::{
-    capture::{procfs, Capture},
+    capture::{procfs, waits_on, Capture},
     clock::ClockSnapshot,
     cpulimit::{self, Hierarchy, Reading},
     decode::{FileSnap, Inode, JobEvent},
     pystack::{PyStack, PyStacks},
     rank::Rank,
+    wait::WaitObject,
 };
 
 /// A process as /proc shows it now.
@@ -66,6 +67,9 @@ pub trait Host {
     /// Whether the peer `tgid` connected to is one of `pids` (it holds the
     /// socket listening there): traffic inside the job, not input.
     fn peer_in(&self, tgid: u32, peer: &str, pids: &[u32]) -> bool;
+    /// What thread `tid` of `tgid`, blocked in syscall `nr`, waits on, and
+    /// who holds its other end (None: no object, or it woke meanwhile).
+    fn waits_on(&mut self, tgid: u32, tid: u32, nr: i64) -> Option<WaitObject>;
 }
 
 /// The machine as it is: the capture, and beside it the readers of the
@@ -76,11 +80,12 @@ pub struct LiveHost {
     /// Where CPU limits are kept on this machine (None: no cgroup CPU
     /// controller found).
     cpu: Option<Hierarchy>,
+    pipes: waits_on::PipeHolders,
 }
 
 impl LiveHost {
     pub fn new(capture: Capture) -> Self {
-        Self { capture, stacks: PyStacks::new(), cpu: Hierarchy::find() }
+        Self { capture, stacks: PyStacks::new(), cpu: Hierarchy::find(), pipes: Default::default() }
     }
 }
 
@@ -155,6 +160,10 @@ impl Host for LiveHost {
     fn peer_in(&self, tgid: u32, peer: &str, pids: &[u32]) -> bool {
         procfs::listener_of(tgid, peer)
             .is_some_and(|inode| pids.iter().any(|p| procfs::holds_socket(*p, inode)))
+    }
+
+    fn waits_on(&mut self, tgid: u32, tid: u32, nr: i64) -> Option<WaitObject> {
+        waits_on::wait_object(tgid, tid, nr, &mut self.pipes)
     }
 
     fn outputs(&self, pid: u32) -> Vec<(String, u64)> {

@@ -38,6 +38,8 @@ struct ScriptedHost {
     mapped: HashMap<(u32, Inode), String>,
     /// Peers that are processes of the job.
     job_peers: HashSet<String>,
+    /// What a thread blocked in a syscall waits on, by (tid, syscall).
+    waits_on: HashMap<(u32, i64), crate::wait::WaitObject>,
 }
 
 impl Host for ScriptedHost {
@@ -103,6 +105,9 @@ impl Host for ScriptedHost {
     }
     fn peer_in(&self, _tgid: u32, peer: &str, _pids: &[u32]) -> bool {
         self.job_peers.contains(peer)
+    }
+    fn waits_on(&mut self, _tgid: u32, tid: u32, nr: i64) -> Option<crate::wait::WaitObject> {
+        self.waits_on.get(&(tid, nr)).cloned()
     }
 }
 

@@ -1,4 +1,4 @@
-//! JSON Lines, schema 2 (docs/JSON.md): one `interval` record per interval,
+//! JSON Lines, schema 3 (docs/JSON.md): one `interval` record per interval,
 //! one `summary` at the end. Bytes are integers, times are seconds.
 use serde::Serialize;
 use stall_common::{counter, reason};
@@ -10,9 +10,10 @@ use crate::{
     gpu::GpuWindow,
     progress::ProgressView,
     verdict::Verdict,
+    wait::WaitObject,
 };
 
-pub const SCHEMA: u32 = 2;
+pub const SCHEMA: u32 = 3;
 
 #[derive(Serialize)]
 pub struct Record<'a> {
@@ -87,6 +88,8 @@ pub struct OffCpu {
     pub write: f64,
     pub sync: f64,
     pub throttled: f64,
+    /// Blocked writing a pipe or socket (its reader or peer slow to take it).
+    pub send: f64,
 }
 
 impl From<&ThreadCounters> for OffCpu {
@@ -102,6 +105,7 @@ impl From<&ThreadCounters> for OffCpu {
             write: s(reason::WRITE),
             sync: s(reason::SYNC),
             throttled: s(reason::THROTTLED),
+            send: s(reason::SEND),
         }
     }
 }
@@ -177,6 +181,21 @@ pub struct Thread {
     pub stdio_write_bytes: u64,
     pub state: &'static str,
     pub woken_by: Vec<Waker>,
+    /// What it was last seen blocked on, where /proc could say (null: no
+    /// object, or never seen blocked in a call that has one).
+    pub waits_on: Option<WaitsOn>,
+}
+
+#[derive(Serialize)]
+pub struct WaitsOn {
+    /// The reason it waited for (`send`, `other`, ...).
+    pub reason: &'static str,
+    /// The object: `object` (`pipe`, `socket`, `file`, `lock`, `child`)
+    /// and its fields.
+    #[serde(flatten)]
+    pub object: WaitObject,
+    /// In words: "stdout, a pipe read by pid 812 (fluent-bit)".
+    pub says: String,
 }
 
 #[derive(Serialize)]
@@ -240,6 +259,11 @@ fn thread(t: &ThreadWindow) -> Thread {
             .iter()
             .map(|b| Waker { tid: b.thread(), pid: b.tgid, comm: b.comm.clone(), count: b.count })
             .collect(),
+        waits_on: t.waits_on.as_ref().map(|(r, o)| WaitsOn {
+            reason: reason::name(*r),
+            object: o.clone(),
+            says: o.describe(),
+        }),
     }
 }
 

@@ -81,16 +81,53 @@ pub(super) enum Finding<'a> {
     InputCpu {
         waits: f64,
     },
+    /// The trainer waits, its workers wake it but spend their time waiting
+    /// on something that is neither storage, the network nor the CPU:
+    /// asleep (`reason` sleep) or in another call (`other`, named).
+    InputWait {
+        waits: f64,
+        reason: u8,
+        share: f64,
+    },
+    /// The trainer waits for a child process (`wait4`, `waitid`) that is
+    /// on CPU: an evaluation, a conversion run as a subprocess.
+    ChildBusy {
+        waits: f64,
+        child: &'a ProcWindow,
+        cpu: f64,
+    },
     /// The trainer waits on its own file reads, without workers.
     TrainerReads {
         own_io: f64,
     },
-    /// The trainer is blocked writing or syncing files (checkpoints, logs)
-    /// more than it waits for its input.
+    /// The trainer is blocked writing or syncing files (checkpoints, logs),
+    /// or writing into a pipe or socket whose reader is slow (stdout into a
+    /// log shipper, an upload), more than it waits for its input.
     OutputIo {
-        /// Its share blocked writing and syncing, and syncing alone.
+        /// Its share blocked writing, syncing and sending; syncing alone;
+        /// sending alone (pipes and sockets).
         out: f64,
         sync: f64,
+        send: f64,
+    },
+    /// The trainer waits on threads of its own that read its input (loader
+    /// threads: a thread pool, tf.data-style readers): `io` and `cpu` are
+    /// their mean shares in file reads and wanting the CPU.
+    LoaderThreads {
+        waits: f64,
+        threads: Vec<&'a ThreadWindow>,
+        io: f64,
+        cpu: f64,
+    },
+    /// The trainer waits on another thread of its own that is on CPU and
+    /// reads no input (one holding Python's GIL, a metrics or logging
+    /// thread): the trainer process is what is busy.
+    OwnThreadBusy {
+        waits: f64,
+        thread: &'a ThreadWindow,
+        cpu: f64,
+        /// Share of the trainer's wakeups it made.
+        wakes: f64,
     },
     /// The trainer's main thread is on CPU (or waiting for one).
     TrainerBusy {
@@ -113,9 +150,35 @@ impl Finding<'_> {
                 Kind::InputIoBound
             }
             Finding::InputCpu { .. } => Kind::InputCpuBound,
+            Finding::InputWait { .. } => Kind::InputWaitBound,
+            Finding::ChildBusy { .. } => Kind::TrainerHostBound,
+            Finding::LoaderThreads { io, cpu, .. } => {
+                if io >= cpu {
+                    Kind::InputIoBound
+                } else {
+                    Kind::InputCpuBound
+                }
+            }
             Finding::OutputIo { .. } => Kind::OutputIoBound,
-            Finding::TrainerBusy { .. } => Kind::TrainerHostBound,
+            Finding::TrainerBusy { .. } | Finding::OwnThreadBusy { .. } => Kind::TrainerHostBound,
             Finding::Idle { .. } => Kind::Idle,
+        }
+    }
+}
+
+impl Finding<'_> {
+    /// Threads of the trainer the finding names besides its main thread,
+    /// and as what.
+    pub fn named_threads(&self) -> Vec<(u32, &'static str)> {
+        match self {
+            Finding::LoaderThreads { threads, .. } => {
+                threads.iter().map(|t| (t.tid, "loader thread")).collect()
+            }
+            Finding::OwnThreadBusy { thread, .. } => vec![(thread.tid, "busy thread of the trainer")],
+            Finding::ChildBusy { child, .. } => {
+                child.main_thread().map(|t| vec![(t.tid, "child the trainer waits for")]).unwrap_or_default()
+            }
+            _ => Vec::new(),
         }
     }
 }
@@ -135,15 +198,18 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
         }
         return Finding::GpuBusy(busy);
     }
-    if let Some(h) = hang::no_progress(s.w, trainer, main, &tm, &s.workers, s.secs) {
+    if let Some(h) = hang::no_progress(s.w, trainer, main, &tm, &s.workers, s.secs, s.progress) {
         return Finding::HangNoProgress(h);
     }
 
     let waits = tm.r(reason::FUTEX) + tm.r(reason::POLL);
     let own_io = tm.r(reason::IO);
-    let out = tm.r(reason::WRITE) + tm.r(reason::SYNC);
+    let out = tm.r(reason::WRITE) + tm.r(reason::SYNC) + tm.r(reason::SEND);
     if out >= rules::TRAINER_OUTPUT && out >= waits + own_io {
-        return Finding::OutputIo { out, sync: tm.r(reason::SYNC) };
+        return Finding::OutputIo { out, sync: tm.r(reason::SYNC), send: tm.r(reason::SEND) };
+    }
+    if let Some(f) = busy_child(s, trainer, main, &tm) {
+        return f;
     }
     let (worker_io, worker_cpu) = worker_shares(&s.workers, s.secs);
     // Of the time it could act (throttled by its CPU limit or waiting for
@@ -153,6 +219,24 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
     let free = (1.0 - tm.r(reason::THROTTLED) - tm.r(reason::RUNQUEUE)).max(0.1);
     if (waits + own_io) / free >= rules::TRAINER_WAITS {
         let waits = waits + own_io;
+        // Follow the wait: when the trainer's own threads end more of its
+        // waits than the worker processes do, they are what it waits for.
+        if let Some(f) = own_threads(trainer, main, &s.workers, s.secs, waits) {
+            return f;
+        }
+        // Workers that feed the trainer but spend their time asleep (a rate
+        // limit, a retry back-off) or in another named call (a lock).
+        let fed = main.woken_by.iter().any(|b| b.count > 0 && s.workers.iter().any(|w| w.tgid == b.tgid));
+        if fed {
+            let (reason, share) = [reason::SLEEP, reason::OTHER]
+                .into_iter()
+                .map(|r| (r, mean_share(&s.workers, s.secs, r)))
+                .fold((reason::SLEEP, 0.0), |a, b| if b.1 > a.1 { b } else { a });
+            let poll = mean_share(&s.workers, s.secs, reason::POLL);
+            if share >= rules::WORKER_SHARE && share >= worker_io.max(worker_cpu).max(poll) {
+                return Finding::InputWait { waits, reason, share };
+            }
+        }
         if !s.workers.is_empty() && worker_io >= rules::WORKER_SHARE && worker_io >= worker_cpu {
             return Finding::InputIo { waits, worker_io };
         }
@@ -184,6 +268,86 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
         return Finding::Idle { job_cpu };
     }
     Finding::NoSingleBottleneck
+}
+
+/// The trainer's own threads as what its main thread waits for: they woke
+/// it more often than the worker processes did, and either read input and
+/// spend their time in it (loader threads) or hold the CPU without input
+/// (a thread holding the GIL). None: the workers (or nobody) end its waits.
+fn own_threads<'a>(
+    trainer: &'a ProcWindow,
+    main: &ThreadWindow,
+    workers: &[&ProcWindow],
+    secs: f64,
+    waits: f64,
+) -> Option<Finding<'a>> {
+    let worker_tgids: HashSet<u32> = workers.iter().map(|p| p.tgid).collect();
+    let by_workers: u64 =
+        main.woken_by.iter().filter(|b| worker_tgids.contains(&b.tgid)).map(|b| b.count).sum();
+    let own: Vec<(&ThreadWindow, u64)> = main
+        .woken_by
+        .iter()
+        .filter(|b| b.tgid == trainer.tgid && b.count > 0)
+        .filter_map(|b| {
+            let tid = b.thread().filter(|t| *t != main.tid)?;
+            Some((trainer.threads.iter().find(|t| t.tid == tid)?, b.count))
+        })
+        .collect();
+    let by_own: u64 = own.iter().map(|(_, c)| c).sum();
+    if own.is_empty() || by_own <= by_workers {
+        return None;
+    }
+    let readers: Vec<&ThreadWindow> = own
+        .iter()
+        .map(|(t, _)| *t)
+        .filter(|t| t.delta.file_read_bytes + t.delta.other_read_bytes > 0)
+        .collect();
+    if !readers.is_empty() {
+        let shares: Vec<Shares> = readers.iter().map(|t| Shares::of(t, secs)).collect();
+        let n = shares.len() as f64;
+        let io = shares.iter().map(|s| s.r(reason::IO)).sum::<f64>() / n;
+        let cpu = shares.iter().map(Shares::cpu).sum::<f64>() / n;
+        if io.max(cpu) >= rules::WORKER_SHARE {
+            return Some(Finding::LoaderThreads { waits, threads: readers, io, cpu });
+        }
+        return None;
+    }
+    let (thread, count) = own.iter().max_by_key(|(t, c)| (*c, std::cmp::Reverse(t.tid)))?;
+    let cpu = Shares::of(thread, secs).cpu();
+    let all: u64 = main.woken_by.iter().map(|b| b.count).sum();
+    (cpu >= rules::TRAINER_BUSY).then(|| Finding::OwnThreadBusy {
+        waits,
+        thread,
+        cpu,
+        wakes: *count as f64 / all.max(1) as f64,
+    })
+}
+
+/// The trainer's main thread waits for a child (`wait4`, `waitid`) most
+/// of the window, and the child it waits for is on CPU.
+fn busy_child<'a>(
+    s: &Scene<'a>,
+    trainer: &ProcWindow,
+    main: &ThreadWindow,
+    tm: &Shares,
+) -> Option<Finding<'a>> {
+    let waits = tm.r(reason::OTHER);
+    let waiting = ["wait4", "waitid"].contains(&crate::syscalls::name(i64::from(main.other_nr)).as_str());
+    if !waiting || waits < rules::TRAINER_WAITS {
+        return None;
+    }
+    // The one /proc named, else the busiest of its children in the window.
+    let named: Vec<u32> = match &main.waits_on {
+        Some((_, crate::wait::WaitObject::Child { children })) => children.iter().map(|c| c.pid).collect(),
+        _ => Vec::new(),
+    };
+    let (child, cpu) =
+        s.w.procs
+            .iter()
+            .filter(|p| p.ppid == Some(trainer.tgid) && (named.is_empty() || named.contains(&p.tgid)))
+            .filter_map(|p| Some((p, Shares::of(p.main_thread()?, s.secs).cpu())))
+            .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    (cpu >= rules::TRAINER_BUSY).then_some(Finding::ChildBusy { waits, child, cpu })
 }
 
 /// A reason's share of the workers' main threads, averaged.

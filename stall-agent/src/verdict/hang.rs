@@ -8,6 +8,7 @@ use crate::{
     aggregate::{ProcWindow, ThreadWindow, Window},
     gpu::GpuWindow,
     progress::ProgressView,
+    wait::WaitObject,
 };
 
 /// A busy GPU behind a job that stopped moving.
@@ -28,6 +29,10 @@ pub(in crate::verdict) struct BlockedThread {
     pub reason: u8,
     /// The syscall it waits in (-1: none known).
     pub syscall: i32,
+    /// How long it has waited so far.
+    pub for_s: f64,
+    /// What it waits on, and who holds the other end, where /proc said.
+    pub object: Option<WaitObject>,
 }
 
 /// A GPU reports busy, but the job has not moved for much longer than its
@@ -54,8 +59,19 @@ pub(in crate::verdict) fn behind_busy_gpu<'a>(
     Some(BehindBusyGpu { gpu: g, wait: tm.top_wait() })
 }
 
+/// How long a job must have been silent to be hung: three of its own
+/// gaps between moves, and never less than [`rules::HANG_MIN_S`]. A job
+/// whose output moved within its rhythm is not hung, whatever its threads
+/// wait in.
+pub(in crate::verdict) fn silent_enough(progress: &ProgressView) -> bool {
+    !progress.known
+        || progress.silent_s
+            >= rules::HANG_MIN_S.max(progress.rhythm_s.unwrap_or(0.0) * rules::SILENT_RHYTHMS)
+}
+
 /// Nobody is on CPU: the trainer and its workers are blocked, nobody reads
-/// a file, nobody wakes the trainer. For a GPU that is idle or absent.
+/// a file, nobody wakes the trainer, and the job has been silent beyond its
+/// rhythm. For a GPU that is idle or absent.
 pub(in crate::verdict) fn no_progress(
     w: &Window,
     trainer: &ProcWindow,
@@ -63,19 +79,26 @@ pub(in crate::verdict) fn no_progress(
     tm: &Shares,
     workers: &[&ProcWindow],
     secs: f64,
+    progress: &ProgressView,
 ) -> Option<NoProgress> {
     if secs < rules::HANG_MIN_S || main.now.running || tm.on > rules::HANG_MAX_ON_CPU {
         return None;
     }
-    // Sleeping on purpose is idleness, not a hang; a long write or sync
-    // (a checkpoint to slow storage) moves data all along.
-    let writing = tm.r(reason::WRITE) + tm.r(reason::SYNC);
+    if !silent_enough(progress) {
+        return None;
+    }
+    // Sleeping on purpose is idleness, not a hang; a long write, sync or
+    // send (a checkpoint to slow storage, an upload, stdout into a slow
+    // pipe) moves data all along.
+    let writing = tm.r(reason::WRITE) + tm.r(reason::SYNC) + tm.r(reason::SEND);
     if tm.r(reason::SLEEP) >= 0.5 || writing >= 0.5 || tm.blocked() < 0.9 {
         return None;
     }
-    let ipc: u64 = w.procs.iter().map(|p| p.other_read_bytes).sum();
-    // Writes are not asked about: with the GPU idle and everyone blocked, a
-    // line written now and then is a heartbeat, not a training step.
+    // Bytes through pipes and sockets, either way: batches, an upload.
+    let ipc: u64 = w.procs.iter().map(|p| p.other_read_bytes + p.sum().other_write_bytes).sum();
+    // File writes are not asked about here: `silent_enough` has judged
+    // them against the job's rhythm (a heartbeat line within it is not a
+    // hang; one that stopped three rhythms ago no longer moves anything).
     let file_bytes: u64 = w.procs.iter().map(ProcWindow::file_read_bytes).sum();
     // Pages faulted in (from storage or the page cache) are work too: a
     // process blocked on its faults (an import, a teardown unmapping its
@@ -93,7 +116,9 @@ pub(in crate::verdict) fn no_progress(
     if main.woken_by.iter().any(|b| worker_tgids.contains(&b.tgid) && b.count > 0) {
         return None;
     }
-    for p in workers {
+    // Any thread at work, the trainer's own included (a loader thread, one
+    // holding Python's GIL), is no hang.
+    for p in std::iter::once(trainer).chain(workers.iter().copied()) {
         if p.threads.iter().any(|t| Shares::of(t, secs).on > rules::HANG_MAX_ON_CPU) {
             return None;
         }
@@ -106,6 +131,8 @@ pub(in crate::verdict) fn no_progress(
                 tid: t.tid,
                 reason: t.now.reason,
                 syscall: t.now.syscall,
+                for_s: t.now.for_ns as f64 / 1e9,
+                object: t.waits_on.as_ref().filter(|(r, _)| *r == t.now.reason).map(|(_, o)| o.clone()),
             });
         }
     }

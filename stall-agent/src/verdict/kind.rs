@@ -9,6 +9,7 @@ use serde::{Serialize, Serializer};
 pub enum Kind {
     InputIoBound,
     InputCpuBound,
+    InputWaitBound,
     OutputIoBound,
     Hang,
     TrainerHostBound,
@@ -20,9 +21,10 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order the metrics list them.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::InputIoBound,
         Kind::InputCpuBound,
+        Kind::InputWaitBound,
         Kind::OutputIoBound,
         Kind::Hang,
         Kind::TrainerHostBound,
@@ -36,6 +38,7 @@ impl Kind {
         match self {
             Kind::InputIoBound => "input-io-bound",
             Kind::InputCpuBound => "input-cpu-bound",
+            Kind::InputWaitBound => "input-wait-bound",
             Kind::OutputIoBound => "output-io-bound",
             Kind::Hang => "hang",
             Kind::TrainerHostBound => "trainer-host-bound",
@@ -46,10 +49,10 @@ impl Kind {
     }
 
     /// Whether the Python stacks of the threads it blames are read live:
-    /// where they wait is the next question for a hang, a slow input
-    /// pipeline or a blocking save, and not for the rest.
+    /// where a thread the verdict names waits, or what it runs, is the next
+    /// question for every kind but a busy GPU (which names none).
     pub fn wants_stacks(self) -> bool {
-        matches!(self, Kind::Hang | Kind::InputIoBound | Kind::InputCpuBound | Kind::OutputIoBound)
+        self != Kind::GpuBusy
     }
 
     /// Whether the daemon's cheap tier (the GPU, the scheduler and /proc, no
@@ -93,12 +96,13 @@ mod tests {
         let position = |k: Kind| match k {
             Kind::InputIoBound => 0,
             Kind::InputCpuBound => 1,
-            Kind::OutputIoBound => 2,
-            Kind::Hang => 3,
-            Kind::TrainerHostBound => 4,
-            Kind::GpuBusy => 5,
-            Kind::Idle => 6,
-            Kind::Unknown => 7,
+            Kind::InputWaitBound => 2,
+            Kind::OutputIoBound => 3,
+            Kind::Hang => 4,
+            Kind::TrainerHostBound => 5,
+            Kind::GpuBusy => 6,
+            Kind::Idle => 7,
+            Kind::Unknown => 8,
         };
         for (i, k) in Kind::ALL.iter().enumerate() {
             assert_eq!(position(*k), i, "{k}");

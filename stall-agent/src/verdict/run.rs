@@ -46,7 +46,12 @@ pub struct Straggler {
 fn holds(kind: Kind) -> bool {
     matches!(
         kind,
-        Kind::InputIoBound | Kind::InputCpuBound | Kind::OutputIoBound | Kind::TrainerHostBound | Kind::Hang
+        Kind::InputIoBound
+            | Kind::InputCpuBound
+            | Kind::InputWaitBound
+            | Kind::OutputIoBound
+            | Kind::TrainerHostBound
+            | Kind::Hang
     )
 }
 

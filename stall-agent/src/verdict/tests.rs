@@ -16,6 +16,8 @@ use crate::{
     gpu::gpu_window,
 };
 
+mod waits;
+
 const S: u64 = 1_000_000_000;
 
 /// Shares of a window by state: (on, [futex, io, poll, sleep, runqueue, other,
@@ -46,9 +48,13 @@ struct Job {
     wakes: Vec<WakeSnap>,
     gpu_pids: HashSet<u32>,
     lost: [u64; LOST_CAUSES],
-    progress: ProgressView,
+    /// As a test sets it; else as the window shows (silent since its start
+    /// unless something in it moved).
+    progress: Option<ProgressView>,
     /// The job's processes are in one cgroup with this CPU limit.
     cpu_limit: Option<crate::cpulimit::Reading>,
+    /// What threads were seen blocked on, by tid (as the job places them).
+    waits_on: Vec<(u32, u8, crate::wait::WaitObject)>,
 }
 
 impl Job {
@@ -65,8 +71,9 @@ impl Job {
             wakes: vec![],
             gpu_pids: HashSet::new(),
             lost: [0; LOST_CAUSES],
-            progress: ProgressView { known: true, ..Default::default() },
+            progress: None,
             cpu_limit: None,
+            waits_on: vec![],
         }
     }
 
@@ -183,26 +190,35 @@ impl Job {
             }
             self.model.apply_cpu_limits(end, std::slice::from_ref(r), 2);
         }
-        let w = self.model.summary(end);
+        let mut w = self.model.summary(end);
+        for t in w.procs.iter_mut().flat_map(|p| p.threads.iter_mut()) {
+            t.waits_on = self.waits_on.iter().find(|x| x.0 == t.tid).map(|x| (x.1, x.2.clone()));
+        }
         let roles = correlate::assign(&w, &self.gpu_pids, Some(100));
-        judge(&w, &roles, gpus, &self.progress)
+        let moved = w.procs.iter().any(crate::aggregate::ProcWindow::moved);
+        let progress = self.progress.clone().unwrap_or(ProgressView {
+            known: true,
+            silent_s: if moved { 0.0 } else { self.secs as f64 },
+            ..Default::default()
+        });
+        judge(&w, &roles, gpus, &progress)
     }
 
     /// The job has not moved for `secs`; `rhythm`: its usual gap;
     /// `output`: its log and how long ago it was written.
     fn silent(mut self, secs: f64, rhythm: Option<f64>, output: Option<(&str, f64)>) -> Self {
-        self.progress = ProgressView {
+        self.progress = Some(ProgressView {
             silent_s: secs,
             known: true,
             rhythm_s: rhythm,
             last_output: output.map(|(path, ago_s)| OutputAge { path: path.into(), pid: 100, ago_s }),
-        };
+        });
         self
     }
 
     /// Never seen to move, no output known: silent since tracing started.
     fn never_moved(mut self) -> Self {
-        self.progress = ProgressView { silent_s: self.secs as f64, known: false, ..Default::default() };
+        self.progress = Some(ProgressView { silent_s: self.secs as f64, known: false, ..Default::default() });
         self
     }
 
@@ -740,11 +756,22 @@ fn a_busy_gpu_at_low_power_is_called_out_while_the_job_moves() {
 }
 
 #[test]
-fn a_heartbeat_does_not_undo_a_hang_on_an_idle_gpu() {
-    // Everyone blocked, nothing read, the GPU idle: a status line now and
-    // then is not a training step.
-    let v = futex_trainer(6).printed(120).judge(&[gpu(0.0, 6, None)]);
+fn a_line_written_within_the_jobs_rhythm_is_never_a_hang() {
+    // Everyone blocked, nothing read, the GPU idle, but a line every 2 s,
+    // the last one 1 s ago: the job moves at its own pace.
+    let v = futex_trainer(6)
+        .printed(120)
+        .silent(1.0, Some(2.0), Some(("/runs/train.log", 1.0)))
+        .judge(&[gpu(0.0, 6, None)]);
+    assert_ne!(v.kind, Kind::Hang, "{v:?}");
+    assert!(!v.summary.contains("hung"), "{}", v.summary);
+    // The same lines, the last of them three rhythms ago: it stopped.
+    let v = futex_trainer(6)
+        .printed(120)
+        .silent(7.0, Some(2.0), Some(("/runs/train.log", 7.0)))
+        .judge(&[gpu(0.0, 6, None)]);
     assert_eq!(v.kind, Kind::Hang, "{v:?}");
+    assert!(v.summary.contains("train.log last written 7 s ago"), "{}", v.summary);
 }
 
 #[test]

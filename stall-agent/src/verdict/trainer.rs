@@ -21,8 +21,16 @@ pub(super) fn judge_with_line(
     progress: &ProgressView,
 ) -> (Verdict, String) {
     let scene = classify::Scene::of(w, roles, gpus, progress);
-    let (mut v, line) = words::verdict(&scene, &classify::classify(&scene));
+    let finding = classify::classify(&scene);
+    let (mut v, line) = words::verdict(&scene, &finding);
     v.blamed = blamed(w, roles, v.kind);
+    if let Some(trainer) = scene.trainer {
+        for (tid, what) in finding.named_threads() {
+            if !v.blamed.iter().any(|b| b.tid == tid) {
+                v.blamed.push(Blamed { pid: trainer.tgid, tid, what });
+            }
+        }
+    }
     (v, line)
 }
 

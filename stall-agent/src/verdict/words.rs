@@ -36,8 +36,14 @@ pub(super) fn verdict(s: &Scene, finding: &Finding) -> (Verdict, String) {
     }
     evidence.extend(job_evidence(s));
     evidence.dedup();
-    let v =
-        Verdict { kind: finding.kind(), summary, evidence, host_only: s.host_only(), ..Default::default() };
+    let v = Verdict {
+        kind: finding.kind(),
+        summary,
+        evidence,
+        path: super::path::of(s, finding),
+        host_only: s.host_only(),
+        ..Default::default()
+    };
     (v, text)
 }
 
@@ -122,6 +128,30 @@ fn summary(s: &Scene, finding: &Finding) -> String {
                 ),
             }
         }
+        Finding::InputWait { waits, reason: r, share } => {
+            let what = if *r == reason::SLEEP {
+                "asleep".to_string()
+            } else {
+                let named = s.workers.iter().filter_map(|p| p.main_thread()).find(|t| t.other_nr >= 0);
+                named.map_or_else(|| "in other calls".into(), |t| format!("in {}", syscalls::name(i64::from(t.other_nr))))
+            };
+            format!(
+                "{}; {} spend {} of their time {what}, neither reading nor computing (read {} at {}): input pipeline waits on its workers' own waits (a rate limit, a back-off, a lock)",
+                waiting(*waits),
+                workers_word(s.workers.len()),
+                units::pct(*share),
+                units::bytes(reader_bytes),
+                units::rate(reader_bytes, secs)
+            )
+        }
+        Finding::ChildBusy { waits, child, cpu } => format!(
+            "Trainer main thread blocked {} of {} waiting for its child pid {} ({}), on CPU {}: the trainer waits for work the host does in a subprocess",
+            units::pct(*waits),
+            units::secs(secs),
+            child.tgid,
+            child.cmdline.as_deref().map(|c| c.chars().take(60).collect::<String>()).unwrap_or_else(|| child.comm.clone()),
+            units::pct(*cpu),
+        ),
         Finding::TrainerReads { own_io } => {
             let own = trainer.input_bytes();
             format!(
@@ -133,7 +163,54 @@ fn summary(s: &Scene, finding: &Finding) -> String {
                 from_storage(&[trainer], own)
             )
         }
-        Finding::OutputIo { out, sync } => {
+        Finding::OutputIo { out, send, .. } if *send * 2.0 >= *out => {
+            // Into a pipe or a socket: whoever takes the data sets the pace.
+            let bytes = main.delta.other_write_bytes;
+            let to = main
+                .waits_on
+                .as_ref()
+                .filter(|(r, _)| *r == reason::SEND)
+                .map(|(_, o)| o.describe())
+                .or_else(|| top_sent_peer(trainer).map(|p| format!("the socket to {p}")))
+                .unwrap_or_else(|| "a pipe or socket".into());
+            format!(
+                "Trainer main thread blocked {} of {} writing {to} ({} at {}): whoever takes its output is slow, and the trainer waits for it",
+                units::pct(*out),
+                units::secs(secs),
+                units::bytes(bytes),
+                units::rate(bytes, secs),
+            )
+        }
+        Finding::LoaderThreads { waits, threads, io, cpu } => {
+            let bytes: u64 = threads.iter().map(|t| t.delta.file_read_bytes + t.delta.other_read_bytes).sum();
+            let loaders = loader_threads_word(threads.len());
+            let tail = if io >= cpu {
+                format!("{} off-CPU in file reads: input pipeline is I/O-bound", units::pct(*io))
+            } else {
+                format!("on CPU {} of the time: input pipeline is CPU-bound", units::pct(*cpu))
+            };
+            format!(
+                "Trainer main thread blocked {} of {} ({}){}; {loaders} read {} at {}{}, {tail}",
+                units::pct(*waits),
+                units::secs(secs),
+                wait_breakdown(main, tm),
+                own_wakers(main, trainer.tgid),
+                units::bytes(bytes),
+                units::rate(bytes, secs),
+                from_storage(&[trainer], trainer.input_bytes()),
+            )
+        }
+        Finding::OwnThreadBusy { waits, thread, cpu, wakes } => format!(
+            "Trainer main thread blocked {} of {} ({}), waiting for thread {} ({}) of the trainer, which ended {} of its waits and is on CPU {} without reading input (it holds the CPU or Python's GIL): trainer is host-bound",
+            units::pct(*waits),
+            units::secs(secs),
+            wait_breakdown(main, tm),
+            thread.tid,
+            thread.comm,
+            units::pct(*wakes),
+            units::pct(*cpu),
+        ),
+        Finding::OutputIo { out, sync, .. } => {
             let written = trainer.file_write_bytes();
             // The files that carry the bytes, not every control file touched.
             let files: Vec<_> =
@@ -315,7 +392,11 @@ fn no_progress(
             } else {
                 reason::name(r).to_string()
             };
-            format!("{} {} ({})", t.comm, t.tid, what)
+            let since = if t.for_s >= 1.0 { format!(" for {}", units::span(t.for_s)) } else { String::new() };
+            match &t.object {
+                Some(o) => format!("{} {} ({what}{since}: {})", t.comm, t.tid, o.describe()),
+                None => format!("{} {} ({what}{since})", t.comm, t.tid),
+            }
         })
         .collect();
     let shown = blocked.len().min(8);
@@ -452,6 +533,37 @@ fn wakers_of(main: &ThreadWindow, workers: &[&ProcWindow]) -> String {
     per_proc.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let (top_pid, top_n) = per_proc[0];
     format!(", woken {n} times by {} (most by pid {top_pid} ×{top_n})", workers_word(procs.len()))
+}
+
+fn loader_threads_word(n: usize) -> String {
+    if n == 1 {
+        "1 loader thread of the trainer".into()
+    } else {
+        format!("{n} loader threads of the trainer")
+    }
+}
+
+/// ", woken 412 times by 4 threads of its own (most by thread 3837 ×130)".
+fn own_wakers(main: &ThreadWindow, tgid: u32) -> String {
+    let mut own: Vec<&Waker> =
+        main.woken_by.iter().filter(|b| b.tgid == tgid && b.thread() != Some(main.tid)).collect();
+    own.sort_by(|a, b| b.count.cmp(&a.count).then(a.tid.cmp(&b.tid)));
+    let n: u64 = own.iter().map(|b| b.count).sum();
+    match own.first() {
+        Some(top) if n > 0 => format!(
+            ", woken {n} times by {} thread{} of its own (most by thread {} ×{})",
+            own.len(),
+            if own.len() == 1 { "" } else { "s" },
+            top.tid,
+            top.count
+        ),
+        _ => String::new(),
+    }
+}
+
+/// The peer outside the job `p` sent most to.
+fn top_sent_peer(p: &ProcWindow) -> Option<&str> {
+    p.sockets.iter().filter(|s| s.write_bytes > 0).max_by_key(|s| s.write_bytes).map(|s| s.path.as_str())
 }
 
 /// " (98 % from storage, page cache cold)": how much of what `procs` took

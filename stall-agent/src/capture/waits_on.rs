@@ -1,0 +1,128 @@
+//! What a blocked thread waits on, read from /proc: the descriptor or
+//! lock in its syscall's arguments (/proc/PID/task/TID/syscall), what the
+//! descriptor is (/proc/PID/fd), and who holds the other end — a pipe's
+//! other holders (every process's descriptors), a lock's holder
+//! (/proc/locks), the children waited for.
+use std::{
+    collections::HashMap,
+    fs,
+    os::unix::fs::{FileTypeExt, MetadataExt},
+    time::{Duration, Instant},
+};
+
+use super::procfs;
+use crate::wait::{parse_locks, subject_of, Party, Subject, WaitObject};
+
+/// Who holds a pipe, remembered a while: finding out reads every
+/// process's descriptors, which a node with thousands of processes makes
+/// slow; a pipe's reader seldom changes.
+#[derive(Default)]
+pub struct PipeHolders {
+    /// By pipe inode: when looked up, and who holds it (reading or not).
+    seen: HashMap<u64, (Instant, Vec<(Party, bool)>)>,
+}
+
+const PIPE_HOLDERS_FOR: Duration = Duration::from_secs(10);
+
+impl PipeHolders {
+    /// The processes other than `tgid` holding the pipe `ino` at the end
+    /// that reads (`reading`) or at the end that writes.
+    fn others(&mut self, ino: u64, tgid: u32, reading: bool) -> Vec<Party> {
+        let now = Instant::now();
+        self.seen.retain(|_, (at, _)| now.duration_since(*at) < PIPE_HOLDERS_FOR);
+        let all = self.seen.entry(ino).or_insert_with(|| (now, holders_of(&format!("pipe:[{ino}]"))));
+        let mut out: Vec<Party> =
+            all.1.iter().filter(|(p, r)| p.pid != tgid && *r == reading).map(|(p, _)| p.clone()).collect();
+        out.dedup();
+        out
+    }
+}
+
+/// What thread `tid` of `tgid` waits on, if it is blocked in syscall `nr`
+/// (as the kernel side last saw it) and that call has an object.
+pub fn wait_object(tgid: u32, tid: u32, nr: i64, pipes: &mut PipeHolders) -> Option<WaitObject> {
+    let subject = subject_of(nr)?;
+    let call = procfs::thread_syscall(tgid, tid)?;
+    // Woken meanwhile, or in another call: its arguments are not this wait's.
+    if call.nr != nr {
+        return None;
+    }
+    let arg0 = call.arg0?;
+    match subject {
+        Subject::Descriptor => {
+            let writing = crate::syscalls::class(nr) == stall_common::syscall_class::WRITE;
+            descriptor(tgid, arg0 as i32, writing, pipes)
+        }
+        Subject::Lock => {
+            let link = format!("/proc/{tgid}/fd/{}", arg0 as i32);
+            let path = fs::read_link(&link).ok()?.to_string_lossy().into_owned();
+            let meta = fs::metadata(&link).ok()?;
+            let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+            let text = fs::read_to_string("/proc/locks").ok()?;
+            let mut holders: Vec<Party> = parse_locks(&text)
+                .into_iter()
+                .filter(|l| l.ino == meta.ino() && l.major == major && l.minor == minor && l.pid != tgid)
+                .filter_map(|l| party(l.pid))
+                .collect();
+            holders.dedup();
+            Some(WaitObject::Lock { path, holders })
+        }
+        Subject::Child => {
+            // wait4(pid): pid > 0 is that child; otherwise any of them.
+            let want = (nr == 61).then_some(arg0 as i32).filter(|p| *p > 0);
+            let children = procfs::children_of(tgid)
+                .into_iter()
+                .filter(|c| want.is_none_or(|w| *c == w as u32))
+                .filter_map(party)
+                .collect();
+            Some(WaitObject::Child { children })
+        }
+    }
+}
+
+fn descriptor(tgid: u32, fd: i32, writing: bool, pipes: &mut PipeHolders) -> Option<WaitObject> {
+    let link = format!("/proc/{tgid}/fd/{fd}");
+    let target = fs::read_link(&link).ok()?.to_string_lossy().into_owned();
+    let meta = fs::metadata(&link).ok()?;
+    let ft = meta.file_type();
+    if ft.is_fifo() {
+        return Some(WaitObject::Pipe { fd, writing, others: pipes.others(meta.ino(), tgid, writing) });
+    }
+    if ft.is_socket() {
+        let peer = procfs::socket_peers(tgid).remove(&meta.ino());
+        return Some(WaitObject::Socket { fd, peer });
+    }
+    Some(WaitObject::File { fd, path: target })
+}
+
+/// Every process holding a descriptor to `target` ("pipe:[123]"), and
+/// whether that descriptor reads (its access mode, /proc/PID/fdinfo).
+fn holders_of(target: &str) -> Vec<(Party, bool)> {
+    let Ok(rd) = fs::read_dir("/proc") else { return Vec::new() };
+    let mut out: Vec<(Party, bool)> = rd
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .flat_map(|pid| {
+            let modes: Vec<bool> = fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok)
+                .filter(|e| fs::read_link(e.path()).is_ok_and(|t| t.as_os_str() == target))
+                .filter_map(|e| {
+                    let info =
+                        fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", e.file_name().to_str()?)).ok()?;
+                    let mode = procfs::fdinfo_flags(&info)? & libc::O_ACCMODE as u32;
+                    Some(mode != libc::O_WRONLY as u32)
+                })
+                .collect();
+            let party = if modes.is_empty() { None } else { party(pid) };
+            party.into_iter().flat_map(move |p| modes.clone().into_iter().map(move |m| (p.clone(), m)))
+        })
+        .collect();
+    out.sort_by_key(|(p, reading)| (p.pid, *reading));
+    out.dedup();
+    out
+}
+
+fn party(pid: u32) -> Option<Party> {
+    Some(Party { pid, comm: procfs::stat(pid)?.comm })
+}

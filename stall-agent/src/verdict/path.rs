@@ -1,0 +1,105 @@
+//! The path a finding followed: from the trainer's main thread, through
+//! what it waits on and who ends its waits, to where the time goes — each
+//! step with its share. What the JSON carries as `verdict.path`.
+use serde::Serialize;
+use stall_common::reason;
+
+use super::{
+    classify::{Finding, Scene},
+    shares::Shares,
+};
+use crate::aggregate::{ProcWindow, ThreadWindow};
+
+/// One step of the path.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PathStep {
+    /// Who: `trainer main thread`, `workers`, `loader threads`, `thread`,
+    /// `child`, or what it waits on (`output`, `lock`).
+    pub who: &'static str,
+    pub pids: Vec<u32>,
+    pub tids: Vec<u32>,
+    /// Where its time goes: a reason (`futex`, `io`, `send`, …), or
+    /// `on-cpu` (wanting the CPU: on it, or runnable); empty for an object.
+    pub state: &'static str,
+    /// Its share of the window in that state (null for an object).
+    pub share: Option<f64>,
+    /// What it waits on, in words: a pipe and its reader, a socket's peer,
+    /// a lock and its holder.
+    pub object: Option<String>,
+}
+
+fn step(who: &'static str, pids: Vec<u32>, tids: Vec<u32>, state: &'static str, share: f64) -> PathStep {
+    PathStep { who, pids, tids, state, share: Some(share), object: None }
+}
+
+/// The path of `finding` in `s`; empty where there is no trainer to start
+/// from (a busy GPU, too little data).
+pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
+    let (Some(trainer), Some((main, tm))) = (s.trainer, s.main.as_ref()) else { return Vec::new() };
+    let start = |state: u8, share: f64| {
+        let mut first =
+            step("trainer main thread", vec![trainer.tgid], vec![main.tid], reason::name(state), share);
+        first.object = object_of(main, state);
+        first
+    };
+    let top = tm.top_wait();
+    let workers = |state: u8, share: f64| {
+        let pids = s.workers.iter().map(|p| p.tgid).collect();
+        let tids = s.workers.iter().filter_map(|p| p.main_thread()).map(|t| t.tid).collect();
+        step("workers", pids, tids, reason::name(state), share)
+    };
+    let on_cpu = |who: &'static str, p: &ProcWindow, tids: Vec<u32>, share: f64| {
+        step(who, vec![p.tgid], tids, "on-cpu", share)
+    };
+    match finding {
+        Finding::InputIo { worker_io, .. } => vec![start(top.0, top.1), workers(reason::IO, *worker_io)],
+        Finding::InputNet { worker_wait, .. } => {
+            vec![start(top.0, top.1), workers(reason::POLL, *worker_wait)]
+        }
+        Finding::InputWait { reason: r, share, .. } => vec![start(top.0, top.1), workers(*r, *share)],
+        Finding::InputCpu { .. } => {
+            let cpu = mean(s.workers.iter().filter_map(|p| p.main_thread()), s.secs, Shares::cpu);
+            let mut w = workers(reason::RUNQUEUE, cpu);
+            w.state = "on-cpu";
+            vec![start(top.0, top.1), w]
+        }
+        Finding::LoaderThreads { threads, io, cpu, .. } => {
+            let tids = threads.iter().map(|t| t.tid).collect();
+            let (state, share) = if io >= cpu { (reason::name(reason::IO), *io) } else { ("on-cpu", *cpu) };
+            vec![start(top.0, top.1), step("loader threads", vec![trainer.tgid], tids, state, share)]
+        }
+        Finding::OwnThreadBusy { thread, cpu, .. } => {
+            vec![start(top.0, top.1), on_cpu("thread", trainer, vec![thread.tid], *cpu)]
+        }
+        Finding::ChildBusy { waits, child, cpu } => {
+            let tids = child.main_thread().map(|t| vec![t.tid]).unwrap_or_default();
+            vec![start(reason::OTHER, *waits), on_cpu("child", child, tids, *cpu)]
+        }
+        Finding::OutputIo { out, .. } => {
+            let out_reason = [reason::SEND, reason::WRITE, reason::SYNC]
+                .into_iter()
+                .max_by(|a, b| tm.r(*a).total_cmp(&tm.r(*b)))
+                .unwrap_or(reason::WRITE);
+            vec![start(out_reason, *out)]
+        }
+        Finding::TrainerReads { own_io } => vec![start(reason::IO, *own_io)],
+        Finding::TrainerBusy { cpu } => {
+            vec![on_cpu("trainer main thread", trainer, vec![main.tid], *cpu)]
+        }
+        Finding::HangNoProgress(_) | Finding::HangBehindBusyGpu(_) | Finding::Idle { .. } => {
+            vec![start(top.0, top.1)]
+        }
+        Finding::NoSingleBottleneck => vec![start(top.0, top.1)],
+        Finding::GpuBusy(_) | Finding::NotEnoughData | Finding::TrainerUntraced => Vec::new(),
+    }
+}
+
+/// What `t` was seen waiting on in `state`, in words.
+fn object_of(t: &ThreadWindow, state: u8) -> Option<String> {
+    t.waits_on.as_ref().filter(|(r, _)| *r == state).map(|(_, o)| o.describe())
+}
+
+fn mean<'a>(threads: impl Iterator<Item = &'a ThreadWindow>, secs: f64, f: fn(&Shares) -> f64) -> f64 {
+    let shares: Vec<f64> = threads.map(|t| f(&Shares::of(t, secs))).collect();
+    shares.iter().sum::<f64>() / shares.len().max(1) as f64
+}

@@ -1,0 +1,322 @@
+//! Jobs of shapes no rule was written for, judged by what the trainer
+//! waits on and who ends its waits (tests/workloads/waits.py): loader
+//! threads instead of worker processes, a thread holding the GIL, workers
+//! that sleep, stdout into a slow pipe, an upload to a slow peer, a lock
+//! another program holds, an evaluation subprocess. Each workload writes
+//! what it did; the verdict must name the other party and the bytes.
+//!
+//! Needs root.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+use stall_tests::*;
+
+fn waits_py() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/waits.py")
+}
+
+fn job(args: &[&str]) -> Vec<String> {
+    let mut v = vec![python().to_string(), waits_py().display().to_string()];
+    v.extend(args.iter().map(|s| s.to_string()));
+    v
+}
+
+/// `stall run -q -- <job>`; the run and the job's truth.
+fn run(args: &[&str], truth: &Path, timeout: Duration) -> (Run, Value) {
+    let cmd = job(args);
+    let mut argv = vec!["run", "-q", "--"];
+    argv.extend(cmd.iter().map(String::as_str));
+    argv.extend(["--truth", truth.to_str().unwrap()]);
+    let run = stall(&argv, &[], timeout);
+    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
+    (run, truth_of(truth))
+}
+
+fn truth_of(path: &Path) -> Value {
+    wait_until("the workload's truth", Duration::from_secs(30), || path.exists());
+    truth(path)
+}
+
+fn verdict(run: &Run) -> (&str, &str) {
+    let v = &run.summary()["verdict"];
+    (v["kind"].as_str().unwrap(), v["summary"].as_str().unwrap())
+}
+
+/// A helper outside the job (a log shipper, an object store, a lock
+/// holder), killed by its PID when the test ends.
+struct Outside(Child);
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        stop(&mut self.0, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// Four loader threads of the trainer read 8 shards of 8 MB from storage
+/// throttled to 16 MB/s and hand it 1 MiB batches: input-io-bound, the
+/// threads named as its input with their bytes, no worker process at all.
+#[test]
+fn loader_threads_reading_storage_are_the_input() {
+    let s = disk_scratch("loader-threads");
+    let cache = s.path("shards");
+    shards(&cache, 8, 8, 16);
+    let t_path = s.path("truth.json");
+    let (run, t) = run(
+        &["loader-threads", "--dir", cache.to_str().unwrap(), "--files", "8", "--mbps", "16"],
+        &t_path,
+        Duration::from_secs(120),
+    );
+    let (kind, line) = verdict(&run);
+    eprintln!("loader threads: {kind}: {line}");
+    assert!(t["throttle"].as_str().unwrap().starts_with("throttled"), "{t}");
+    let want: u64 = t["files"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(want, 64_000_000, "8 shards of 8 MB");
+    // Every byte, per file, in the trainer's own file list.
+    let trainer = t["trainer"].as_u64().unwrap();
+    for (path, bytes) in t["files"].as_object().unwrap() {
+        assert_eq!(run.file(trainer, Path::new(path))["read_bytes"], *bytes, "{path}");
+    }
+    let threads: Vec<String> = run.process(trainer)["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| format!("{} {} {}", t["tid"], t["comm"], t["read_bytes"]))
+        .collect();
+    eprintln!("threads: {threads:?}");
+    assert_eq!(kind, "input-io-bound", "{line}");
+    assert!(line.contains("4 loader threads of the trainer read 64.0 MB at"), "{line}");
+}
+
+/// A pure-Python metrics thread of the trainer keeps the GIL; the main
+/// thread, which logs a line per step, waits for it: trainer-host-bound
+/// naming that thread — never a hang while its log moves.
+#[test]
+fn a_thread_holding_the_gil_is_named_and_no_hang() {
+    let s = Scratch::new("gil");
+    let t_path = s.path("truth.json");
+    let log = s.path("train.log");
+    let (run, t) =
+        run(&["gil", "--log", log.to_str().unwrap(), "--seconds", "6"], &t_path, Duration::from_secs(90));
+    let (kind, line) = verdict(&run);
+    eprintln!("gil: {kind}: {line}");
+    assert!(t["steps"].as_u64().unwrap() > 10, "{t}");
+    for r in &run.records {
+        assert_ne!(r["verdict"]["kind"], "hang", "a job logging every step is never hung: {r}");
+    }
+    assert_eq!(kind, "trainer-host-bound", "{line}");
+    let metrics = t["metrics"].as_u64().unwrap();
+    assert!(line.contains(&format!("waiting for thread {metrics} (metrics) of the trainer")), "{line}");
+}
+
+/// Two forked workers whose `__getitem__` sleeps 100 ms feed the trainer:
+/// input-wait-bound, their sleep named.
+#[test]
+fn workers_that_sleep_are_named_asleep() {
+    let s = Scratch::new("sleepy");
+    let t_path = s.path("truth.json");
+    let (run, t) =
+        run(&["sleepy-workers", "--items", "40", "--nap", "0.1"], &t_path, Duration::from_secs(90));
+    let (kind, line) = verdict(&run);
+    eprintln!("sleepy workers: {kind}: {line}");
+    assert_eq!(t["batches"], 80, "{t}");
+    assert_eq!(kind, "input-wait-bound", "{line}");
+    assert!(line.contains("2 workers spend") && line.contains("of their time asleep"), "{line}");
+}
+
+/// The trainer prints 64 KiB per step into a pipe that a reader outside
+/// the job drains at 1.6 MB/s: output-io-bound, blocked writing stdout,
+/// the reader named with the pipe's rate.
+#[test]
+fn stdout_into_a_slow_pipe_names_its_reader() {
+    let s = Scratch::new("pipe");
+    let r_truth = s.path("reader.json");
+    let mut reader = Command::new(python())
+        .args([
+            waits_py().to_str().unwrap(),
+            "slow-reader",
+            "--kbps",
+            "1600",
+            "--truth",
+            r_truth.to_str().unwrap(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("the slow reader");
+    let into_reader = Stdio::from(reader.stdin.take().unwrap());
+    let reader = Outside(reader);
+    let r = truth_of(&r_truth)["reader"].as_u64().unwrap();
+    assert_eq!(u64::from(reader.0.id()), r);
+    let t_path = s.path("truth.json");
+    let json = tempfile_path("pipe-json");
+    let mut cmd = Command::new(stall_bin());
+    cmd.args(["run", "--json", json.to_str().unwrap(), "--gpu", "off", "-q", "--"])
+        .args(job(&["pipe-writer", "--steps", "100", "--truth", t_path.to_str().unwrap()]))
+        .stdout(into_reader);
+    let out = run_with_timeout_as_is(cmd, Duration::from_secs(90));
+    let text = std::fs::read_to_string(&json).unwrap_or_default();
+    let _ = std::fs::remove_file(&json);
+    let run = Run {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::new(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        records: text.lines().map(|l| serde_json::from_str(l).unwrap()).collect(),
+    };
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth_of(&t_path);
+    let (kind, line) = verdict(&run);
+    eprintln!("slow pipe: {kind}: {line}; truth {t}");
+    let trainer = t["trainer"].as_u64().unwrap();
+    let stdout = &run.process(trainer)["stdio_write_bytes"];
+    assert_eq!(stdout, &t["bytes"], "bytes to stdout");
+    let send = secs(&run.thread(trainer)["off_cpu_by_reason"]["send"]);
+    let wall = secs(&t["secs"]);
+    // 6.5 MB at 1.6 MB/s is 4.1 s; the trainer's own work is 0.1 s.
+    assert!(send >= wall * 0.7 && send <= wall * 1.02, "blocked sending {send:.2}s of {wall:.2}s");
+    assert_eq!(kind, "output-io-bound", "{line}");
+    assert!(line.contains(&format!("writing stdout, a pipe read by pid {r} (")), "{line}");
+}
+
+/// Every 4th step the trainer PUTs 8 MiB to an object store outside the
+/// job that takes 4 MB/s: output-io-bound naming the peer; never a hang,
+/// though each upload is one call that blocks for seconds.
+#[test]
+fn an_upload_to_a_slow_peer_names_it_and_is_no_hang() {
+    let s = Scratch::new("upload");
+    let srv_truth = s.path("server.json");
+    let server = Command::new(python())
+        .args([
+            waits_py().to_str().unwrap(),
+            "slow-server",
+            "--kbps",
+            "4000",
+            "--truth",
+            srv_truth.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("the slow server");
+    let _server = Outside(server);
+    let port = truth_of(&srv_truth)["port"].as_u64().unwrap().to_string();
+    let t_path = s.path("truth.json");
+    let log = s.path("train.log");
+    let (run, t) = run(
+        &[
+            "upload",
+            "--port",
+            &port,
+            "--log",
+            log.to_str().unwrap(),
+            "--mb",
+            "8",
+            "--steps",
+            "12",
+            "--every",
+            "4",
+        ],
+        &t_path,
+        Duration::from_secs(120),
+    );
+    let (kind, line) = verdict(&run);
+    eprintln!("upload: {kind}: {line}; truth {t}");
+    for r in &run.records {
+        assert_ne!(r["verdict"]["kind"], "hang", "an upload moves data: {r}");
+    }
+    let trainer = t["trainer"].as_u64().unwrap();
+    let peer = format!("127.0.0.1:{port}");
+    let sent: u64 = run.process(trainer)["sockets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["peer"] == peer.as_str())
+        .map(|p| p["write_bytes"].as_u64().unwrap())
+        .sum();
+    // The body and each request's headers.
+    let body = t["bytes"].as_u64().unwrap();
+    assert!(sent >= body && sent <= body + 4096, "sent {sent} to {peer}, body {body}");
+    assert_eq!(kind, "output-io-bound", "{line}");
+    assert!(line.contains(&format!("writing the socket to {peer}")), "{line}");
+}
+
+/// The trainer waits in `flock` on a lock another program holds (a build
+/// lock): a hang, naming the call, the lock file and its holder.
+#[test]
+fn a_lock_held_by_another_program_is_named_with_its_holder() {
+    let s = Scratch::new("flock");
+    let lock = s.path("ext.lock");
+    let h_truth = s.path("holder.json");
+    let (holder, holder_pid) = spawn_announcing(
+        Command::new(python())
+            .args([waits_py().to_str().unwrap(), "hold-lock", "--lock", lock.to_str().unwrap()])
+            .args(["--truth", h_truth.to_str().unwrap()]),
+    );
+    let _holder = Outside(holder);
+    let log = s.path("train.log");
+    let (job_child, pid) = spawn_announcing(
+        Command::new(python())
+            .args([waits_py().to_str().unwrap(), "flock", "--lock", lock.to_str().unwrap()])
+            .args(["--log", log.to_str().unwrap()]),
+    );
+    let _job = Outside(job_child);
+    let pid = pid.to_string();
+    let mut stall = Attached::start(&["--pid", &pid, "--duration", "7", "--interval", "0.5"]);
+    stall.wait_tracing();
+    let run = stall.finish(Duration::from_secs(60));
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let (kind, line) = verdict(&run);
+    eprintln!("flock: {kind}: {line}");
+    assert_eq!(kind, "hang", "{line}");
+    assert!(line.contains("in flock for "), "{line}");
+    assert!(line.contains(&format!("the lock on {}, held by pid {holder_pid} (", lock.display())), "{line}");
+}
+
+/// Every 4th step the trainer runs a 1.5 s CPU-bound evaluation as a
+/// subprocess and waits for it: trainer-host-bound, naming the child.
+#[test]
+fn an_evaluation_subprocess_the_trainer_waits_for_is_named() {
+    let s = Scratch::new("eval");
+    let t_path = s.path("truth.json");
+    let (run, t) = run(
+        &["eval-child", "--steps", "12", "--every", "4", "--step-ms", "50", "--eval-s", "1.5"],
+        &t_path,
+        Duration::from_secs(120),
+    );
+    let (kind, line) = verdict(&run);
+    eprintln!("eval child: {kind}: {line}; truth {t}");
+    assert_eq!(t["children"].as_array().unwrap().len(), 3, "{t}");
+    assert_eq!(kind, "trainer-host-bound", "{line}");
+    let named =
+        t["children"].as_array().unwrap().iter().any(|c| line.contains(&format!("its child pid {c} (")));
+    assert!(named, "{line}");
+}
+
+/// A thread that sleeps 2 ms at a time is woken by a timer interrupt,
+/// which lands on whatever runs on that CPU (here, often one of two
+/// spinning processes of the job): its wakers are the kernel's
+/// interrupts, never the task the interrupt landed on.
+#[test]
+fn a_wakeup_in_an_interrupt_is_the_kernels_not_the_interrupted_tasks() {
+    let s = Scratch::new("timer");
+    let t_path = s.path("truth.json");
+    let (run, t) =
+        run(&["timer-sleeper", "--sleeps", "500", "--spinners", "2"], &t_path, Duration::from_secs(90));
+    let sleeper = run.thread(t["sleeper"].as_u64().unwrap());
+    let wakers = sleeper["woken_by"].as_array().unwrap();
+    eprintln!("timer wakeups: {wakers:?}");
+    let spinners: Vec<&Value> = t["spinners"].as_array().unwrap().iter().collect();
+    for w in wakers {
+        assert!(!spinners.contains(&&w["pid"]), "a spinner named as waker of a timer's wakeup: {w}");
+    }
+    let by_kernel: u64 = wakers.iter().filter(|w| w["pid"] == 0).map(|w| w["count"].as_u64().unwrap()).sum();
+    assert!(wakers.iter().filter(|w| w["pid"] == 0).all(|w| w["comm"] == "[interrupt]"), "{wakers:?}");
+    assert!(
+        // Each sleep ends in one (the job's start-up adds a few more).
+        by_kernel >= 450,
+        "{by_kernel} wakeups by interrupts of 500 sleeps: {wakers:?}"
+    );
+}

@@ -1,0 +1,409 @@
+#!/usr/bin/env python3
+"""Jobs of shapes beyond "a trainer and its worker processes", for the
+tests that follow what a trainer waits on (tests/tests/waits.rs). Standard
+library only (the VMs carry nothing else). Each job writes its own truth as
+JSON (--truth): pids, tids, bytes, what it waited on.
+
+  loader-threads  a ThreadPoolExecutor-style pool of threads in the trainer
+                  reads shards from storage throttled with a cgroup and
+                  hands the main thread 1 MiB batches through a queue
+  gil             a pure-Python metrics thread keeps the GIL; the main
+                  thread makes short GIL-releasing calls and logs a line
+                  per step
+  sleepy-workers  forked workers whose __getitem__ sleeps (a rate limit)
+                  feed the trainer through a multiprocessing queue
+  pipe-writer     prints 64 KiB per step to stdout (a pipe the test drains
+                  slowly with slow-reader)
+  upload          every few steps PUTs a checkpoint over HTTP to
+                  slow-server, which takes the body at a set rate
+  flock           logs a line, then waits in flock on a lock hold-lock holds
+  eval-child      runs a CPU-bound evaluation subprocess every few steps
+  timer-sleeper   sleeps 2 ms at a time while spinning processes keep the
+                  CPUs busy (wakeups made in timer interrupts)
+"""
+import argparse
+import ctypes
+import fcntl
+import http.client
+import json
+import multiprocessing as mp
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "demo"))
+import workload as demo  # noqa: E402  (the demo's shards and blkio throttle)
+
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_NAME = 15
+MIB = 1 << 20
+
+
+def name_thread(name):
+    libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+def gettid():
+    return threading.get_native_id()
+
+
+def write_truth(path, obj):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f)
+    os.rename(path + ".tmp", path)
+
+
+def announce():
+    print(f"PID {os.getpid()}", flush=True)
+
+
+def spin(ms):
+    """Pure-Python arithmetic for about `ms` milliseconds."""
+    end = time.perf_counter() + ms / 1000.0
+    x = 0
+    while time.perf_counter() < end:
+        for i in range(200):
+            x = (x * 31 + i) & 0xFFFFFFFF
+    return x
+
+
+# ------------------------------------------------------------ loader threads
+
+def loader_threads(a):
+    paths = [os.path.join(a.dir, n) for n in demo.file_names(a.files)]
+    throttle, note = demo.setup_throttle(a.dir, a.mbps, f"stall-waits-{os.getpid()}")
+    if throttle is None:
+        sys.exit(f"loader-threads needs its reads throttled: {note}")
+    throttle.enter()
+    batches = queue.Queue(maxsize=8)
+    read = {}
+    tids = []
+    lock = threading.Lock()
+
+    def loader(mine):
+        name_thread("loader")
+        with lock:
+            tids.append(gettid())
+        for path in mine:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                # Not from the page cache: every byte from the throttled disk.
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                total = 0
+                while True:
+                    chunk = os.read(fd, MIB)
+                    if not chunk:
+                        break
+                    total += len(chunk)
+                    batches.put(len(chunk))
+            finally:
+                os.close(fd)
+            with lock:
+                read[path] = total
+        batches.put(None)
+
+    try:
+        pool = [threading.Thread(target=loader, args=(paths[i :: a.threads],)) for i in range(a.threads)]
+        for t in pool:
+            t.start()
+        done, steps = 0, 0
+        while done < len(pool):
+            b = batches.get()
+            if b is None:
+                done += 1
+                continue
+            steps += 1
+            spin(1)
+        for t in pool:
+            t.join()
+    finally:
+        throttle.remove()
+    write_truth(a.truth, {"trainer": os.getpid(), "loaders": tids, "files": read, "steps": steps,
+                          "throttle": throttle.description})
+
+
+# ---------------------------------------------------------------------- GIL
+
+def gil(a):
+    stop = threading.Event()
+    metrics_tid = []
+
+    def metrics():
+        name_thread("metrics")
+        metrics_tid.append(gettid())
+        x = 0
+        while not stop.is_set():
+            for i in range(1000):
+                x = (x * 31 + i) & 0xFFFFFFFF
+
+    t = threading.Thread(target=metrics)
+    t.start()
+    end = time.monotonic() + a.seconds
+    steps = 0
+    with open(a.log, "a") as log:
+        while time.monotonic() < end:
+            # Short calls that release the GIL, as a loop over small reads,
+            # a C extension's quick kernels or a queue poll do.
+            for _ in range(10):
+                time.sleep(0.0001)
+            log.write(f"step {steps}\n")
+            log.flush()
+            steps += 1
+    stop.set()
+    t.join()
+    write_truth(a.truth, {"trainer": os.getpid(), "metrics": metrics_tid[0], "steps": steps})
+
+
+# ----------------------------------------------------------- sleepy workers
+
+def sleepy_worker(q, items, nap):
+    name_thread("pt_data_worker")
+    for i in range(items):
+        time.sleep(nap)  # a rate limit in __getitem__
+        q.put(bytes(1024))
+    q.put(None)
+
+
+def sleepy_workers(a):
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    workers = [ctx.Process(target=sleepy_worker, args=(q, a.items, a.nap)) for _ in range(a.workers)]
+    for w in workers:
+        w.start()
+    done, got = 0, 0
+    while done < len(workers):
+        b = q.get()
+        if b is None:
+            done += 1
+        else:
+            got += 1
+    for w in workers:
+        w.join()
+    write_truth(a.truth, {"trainer": os.getpid(), "workers": [w.pid for w in workers], "batches": got})
+
+
+# ------------------------------------------------------------- stdout, pipe
+
+def pipe_writer(a):
+    line = (b"x" * 1023 + b"\n") * (a.kib)
+    out = sys.stdout.buffer
+    written = 0
+    start = time.monotonic()
+    for _ in range(a.steps):
+        spin(1)
+        out.write(line)
+        out.flush()
+        written += len(line)
+    write_truth(a.truth, {"trainer": os.getpid(), "bytes": written, "secs": time.monotonic() - start})
+
+
+def slow_reader(a):
+    write_truth(a.truth, {"reader": os.getpid()})
+    chunk = max(1, int(a.kbps * 1000 / 100))
+    fd = sys.stdin.fileno()
+    while os.read(fd, chunk):
+        time.sleep(0.01)
+
+
+# ------------------------------------------------------------------- upload
+
+def slow_server(a):
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # A small receive buffer, inherited by what it accepts: the sender
+    # feels the server's pace, as with a slow object store.
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    write_truth(a.truth, {"server": os.getpid(), "port": srv.getsockname()[1]})
+    chunk = max(1, int(a.kbps * 1000 / 100))
+    while True:
+        conn, _ = srv.accept()
+        threading.Thread(target=serve_slowly, args=(conn, chunk), daemon=True).start()
+
+
+def serve_slowly(conn, chunk):
+    buf = b""
+    with conn:
+        while True:
+            while b"\r\n\r\n" not in buf:
+                more = conn.recv(4096)
+                if not more:
+                    return
+                buf += more
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                k, _, v = line.partition(b":")
+                if k.strip().lower() == b"content-length":
+                    length = int(v)
+            got = len(buf)
+            buf = b""
+            while got < length:
+                more = conn.recv(min(chunk, length - got))
+                if not more:
+                    return
+                got += len(more)
+                time.sleep(0.01)
+            buf = b""
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+
+def upload(a):
+    body = os.urandom(a.mb * MIB)
+    conn = http.client.HTTPConnection("127.0.0.1", a.port)
+    uploads, waited = 0, 0.0
+    with open(a.log, "a") as log:
+        for step in range(a.steps):
+            spin(20)
+            log.write(f"step {step}\n")
+            log.flush()
+            if step % a.every == a.every - 1:
+                t0 = time.monotonic()
+                conn.request("PUT", f"/ckpt/{step}", body=body)
+                conn.getresponse().read()
+                waited += time.monotonic() - t0
+                uploads += 1
+    write_truth(a.truth, {"trainer": os.getpid(), "uploads": uploads, "bytes": uploads * len(body),
+                          "upload_s": waited, "port": a.port})
+
+
+# --------------------------------------------------------------------- flock
+
+def hold_lock(a):
+    fd = os.open(a.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    write_truth(a.truth, {"holder": os.getpid()})
+    announce()
+    while True:
+        time.sleep(60)
+
+
+def flock_job(a):
+    announce()
+    with open(a.log, "a") as log:
+        log.write("building the extension\n")
+        log.flush()
+    fd = os.open(a.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # blocks while hold-lock lives
+
+
+# ---------------------------------------------------------------- eval child
+
+EVAL = "import time\nend = time.perf_counter() + {s}\nx = 0\nwhile time.perf_counter() < end:\n    x = (x * 31 + 1) & 0xFFFF\n"
+
+
+def eval_child(a):
+    children, waited = [], 0.0
+    for step in range(a.steps):
+        spin(a.step_ms)
+        if step % a.every == a.every - 1:
+            t0 = time.monotonic()
+            p = subprocess.Popen([sys.executable, "-c", EVAL.format(s=a.eval_s)])
+            children.append(p.pid)
+            p.wait()
+            waited += time.monotonic() - t0
+    write_truth(a.truth, {"trainer": os.getpid(), "children": children, "wait_s": waited})
+
+
+# ------------------------------------------------------------- timer wakeups
+
+def spinner(seconds):
+    name_thread("spinner")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        spin(10)
+
+
+def timer_sleeper(a):
+    """Sleeps `sleeps` times 2 ms while `spinners` processes keep the CPUs
+    busy: each sleep ends in a timer interrupt, often on a spinner's CPU."""
+    ctx = mp.get_context("fork")
+    spinners = [ctx.Process(target=spinner, args=(a.sleeps * 0.004 + 2,)) for _ in range(a.spinners)]
+    for p in spinners:
+        p.start()
+    time.sleep(0.5)
+    for _ in range(a.sleeps):
+        time.sleep(0.002)
+    write_truth(a.truth, {"sleeper": gettid(), "spinners": [p.pid for p in spinners], "sleeps": a.sleeps})
+    for p in spinners:
+        p.kill()
+        p.join()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="job", required=True)
+
+    s = sub.add_parser("loader-threads")
+    s.add_argument("--dir", required=True)
+    s.add_argument("--files", type=int, default=8)
+    s.add_argument("--mbps", type=float, default=16)
+    s.add_argument("--threads", type=int, default=4)
+    s.set_defaults(fn=loader_threads)
+
+    s = sub.add_parser("gil")
+    s.add_argument("--log", required=True)
+    s.add_argument("--seconds", type=float, default=5)
+    s.set_defaults(fn=gil)
+
+    s = sub.add_parser("sleepy-workers")
+    s.add_argument("--workers", type=int, default=2)
+    s.add_argument("--items", type=int, default=40)
+    s.add_argument("--nap", type=float, default=0.1)
+    s.set_defaults(fn=sleepy_workers)
+
+    s = sub.add_parser("pipe-writer")
+    s.add_argument("--steps", type=int, default=100)
+    s.add_argument("--kib", type=int, default=64)
+    s.set_defaults(fn=pipe_writer)
+
+    s = sub.add_parser("slow-reader")
+    s.add_argument("--kbps", type=float, default=1600)
+    s.set_defaults(fn=slow_reader)
+
+    s = sub.add_parser("slow-server")
+    s.add_argument("--kbps", type=float, default=4000)
+    s.set_defaults(fn=slow_server)
+
+    s = sub.add_parser("upload")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--log", required=True)
+    s.add_argument("--mb", type=int, default=8)
+    s.add_argument("--steps", type=int, default=12)
+    s.add_argument("--every", type=int, default=4)
+    s.set_defaults(fn=upload)
+
+    s = sub.add_parser("hold-lock")
+    s.add_argument("--lock", required=True)
+    s.set_defaults(fn=hold_lock)
+
+    s = sub.add_parser("flock")
+    s.add_argument("--lock", required=True)
+    s.add_argument("--log", required=True)
+    s.set_defaults(fn=flock_job)
+
+    s = sub.add_parser("eval-child")
+    s.add_argument("--steps", type=int, default=12)
+    s.add_argument("--every", type=int, default=4)
+    s.add_argument("--step-ms", type=float, default=50)
+    s.add_argument("--eval-s", type=float, default=1.5)
+    s.set_defaults(fn=eval_child)
+
+    s = sub.add_parser("timer-sleeper")
+    s.add_argument("--sleeps", type=int, default=500)
+    s.add_argument("--spinners", type=int, default=2)
+    s.set_defaults(fn=timer_sleeper)
+
+    for s in sub.choices.values():
+        s.add_argument("--truth", required=s.prog.split()[-1] not in ("flock",))
+    a = p.parse_args()
+    a.fn(a)
+
+
+if __name__ == "__main__":
+    main()
