@@ -697,7 +697,11 @@ class Job:
             pass
         return getattr(self, "cpu_limit_read", None)
 
-    def write_truth(self):
+    def write_truth(self, changed_only=False):
+        """Writes what the job did so far; with `changed_only` (the status
+        checks of a waiting trainer), only if something but its own CPU time
+        changed: rewriting the same record every few seconds would be output
+        of a job that moves nothing, a heartbeat."""
         path = self.args.truth
         if not path:
             return
@@ -722,6 +726,10 @@ class Job:
             "control_writes": CONTROL_WRITES,
             "cpu_limit": self.cpu_limit_truth(),
         }
+        same = json.dumps({k: v for k, v in obj.items() if k != "trainer_cpu_s"}, sort_keys=True)
+        if changed_only and same == getattr(self, "last_truth", None):
+            return
+        self.last_truth = same
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(obj, f)
@@ -784,7 +792,7 @@ class Job:
                 if dead:
                     raise RuntimeError(f"DataLoader worker (pid {dead[0].pid}) exited unexpectedly "
                                        f"with code {dead[0].exitcode}")
-                self.write_truth()
+                self.write_truth(changed_only=True)
 
     def take_batch(self, w, nbytes, cpu_s=None):
         rec = self.current[w]

@@ -101,7 +101,7 @@ fn a_thread_holding_the_gil_is_named_and_no_hang() {
     let t_path = s.path("truth.json");
     let log = s.path("train.log");
     let (run, t) =
-        run(&["gil", "--log", log.to_str().unwrap(), "--seconds", "6"], &t_path, Duration::from_secs(90));
+        run(&["gil", "--log", log.to_str().unwrap(), "--seconds", "4"], &t_path, Duration::from_secs(90));
     let (kind, line) = verdict(&run);
     eprintln!("gil: {kind}: {line}");
     assert!(t["steps"].as_u64().unwrap() > 10, "{t}");
@@ -120,10 +120,10 @@ fn workers_that_sleep_are_named_asleep() {
     let s = Scratch::new("sleepy");
     let t_path = s.path("truth.json");
     let (run, t) =
-        run(&["sleepy-workers", "--items", "40", "--nap", "0.1"], &t_path, Duration::from_secs(90));
+        run(&["sleepy-workers", "--items", "30", "--nap", "0.1"], &t_path, Duration::from_secs(90));
     let (kind, line) = verdict(&run);
     eprintln!("sleepy workers: {kind}: {line}");
-    assert_eq!(t["batches"], 80, "{t}");
+    assert_eq!(t["batches"], 60, "{t}");
     assert_eq!(kind, "input-wait-bound", "{line}");
     assert!(line.contains("2 workers spend") && line.contains("of their time asleep"), "{line}");
 }
@@ -156,7 +156,7 @@ fn stdout_into_a_slow_pipe_names_its_reader() {
     let json = tempfile_path("pipe-json");
     let mut cmd = Command::new(stall_bin());
     cmd.args(["run", "--json", json.to_str().unwrap(), "--gpu", "off", "-q", "--"])
-        .args(job(&["pipe-writer", "--steps", "100", "--truth", t_path.to_str().unwrap()]))
+        .args(job(&["pipe-writer", "--steps", "64", "--truth", t_path.to_str().unwrap()]))
         .stdout(into_reader);
     let out = run_with_timeout_as_is(cmd, Duration::from_secs(90));
     let text = std::fs::read_to_string(&json).unwrap_or_default();
@@ -176,7 +176,7 @@ fn stdout_into_a_slow_pipe_names_its_reader() {
     assert_eq!(stdout, &t["bytes"], "bytes to stdout");
     let send = secs(&run.thread(trainer)["off_cpu_by_reason"]["send"]);
     let wall = secs(&t["secs"]);
-    // 6.5 MB at 1.6 MB/s is 4.1 s; the trainer's own work is 0.1 s.
+    // 4.2 MB at 1.6 MB/s is 2.6 s; the trainer's own work is 0.06 s.
     assert!(send >= wall * 0.7 && send <= wall * 1.02, "blocked sending {send:.2}s of {wall:.2}s");
     assert_eq!(kind, "output-io-bound", "{line}");
     assert!(line.contains(&format!("writing stdout, a pipe read by pid {r} (")), "{line}");
@@ -215,7 +215,7 @@ fn an_upload_to_a_slow_peer_names_it_and_is_no_hang() {
             "--mb",
             "8",
             "--steps",
-            "12",
+            "8",
             "--every",
             "4",
         ],
@@ -275,14 +275,14 @@ fn a_lock_held_by_another_program_is_named_with_its_holder() {
     assert!(line.contains(&format!("the lock on {}, held by pid {holder_pid} (", lock.display())), "{line}");
 }
 
-/// Every 4th step the trainer runs a 1.5 s CPU-bound evaluation as a
+/// Every 4th step the trainer runs a 1 s CPU-bound evaluation as a
 /// subprocess and waits for it: trainer-host-bound, naming the child.
 #[test]
 fn an_evaluation_subprocess_the_trainer_waits_for_is_named() {
     let s = Scratch::new("eval");
     let t_path = s.path("truth.json");
     let (run, t) = run(
-        &["eval-child", "--steps", "12", "--every", "4", "--step-ms", "50", "--eval-s", "1.5"],
+        &["eval-child", "--steps", "12", "--every", "4", "--step-ms", "50", "--eval-s", "1"],
         &t_path,
         Duration::from_secs(120),
     );
