@@ -66,6 +66,11 @@ pub enum Command {
     Run {
         #[command(flatten)]
         common: Common,
+        /// With --duration: stop the command when the time is up (SIGTERM to
+        /// its process group, SIGKILL 5 s later), report, and exit with its
+        /// status. Without it the command goes on, untraced.
+        #[arg(long, requires = "duration")]
+        stop: bool,
         /// The command and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -385,9 +390,10 @@ mod tests {
         ])
         .unwrap();
         match cli.command {
-            Command::Run { cmd, common } => {
+            Command::Run { cmd, common, stop } => {
                 assert_eq!(cmd, ["python3", "-u", "x.py", "--lr", "1"]);
                 assert_eq!(common.duration, Some(Duration::from_secs(2)));
+                assert!(!stop);
             }
             other => panic!("{other:?}"),
         }

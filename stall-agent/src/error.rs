@@ -19,6 +19,11 @@ pub enum Error {
     Usage(String),
     #[error("cannot listen on {addr}: {reason}")]
     Listen { addr: SocketAddr, reason: String },
+    /// `stall run`'s command is not on PATH (or not there), as a shell says.
+    #[error("{0}: command not found")]
+    CommandNotFound(String),
+    #[error("{0}: cannot execute: {1}")]
+    NotExecutable(String, String),
 }
 
 impl Error {
@@ -52,6 +57,8 @@ impl Error {
             Error::Spawn(_) => exit::INTERNAL,
             Error::Usage(_) => exit::USAGE,
             Error::Listen { .. } => exit::LISTEN,
+            Error::CommandNotFound(_) => exit::NOT_FOUND,
+            Error::NotExecutable(..) => exit::NOT_EXECUTABLE,
         }
     }
 }

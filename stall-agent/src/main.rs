@@ -42,7 +42,7 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e),
             };
         }
-        Command::Run { common, cmd } => (Target::Run(cmd), common),
+        Command::Run { common, cmd, stop } => (Target::Run { cmd, stop }, common),
         Command::Attach { target, common } => match (target.pid, target.cgroup) {
             (Some(pid), _) => (Target::Pid(pid), common),
             (None, Some(cg)) => (Target::Cgroup(cg), common),

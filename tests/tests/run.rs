@@ -58,12 +58,72 @@ fn grandchild_forked_after_start_is_traced() {
     assert!(run.processes().iter().any(|q| q["pid"] == parent), "the child in between is traced too");
 }
 
+/// A command that cannot run is one line before anything is attached: no
+/// report about stall's own gate, the shell's exit codes.
 #[test]
 fn missing_command_exits_127_with_one_line() {
-    let run = stall(&["run", "-q", "--", "/nonexistent/stall-no-such-cmd"], &[], T);
-    assert_eq!(run.status, 127, "{}", run.stderr);
-    let lines: Vec<&str> = run.stderr.lines().filter(|l| l.contains("not found")).collect();
-    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    let s = Scratch::new("noexec");
+    let plain = s.file("not-executable", 10);
+    for (cmd, code, says) in [
+        ("/nonexistent/stall-no-such-cmd", 127, "/nonexistent/stall-no-such-cmd: command not found"),
+        ("stall-no-such-cmd-on-path", 127, "stall-no-such-cmd-on-path: command not found"),
+        (plain.to_str().unwrap(), 126, "cannot execute: Permission denied"),
+    ] {
+        let run = stall(&["run", "-q", "--", cmd], &[], T);
+        assert_eq!(run.status, code, "{cmd}: {}", run.stderr);
+        assert_eq!(run.stderr.lines().count(), 1, "{cmd}: {}", run.stderr);
+        assert!(run.stderr.starts_with("stall: ") && run.stderr.contains(says), "{cmd}: {}", run.stderr);
+        assert!(run.stdout.is_empty() && run.records.is_empty(), "{cmd}: nothing else: {}", run.stdout);
+    }
+}
+
+/// `--json -`: stdout carries JSON only; the command's own output goes to
+/// stderr with stall's human output, so `| jq` works.
+#[test]
+fn json_to_stdout_keeps_the_commands_output_out_of_it() {
+    require_root();
+    let out = std::process::Command::new(stall_bin())
+        .args(["run", "--gpu", "off", "--interval", "0.2", "--json", "-", "--"])
+        .args(["sh", "-c", "for i in 1 2 3 4 5; do echo training step $i; sleep 0.1; done"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut records = 0;
+    for line in stdout.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}\n{stdout}"));
+        assert!(v["type"].is_string(), "{line}");
+        records += 1;
+    }
+    assert!(records >= 2, "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for i in 1..=5 {
+        let line = format!("training step {i}");
+        assert!(stderr.lines().any(|l| l == line), "{line:?}, the command's, not on stderr: {stderr}");
+    }
+}
+
+/// `--duration` ends the tracing, not the command: stall says it goes on;
+/// with `--stop` the command is stopped and stall exits with its status.
+#[test]
+fn duration_says_the_command_goes_on_and_stop_stops_it() {
+    let run = stall(&["run", "-q", "--duration", "1", "--", "sleep", "30"], &[], T);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let note = run
+        .stderr
+        .lines()
+        .find(|l| l.contains("--duration is up"))
+        .unwrap_or_else(|| panic!("{}", run.stderr));
+    let pid: i32 = note.split("(pid ").nth(1).and_then(|r| r.split(')').next()).unwrap().parse().unwrap();
+    let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    assert!(alive, "the command goes on after --duration: {note}");
+    assert!(note.contains("--stop"), "{note}");
+    let run = stall(&["run", "-q", "--duration", "1", "--stop", "--", "sleep", "30"], &[], T);
+    assert_eq!(run.status, 128 + 15, "sleep's status after SIGTERM: {}", run.stderr);
+    assert!(!run.stderr.contains("--duration is up"), "{}", run.stderr);
+    assert_eq!(run.summary()["type"], "summary");
 }
 
 /// `stall run CMD | head`: the reader going away ends stall's output, not

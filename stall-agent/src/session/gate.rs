@@ -34,11 +34,16 @@ pub struct Gate {
 }
 
 impl Gate {
-    pub fn spawn(cmd: &[OsString]) -> io::Result<Self> {
+    /// `stdout_to_stderr`: the command writes its standard output to
+    /// stall's standard error (stall's stdout carries JSON).
+    pub fn spawn(cmd: &[OsString], stdout_to_stderr: bool) -> io::Result<Self> {
         let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
         let read_fd = read.as_raw_fd();
         let mut c = tokio::process::Command::new(std::env::current_exe()?);
         c.arg(GATE_ARG).arg("--").args(cmd).env(GATE_ENV, read_fd.to_string());
+        if stdout_to_stderr {
+            c.stdout(std::process::Stdio::from(io::stderr()));
+        }
         if !in_terminal_foreground() {
             c.process_group(0);
         }
@@ -69,6 +74,28 @@ impl Gate {
         }
     }
 
+    /// Stops the command: SIGTERM to its process group (its own, or it
+    /// alone where it shares stall's), SIGKILL after `grace`; its status.
+    pub async fn stop(&mut self, grace: std::time::Duration) -> io::Result<std::process::ExitStatus> {
+        let child = Pid::from_raw(self.pid as i32);
+        let own_group = nix::unistd::getpgid(Some(child)).is_ok_and(|g| g == child);
+        let send = |sig| {
+            let _ = if own_group {
+                nix::sys::signal::killpg(child, sig)
+            } else {
+                nix::sys::signal::kill(child, sig)
+            };
+        };
+        send(nix::sys::signal::Signal::SIGTERM);
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => status,
+            Err(_) => {
+                send(nix::sys::signal::Signal::SIGKILL);
+                self.child.wait().await
+            }
+        }
+    }
+
     /// Lets the gate exec the command (call once it is tracked).
     pub fn release(&mut self) -> io::Result<()> {
         if let Some(w) = self.release.take() {
@@ -91,6 +118,33 @@ fn in_terminal_foreground() -> bool {
     [libc::STDIN_FILENO, libc::STDOUT_FILENO, libc::STDERR_FILENO].into_iter().any(|fd| {
         // SAFETY: isatty and tcgetpgrp only query the descriptor.
         unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == me.as_raw() }
+    })
+}
+
+/// Finds CMD as exec will (on PATH unless it names a path) and says, in one
+/// line, when it cannot be run: checked before anything is attached, so a
+/// typo costs no report about stall's own gate.
+pub fn check_command(prog: &std::ffi::OsStr) -> Result<(), crate::error::Error> {
+    use std::os::unix::{ffi::OsStrExt, fs::PermissionsExt};
+    let name = prog.to_string_lossy().into_owned();
+    let candidates: Vec<std::path::PathBuf> = if prog.as_bytes().contains(&b'/') {
+        vec![prog.into()]
+    } else {
+        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+        std::env::split_paths(&path).map(|d| d.join(prog)).collect()
+    };
+    let mut not_executable = None;
+    for c in candidates {
+        match std::fs::metadata(&c) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return Ok(()),
+            Ok(m) if m.is_dir() => not_executable = Some("Is a directory".to_string()),
+            Ok(_) => not_executable = Some("Permission denied".to_string()),
+            Err(_) => {}
+        }
+    }
+    Err(match not_executable {
+        Some(why) => crate::error::Error::NotExecutable(name, why),
+        None => crate::error::Error::CommandNotFound(name),
     })
 }
 

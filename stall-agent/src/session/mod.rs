@@ -24,7 +24,11 @@ use crate::{
 };
 
 pub enum Target {
-    Run(Vec<OsString>),
+    /// `stall run`: the command; `stop`: stop it when `--duration` is up.
+    Run {
+        cmd: Vec<OsString>,
+        stop: bool,
+    },
     Pid(u32),
     Cgroup(PathBuf),
 }
@@ -155,6 +159,11 @@ fn create_json(p: &std::path::Path) -> Result<std::fs::File, Error> {
 }
 
 pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
+    if let Target::Run { cmd, .. } = &target {
+        if let Some(prog) = cmd.first() {
+            gate::check_command(prog)?;
+        }
+    }
     let mut sinks = Sinks::open(&opts)?;
     let outcome = run_with(target, opts, &mut sinks).await;
     if outcome.is_err() {
@@ -188,9 +197,12 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
     let mut seeded = Vec::new();
     let mut gate: Option<Gate> = None;
     let (root, label, cgroup_dir) = match &target {
-        Target::Run(cmd) => {
-            let mut g =
-                Gate::spawn(cmd).map_err(|e| Error::Spawn(format!("cannot start stall's exec gate: {e}")))?;
+        Target::Run { cmd, .. } => {
+            // `--json -`: the command's own output must not interleave with
+            // the JSON lines; it goes where stall's human output goes.
+            let json_stdout = opts.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
+            let mut g = Gate::spawn(cmd, json_stdout)
+                .map_err(|e| Error::Spawn(format!("cannot start stall's exec gate: {e}")))?;
             seeded.extend(live.capture.track_tree(g.pid, JOB).map_err(Error::from)?);
             g.release().context("releasing the command")?;
             let pid = g.pid;
@@ -275,7 +287,20 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
                 child_status = Some(shell_status(status.context("waiting for the command")?));
                 break;
             }
-            _ = &mut sleep_until => break,
+            _ = &mut sleep_until => {
+                if let (Some(g), Target::Run { stop, .. }) = (gate.as_mut(), &target) {
+                    if *stop {
+                        let status = g.stop(Duration::from_secs(5)).await.context("stopping the command")?;
+                        child_status = Some(shell_status(status));
+                    } else {
+                        eprintln!(
+                            "stall: --duration is up: {label} (pid {}) goes on running, untraced (--stop stops it)",
+                            g.pid
+                        );
+                    }
+                }
+                break;
+            }
         }
     }
 
