@@ -20,6 +20,19 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let obj = out.join("stall.bpf.o");
 
+    // The commit `stall --version` names (a tarball without git: "unknown").
+    let commit = Command::new("git")
+        .args(["-C", root.to_str().unwrap(), "rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=STALL_COMMIT=commit {commit}");
+    if root.join(".git/HEAD").exists() {
+        println!("cargo:rerun-if-changed={}", root.join(".git/HEAD").display());
+        println!("cargo:rerun-if-changed={}", root.join(".git/refs").display());
+    }
     println!("cargo:rerun-if-env-changed=STALL_BPF_STUB");
     for dir in ["stall-ebpf/src", "stall-common/src"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());

@@ -47,10 +47,27 @@ pub const EXIT_CODES: &str = exit_codes!();
 pub const PRIVILEGES: &str = privileges!();
 const AFTER_HELP: &str = concat!(privileges!(), "\n\n", exit_codes!());
 
+/// The release and the commit it was built from.
+pub fn version() -> &'static str {
+    VERSION
+}
+
+/// `stall --version`: the release and the commit it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("STALL_COMMIT"), ")");
+/// `stall --version` (long): with the pieces of the kernel it needs.
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("STALL_COMMIT"),
+    ")\nneeds: raw tracepoints, BPF ring buffers and BTF (Linux 5.10 or later); \
+     `stall version` says what this machine's kernel has"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "stall",
-    version,
+    version = VERSION,
+    long_version = LONG_VERSION,
     about = "Why is the GPU idle? Traces a training job from the kernel (eBPF) and says what holds it back.",
     after_help = AFTER_HELP
 )]
@@ -86,6 +103,13 @@ pub enum Command {
     /// Watch every job on this node continuously and export Prometheus metrics.
     #[command(after_help = AFTER_HELP)]
     Daemon(DaemonArgs),
+    /// Print a shell completion script: `stall completions bash > /etc/bash_completion.d/stall`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// The version, the commit, and what this machine's kernel offers stall.
+    Version,
     /// Internal: the exec gate `stall run` starts (see session::gate).
     #[command(name = "__exec-gate", hide = true)]
     ExecGate {

@@ -36,6 +36,18 @@ fn main() -> ExitCode {
     };
     let (target, common) = match cli.command {
         Command::ExecGate { cmd } => gate::exec_gate(&cmd),
+        Command::Completions { shell } => {
+            let mut cli = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cli, "stall", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Version => {
+            println!("stall {}", stall_agent::cli::version());
+            for (what, found) in stall_agent::capture::kernel_features() {
+                println!("{what}: {found}");
+            }
+            return ExitCode::SUCCESS;
+        }
         Command::Daemon(args) => {
             return match runtime.block_on(daemon::run(daemon_options(args))) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -29,6 +29,11 @@ pub fn rate(bytes_n: u64, secs: f64) -> String {
     }
 }
 
+/// "1 process", "3 processes".
+pub fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 pub fn pct(frac: f64) -> String {
     format!("{:.0}%", (frac * 100.0).clamp(0.0, 100.0))
 }

@@ -37,6 +37,15 @@ fn exact_path_and_bytes_in_odd_chunks_and_exit_status() {
     assert_eq!(f["opens"], 1);
     assert_eq!(run.summary()["lost_events"], 0);
     assert!(run.stdout.contains("verdict:"), "the human report is printed: {}", run.stdout);
+    // The command's status, in the report and the JSON.
+    assert!(run.stdout.contains("The command exited with status 7."), "{}", run.stdout);
+    assert_eq!(run.summary()["exit_status"], 7);
+    // The gate maps stall's own binary before it execs the command: not
+    // one of the job's files.
+    let own = stall_bin().canonicalize().unwrap();
+    let top = run.stdout.split("Top files by bytes read:").nth(1).unwrap_or("");
+    assert!(!top.contains(own.to_str().unwrap()), "stall's own binary among the job's files: {top}");
+    assert!(top.contains(data.to_str().unwrap()), "{top}");
 }
 
 #[test]
@@ -108,7 +117,10 @@ fn json_to_stdout_keeps_the_commands_output_out_of_it() {
 /// with `--stop` the command is stopped and stall exits with its status.
 #[test]
 fn duration_says_the_command_goes_on_and_stop_stops_it() {
-    let run = stall(&["run", "-q", "--duration", "1", "--", "sleep", "30"], &[], T);
+    // Its own stdio elsewhere: a command left running must not keep the
+    // test's pipes to stall open.
+    let quiet_sleep = "exec sleep 30 </dev/null >/dev/null 2>&1";
+    let run = stall(&["run", "-q", "--duration", "1", "--", "sh", "-c", quiet_sleep], &[], T);
     assert_eq!(run.status, 0, "{}", run.stderr);
     let note = run
         .stderr
@@ -120,7 +132,7 @@ fn duration_says_the_command_goes_on_and_stop_stops_it() {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
     assert!(alive, "the command goes on after --duration: {note}");
     assert!(note.contains("--stop"), "{note}");
-    let run = stall(&["run", "-q", "--duration", "1", "--stop", "--", "sleep", "30"], &[], T);
+    let run = stall(&["run", "-q", "--duration", "1", "--stop", "--", "sh", "-c", quiet_sleep], &[], T);
     assert_eq!(run.status, 128 + 15, "sleep's status after SIGTERM: {}", run.stderr);
     assert!(!run.stderr.contains("--duration is up"), "{}", run.stderr);
     assert_eq!(run.summary()["type"], "summary");
@@ -153,4 +165,93 @@ fn help_lists_exit_codes() {
     for code in ["127", "126", "3 ", "4 ", "5 ", "6 "] {
         assert!(text.contains(&format!("    {code}")), "--help lacks exit code {code}: {text}");
     }
+}
+
+/// On a terminal, `stall run`'s live view prints a line per interval
+/// beside the command's own output, which shares the terminal: it never
+/// clears the screen the command writes to.
+#[test]
+fn the_live_view_on_a_terminal_keeps_the_commands_output() {
+    use std::{
+        io::Read,
+        os::fd::{AsRawFd, FromRawFd, OwnedFd},
+        os::unix::process::CommandExt,
+    };
+    require_root();
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty fills two descriptors.
+    let rc = unsafe {
+        libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), std::ptr::null())
+    };
+    assert_eq!(rc, 0, "openpty");
+    // SAFETY: both are fresh descriptors we own.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut cmd = std::process::Command::new(stall_bin());
+    cmd.args(["run", "--gpu", "off", "--interval", "0.2", "--", "sh", "-c"])
+        .arg("for i in 1 2 3 4 5 6; do echo job line $i; sleep 0.2; done");
+    for stdio in 0..3 {
+        let fd = nix::unistd::dup(slave.as_raw_fd()).unwrap();
+        // SAFETY: a fresh duplicate handed to the child.
+        let f = unsafe { std::fs::File::from_raw_fd(fd) };
+        match stdio {
+            0 => cmd.stdin(f),
+            1 => cmd.stdout(f),
+            _ => cmd.stderr(f),
+        };
+    }
+    // SAFETY: setsid and ioctl are async-signal-safe: stall leads a session
+    // whose controlling terminal is the pty.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() == -1 || libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    // Every copy of the terminal's slave side closed here, so that reading
+    // the master ends once stall and its command have.
+    drop(cmd);
+    drop(slave);
+    let mut reader = std::fs::File::from(master);
+    let screen = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&all).into_owned()
+    });
+    let status = wait_child(&mut child, T).expect("stall ended");
+    assert!(status.success());
+    let screen = screen.join().unwrap();
+    assert!(!screen.contains("\x1b[2J") && !screen.contains("\x1b[H"), "the screen was cleared: {screen:?}");
+    for i in 1..=6 {
+        assert!(screen.contains(&format!("job line {i}")), "job line {i} lost: {screen}");
+    }
+    assert!(screen.lines().filter(|l| l.starts_with('[') && l.contains("s] ")).count() >= 3, "{screen}");
+}
+
+/// Shell completions for the three shells, and a version that names the
+/// commit and what the kernel offers.
+#[test]
+fn completions_and_version() {
+    for (shell, marker) in [("bash", "_stall()"), ("zsh", "#compdef stall"), ("fish", "complete -c stall")] {
+        let out = std::process::Command::new(stall_bin()).args(["completions", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(marker) && text.contains("attach"), "{shell}: {text}");
+    }
+    let out = std::process::Command::new(stall_bin()).arg("--version").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.starts_with("stall ") && text.contains("(commit "), "{text}");
+    let out = std::process::Command::new(stall_bin()).arg("version").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert!(text.contains(&format!("kernel: {}", release.trim())), "{text}");
+    assert!(text.contains("BTF: /sys/kernel/btf/vmlinux"), "{text}");
 }

@@ -127,6 +127,16 @@ pub fn is_code_file(path: &str) -> bool {
         || ["/bin/", "/sbin/"].iter().any(|d| path.contains(d))
         || path.starts_with("/usr/lib/locale/")
         || path == "/etc/ld.so.cache"
+        || is_stalls_own(path)
+}
+
+/// stall's own executable: `stall run`'s gate maps it, in the command's
+/// process, before it execs the command.
+fn is_stalls_own(path: &str) -> bool {
+    static OWN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| Some(std::env::current_exe().ok()?.to_string_lossy().into_owned()))
+        .as_deref()
+        .is_some_and(|own| own == path)
 }
 
 /// The part of `bytes` that came from storage (`storage` of them), at most 1.

@@ -39,6 +39,43 @@ pub use load::{CaptureOptions, DEFAULT_LATENCY_SAMPLE};
 pub use ring::DRAIN_EVERY;
 pub use track::classify_blocked;
 
+/// What this machine's kernel offers stall, found without loading
+/// anything (`stall version`): (what, found).
+pub fn kernel_features() -> Vec<(&'static str, String)> {
+    let yes_no = |b: bool, yes: &str, no: &str| if b { yes.to_string() } else { no.to_string() };
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let btf = btf::KernelBtf::open().ok();
+    let tracefs = tracefs::root();
+    vec![
+        ("kernel", release.trim().to_string()),
+        ("BTF", yes_no(btf.is_some(), btf::VMLINUX, "missing: stall cannot run")),
+        (
+            "tracefs",
+            tracefs.as_ref().map_or_else(|e| format!("not found ({e})"), |p| p.display().to_string()),
+        ),
+        (
+            "kfuncs for plain loads (bpf_rdonly_cast)",
+            yes_no(btf.as_ref().and_then(kfunc::KfuncIds::find).is_some(), "yes", "no: probe reads instead"),
+        ),
+        (
+            "delayed dequeues (EEVDF, 6.12 on)",
+            yes_no(
+                btf.as_ref().is_some_and(|b| b.field("sched_entity", "sched_delayed").is_some()),
+                "yes",
+                "no",
+            ),
+        ),
+        (
+            "kprobes",
+            yes_no(
+                tracefs.as_ref().is_ok_and(|p| p.join("kprobe_events").exists()),
+                "yes",
+                "no (stall needs none)",
+            ),
+        ),
+    ]
+}
+
 pub struct Capture {
     threads: HashMap<MapData, u32, ThreadStats>,
     files: HashMap<MapData, FdKey, FileStats>,

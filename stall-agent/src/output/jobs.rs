@@ -49,6 +49,7 @@ pub fn job(j: &JobView) -> Value {
                 syscall_backend: None,
                 mmap_hooks: None,
                 switch_reads: None,
+                exit_status: None,
             };
             serde_json::to_value(jsonl::record("job", &view)).unwrap_or_default()
         }

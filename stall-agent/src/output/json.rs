@@ -65,6 +65,10 @@ pub struct Record<'a> {
     /// `probe-stack`: `bpf_probe_read_kernel`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub switch_reads: Option<&'static str>,
+    /// Summary of `stall run` only: the command's exit status, shell-style
+    /// (128 + N: killed by signal N); null while it goes on running.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<Option<i32>>,
     pub verdict: &'a Verdict,
 }
 
@@ -365,6 +369,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         syscall_reads: v.syscall_backend.map(|(_, reads, _)| reads),
         mmap_hooks: v.mmap_hooks,
         switch_reads: v.switch_reads,
+        exit_status: v.syscall_backend.map(|_| v.exit_status),
         verdict: v.verdict,
     }
 }

@@ -35,6 +35,18 @@ pub struct View<'a> {
     /// The final report: how `sched_switch` read the task going off-CPU
     /// (`direct`, `probe`, `probe-stack`).
     pub switch_reads: Option<&'static str>,
+    /// The final report of `stall run`: the command's exit status,
+    /// shell-style (128 + N: killed by signal N); None while it runs or
+    /// when it was not stall's to wait for.
+    pub exit_status: Option<i32>,
+}
+
+/// "status 7", "status 143 (killed by SIGTERM)".
+pub fn exit_words(status: i32) -> String {
+    match nix::sys::signal::Signal::try_from(status - 128) {
+        Ok(sig) if status > 128 => format!("status {status} (killed by {sig})"),
+        _ => format!("status {status}"),
+    }
 }
 
 /// "last progress 3 s ago (/runs/train.log written 3 s ago)", for the

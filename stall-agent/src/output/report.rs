@@ -4,7 +4,7 @@ use std::fmt::Write;
 use stall_common::reason;
 
 use super::View;
-use crate::{correlate::Role, units};
+use crate::{aggregate::is_code_file, correlate::Role, units};
 
 /// One row per thread worth showing: every process's main thread, plus
 /// threads that used >2% CPU or read files. Trainer first, then workers.
@@ -52,7 +52,12 @@ pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String>
                 None => "-- not a rank".to_string(),
             });
         }
-        let top = p.files.first().filter(|f| f.read_bytes > 0).map(|f| f.path.as_str()).unwrap_or("");
+        let top = p
+            .files
+            .iter()
+            .find(|f| f.read_bytes > 0 && !is_code_file(f.resolved.as_deref().unwrap_or(&f.path)))
+            .map(|f| f.path.as_str())
+            .unwrap_or("");
         for t in &p.threads {
             let pct = |ns: u64| ns as f64 / 1e9 / secs;
             let worth = t.tid == p.tgid || pct(t.delta.on_cpu_ns) > 0.02 || t.delta.file_read_bytes > 0;
@@ -85,7 +90,7 @@ pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String>
         }
     }
     if hidden > 0 {
-        rows.push(format!("({hidden} quiet threads not shown)"));
+        rows.push(format!("({} not shown)", units::count(hidden, "quiet thread", "quiet threads")));
     }
     rows
 }
@@ -165,7 +170,12 @@ pub fn render(v: &View) -> String {
     }
     let hidden = w.procs.iter().filter(|p| !notable(v, p)).count();
 
-    let files = w.files_by_bytes();
+    // The job's data: not the interpreter's modules, nor stall's own gate.
+    let files: Vec<_> = w
+        .files_by_bytes()
+        .into_iter()
+        .filter(|(_, f)| !is_code_file(f.resolved.as_deref().unwrap_or(&f.path)))
+        .collect();
     if !files.is_empty() {
         let _ = writeln!(out);
         let _ = writeln!(out, "Top files by bytes read:");
@@ -251,10 +261,17 @@ pub fn render(v: &View) -> String {
     let exited = w.procs.iter().filter(|p| !p.alive).count();
     let _ = writeln!(
         out,
-        "{} processes traced ({exited} exited){}; --json has every process, thread and file.",
-        w.procs.len(),
-        if hidden > 0 { format!(", {hidden} quiet ones not shown above") } else { String::new() }
+        "{} traced ({exited} exited){}; --json has every process, thread and file.",
+        units::count(w.procs.len(), "process", "processes"),
+        if hidden > 0 {
+            format!(", {} not shown above", units::count(hidden, "quiet one", "quiet ones"))
+        } else {
+            String::new()
+        }
     );
+    if let Some(status) = v.exit_status {
+        let _ = writeln!(out, "The command exited with {}.", super::exit_words(status));
+    }
     let _ = writeln!(out);
     if let Some(s) = v.startup_s {
         let _ = writeln!(

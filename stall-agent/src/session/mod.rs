@@ -115,8 +115,11 @@ impl<W: Write> Write for UntilClosed<W> {
 
 impl Sinks {
     /// Opens the outputs: a --json path that cannot be written is a usage
-    /// error, found before anything is loaded.
-    fn open(opts: &Options) -> Result<Self, Error> {
+    /// error, found before anything is loaded. `shares_terminal`: the
+    /// traced command writes to stall's terminal (`stall run`), so the live
+    /// view prints a line per interval instead of redrawing the screen,
+    /// which would erase the command's own output.
+    fn open(opts: &Options, shares_terminal: bool) -> Result<Self, Error> {
         let json_stdout = opts.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
         let json: Option<Box<dyn Write>> = match &opts.json {
             None => None,
@@ -129,7 +132,8 @@ impl Sinks {
         } else {
             (Box::new(UntilClosed::new(std::io::stdout())), std::io::stdout().is_terminal())
         };
-        Ok(Self { json, json_file, human, live_tty: tty && !opts.quiet, quiet: opts.quiet })
+        let live_tty = tty && !opts.quiet && !shares_terminal;
+        Ok(Self { json, json_file, human, live_tty, quiet: opts.quiet })
     }
 
     /// After a failed run: a --json file it created and never wrote to is
@@ -164,7 +168,7 @@ pub async fn run(target: Target, opts: Options) -> Result<Outcome> {
             gate::check_command(prog)?;
         }
     }
-    let mut sinks = Sinks::open(&opts)?;
+    let mut sinks = Sinks::open(&opts, matches!(target, Target::Run { .. }))?;
     let outcome = run_with(target, opts, &mut sinks).await;
     if outcome.is_err() {
         sinks.remove_unwritten_json();
@@ -325,6 +329,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         syscall_backend: Some((out.syscall_backend, out.syscall_reads, out.hooks_line)),
         mmap_hooks: Some(out.mmap_hooks),
         switch_reads: Some(out.switch_reads),
+        exit_status: child_status,
     };
     if let Some(j) = sinks.json.as_mut() {
         output::json::write_line(j, "summary", &view)?;
@@ -408,6 +413,7 @@ fn emit_interval(sinks: &mut Sinks, tick: &Tick, out: &Out) -> Result<()> {
         syscall_backend: None,
         mmap_hooks: None,
         switch_reads: None,
+        exit_status: None,
     };
     if let Some(j) = &mut sinks.json {
         output::json::write_line(j, "interval", &v)?;
