@@ -26,3 +26,6 @@ pub const TASK_STRUCT_TYPE: i32 = 0x5374_6c03;
 /// rather than the agent's `Config::regs`.
 pub const X86_64_NR: usize = 120;
 pub const X86_64_ARG0: usize = 112;
+/// `ax` (a syscall's return value, `-ENOSYS` while it runs) and `cs`.
+pub const X86_64_AX: usize = 80;
+pub const X86_64_CS: usize = 136;

@@ -324,9 +324,7 @@ pub struct Regs {
     /// and are not counted.
     pub cs: u16,
     pub user_cs: u16,
-    /// The return value (`ax` on x86-64): `-ENOSYS` while a syscall runs.
-    pub ax: u16,
-    pub _pad: u16,
+    pub _pad: [u16; 2],
 }
 
 /// `CpuSlot::tracked`.

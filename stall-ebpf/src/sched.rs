@@ -792,7 +792,7 @@ fn waking<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
     // The waker is whoever runs now, unless this is interrupt context (a
     // device, a timer, the network's softirq): the wakeup is the kernel's
     // then, not the interrupted task's.
-    let pid_tgid = if in_interrupt(cfg) { 0 } else { bpf_get_current_pid_tgid() };
+    let pid_tgid = if in_interrupt::<HOW>(cfg) { 0 } else { bpf_get_current_pid_tgid() };
     let key = WakeKey { wakee, waker: pid_tgid as u32 };
     // SAFETY: this CPU's element of a per-CPU array, valid memory for the
     // program's run. Besides this program only the agent writes it (to
@@ -839,11 +839,21 @@ fn waking<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
 /// the current task's (`stack` up to its saved user registers); one that
 /// came from user mode on the task's own stack, then empty, whose saved
 /// registers are the interrupted program's — where a syscall's hold
-/// `-ENOSYS` in `ax` until it returns.
+/// `-ENOSYS` in `ax` until it returns. `CHECKED` (6.12 on, the placeholders
+/// rewritten) reads them by plain loads; the others with two probe reads.
 #[inline(always)]
-fn in_interrupt(cfg: &Config) -> bool {
-    const ENOSYS: i64 = 38;
-    let base = read_u64(crate::current_task(), cfg.task.stack);
+fn in_interrupt<const HOW: u8>(cfg: &Config) -> bool {
+    const ENOSYS: u64 = 38;
+    let task = crate::current_task();
+    let base = if HOW == CHECKED {
+        let at = crate::rdonly_cast(task, kfunc::TASK_STRUCT_TYPE);
+        // SAFETY: as in `enqueued_before`: a fault-safe load the verifier
+        // checks against `struct task_struct` (`stack`, 8 bytes, at an offset
+        // the agent took from the kernel's BTF); a fault reads 0.
+        unsafe { core::ptr::read_volatile(at.add(cfg.task.stack as usize) as *const u64) }
+    } else {
+        read_u64(task, cfg.task.stack)
+    };
     if base == 0 {
         return false;
     }
@@ -855,8 +865,25 @@ fn in_interrupt(cfg: &Config) -> bool {
     if here < base || here >= regs {
         return true;
     }
-    let user = read_u64(regs, u32::from(cfg.regs.cs)) & 3 == 3;
-    user && read_u64(regs, u32::from(cfg.regs.ax)) as i64 != -ENOSYS
+    let (ax, cs) = if HOW == CHECKED {
+        let at = crate::rdonly_cast(regs, kfunc::PT_REGS_TYPE);
+        // SAFETY: fault-safe loads checked against `struct pt_regs` at
+        // x86-64's offsets of `ax` and `cs`; any 8 bytes are a `u64`.
+        unsafe {
+            (
+                core::ptr::read_volatile(at.add(kfunc::X86_64_AX) as *const u64),
+                core::ptr::read_volatile(at.add(kfunc::X86_64_CS) as *const u64),
+            )
+        }
+    } else {
+        const WORDS: usize = (kfunc::X86_64_CS - kfunc::X86_64_AX) / 8 + 1;
+        // SAFETY: as in `read_u8`: the helper checks the address, a fault
+        // reads as 0; any 64 bytes are eight `u64`s.
+        let w = unsafe { bpf_probe_read_kernel((regs + kfunc::X86_64_AX as u64) as *const [u64; WORDS]) }
+            .unwrap_or([0; WORDS]);
+        (w[0], w[WORDS - 1])
+    };
+    cs & 3 == 3 && ax != ENOSYS.wrapping_neg()
 }
 
 /// The `sched_info.last_queued` of the task at `task` (not the current one),

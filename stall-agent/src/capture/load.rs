@@ -81,8 +81,7 @@ const PAGE_CACHE_FILL: (&str, &str, &str) =
     (names::PAGE_CACHE_FILL, "filemap", "mm_filemap_add_to_page_cache");
 
 /// x86-64's `struct pt_regs`: `orig_ax` (the syscall a task is in), `di`,
-/// `si`, `dx` (arguments 0-2), `cs`, `ax`. Native syscalls come from
-/// `__USER_CS`.
+/// `si`, `dx` (arguments 0-2), `cs`. Native syscalls come from `__USER_CS`.
 #[cfg(target_arch = "x86_64")]
 const REGS: Regs = Regs {
     nr: stall_common::kfunc::X86_64_NR as u16,
@@ -91,8 +90,7 @@ const REGS: Regs = Regs {
     arg2: 96,
     cs: 136,
     user_cs: 0x33,
-    ax: 80,
-    _pad: 0,
+    _pad: [0; 2],
 };
 
 /// The ring buffer's size as declared in stall-ebpf's maps.rs.
