@@ -889,3 +889,43 @@ pub fn start_prometheus(dir: &Scratch, config: &str) -> (Child, u16) {
     wait_until("prometheus", Duration::from_secs(30), || http_get(port, "/-/ready").is_some());
     (started.0.pop().expect("the child"), port)
 }
+
+/// Gives `cmd` a new terminal as its stdin, stdout and stderr, as the
+/// leader of a session whose controlling terminal it is (so stall sees a
+/// terminal, in its foreground); returns the terminal's master side. The
+/// slave side stays open in `cmd` until it is dropped: drop it after the
+/// spawn, so that reading the master ends when the processes do.
+pub fn on_new_terminal(cmd: &mut Command) -> std::os::fd::OwnedFd {
+    use std::os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::process::CommandExt,
+    };
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty fills two descriptors.
+    let rc = unsafe {
+        libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), std::ptr::null())
+    };
+    assert_eq!(rc, 0, "openpty");
+    // SAFETY: both are fresh descriptors we own.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    for stdio in 0..3 {
+        let fd = nix::unistd::dup(slave.as_raw_fd()).unwrap();
+        // SAFETY: a fresh duplicate handed to the child.
+        let f = unsafe { std::fs::File::from_raw_fd(fd) };
+        match stdio {
+            0 => cmd.stdin(f),
+            1 => cmd.stdout(f),
+            _ => cmd.stderr(f),
+        };
+    }
+    // SAFETY: setsid and ioctl are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() == -1 || libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    master
+}

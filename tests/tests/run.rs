@@ -172,48 +172,16 @@ fn help_lists_exit_codes() {
 /// clears the screen the command writes to.
 #[test]
 fn the_live_view_on_a_terminal_keeps_the_commands_output() {
-    use std::{
-        io::Read,
-        os::fd::{AsRawFd, FromRawFd, OwnedFd},
-        os::unix::process::CommandExt,
-    };
+    use std::io::Read;
     require_root();
-    let (mut master, mut slave) = (-1, -1);
-    // SAFETY: openpty fills two descriptors.
-    let rc = unsafe {
-        libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), std::ptr::null())
-    };
-    assert_eq!(rc, 0, "openpty");
-    // SAFETY: both are fresh descriptors we own.
-    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
     let mut cmd = std::process::Command::new(stall_bin());
     cmd.args(["run", "--gpu", "off", "--interval", "0.2", "--", "sh", "-c"])
         .arg("for i in 1 2 3 4 5 6; do echo job line $i; sleep 0.2; done");
-    for stdio in 0..3 {
-        let fd = nix::unistd::dup(slave.as_raw_fd()).unwrap();
-        // SAFETY: a fresh duplicate handed to the child.
-        let f = unsafe { std::fs::File::from_raw_fd(fd) };
-        match stdio {
-            0 => cmd.stdin(f),
-            1 => cmd.stdout(f),
-            _ => cmd.stderr(f),
-        };
-    }
-    // SAFETY: setsid and ioctl are async-signal-safe: stall leads a session
-    // whose controlling terminal is the pty.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() == -1 || libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    let master = on_new_terminal(&mut cmd);
     let mut child = cmd.spawn().unwrap();
     // Every copy of the terminal's slave side closed here, so that reading
     // the master ends once stall and its command have.
     drop(cmd);
-    drop(slave);
     let mut reader = std::fs::File::from(master);
     let screen = std::thread::spawn(move || {
         let mut all = Vec::new();

@@ -4,10 +4,7 @@
 //! already delivers to the command).
 use std::{
     io::Read,
-    os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::process::CommandExt,
-    },
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::Duration,
@@ -92,38 +89,9 @@ fn a_signal_to_stalls_group_reaches_the_command_once() {
 #[test]
 fn ctrl_c_on_a_terminal_reaches_the_command_once() {
     let s = Scratch::new("sig-tty");
-    let (mut master, mut slave) = (-1, -1);
-    // SAFETY: openpty fills two descriptors.
-    let rc = unsafe {
-        libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), std::ptr::null())
-    };
-    assert_eq!(rc, 0, "openpty");
-    // SAFETY: both are fresh descriptors we own.
-    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
-    let slave_fd = slave.as_raw_fd();
-    let (child, truth) = start(&s, |c| {
-        for stdio in 0..3 {
-            let fd = nix::unistd::dup(slave_fd).unwrap();
-            // SAFETY: a fresh duplicate handed to the child.
-            let f = unsafe { std::fs::File::from_raw_fd(fd) };
-            match stdio {
-                0 => c.stdin(f),
-                1 => c.stdout(f),
-                _ => c.stderr(f),
-            };
-        }
-        // SAFETY: setsid and ioctl are async-signal-safe: stall leads a
-        // session whose controlling terminal is the pty, in its foreground.
-        unsafe {
-            c.pre_exec(|| {
-                if libc::setsid() == -1 || libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    });
-    drop(slave);
+    let mut terminal = None;
+    let (child, truth) = start(&s, |c| terminal = Some(on_new_terminal(c)));
+    let master = terminal.unwrap();
     // Keep the terminal drained.
     let mut reader = std::fs::File::from(master.try_clone().unwrap());
     std::thread::spawn(move || {

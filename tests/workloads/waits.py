@@ -61,14 +61,8 @@ def announce():
     print(f"PID {os.getpid()}", flush=True)
 
 
-def spin(ms):
-    """Pure-Python arithmetic for about `ms` milliseconds."""
-    end = time.perf_counter() + ms / 1000.0
-    x = 0
-    while time.perf_counter() < end:
-        for i in range(200):
-            x = (x * 31 + i) & 0xFFFFFFFF
-    return x
+# Pure-Python arithmetic for about `ms` milliseconds (a training step).
+spin = demo.compute
 
 
 # ------------------------------------------------------------ loader threads
