@@ -37,7 +37,7 @@ use error::map_err;
 pub use error::CaptureError;
 pub use load::{CaptureOptions, DEFAULT_LATENCY_SAMPLE};
 pub use ring::DRAIN_EVERY;
-pub use track::classify_blocked;
+pub use schedstat::classify_blocked;
 
 /// What this machine's kernel offers stall, found without loading
 /// anything (`stall version`): (what, found).

@@ -14,7 +14,7 @@ use std::collections::HashSet;
 
 use stall_common::{kclock, reason, run_state, task_flags, ThreadStats};
 
-use super::{procfs, track::classify_blocked, Capture};
+use super::{procfs, Capture};
 use crate::clock::monotonic_ns;
 
 /// One thread as /proc shows it now.
@@ -187,9 +187,35 @@ impl Capture {
     }
 }
 
+/// The wait reason of a thread found blocked, from what /proc shows: the
+/// syscall it is in, its state letter, and (for reads and writes) whether
+/// the descriptor is a regular file; the kernel side's own rule.
+pub fn classify_blocked(nr: i64, state: char, fd_regular: impl FnOnce() -> Option<bool>) -> u8 {
+    reason::for_class(crate::syscalls::class(nr), state == 'D', || fd_regular().unwrap_or(state == 'D'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocked_reasons_from_proc() {
+        assert_eq!(classify_blocked(202, 'S', || None), reason::FUTEX);
+        assert_eq!(classify_blocked(0, 'S', || Some(false)), reason::POLL);
+        assert_eq!(classify_blocked(0, 'D', || Some(true)), reason::IO);
+        assert_eq!(classify_blocked(7, 'S', || None), reason::POLL);
+        assert_eq!(classify_blocked(230, 'S', || None), reason::SLEEP);
+        assert_eq!(classify_blocked(-1, 'D', || None), reason::IO);
+        assert_eq!(classify_blocked(61, 'S', || None), reason::OTHER);
+        assert_eq!(classify_blocked(1, 'D', || Some(true)), reason::WRITE);
+        assert_eq!(classify_blocked(1, 'S', || Some(false)), reason::SEND);
+        // Descriptor unknown: a file blocks uninterruptibly, a pipe does not.
+        assert_eq!(classify_blocked(18, 'D', || None), reason::WRITE);
+        assert_eq!(classify_blocked(1, 'S', || None), reason::SEND);
+        assert_eq!(classify_blocked(44, 'S', || None), reason::SEND, "sendto");
+        assert_eq!(classify_blocked(74, 'D', || None), reason::SYNC);
+        assert_eq!(classify_blocked(75, 'S', || None), reason::SYNC);
+    }
 
     const MS: u64 = 1_000_000;
     const FUTEX: Option<(u8, i32)> = Some((reason::FUTEX, 202));

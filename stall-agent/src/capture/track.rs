@@ -3,13 +3,12 @@
 //! kernel side counts from the first moment on.
 use std::{collections::HashSet, path::Path};
 
-use stall_common::{fd_kind, names, reason, track_gen, FdKey, FileStats};
+use stall_common::{fd_kind, names, track_gen, FdKey, FileStats};
 
 use super::{cgroup, error::map_err, procfs, schedstat, Capture, CaptureError};
 use crate::{
     clock::monotonic_ns,
     decode::{Event, JobEvent},
-    syscalls,
 };
 
 impl Capture {
@@ -204,36 +203,5 @@ impl Capture {
                 self.changed();
             }
         }
-    }
-}
-
-/// The wait reason of a thread found blocked at attach, from what /proc
-/// shows: the syscall it is in, its state letter, and (for reads) whether
-/// the descriptor is a regular file. Mirrors the kernel side's rules.
-pub fn classify_blocked(nr: i64, state: char, fd_regular: impl FnOnce() -> Option<bool>) -> u8 {
-    reason::for_class(syscalls::class(nr), state == 'D', || fd_regular().unwrap_or(state == 'D'))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn blocked_reasons_from_proc() {
-        assert_eq!(classify_blocked(202, 'S', || None), reason::FUTEX);
-        assert_eq!(classify_blocked(0, 'S', || Some(false)), reason::POLL);
-        assert_eq!(classify_blocked(0, 'D', || Some(true)), reason::IO);
-        assert_eq!(classify_blocked(7, 'S', || None), reason::POLL);
-        assert_eq!(classify_blocked(230, 'S', || None), reason::SLEEP);
-        assert_eq!(classify_blocked(-1, 'D', || None), reason::IO);
-        assert_eq!(classify_blocked(61, 'S', || None), reason::OTHER);
-        assert_eq!(classify_blocked(1, 'D', || Some(true)), reason::WRITE);
-        assert_eq!(classify_blocked(1, 'S', || Some(false)), reason::SEND);
-        // Descriptor unknown: a file blocks uninterruptibly, a pipe does not.
-        assert_eq!(classify_blocked(18, 'D', || None), reason::WRITE);
-        assert_eq!(classify_blocked(1, 'S', || None), reason::SEND);
-        assert_eq!(classify_blocked(44, 'S', || None), reason::SEND, "sendto");
-        assert_eq!(classify_blocked(74, 'D', || None), reason::SYNC);
-        assert_eq!(classify_blocked(75, 'S', || None), reason::SYNC);
     }
 }
