@@ -5,7 +5,11 @@ use std::collections::HashSet;
 
 use stall_common::reason;
 
-use super::{hang, rules, shares::Shares, Kind};
+use super::{
+    hang, rules,
+    shares::{self, Shares},
+    Kind,
+};
 use crate::{
     aggregate::{ProcWindow, ThreadWindow, Window},
     correlate::Roles,
@@ -164,9 +168,7 @@ impl Finding<'_> {
             Finding::Idle { .. } => Kind::Idle,
         }
     }
-}
 
-impl Finding<'_> {
     /// Threads of the trainer the finding names besides its main thread,
     /// and as what.
     pub fn named_threads(&self) -> Vec<(u32, &'static str)> {
@@ -303,10 +305,8 @@ fn own_threads<'a>(
         .filter(|t| t.delta.file_read_bytes + t.delta.other_read_bytes > 0)
         .collect();
     if !readers.is_empty() {
-        let shares: Vec<Shares> = readers.iter().map(|t| Shares::of(t, secs)).collect();
-        let n = shares.len() as f64;
-        let io = shares.iter().map(|s| s.r(reason::IO)).sum::<f64>() / n;
-        let cpu = shares.iter().map(Shares::cpu).sum::<f64>() / n;
+        let io = shares::mean(readers.iter().copied(), secs, |s| s.r(reason::IO));
+        let cpu = shares::mean(readers.iter().copied(), secs, Shares::cpu);
         if io.max(cpu) >= rules::WORKER_SHARE {
             return Some(Finding::LoaderThreads { waits, threads: readers, io, cpu });
         }
@@ -352,21 +352,11 @@ fn busy_child<'a>(
 
 /// A reason's share of the workers' main threads, averaged.
 fn mean_share(workers: &[&ProcWindow], secs: f64, r: u8) -> f64 {
-    let shares: Vec<f64> =
-        workers.iter().filter_map(|p| p.main_thread()).map(|t| Shares::of(t, secs).r(r)).collect();
-    if shares.is_empty() {
-        return 0.0;
-    }
-    shares.iter().sum::<f64>() / shares.len() as f64
+    shares::mean(workers.iter().filter_map(|p| p.main_thread()), secs, |s| s.r(r))
 }
 
 /// I/O and CPU shares of the workers' main threads, averaged.
 fn worker_shares(workers: &[&ProcWindow], secs: f64) -> (f64, f64) {
-    let shares: Vec<Shares> =
-        workers.iter().filter_map(|p| p.main_thread()).map(|t| Shares::of(t, secs)).collect();
-    if shares.is_empty() {
-        return (0.0, 0.0);
-    }
-    let n = shares.len() as f64;
-    (shares.iter().map(|s| s.r(reason::IO)).sum::<f64>() / n, shares.iter().map(Shares::cpu).sum::<f64>() / n)
+    let mains = || workers.iter().filter_map(|p| p.main_thread());
+    (shares::mean(mains(), secs, |s| s.r(reason::IO)), shares::mean(mains(), secs, Shares::cpu))
 }

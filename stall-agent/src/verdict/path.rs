@@ -6,7 +6,7 @@ use stall_common::reason;
 
 use super::{
     classify::{Finding, Scene},
-    shares::Shares,
+    shares::{self, Shares},
 };
 use crate::aggregate::{ProcWindow, ThreadWindow};
 
@@ -58,7 +58,7 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
         }
         Finding::InputWait { reason: r, share, .. } => vec![start(top.0, top.1), workers(*r, *share)],
         Finding::InputCpu { .. } => {
-            let cpu = mean(s.workers.iter().filter_map(|p| p.main_thread()), s.secs, Shares::cpu);
+            let cpu = shares::mean(s.workers.iter().filter_map(|p| p.main_thread()), s.secs, Shares::cpu);
             let mut w = workers(reason::RUNQUEUE, cpu);
             w.state = "on-cpu";
             vec![start(top.0, top.1), w]
@@ -97,9 +97,4 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
 /// What `t` was seen waiting on in `state`, in words.
 fn object_of(t: &ThreadWindow, state: u8) -> Option<String> {
     t.waits_on.as_ref().filter(|(r, _)| *r == state).map(|(_, o)| o.describe())
-}
-
-fn mean<'a>(threads: impl Iterator<Item = &'a ThreadWindow>, secs: f64, f: fn(&Shares) -> f64) -> f64 {
-    let shares: Vec<f64> = threads.map(|t| f(&Shares::of(t, secs))).collect();
-    shares.iter().sum::<f64>() / shares.len().max(1) as f64
 }

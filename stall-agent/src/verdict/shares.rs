@@ -65,6 +65,21 @@ impl Shares {
     }
 }
 
+/// `share` of each of `threads`' windows, averaged (0 for no thread).
+pub(super) fn mean<'a>(
+    threads: impl IntoIterator<Item = &'a ThreadWindow>,
+    secs: f64,
+    share: impl Fn(&Shares) -> f64,
+) -> f64 {
+    let (sum, n) =
+        threads.into_iter().fold((0.0, 0usize), |(sum, n), t| (sum + share(&Shares::of(t, secs)), n + 1));
+    if n == 0 {
+        0.0
+    } else {
+        sum / n as f64
+    }
+}
+
 fn is_runnable(r: u8) -> bool {
     r == reason::RUNQUEUE || r == reason::THROTTLED
 }
