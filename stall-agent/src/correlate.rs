@@ -235,6 +235,20 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
         };
         roles.insert(p.tgid, role);
     }
+    // What starts the workers and feeds nobody (multiprocessing's
+    // forkserver, whose children the workers are) is none of them.
+    let worker_set: HashSet<u32> = workers.iter().copied().collect();
+    let starters: HashSet<u32> = w
+        .procs
+        .iter()
+        .filter(|c| worker_set.contains(&c.tgid))
+        .filter_map(|c| c.ppid)
+        .filter(|pp| worker_set.contains(pp) && by_tgid.get(pp).is_some_and(|p| !p.reads_data()))
+        .collect();
+    workers.retain(|t| !starters.contains(t));
+    for t in &starters {
+        roles.insert(*t, Role::Other);
+    }
     let rank_of = rank_of_each(&ranks, &workers, &parent);
     let run_id = ranks.iter().find_map(|(_, t)| by_tgid.get(t)?.rank.as_ref()?.run_id.clone());
     Roles { by_tgid: roles, trainers, workers, ranks, rank_of, run_id }

@@ -58,6 +58,21 @@ const COLLECTIVES: [&str; 9] = [
     "all_to_all",
 ];
 
+/// Whether a process multiprocessing spawned runs
+/// `torch.multiprocessing.spawn`'s wrapper (`_wrap(fn, i, ...)`): Some(true)
+/// when a frame is the wrapper, Some(false) when the process runs another
+/// target (its `BaseProcess._bootstrap` has started one), None while it is
+/// still unpickling its target.
+pub fn runs_torch_spawn(frames: &[PyFrame]) -> Option<bool> {
+    let named = |f: &PyFrame, file: &str, name: &str| {
+        f.file.contains(file) && f.function.rsplit('.').next() == Some(name)
+    };
+    if frames.iter().any(|f| named(f, "torch/multiprocessing/spawn.py", "_wrap")) {
+        return Some(true);
+    }
+    frames.iter().any(|f| named(f, "multiprocessing/process.py", "_bootstrap")).then_some(false)
+}
+
 impl PyStack {
     /// Whether the thread waits inside a collective of a distributed run
     /// (any frame in torch.distributed, or a collective by its name).
@@ -155,6 +170,20 @@ impl PyStacks {
             }
         }
         (stacks, notes)
+    }
+
+    /// The main thread's frames, innermost first, to tell what a process
+    /// runs. A failure is not remembered: a process just started may not
+    /// show its interpreter yet.
+    pub fn main_frames(&mut self, pid: u32) -> Option<Vec<PyFrame>> {
+        let traces = self.traces(pid);
+        self.notes.remove(&pid);
+        let traces = traces.ok()?;
+        let main = traces
+            .iter()
+            .find(|t| t.os_thread_id == Some(u64::from(pid)))
+            .or_else(|| (traces.len() == 1).then(|| &traces[0]))?;
+        Some(frames(main))
     }
 
     fn traces(&mut self, pid: u32) -> Result<Vec<py_spy::StackTrace>, String> {
@@ -329,6 +358,27 @@ mod tests {
                  train_step (/home/me/train.py:12)"
             )
         );
+    }
+
+    #[test]
+    fn a_spawned_rank_runs_torchs_wrapper() {
+        let bootstrap = [
+            f("BaseProcess.run", "multiprocessing/process.py", 108),
+            f("BaseProcess._bootstrap", "multiprocessing/process.py", 314),
+            f("_main", "multiprocessing/spawn.py", 135),
+            f("spawn_main", "multiprocessing/spawn.py", 122),
+            f("<module>", "<string>", 1),
+        ];
+        let with = |inner: &[PyFrame]| -> Vec<PyFrame> { inner.iter().chain(&bootstrap).cloned().collect() };
+        let rank = with(&[f("train", "/job/train.py", 30), f("_wrap", "torch/multiprocessing/spawn.py", 90)]);
+        assert_eq!(runs_torch_spawn(&rank), Some(true));
+        let worker = with(&[f("_worker_loop", "torch/utils/data/_utils/worker.py", 300)]);
+        assert_eq!(runs_torch_spawn(&worker), Some(false));
+        // Still importing what it was told to run.
+        let unpickling = [f("_find_and_load", "<frozen importlib._bootstrap>", 1360), bootstrap[2].clone()];
+        assert_eq!(runs_torch_spawn(&unpickling), None);
+        // A function of the job's own named `_wrap` is not torch's.
+        assert_eq!(runs_torch_spawn(&with(&[f("_wrap", "/job/train.py", 3)])), Some(false));
     }
 
     #[test]

@@ -1,25 +1,43 @@
-//! Which rank of a distributed run a process is, from the variables its
-//! launcher put in its environment (torchrun, `torch.distributed` users,
-//! Slurm, Open MPI, PMI). Only the variables named here are ever kept:
-//! environments hold secrets. Pure.
+//! Which rank of a distributed run a process is. The sources, most
+//! specific first (docs/VERDICTS.md, "Ranks"):
+//! - the variables a launcher or the job itself put in its environment
+//!   (torchrun, `torch.distributed` users, Slurm, Open MPI, PMI): the
+//!   environment it has now, read from its memory, else the one it was
+//!   exec'd with (`/proc/PID/environ`);
+//! - the index `torch.multiprocessing.spawn` gave it, which is its place
+//!   among the processes its launcher spawned, in the order they started.
+//!
+//! Only the variables named here are ever kept: environments hold secrets.
+//! Pure.
 use serde::Serialize;
 
 /// The environment variables read, and nothing else.
-pub const ENV_KEYS: [&str; 13] = [
+pub const ENV_KEYS: [&str; 21] = [
     "RANK",
     "LOCAL_RANK",
     "WORLD_SIZE",
     "LOCAL_WORLD_SIZE",
     "GROUP_RANK",
     "ROLE_RANK",
+    "NODE_RANK",
     "TORCHELASTIC_RUN_ID",
     "MASTER_ADDR",
     "MASTER_PORT",
     "SLURM_JOB_ID",
     "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS",
     "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_SIZE",
     "PMI_RANK",
+    "PMI_SIZE",
+    "PMI_LOCAL_RANK",
+    "PMIX_NAMESPACE",
 ];
+
+/// The longest value kept (a rendezvous host name is the longest).
+pub const VALUE_MAX: usize = 256;
 
 /// Who set the rank: a launcher of ranks (torch) is more specific than one
 /// of tasks (Slurm's `srun` task may be torchrun's agent, whose ranks then
@@ -33,6 +51,21 @@ pub enum Source {
     Torch,
 }
 
+/// Where stall found the rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Found {
+    /// The environment the process was exec'd with.
+    #[serde(rename = "environ")]
+    ExecEnviron,
+    /// The environment it has now (set after start, as `os.environ[...]`
+    /// does).
+    #[serde(rename = "live-environ")]
+    LiveEnviron,
+    /// Its index among the processes `torch.multiprocessing.spawn` started.
+    #[serde(rename = "spawn-index")]
+    SpawnIndex,
+}
+
 /// A process's place in a distributed run.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct Rank {
@@ -41,24 +74,92 @@ pub struct Rank {
     pub local_rank: Option<u32>,
     pub world_size: Option<u32>,
     /// The run it belongs to: `TORCHELASTIC_RUN_ID`, else the rendezvous
-    /// endpoint (`MASTER_ADDR:MASTER_PORT`), else the Slurm job.
+    /// endpoint (`MASTER_ADDR:MASTER_PORT`), else the Slurm job, else the
+    /// PMIx namespace.
     pub run_id: Option<String>,
     #[serde(skip)]
     pub source: Source,
+    #[serde(skip)]
+    pub found: Found,
 }
 
-impl Rank {
-    /// From (name, value) pairs of an environment; names outside
-    /// [`ENV_KEYS`] are ignored. None: not a rank of any run.
-    pub fn from_env<'a>(vars: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<Rank> {
-        let mut v: [Option<&str>; ENV_KEYS.len()] = [None; ENV_KEYS.len()];
-        for (k, val) in vars {
+/// The listed variables of one environment (a value of another name is
+/// never held).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Env {
+    values: [Option<String>; ENV_KEYS.len()],
+}
+
+/// Whether `name` is one of the variables read.
+pub fn is_listed(name: &[u8]) -> bool {
+    ENV_KEYS.iter().any(|k| k.as_bytes() == name)
+}
+
+impl Env {
+    /// From (name, value) pairs; names outside [`ENV_KEYS`] are ignored,
+    /// values cut at [`VALUE_MAX`].
+    pub fn from_pairs<'a>(vars: impl IntoIterator<Item = (&'a str, &'a str)>) -> Env {
+        let mut env = Env::default();
+        for (k, v) in vars {
             if let Some(i) = ENV_KEYS.iter().position(|e| *e == k) {
-                v[i] = Some(val);
+                let mut end = v.len().min(VALUE_MAX);
+                while !v.is_char_boundary(end) {
+                    end -= 1;
+                }
+                env.values[i] = Some(v[..end].to_string());
             }
         }
-        let get = |name: &str| v[ENV_KEYS.iter().position(|e| *e == name).expect("a listed key")];
-        let num = |name: &str| get(name).and_then(|s| s.trim().parse::<u32>().ok());
+        env
+    }
+
+    /// From NUL-separated `NAME=value` entries (`/proc/PID/environ`, or
+    /// what [`crate::capture::environ`] read from memory).
+    pub fn from_environ(bytes: &[u8]) -> Env {
+        let pairs = bytes.split(|b| *b == 0).filter_map(|entry| {
+            let eq = entry.iter().position(|b| *b == b'=')?;
+            // Decode only what is kept.
+            if !is_listed(&entry[..eq]) {
+                return None;
+            }
+            Some((std::str::from_utf8(&entry[..eq]).ok()?, std::str::from_utf8(&entry[eq + 1..]).ok()?))
+        });
+        Env::from_pairs(pairs)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        let i = ENV_KEYS.iter().position(|e| *e == name)?;
+        self.values[i].as_deref().map(str::trim).filter(|s| !s.is_empty())
+    }
+
+    fn num(&self, name: &str) -> Option<u32> {
+        self.get(name)?.parse().ok()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.iter().all(Option::is_none)
+    }
+
+    /// The run these variables name, rank or not: `TORCHELASTIC_RUN_ID`,
+    /// else the rendezvous endpoint, else the Slurm job, else the PMIx
+    /// namespace (Open MPI's job).
+    pub fn run_id(&self) -> Option<String> {
+        self.get("TORCHELASTIC_RUN_ID")
+            .filter(|id| *id != "none")
+            .map(str::to_string)
+            .or_else(|| Some(format!("{}:{}", self.get("MASTER_ADDR")?, self.get("MASTER_PORT")?)))
+            .or_else(|| self.get("SLURM_JOB_ID").map(|j| format!("slurm-{j}")))
+            .or_else(|| self.get("PMIX_NAMESPACE").map(str::to_string))
+    }
+
+    /// The node a launcher runs on, as multi-node scripts of
+    /// `torch.multiprocessing.spawn` pass it (`NODE_RANK`, torchrun's
+    /// `GROUP_RANK`).
+    pub fn node_rank(&self) -> Option<u32> {
+        self.num("NODE_RANK").or_else(|| self.num("GROUP_RANK"))
+    }
+
+    /// The rank these variables name (None: not a rank of any run).
+    pub fn rank(&self, found: Found) -> Option<Rank> {
         let (rank, source) = [
             ("RANK", Source::Torch),
             ("SLURM_PROCID", Source::Slurm),
@@ -66,32 +167,21 @@ impl Rank {
             ("PMI_RANK", Source::Pmi),
         ]
         .into_iter()
-        .find_map(|(name, source)| Some((num(name)?, source)))?;
-        let non_empty = |name: &str| get(name).map(str::trim).filter(|s| !s.is_empty());
-        let run_id = non_empty("TORCHELASTIC_RUN_ID")
-            .filter(|id| *id != "none")
-            .map(str::to_string)
-            .or_else(|| Some(format!("{}:{}", non_empty("MASTER_ADDR")?, non_empty("MASTER_PORT")?)))
-            .or_else(|| non_empty("SLURM_JOB_ID").map(|j| format!("slurm-{j}")));
+        .find_map(|(name, source)| Some((self.num(name)?, source)))?;
         let (local_rank, world_size) = match source {
-            Source::Torch => (num("LOCAL_RANK"), num("WORLD_SIZE")),
-            _ => (None, None),
+            Source::Torch => (self.num("LOCAL_RANK"), self.num("WORLD_SIZE")),
+            Source::Slurm => (self.num("SLURM_LOCALID"), self.num("SLURM_NTASKS")),
+            Source::Mpi => (self.num("OMPI_COMM_WORLD_LOCAL_RANK"), self.num("OMPI_COMM_WORLD_SIZE")),
+            Source::Pmi => (self.num("PMI_LOCAL_RANK"), self.num("PMI_SIZE")),
         };
-        Some(Rank { rank, local_rank, world_size, run_id, source })
+        Some(Rank { rank, local_rank, world_size, run_id: self.run_id(), source, found })
     }
+}
 
-    /// From the bytes of `/proc/PID/environ` (NUL-separated `NAME=value`).
-    pub fn from_environ(bytes: &[u8]) -> Option<Rank> {
-        let pairs = bytes.split(|b| *b == 0).filter_map(|entry| {
-            let eq = entry.iter().position(|b| *b == b'=')?;
-            let name = std::str::from_utf8(&entry[..eq]).ok()?;
-            // Decode only what is kept.
-            if !ENV_KEYS.contains(&name) {
-                return None;
-            }
-            Some((name, std::str::from_utf8(&entry[eq + 1..]).ok()?))
-        });
-        Self::from_env(pairs)
+impl Rank {
+    /// From (name, value) pairs of an environment it was exec'd with.
+    pub fn from_env<'a>(vars: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<Rank> {
+        Env::from_pairs(vars).rank(Found::ExecEnviron)
     }
 
     /// Whether two processes are the same rank of the same run (a
@@ -99,6 +189,60 @@ impl Rank {
     pub fn same_as(&self, other: &Rank) -> bool {
         self.rank == other.rank && self.run_id == other.run_id && self.source == other.source
     }
+}
+
+/// A process that multiprocessing's `spawn` started (its command line runs
+/// `spawn_main`), as [`spawn_ranks`] needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnChild {
+    pub tgid: u32,
+    /// Its launcher.
+    pub ppid: u32,
+    /// Sorts the launcher's children in the order they started.
+    pub started: (u64, u32),
+    /// Whether its Python stack runs `torch.multiprocessing.spawn`'s
+    /// wrapper (None: not read yet, or still unpickling its target).
+    pub torch_spawned: Option<bool>,
+    /// The run its environment (now, else at exec) names.
+    pub run_id: Option<String>,
+}
+
+/// The ranks `torch.multiprocessing.spawn` gave: it starts process `i` of
+/// `nprocs` with `_wrap(fn, i, ...)`, one after another, so a launcher's
+/// spawned children in the order they started are its ranks. Children of a
+/// launcher count once any of them runs the wrapper (a DataLoader's spawned
+/// workers run another target). `node_rank(launcher)`: the launcher's node
+/// of a multi-node run (its ranks are offset by that × nprocs).
+pub fn spawn_ranks(children: &[SpawnChild], node_rank: impl Fn(u32) -> Option<u32>) -> Vec<(u32, Rank)> {
+    let mut launchers: Vec<u32> =
+        children.iter().filter(|c| c.torch_spawned == Some(true)).map(|c| c.ppid).collect();
+    launchers.sort_unstable();
+    launchers.dedup();
+    let mut out = Vec::new();
+    for launcher in launchers {
+        let mut group: Vec<&SpawnChild> =
+            children.iter().filter(|c| c.ppid == launcher && c.torch_spawned != Some(false)).collect();
+        group.sort_by_key(|c| c.started);
+        let nprocs = group.len() as u32;
+        let node = node_rank(launcher);
+        let run_id =
+            group.iter().find_map(|c| c.run_id.clone()).unwrap_or_else(|| format!("spawn-{launcher}"));
+        for (i, c) in group.iter().enumerate() {
+            let i = i as u32;
+            out.push((
+                c.tgid,
+                Rank {
+                    rank: node.map_or(i, |n| n * nprocs + i),
+                    local_rank: Some(i),
+                    world_size: if node.is_none() { Some(nprocs) } else { None },
+                    run_id: Some(run_id.clone()),
+                    source: Source::Torch,
+                    found: Found::SpawnIndex,
+                },
+            ));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -150,17 +294,102 @@ mod tests {
     }
 
     #[test]
+    fn each_launcher_names_its_local_rank_and_size() {
+        let r = rank(&[("SLURM_PROCID", "5"), ("SLURM_LOCALID", "1"), ("SLURM_NTASKS", "8")]).unwrap();
+        assert_eq!((r.rank, r.local_rank, r.world_size), (5, Some(1), Some(8)));
+        let r = rank(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+        ])
+        .unwrap();
+        assert_eq!((r.rank, r.local_rank, r.world_size), (3, Some(3), Some(4)));
+        let r = rank(&[("PMI_RANK", "2"), ("PMI_SIZE", "4")]).unwrap();
+        assert_eq!((r.rank, r.world_size), (2, Some(4)));
+        let r = rank(&[("OMPI_COMM_WORLD_RANK", "1"), ("PMIX_NAMESPACE", "prterun-h-7@1")]).unwrap();
+        assert_eq!(r.run_id.as_deref(), Some("prterun-h-7@1"));
+    }
+
+    #[test]
     fn no_rank_no_identity() {
         assert_eq!(rank(&[("LOCAL_RANK", "0"), ("WORLD_SIZE", "4")]), None);
         assert_eq!(rank(&[("RANK", "two")]), None);
+        assert_eq!(rank(&[("RANK", "")]), None);
         assert_eq!(rank(&[]), None);
     }
 
     #[test]
-    fn only_listed_variables_are_read_from_environ() {
-        let environ = b"HOME=/root\0AWS_SECRET_ACCESS_KEY=hunter2\0RANK=1\0WORLD_SIZE=2\0MASTER_ADDR=a\0MASTER_PORT=1\0";
-        let r = Rank::from_environ(environ).unwrap();
-        assert_eq!((r.rank, r.world_size, r.run_id.as_deref()), (1, Some(2), Some("a:1")));
-        assert_eq!(Rank::from_environ(b"PATH=/bin\0\xff\xfe=1\0"), None);
+    fn only_whole_listed_names_are_decoded_from_environ() {
+        // Names that merely start or end like a listed one are not it.
+        let env = Env::from_environ(b"RANKS=1\0XRANK=2\0RANK\0=3\0MASTER_ADDR=a=b\0MASTER_PORT=1\0RANK=4\0");
+        assert_eq!(env.rank(Found::ExecEnviron).map(|r| r.rank), Some(4));
+        assert_eq!(env.get("MASTER_ADDR"), Some("a=b"));
+        assert!(!is_listed(b"RANKS") && !is_listed(b"") && is_listed(b"PMI_RANK"));
+        assert!(Env::from_environ(b"PATH=/bin\0\xff\xfe=1\0HOME=/root\0").is_empty());
+        // A value is kept to its first VALUE_MAX bytes, on a char boundary.
+        let long = "é".repeat(VALUE_MAX);
+        let env = Env::from_pairs([("MASTER_ADDR", long.as_str())]);
+        assert!(env.get("MASTER_ADDR").unwrap().len() <= VALUE_MAX);
+    }
+
+    #[test]
+    fn the_listed_names_are_distinct() {
+        let mut names = ENV_KEYS.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ENV_KEYS.len());
+    }
+
+    #[test]
+    fn a_launcher_names_its_node_for_spawned_ranks() {
+        assert_eq!(Env::from_pairs([("NODE_RANK", "1")]).node_rank(), Some(1));
+        assert_eq!(Env::from_pairs([("GROUP_RANK", "2")]).node_rank(), Some(2));
+        assert_eq!(Env::from_pairs([("RANK", "2")]).node_rank(), None);
+    }
+
+    fn child(tgid: u32, ppid: u32, started: u64, torch_spawned: Option<bool>) -> SpawnChild {
+        SpawnChild { tgid, ppid, started: (started, tgid), torch_spawned, run_id: None }
+    }
+
+    #[test]
+    fn spawned_ranks_are_their_launchers_children_in_start_order() {
+        // Pids out of start order (they wrapped): the start decides.
+        let kids = [
+            child(900, 10, 3, Some(true)),
+            child(200, 10, 1, None),
+            child(100, 10, 2, Some(true)),
+            child(300, 10, 4, Some(true)),
+        ];
+        let mut got = spawn_ranks(&kids, |_| None);
+        got.sort_unstable_by_key(|(t, _)| *t);
+        let ranks: Vec<(u32, u32, Option<u32>)> =
+            got.iter().map(|(t, r)| (*t, r.rank, r.world_size)).collect();
+        assert_eq!(ranks, [(100, 1, Some(4)), (200, 0, Some(4)), (300, 3, Some(4)), (900, 2, Some(4))]);
+        assert!(got.iter().all(|(_, r)| r.found == Found::SpawnIndex && r.source == Source::Torch));
+        assert!(got.iter().all(|(_, r)| r.run_id.as_deref() == Some("spawn-10")));
+    }
+
+    #[test]
+    fn spawned_workers_of_another_target_are_no_ranks() {
+        // A DataLoader's spawned workers (children of rank 100) never run
+        // the wrapper; until one child of a launcher does, none counts.
+        let kids = [
+            child(100, 10, 1, None),
+            child(110, 100, 5, Some(false)),
+            child(111, 100, 6, Some(false)),
+            child(200, 20, 1, None),
+        ];
+        assert!(spawn_ranks(&kids, |_| None).is_empty());
+    }
+
+    #[test]
+    fn a_second_node_offsets_its_spawned_ranks() {
+        let mut kids = [child(100, 10, 1, Some(true)), child(101, 10, 2, Some(true))];
+        kids[1].run_id = Some("10.0.0.1:29500".into());
+        let got = spawn_ranks(&kids, |launcher| (launcher == 10).then_some(1));
+        let ranks: Vec<(u32, Option<u32>, Option<u32>)> =
+            got.iter().map(|(_, r)| (r.rank, r.local_rank, r.world_size)).collect();
+        assert_eq!(ranks, [(2, Some(0), None), (3, Some(1), None)]);
+        assert!(got.iter().all(|(_, r)| r.run_id.as_deref() == Some("10.0.0.1:29500")));
     }
 }

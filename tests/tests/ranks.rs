@@ -49,7 +49,7 @@ fn pid(v: &Value) -> u64 {
 }
 
 /// The roles and ranks of every process the job reports.
-fn check_roles(run: &Run, truth: &Value) {
+fn check_roles(run: &Run, truth: &Value, run_id: &str) {
     let launcher = run.process(pid(&truth["launcher"]));
     assert_eq!(launcher["role"], "other", "the launcher {} {}", launcher["pid"], launcher["cmdline"]);
     assert!(launcher["rank"].is_null());
@@ -72,7 +72,16 @@ fn check_roles(run: &Run, truth: &Value) {
             );
         }
     }
-    assert_eq!(run.summary()["run_id"], "stall-test-run");
+    assert_eq!(run.summary()["run_id"], run_id);
+}
+
+/// The run id each launch of ranks.py gives its ranks.
+fn run_id_of(launch: &str) -> &'static str {
+    if launch == "srun" {
+        "slurm-4242"
+    } else {
+        "stall-test-run"
+    }
 }
 
 /// A run of `ranks` ranks with `workers` workers each, launched as `launch`,
@@ -98,7 +107,7 @@ fn straggler_named(launch: &str, port: &str, ranks: u32, workers: u32) {
             "8",
         ],
     );
-    check_roles(&run, &truth);
+    check_roles(&run, &truth, run_id_of(launch));
     let v = &run.summary()["verdict"];
     let slow = &truth["ranks"][slow_rank as usize];
     let s = &v["straggler"];
@@ -137,6 +146,19 @@ fn mp_spawn_like_run_names_the_slow_rank() {
     straggler_named("spawn", "29612", 4, 2);
 }
 
+/// Slurm's `srun` starts the tasks with `SLURM_PROCID` and no torch
+/// variables; the run is the Slurm job.
+#[test]
+fn srun_like_run_names_the_slow_rank() {
+    straggler_named("srun", "29617", 4, 2);
+}
+
+/// Open MPI's `mpirun`: `OMPI_COMM_WORLD_RANK`, the run its PMIx namespace.
+#[test]
+fn mpirun_like_run_names_the_slow_rank() {
+    straggler_named("mpirun", "29618", 4, 2);
+}
+
 /// The smallest run: two ranks of one worker each. Few enough processes
 /// that the VMs run it too, where sixteen Python processes share two
 /// emulated CPUs.
@@ -171,6 +193,8 @@ fn torchrun_gloo_run_names_the_slow_rank() {
         dir_arg.as_str(),
         "--slow-rank",
         "2",
+        "--slow-ms",
+        "30",
         "--seconds",
         "12",
     ];
@@ -204,6 +228,121 @@ fn torchrun_gloo_run_names_the_slow_rank() {
     assert_eq!((&s["rank"], &s["pid"]), (&Value::from(2), &ranks[2]["pid"]), "{v:#}");
     assert_eq!(s["kind"], "input-cpu-bound", "{v:#}");
     assert_eq!(s["waiting_ranks"], serde_json::json!([0, 1, 3]), "{v:#}");
+}
+
+/// A real PyTorch run that `torch.multiprocessing.spawn` starts: four ranks,
+/// two DataLoader workers each started by `worker_start`, rank 2's shards
+/// read from storage throttled to 2 MB/s. With `launch` "spawn" each rank
+/// is only its argument to `init_process_group` (no `RANK` anywhere); with
+/// "spawn-environ" each rank puts `RANK` and the rendezvous into
+/// `os.environ` after it started. Checked against what the job wrote: the
+/// ranks are the trainers, each worker carries its rank, the launcher is
+/// none, and rank 2 is named as the straggler, held by its input's
+/// storage, while the others wait for it as long as they measured
+/// themselves waiting in the all-reduce.
+/// Seconds each spawned run trains: long enough that its training, not
+/// the ranks' setup and teardown after their workers start, is most of
+/// what is judged (twelve processes share two CPUs in CI).
+const SPAWN_RUN_S: f64 = 14.0;
+
+fn torch_spawn_names_the_slow_rank(launch: &str, worker_start: &str, port: &str, found: &str) {
+    let torch = torch_path();
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Scratch::new(&format!("{launch}-{worker_start}"));
+    let data = disk_scratch(&format!("ranks-{launch}-{worker_start}"));
+    let (dir_arg, data_arg) = (dir.0.display().to_string(), data.0.display().to_string());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/torch_ranks.py").display().to_string();
+    let argv = [
+        "run",
+        "-q",
+        "--",
+        python(),
+        script.as_str(),
+        "--dir",
+        dir_arg.as_str(),
+        "--data-dir",
+        data_arg.as_str(),
+        "--launch",
+        launch,
+        "--worker-start",
+        worker_start,
+        "--port",
+        port,
+        "--slow-rank",
+        "2",
+        "--slow-mbps",
+        "2",
+        "--seconds",
+        &SPAWN_RUN_S.to_string(),
+    ];
+    let run = stall(&argv, &[("PYTHONPATH", &torch)], Duration::from_secs(240));
+    let _ = std::fs::remove_dir_all(&data.0);
+    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
+    let ranks: Vec<Value> = (0..4).map(|r| rank_report(&dir, r)).collect();
+    let launcher: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path("launcher_0.json")).unwrap()).unwrap();
+    let l = run.process(pid(&launcher["pid"]));
+    assert_eq!((&l["role"], &l["rank"]), (&Value::from("other"), &Value::Null), "the launcher");
+    for r in &ranks {
+        let trainer = run.process(pid(&r["pid"]));
+        assert_eq!(
+            (&trainer["role"], &trainer["rank"], &trainer["rank_from"]),
+            (&Value::from("trainer"), &r["rank"], &Value::from(found)),
+            "pid {}",
+            r["pid"]
+        );
+        for w in r["workers"].as_array().unwrap() {
+            let worker = run.process(pid(w));
+            assert_eq!((&worker["role"], &worker["rank"]), (&Value::from("worker"), &r["rank"]), "pid {w}");
+        }
+    }
+    // What each rank measured of its own time in the all-reduce: the
+    // others waited for rank 2, rank 2 hardly waited.
+    let waited = |r: u32| -> f64 {
+        let c: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path(&format!("collective_{r}.json"))).unwrap(),
+        )
+        .unwrap();
+        c["in_collective_s"].as_f64().unwrap()
+    };
+    assert!(waited(2) < 0.2 * SPAWN_RUN_S, "rank 2 waited {} s in the all-reduce", waited(2));
+    let summary = run.summary();
+    let v = &summary["verdict"];
+    let s = &v["straggler"];
+    assert_eq!((&s["rank"], &s["pid"]), (&Value::from(2), &ranks[2]["pid"]), "{v:#}");
+    assert_eq!(s["kind"], "input-io-bound", "{v:#}");
+    assert_eq!(s["waiting_ranks"], serde_json::json!([0, 1, 3]), "{v:#}");
+    let judged_s = summary["elapsed_s"].as_f64().unwrap() - summary["startup_s"].as_f64().unwrap_or(0.0);
+    for r in v["ranks"].as_array().unwrap().iter().filter(|r| r["rank"] != 2) {
+        let rank = r["rank"].as_u64().unwrap() as u32;
+        assert!(waited(rank) > 0.4 * SPAWN_RUN_S, "rank {rank} hardly waited: {} s", waited(rank));
+        let stall_s = r["peer_wait"].as_f64().unwrap() * judged_s;
+        assert!(
+            stall_s >= 0.7 * waited(rank),
+            "rank {rank}: stall saw {stall_s:.1} s of waiting for peers, the rank measured {:.1} s in the all-reduce",
+            waited(rank)
+        );
+    }
+}
+
+#[test]
+fn mp_spawn_rank_as_argument_with_forked_workers() {
+    torch_spawn_names_the_slow_rank("spawn", "fork", "29621", "spawn-index");
+}
+
+#[test]
+fn mp_spawn_rank_as_argument_with_forkserver_workers() {
+    torch_spawn_names_the_slow_rank("spawn", "forkserver", "29622", "spawn-index");
+}
+
+#[test]
+fn mp_spawn_rank_in_os_environ_with_forked_workers() {
+    torch_spawn_names_the_slow_rank("spawn-environ", "fork", "29623", "live-environ");
+}
+
+#[test]
+fn mp_spawn_rank_in_os_environ_with_forkserver_workers() {
+    torch_spawn_names_the_slow_rank("spawn-environ", "forkserver", "29624", "live-environ");
 }
 
 /// Rank 2 stops for good before a collective (a deadlock of its own) and
@@ -276,51 +415,135 @@ fn a_rank_that_never_reaches_the_collective_is_named_in_the_hang() {
 #[test]
 fn ranks_that_keep_pace_name_no_straggler() {
     let (run, truth) = traced_run("even", &["--port", "29613", "--seconds", "6"]);
-    check_roles(&run, &truth);
+    check_roles(&run, &truth, "stall-test-run");
     let v = &run.summary()["verdict"];
     assert!(v["straggler"].is_null(), "{v:#}");
     assert_eq!(v["ranks"].as_array().unwrap().len(), 4);
 }
 
+/// Two "nodes" for a run: each a cgroup root watched by its own daemon,
+/// with a pod inside it; a real Prometheus scrapes both daemons and
+/// evaluates deploy/stall-alerts.yml.
+struct TwoNodes {
+    // Dropped in this order: the processes, then the pods' tasks, then
+    // the cgroups.
+    guard: Killer,
+    _evict: Evict,
+    pods: [Cgroup; 2],
+    _nodes: [Cgroup; 2],
+    ports: [u16; 2],
+    prom_port: u16,
+}
+
+impl TwoNodes {
+    fn start(dir: &Scratch) -> Self {
+        require_root();
+        let nodes = [Cgroup::new("node-a"), Cgroup::new("node-b")];
+        let pods = [nodes[0].child("pod"), nodes[1].child("pod")];
+        let mut guard = Killer(vec![]);
+        let ports = [free_port(), free_port()];
+        for (node, port) in nodes.iter().zip(ports) {
+            let daemon = Command::new(stall_bin())
+                .args([
+                    "daemon",
+                    "--cgroup-root",
+                    &node.name,
+                    "--all-jobs",
+                    "--interval",
+                    "1",
+                    "--gpu",
+                    "off",
+                ])
+                .args(["--listen", &format!("127.0.0.1:{port}")])
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            guard.0.push(daemon);
+            wait_until("a daemon's /metrics", Duration::from_secs(20), || {
+                http_get(port, "/metrics").is_some()
+            });
+        }
+        let rules = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("deploy/stall-alerts.yml");
+        let (prom, prom_port) = start_prometheus(
+            dir,
+            &format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['{}']\nscrape_configs:\n  - job_name: stall\n    static_configs:\n      - targets: ['127.0.0.1:{}', '127.0.0.1:{}']\n",
+                rules.display(),
+                ports[0],
+                ports[1]
+            ),
+        );
+        guard.0.push(prom);
+        let evict = Evict(pods.iter().map(|p| p.dir.clone()).collect());
+        Self { guard, _evict: evict, pods, _nodes: nodes, ports, prom_port }
+    }
+
+    /// Waits until `StallStragglerRank` names `straggler` of `run_id` on
+    /// the node `node_of(rank)` and rank 0 waits for its peers; then checks
+    /// that no other rank is named.
+    fn straggler_alerted(&self, run_id: &str, straggler: u32, node_of: impl Fn(u32) -> usize) {
+        let alert = |rank: u32| {
+            format!(
+                r#"ALERTS{{alertname="StallStragglerRank",run_id="{run_id}",rank="{rank}",instance="127.0.0.1:{}"}}"#,
+                self.ports[node_of(rank)]
+            )
+        };
+        let waits = |rank: u32| {
+            query(
+                self.prom_port,
+                &format!(r#"stall_rank_peer_wait_ratio{{run_id="{run_id}",rank="{rank}"}}"#),
+            )
+        };
+        let others: Vec<u32> = (0..4).filter(|r| *r != straggler).collect();
+        // Each node's daemon finds its ranks on its own: the alert may be
+        // pending on node b's waiting rank before node a's ranks are
+        // exported, and a rank may look held while the run starts (its
+        // pending alert is what the rule's `for` rides out).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline
+            && (query(self.prom_port, &alert(straggler)).is_none()
+                || !waits(0).is_some_and(|w| w > 0.5)
+                || others.iter().any(|r| query(self.prom_port, &alert(*r)).is_some()))
+        {
+            sleep(Duration::from_millis(500));
+        }
+        assert_eq!(
+            query(self.prom_port, &alert(straggler)),
+            Some(1.0),
+            "no StallStragglerRank for rank {straggler}; peer waits of the others: {:?}",
+            others.iter().map(|r| waits(*r)).collect::<Vec<_>>()
+        );
+        assert!(waits(0).is_some_and(|w| w > 0.5), "rank 0 on node a waits: {:?}", waits(0));
+        let verdicts =
+            http_get(self.prom_port, &format!("/api/v1/query?query={}", encode("stall_rank_verdict == 1")));
+        for other in others {
+            assert_eq!(
+                query(self.prom_port, &alert(other)),
+                None,
+                "rank {other} is no straggler: {verdicts:?}"
+            );
+            // Every rank's own verdict is exported, on its own node.
+            let verdict = format!(
+                r#"max(stall_rank_verdict{{run_id="{run_id}",rank="{other}",instance="127.0.0.1:{}"}})"#,
+                self.ports[node_of(other)]
+            );
+            assert_eq!(query(self.prom_port, &verdict), Some(1.0), "{verdict}");
+        }
+    }
+}
+
 /// Two daemons, each watching its own cgroup root as if it were a node,
-/// ranks 0 and 1 on node a and ranks 2 and 3 on node b; a real Prometheus
-/// scrapes both and evaluates deploy/stall-alerts.yml: `StallStragglerRank`
-/// (pending within its `for`) names rank 2 and node b's daemon, joined with
-/// the waiting ranks of node a by `run_id`.
+/// ranks 0 and 1 on node a and ranks 2 and 3 on node b, started as Slurm's
+/// `srun` starts tasks: `StallStragglerRank` (pending within its `for`)
+/// names rank 2 and node b's daemon, joined with the waiting ranks of node
+/// a by `run_id`.
 #[test]
 fn prometheus_names_the_straggler_across_two_nodes() {
-    require_root();
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = Scratch::new("nodes");
-    let nodes = [Cgroup::new("node-a"), Cgroup::new("node-b")];
-    let pods = [nodes[0].child("pod"), nodes[1].child("pod")];
-    // Dropped before the cgroups: the ranks and workers in them end first.
-    let _evict = Evict(&pods);
-    let mut guard = Killer(vec![]);
-    let ports = [free_port(), free_port()];
-    for (node, port) in nodes.iter().zip(ports) {
-        let daemon = Command::new(stall_bin())
-            .args(["daemon", "--cgroup-root", &node.name, "--all-jobs", "--interval", "1", "--gpu", "off"])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        guard.0.push(daemon);
-        wait_until("a daemon's /metrics", Duration::from_secs(20), || http_get(port, "/metrics").is_some());
-    }
-    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("deploy/stall-alerts.yml");
-    let (prom, prom_port) = start_prometheus(
-        &dir,
-        &format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['{}']\nscrape_configs:\n  - job_name: stall\n    static_configs:\n      - targets: ['127.0.0.1:{}', '127.0.0.1:{}']\n",
-            rules.display(),
-            ports[0],
-            ports[1]
-        ),
-    );
-    guard.0.push(prom);
-
-    let cgroups = [&pods[0], &pods[0], &pods[1], &pods[1]].map(|c| c.dir.display().to_string()).join(",");
+    let mut nodes = TwoNodes::start(&dir);
+    let p = &nodes.pods;
+    let cgroups = [&p[0], &p[0], &p[1], &p[1]].map(|c| c.dir.display().to_string()).join(",");
     let dir_arg = dir.0.display().to_string();
     let job = Command::new(python())
         .arg(ranks_py())
@@ -329,57 +552,61 @@ fn prometheus_names_the_straggler_across_two_nodes() {
             &dir_arg,
             "--port",
             "29614",
+            "--launch",
+            "srun",
             "--slow-rank",
             "2",
             "--seconds",
             "40",
-            "--cgroups",
-            &cgroups,
         ])
+        .args(["--cgroups", &cgroups])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    guard.0.insert(0, job);
-
-    let alert = |rank: u32| {
-        format!(
-            r#"ALERTS{{alertname="StallStragglerRank",run_id="stall-test-run",rank="{rank}",instance="127.0.0.1:{}"}}"#,
-            ports[rank as usize / 2]
-        )
-    };
-    let waits = |rank: u32| {
-        query(prom_port, &format!(r#"stall_rank_peer_wait_ratio{{run_id="stall-test-run",rank="{rank}"}}"#))
-    };
-    // Each node's daemon finds its ranks on its own: the alert may be
-    // pending on node b's waiting rank before node a's ranks are exported.
-    let deadline = Instant::now() + Duration::from_secs(40);
-    while Instant::now() < deadline
-        && (query(prom_port, &alert(2)).is_none() || !waits(0).is_some_and(|w| w > 0.5))
-    {
-        sleep(Duration::from_millis(500));
-    }
-    assert_eq!(
-        query(prom_port, &alert(2)),
-        Some(1.0),
-        "no StallStragglerRank for rank 2; peer waits of ranks 0, 1, 3: {:?} {:?} {:?}",
-        waits(0),
-        waits(1),
-        waits(3)
-    );
-    assert!(waits(0).is_some_and(|w| w > 0.5), "rank 0 on node a waits: {:?}", waits(0));
-    for other in [0, 1, 3] {
-        assert_eq!(query(prom_port, &alert(other)), None, "rank {other} is no straggler");
-    }
+    nodes.guard.0.insert(0, job);
+    nodes.straggler_alerted("slurm-4242", 2, |rank| rank as usize / 2);
 }
 
-/// Kills every task of the cgroups when dropped (the ranks outlive their
-/// launcher), so that the cgroups can go.
-struct Evict<'a>(&'a [Cgroup]);
+/// The same run as PyTorch's own multi-node `mp.spawn` script has it: on
+/// each node a launcher (its `NODE_RANK` in its environment) spawns two
+/// ranks that join with `init_process_group(rank=NODE_RANK*2+i)`, gloo,
+/// one DataLoader worker each; rank 2's dataset costs CPU per sample.
+#[test]
+fn prometheus_names_the_straggler_of_an_mp_spawn_run_across_two_nodes() {
+    let torch = torch_path();
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Scratch::new("spawn-nodes");
+    let mut nodes = TwoNodes::start(&dir);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/torch_ranks.py");
+    let dir_arg = dir.0.display().to_string();
+    for (node, pod) in nodes.pods.iter().enumerate() {
+        // Into the pod before it runs: `echo $$` is the launcher's pid.
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(r#"echo $$ > "$0" && exec "$@""#)
+            .arg(pod.dir.join("cgroup.procs"))
+            .arg(python())
+            .arg(&script)
+            .args([
+                "--dir", &dir_arg, "--launch", "spawn", "--nprocs", "2", "--world", "4", "--port", "29625",
+            ])
+            .args(["--workers", "1", "--slow-rank", "2", "--slow-ms", "40", "--seconds", "60"])
+            .env("PYTHONPATH", &torch)
+            .env("NODE_RANK", node.to_string())
+            .stdout(Stdio::null());
+        nodes.guard.0.insert(0, cmd.spawn().unwrap());
+    }
+    nodes.straggler_alerted("127.0.0.1:29625", 2, |rank| rank as usize / 2);
+}
 
-impl Drop for Evict<'_> {
+/// Kills every task of the cgroups (by directory) when dropped (the ranks
+/// outlive their launcher), so that the cgroups can go.
+struct Evict(Vec<std::path::PathBuf>);
+
+impl Drop for Evict {
     fn drop(&mut self) {
-        for c in self.0 {
-            let procs = std::fs::read_to_string(c.dir.join("cgroup.procs")).unwrap_or_default();
+        for dir in &self.0 {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
             for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),

@@ -3,7 +3,8 @@
 
 A launcher starts --ranks rank processes, each with the environment
 torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT, TORCHELASTIC_RUN_ID), then waits for them. Each rank is a
+MASTER_PORT, TORCHELASTIC_RUN_ID), or with --launch srun / mpirun the one
+Slurm's srun or Open MPI's mpirun gives its tasks, then waits for them. Each rank is a
 trainer with --workers DataLoader-like workers (forked, feeding it batches
 through multiprocessing queues) and ends every step in a collective: an
 all-reduce over TCP through rank 0, as gloo's would on one host. The workers
@@ -93,14 +94,22 @@ def connect(rank, world, addr, port):
             time.sleep(0.05)
 
 
+def own_rank():
+    """(rank, world size) from whichever launcher started this process."""
+    for rank, world in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"),
+                        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if rank in os.environ:
+            return int(os.environ[rank]), int(os.environ[world])
+    raise SystemExit("no rank in the environment")
+
+
 def rank_main(args):
-    rank = int(os.environ["RANK"])
+    rank, world = own_rank()
     if args.cgroups:
         # Each rank on its own "node": its cgroup, before its workers fork.
         with open(os.path.join(args.cgroups.split(",")[rank], "cgroup.procs"), "w") as f:
             f.write("0")
-    world = int(os.environ["WORLD_SIZE"])
-    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    addr, port = "127.0.0.1", args.port
     path = os.path.join(args.dir, f"shard_{rank}.bin")
     with open(path, "wb") as f:
         f.write(os.urandom(1 << 20))
@@ -152,8 +161,9 @@ def main():
     p.add_argument("--compute-ms", type=float, default=2.0, help="CPU per step of each trainer")
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--port", type=int, default=29517)
-    p.add_argument("--launch", choices=["torchrun", "spawn"], default="torchrun",
-                   help="start ranks as new programs (torchrun) or multiprocessing spawn children (mp.spawn)")
+    p.add_argument("--launch", choices=["torchrun", "spawn", "srun", "mpirun"], default="torchrun",
+                   help="start ranks as new programs with torchrun's, Slurm's or Open MPI's environment, or "
+                        "as multiprocessing spawn children (mp.spawn with torchrun's environment)")
     p.add_argument("--dir", required=True)
     p.add_argument("--cgroups", default=None,
                    help="comma-separated cgroup directories, one per rank, each rank moves itself into its own")
@@ -162,13 +172,21 @@ def main():
     if args.rank_main:
         return rank_main(args)
 
-    base = {"WORLD_SIZE": str(args.ranks), "LOCAL_WORLD_SIZE": str(args.ranks),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.port),
-            "TORCHELASTIC_RUN_ID": "stall-test-run"}
+    n = str(args.ranks)
     children = []
     for r in range(args.ranks):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), GROUP_RANK="0", **base)
-        if args.launch == "torchrun":
+        if args.launch == "srun":
+            # What srun gives each task (no torch variables).
+            env = dict(os.environ, SLURM_JOB_ID="4242", SLURM_PROCID=str(r), SLURM_LOCALID=str(r),
+                       SLURM_NTASKS=n)
+        elif args.launch == "mpirun":
+            env = dict(os.environ, OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_LOCAL_RANK=str(r),
+                       OMPI_COMM_WORLD_SIZE=n, PMIX_NAMESPACE="stall-test-run")
+        else:
+            env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), GROUP_RANK="0", WORLD_SIZE=n,
+                       LOCAL_WORLD_SIZE=n, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port),
+                       TORCHELASTIC_RUN_ID="stall-test-run")
+        if args.launch != "spawn":
             cmd = [sys.executable, os.path.abspath(__file__), "--rank-main"] + sys.argv[1:]
             children.append(subprocess.Popen(cmd, env=env))
         else:

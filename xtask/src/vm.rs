@@ -44,7 +44,7 @@ const DEFAULT_TIMEOUT_SECS: u64 = 1800;
 /// five; the fourth is the first's job behind a CPU-bound start-up. The
 /// four-rank runs are calibrated the same way: which rank holds the others
 /// is a matter of CPU shares between thirteen Python processes; the VMs run
-/// the two-rank one and the hung rank instead (and the PyTorch one needs
+/// the two-rank one and the hung rank instead (and the PyTorch ones need
 /// PyTorch, 5 GB, as do the torch.save
 /// checkpoint, whose standard-library twin runs in the VMs, and the
 /// Hugging Face dataset mapped before fork). They run natively. So do the
@@ -54,7 +54,7 @@ const DEFAULT_TIMEOUT_SECS: u64 = 1800;
 /// depends on the kernel. The rest of manifests.rs runs in the VMs. And
 /// the pods of kube.rs: containerd and runc are not in the VM image, and
 /// nothing of what they check (names from the runtime) varies by kernel.
-const VM_SKIP: [(&str, &str); 14] = [
+const VM_SKIP: [(&str, &str); 21] = [
     ("scenarios", "cpu_bound_transforms"),
     ("scenarios", "a_short_run_is_judged_after_its_startup"),
     ("scenarios", "attach_to_cgroup"),
@@ -63,7 +63,14 @@ const VM_SKIP: [(&str, &str); 14] = [
     ("ranks", "mp_spawn_like_run_names_the_slow_rank"),
     ("ranks", "ranks_that_keep_pace_name_no_straggler"),
     ("ranks", "prometheus_names_the_straggler_across_two_nodes"),
+    ("ranks", "srun_like_run_names_the_slow_rank"),
+    ("ranks", "mpirun_like_run_names_the_slow_rank"),
     ("ranks", "torchrun_gloo_run_names_the_slow_rank"),
+    ("ranks", "mp_spawn_rank_as_argument_with_forked_workers"),
+    ("ranks", "mp_spawn_rank_as_argument_with_forkserver_workers"),
+    ("ranks", "mp_spawn_rank_in_os_environ_with_forked_workers"),
+    ("ranks", "mp_spawn_rank_in_os_environ_with_forkserver_workers"),
+    ("ranks", "prometheus_names_the_straggler_of_an_mp_spawn_run_across_two_nodes"),
     ("causes", "torch_save_checkpoints_to_slow_storage_are_output_io_bound"),
     ("causes", "pages_of_a_dataset_mapped_before_fork_are_named_in_each_worker"),
     ("manifests", "deploy_objects_pass_strict_schema_validation"),

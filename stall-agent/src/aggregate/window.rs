@@ -106,6 +106,9 @@ impl Window {
     }
 }
 
+/// Less than this read in a window is not reading data ([`ProcWindow::reads_data`]).
+pub const DATA_MIN_BYTES: u64 = 64 << 10;
+
 /// A file the kernel makes up as it is read (/proc, /sys, /dev): no page
 /// cache, no storage, and no progress when written.
 pub fn is_kernel_file(path: &str) -> bool {
@@ -113,8 +116,10 @@ pub fn is_kernel_file(path: &str) -> bool {
 }
 
 /// Files that are the interpreter's and its libraries' own (modules,
-/// bytecode, shared objects, the loader's cache), not the job's data: the
-/// evidence names data files.
+/// bytecode, shared objects, package metadata, the loader's cache) or the
+/// system's configuration (/etc, /usr/share: locales, certificates, time
+/// zones), which every interpreter reads as it starts, not the job's data:
+/// the evidence names data files.
 pub fn is_code_file(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     [".py", ".pyc", ".pyi", ".pth", ".so"].iter().any(|ext| name.ends_with(ext))
@@ -122,6 +127,8 @@ pub fn is_code_file(path: &str) -> bool {
         || ["/__pycache__/", "/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3"]
             .iter()
             .any(|d| path.contains(d))
+        || [".dist-info/", ".egg-info/"].iter().any(|d| path.contains(d))
+        || ["/etc/", "/usr/share/"].iter().any(|d| path.starts_with(d))
         // Executables (the interpreter a forked worker runs through the
         // parent's mapping) and the C library's locale data.
         || ["/bin/", "/sbin/"].iter().any(|d| path.contains(d))
@@ -338,6 +345,10 @@ impl Window {
                 op.exec_ns = op.exec_ns.max(p.exec_ns);
                 op.cpu_limit.clone_from(&p.cpu_limit);
                 op.comm.clone_from(&p.comm);
+                // A rank may be known only from a later window on.
+                if p.rank.is_some() {
+                    op.rank.clone_from(&p.rank);
+                }
                 op.other_read_bytes += p.other_read_bytes;
                 op.storage_bytes = add_known(op.storage_bytes, p.storage_bytes);
                 op.mmap_bytes = add_known(op.mmap_bytes, p.mmap_bytes);
@@ -448,6 +459,22 @@ impl ProcWindow {
         let attributed: u64 = self.files.iter().filter_map(|f| f.storage_bytes).sum();
         let unattributed = self.storage_bytes.unwrap_or(0).saturating_sub(attributed);
         self.files.iter().map(FileWindow::bytes_in).sum::<u64>() + unattributed
+    }
+    /// Whether it read data: at least [`DATA_MIN_BYTES`] of files that are
+    /// not code (modules, libraries) nor the kernel's, or of the network
+    /// (an interpreter starting reads a few small configuration files of
+    /// its libraries, wherever they keep them).
+    pub fn reads_data(&self) -> bool {
+        let files: u64 = self
+            .files
+            .iter()
+            .filter(|f| {
+                let path = f.resolved.as_deref().unwrap_or(&f.path);
+                !is_code_file(path) && !is_kernel_file(path)
+            })
+            .map(|f| f.read_bytes)
+            .sum();
+        files + self.network_in() >= DATA_MIN_BYTES
     }
     /// Bytes received from peers outside the job over its connected
     /// sockets: network input.

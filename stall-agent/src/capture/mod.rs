@@ -2,12 +2,14 @@
 //! this kernel's tracepoint layouts (`load`, `backend`, `mapped`), choose
 //! what is tracked, a PID tree or cgroups (`track`), and read back the
 //! ring buffer's events (`ring`) and the counter maps (`snapshot`); what a
-//! blocked thread waits on and who holds its other end (`waits_on`).
+//! blocked thread waits on and who holds its other end (`waits_on`); the
+//! environment a process has now (`environ`).
 //! Dropping a [`Capture`] detaches and unloads everything; nothing is
 //! pinned, so nothing outlives the agent, even when it is killed.
 pub mod backend;
 pub mod btf;
 pub mod cgroup;
+pub mod environ;
 mod error;
 mod kfunc;
 mod load;

@@ -53,6 +53,13 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
     })
 }
 
+/// Clock ticks (as /proc counts times) in ns.
+pub fn ticks_to_ns(ticks: u64) -> u64 {
+    // SAFETY: sysconf reads a constant of the C library.
+    let per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    ticks.saturating_mul(1_000_000_000 / per_s.max(1) as u64)
+}
+
 pub fn stat(pid: u32) -> Option<Stat> {
     parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }

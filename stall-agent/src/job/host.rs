@@ -5,12 +5,12 @@
 use std::collections::HashSet;
 
 use crate::{
-    capture::{procfs, waits_on, Capture},
+    capture::{environ::EnvironReader, procfs, waits_on, Capture},
     clock::ClockSnapshot,
     cpulimit::{self, Hierarchy, Reading},
     decode::{FileSnap, Inode, JobEvent},
-    pystack::{PyStack, PyStacks},
-    rank::Rank,
+    pystack::{PyFrame, PyStack, PyStacks},
+    rank::Env,
     wait::WaitObject,
 };
 
@@ -21,6 +21,8 @@ pub struct ProcInfo {
     pub comm: String,
     /// /proc state letter ('R', 'S', 'D', 'Z', ...).
     pub state: char,
+    /// When it started, ns since boot (to clock-tick precision).
+    pub started_ns: u64,
 }
 
 pub trait Host {
@@ -43,8 +45,14 @@ pub trait Host {
     fn io_chars(&self, pid: u32) -> Option<u64>;
     fn process(&self, tgid: u32) -> Option<ProcInfo>;
     fn cmdline(&self, tgid: u32) -> Option<String>;
-    /// Its rank of a distributed run, from its environment.
-    fn rank(&self, tgid: u32) -> Option<Rank>;
+    /// The listed variables of the environment it was exec'd with
+    /// (`/proc/PID/environ`).
+    fn exec_environ(&self, tgid: u32) -> Option<Env>;
+    /// Those of the environment it has now, read from its memory.
+    fn live_environ(&mut self, tgid: u32) -> Option<Env>;
+    /// Its main thread's Python stack, innermost frame first (None: not
+    /// Python, or not readable now).
+    fn main_python_frames(&mut self, tgid: u32) -> Option<Vec<PyFrame>>;
     fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String>;
     /// The outputs a process has open (regular files open for writing, and
     /// stdout/stderr when they are files): path and last write, in
@@ -81,11 +89,18 @@ pub struct LiveHost {
     /// controller found).
     cpu: Option<Hierarchy>,
     pipes: waits_on::PipeHolders,
+    environ: EnvironReader,
 }
 
 impl LiveHost {
     pub fn new(capture: Capture) -> Self {
-        Self { capture, stacks: PyStacks::new(), cpu: Hierarchy::find(), pipes: Default::default() }
+        Self {
+            capture,
+            stacks: PyStacks::new(),
+            cpu: Hierarchy::find(),
+            pipes: Default::default(),
+            environ: Default::default(),
+        }
     }
 }
 
@@ -115,15 +130,28 @@ impl Host for LiveHost {
     }
 
     fn process(&self, tgid: u32) -> Option<ProcInfo> {
-        procfs::stat(tgid).map(|s| ProcInfo { ppid: s.ppid, comm: s.comm, state: s.state })
+        procfs::stat(tgid).map(|s| ProcInfo {
+            ppid: s.ppid,
+            comm: s.comm,
+            state: s.state,
+            started_ns: procfs::ticks_to_ns(s.start_ticks),
+        })
     }
 
     fn cmdline(&self, tgid: u32) -> Option<String> {
         procfs::cmdline(tgid)
     }
 
-    fn rank(&self, tgid: u32) -> Option<Rank> {
-        Rank::from_environ(&procfs::environ(tgid)?)
+    fn exec_environ(&self, tgid: u32) -> Option<Env> {
+        Some(Env::from_environ(&procfs::environ(tgid)?))
+    }
+
+    fn live_environ(&mut self, tgid: u32) -> Option<Env> {
+        Some(Env::from_environ(&self.environ.read(tgid)?))
+    }
+
+    fn main_python_frames(&mut self, tgid: u32) -> Option<Vec<PyFrame>> {
+        self.stacks.main_frames(tgid)
     }
 
     fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String> {

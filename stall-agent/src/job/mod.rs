@@ -7,11 +7,13 @@
 mod feed;
 pub mod gpu;
 mod host;
+mod identity;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use stall_common::fd_kind;
 
+use self::identity::{Identities, Sighting};
 pub use self::{
     feed::{Feed, Received, Wake},
     gpu::{GpuFleet, GpuTrack},
@@ -72,8 +74,8 @@ pub struct Job {
     /// The outputs open at attach have been looked at.
     outputs_noted: bool,
     startup: Startup,
-    /// A distributed run: the ranks whose input pipeline has run.
-    ranks_started: BTreeSet<u32>,
+    /// Workers that have read data or woken a trainer (their pipeline ran).
+    workers_ran: HashSet<u32>,
     /// Last sum of /proc I/O counters ([`Job::note_io`]).
     io_chars: Option<u64>,
     /// Snapshots absorbed.
@@ -87,6 +89,8 @@ pub struct Job {
     /// waited for, and the object), by tid: a thread blocked 70 % of the
     /// time is found running at some ticks.
     waits: HashMap<u32, (u8, WaitObject)>,
+    /// Which rank each process is, as its sources tell.
+    identities: Identities,
 }
 
 /// Where the job is in its startup (imports, spawning workers) before its
@@ -141,13 +145,14 @@ impl Job {
             progress: Progress::new(start_ns),
             outputs_noted: false,
             startup: Startup::Watching { before: Window::default() },
-            ranks_started: BTreeSet::new(),
+            workers_ran: HashSet::new(),
             io_chars: None,
             snapshots: 0,
             inodes_asked: HashSet::new(),
             stacks: Stacks::Off,
             last_stacks: None,
             waits: HashMap::new(),
+            identities: Identities::default(),
         }
     }
 
@@ -201,8 +206,11 @@ impl Job {
                         self.model.set_file_kind(*file_id, fd_kind::OTHER);
                     }
                 }
-                Event::NewTask { parent_tgid, child_tid, child_tgid, .. } if child_tid == child_tgid => {
-                    self.note_process(host, *child_tgid);
+                Event::NewTask { ts, parent_tgid, child_tid, child_tgid, .. } if child_tid == child_tgid => {
+                    // Before the child is seen: it inherits what its parent
+                    // has set by now.
+                    self.identities.forks(host, *parent_tgid, *ts);
+                    self.note_process(host, *child_tgid, *ts);
                     // Inherited descriptors only matter if the parent had
                     // files open (a fork storm of processes without any
                     // costs no /proc walk).
@@ -210,26 +218,44 @@ impl Job {
                         inherited.extend(host.inherited_files(*child_tgid, self.id));
                     }
                 }
-                // Asked once per peer: a loader connecting per sample
-                // connects to the same few.
-                Event::Connect { tgid, peer, .. } if !self.model.peer_known(peer) => {
-                    let pids: Vec<u32> =
-                        self.model.procs.values().filter(|p| p.alive).map(|p| p.tgid).collect();
-                    let inside = host.peer_in(*tgid, peer, &pids);
-                    self.model.note_peer(peer, inside);
+                Event::Connect { ts, tgid, peer, .. } => {
+                    self.identities.connects(host, *tgid, *ts);
+                    // Asked once per peer: a loader connecting per sample
+                    // connects to the same few.
+                    if !self.model.peer_known(peer) {
+                        let pids: Vec<u32> =
+                            self.model.procs.values().filter(|p| p.alive).map(|p| p.tgid).collect();
+                        let inside = host.peer_in(*tgid, peer, &pids);
+                        self.model.note_peer(peer, inside);
+                    }
                 }
-                Event::Exec { tgid, .. } => {
-                    if let Some(c) = host.cmdline(*tgid) {
+                Event::Exec { ts, tgid, .. } => {
+                    // A process the job first meets as it execs (moved into
+                    // a watched cgroup, then exec'd) is seen as it is now.
+                    let first = !self.identities.knows(*tgid);
+                    self.note_process(host, *tgid, *ts);
+                    let cmdline = host.cmdline(*tgid);
+                    // A launcher execs its ranks with their environment.
+                    if !first {
+                        self.identities.exec(host, *tgid, cmdline.as_deref(), *ts);
+                    }
+                    if let Some(c) = cmdline {
                         self.model.note_process(*tgid, None, "", Some(c));
                     }
-                    // A launcher execs its ranks with their environment.
-                    self.model.note_rank(*tgid, host.rank(*tgid));
                 }
                 _ => {}
             }
         }
         for (_, ev) in &inherited {
             self.model.apply(ev);
+        }
+        self.note_ranks();
+    }
+
+    /// The ranks of the job's processes into the model, when any changed.
+    fn note_ranks(&mut self) {
+        for (tgid, rank) in self.identities.take_ranks().into_iter().flatten() {
+            self.model.note_rank(tgid, rank);
         }
     }
 
@@ -240,8 +266,9 @@ impl Job {
     pub fn absorb(&mut self, host: &mut dyn Host, snap: &Snapshot) {
         self.model.apply_snapshot(snap);
         for t in &snap.threads {
-            self.note_process(host, t.tgid);
+            self.note_process(host, t.tgid, snap.ts);
         }
+        self.identities.revisit(host, snap.ts);
         self.note_cpu_limits(host, snap.ts);
         self.name_mapped_files(host);
         self.model.refresh_names(|tgid, tid| host.thread_comm(tgid, tid));
@@ -250,6 +277,8 @@ impl Job {
             self.note_outputs(host);
         }
         let (tgids, tids) = self.model.dead();
+        self.identities.ended(tgids.iter().copied());
+        self.note_ranks();
         if tgids.is_empty() && tids.is_empty() {
             return;
         }
@@ -297,22 +326,34 @@ impl Job {
         }
     }
 
-    /// Names a process once, from the host.
-    fn note_process(&mut self, host: &dyn Host, tgid: u32) {
-        if self.model.procs.get(&tgid).is_some_and(|p| p.cmdline.is_some()) {
+    /// Names a process once, from the host, and asks where it stands in a
+    /// run.
+    fn note_process(&mut self, host: &mut dyn Host, tgid: u32, now: u64) {
+        if self.model.procs.get(&tgid).is_some_and(|p| p.cmdline.is_some()) && self.identities.knows(tgid) {
             return;
         }
         if let Some(limit) = host.cpu_limit(tgid) {
             self.model.note_cpu_limit(tgid, limit);
         }
         let info = host.process(tgid);
+        let cmdline = host.cmdline(tgid);
+        let born_ns = self.model.procs.get(&tgid).map_or(0, |p| p.born_ns);
+        if let Some(i) = &info {
+            let seen = Sighting {
+                tgid,
+                ppid: i.ppid,
+                cmdline: cmdline.as_deref(),
+                started_ns: if born_ns > 0 { born_ns } else { i.started_ns },
+                forked_while_traced: born_ns > 0,
+            };
+            self.identities.first_sight(host, seen, now);
+        }
         self.model.note_process(
             tgid,
             info.as_ref().map(|i| i.ppid),
             info.as_ref().map_or("", |i| i.comm.as_str()),
-            host.cmdline(tgid),
+            cmdline,
         );
-        self.model.note_rank(tgid, host.rank(tgid));
     }
 
     /// Ends an interval at the snapshot's time: absorbs it, cuts the
@@ -353,53 +394,79 @@ impl Job {
         }
     }
 
-    /// Startup ends when the input pipeline starts: the first interval in
-    /// which a worker runs or reads, a worker wakes a trainer thread (a
-    /// DataLoader queue delivering), or a GPU of the job runs kernels. The
-    /// whole run up to the interval before is the baseline the final
-    /// verdict subtracts (`import torch` and friends are not the job's
-    /// steady state); until then, the last tick's whole-run window is kept
-    /// for that purpose.
+    /// Startup ends when the input pipeline runs: the first interval by
+    /// which every worker has read data or woken a trainer (a DataLoader
+    /// queue delivering; a worker started by spawn or a forkserver imports
+    /// its libraries first), or a trainer without workers is woken by its
+    /// own loader threads, or a GPU of the job runs kernels; in a run, once
+    /// that holds for every rank; never while a spawned process may yet
+    /// turn out to be a rank. The whole run up to the interval before is
+    /// the baseline the final verdict subtracts (`import torch` and friends
+    /// are not the job's steady state); until then, the last tick's
+    /// whole-run window is kept for that purpose.
     fn watch_startup(&mut self, summary: Window, interval: &Window, roles: &Roles, gpus: &[GpuWindow]) {
         if matches!(self.startup, Startup::Done { .. }) {
             return;
         }
-        let worker_ran = |w: &u32| {
-            interval.proc(*w).is_some_and(|p| {
-                let c = p.sum();
-                c.on_cpu_ns > 0 || c.file_read_bytes > 0 || p.input_bytes() > 0
+        let gpu_ran = gpus.iter().any(|g| g.samples > 0 && g.util_mean_pct > crate::gpu::IDLE_UTIL_PCT);
+        if self.identities.settling(interval.end_ns) && !gpu_ran {
+            // Spawned processes that may be ranks still import: who is a
+            // worker is not known yet.
+            self.startup = Startup::Watching { before: summary };
+            return;
+        }
+        let woke_a_trainer = |w: u32| {
+            roles.trainers.iter().any(|t| {
+                interval.proc(*t).is_some_and(|p| {
+                    p.threads.iter().any(|th| th.woken_by.iter().any(|b| b.count > 0 && b.tgid == w))
+                })
             })
         };
-        // Woken by a worker, or by a thread of its own that read input
-        // (loader threads).
-        let fed = |t: &u32| {
-            interval.proc(*t).is_some_and(|p| {
+        for &w in &roles.workers {
+            if interval.proc(w).is_some_and(|p| p.reads_data()) || woke_a_trainer(w) {
+                self.workers_ran.insert(w);
+            }
+        }
+        // Woken by a thread of its own that read input (loader threads; not
+        // the few bytes a collective library's thread reads as it joins).
+        let fed_by_threads = |t: u32| {
+            interval.proc(t).is_some_and(|p| {
                 let loaders: HashSet<u32> = p
                     .threads
                     .iter()
-                    .filter(|t| t.tid != p.tgid && t.delta.file_read_bytes + t.delta.other_read_bytes > 0)
+                    .filter(|t| {
+                        t.tid != p.tgid
+                            && t.delta.file_read_bytes + t.delta.other_read_bytes
+                                >= crate::aggregate::DATA_MIN_BYTES
+                    })
                     .map(|t| t.tid)
                     .collect();
-                let feeds = |w: &crate::aggregate::Waker| {
-                    roles.workers.contains(&w.tgid) || w.thread().is_some_and(|tid| loaders.contains(&tid))
-                };
-                p.threads.iter().any(|t| t.woken_by.iter().any(|w| w.count > 0 && feeds(w)))
+                p.threads.iter().any(|t| {
+                    t.woken_by
+                        .iter()
+                        .any(|w| w.count > 0 && w.thread().is_some_and(|tid| loaders.contains(&tid)))
+                })
             })
         };
-        let gpu_ran = gpus.iter().any(|g| g.samples > 0 && g.util_mean_pct > crate::gpu::IDLE_UTIL_PCT);
-        let started = if roles.ranks.len() > 1 {
-            // A run's ranks import and start at their own pace: its startup
-            // lasts until every rank's pipeline has run once.
-            for &(rank, trainer) in &roles.ranks {
-                if fed(&trainer)
-                    || roles.workers.iter().any(|w| roles.rank_of(*w) == Some(rank) && worker_ran(w))
-                {
-                    self.ranks_started.insert(rank);
-                }
+        let alive = |w: &u32| self.model.procs.get(w).is_some_and(|p| p.alive);
+        // The pipeline of these trainers and workers has run.
+        let ran = |trainers: &[u32], workers: &[u32]| {
+            if workers.iter().any(alive) {
+                workers.iter().filter(|w| alive(w)).all(|w| self.workers_ran.contains(w))
+            } else {
+                trainers.iter().any(|t| fed_by_threads(*t))
             }
-            gpu_ran || roles.ranks.iter().all(|(rank, _)| self.ranks_started.contains(rank))
+        };
+        let started = if roles.ranks.len() > 1 {
+            // A run's ranks import and start at their own pace.
+            gpu_ran
+                || roles.ranks.iter().all(|&(rank, trainer)| {
+                    let workers: Vec<u32> =
+                        roles.workers.iter().copied().filter(|w| roles.rank_of(*w) == Some(rank)).collect();
+                    ran(&[trainer], &workers)
+                })
         } else {
-            roles.workers.iter().any(worker_ran) || roles.trainers.iter().any(fed) || gpu_ran
+            gpu_ran || ran(&roles.trainers, &roles.workers)
         };
         if !started {
             self.startup = Startup::Watching { before: summary };

@@ -29,8 +29,14 @@ struct ScriptedHost {
     outputs: Vec<(u32, String, u64)>,
     /// /proc I/O counters by pid.
     io: HashMap<u32, u64>,
-    /// Ranks, as their environments say.
-    ranks: HashMap<u32, crate::rank::Rank>,
+    /// The listed variables of each process's environment at exec, and
+    /// now (where it set some since).
+    exec_env: HashMap<u32, crate::rank::Env>,
+    live_env: HashMap<u32, crate::rank::Env>,
+    /// Each process's main Python stack.
+    main_frames: HashMap<u32, Vec<crate::pystack::PyFrame>>,
+    /// Command lines, where not the trainer's.
+    cmdlines: HashMap<u32, String>,
     /// The cgroup capping each process's CPU, and each such cgroup now.
     cpu_limits: HashMap<u32, String>,
     cpu_readings: HashMap<String, crate::cpulimit::Reading>,
@@ -80,10 +86,17 @@ impl Host for ScriptedHost {
     }
     fn cmdline(&self, tgid: u32) -> Option<String> {
         // DataLoader workers are forks: the trainer's command line.
-        self.procs.get(&tgid).map(|_| "python train.py".to_string())
+        let own = self.cmdlines.get(&tgid).cloned();
+        self.procs.get(&tgid).map(|_| own.unwrap_or_else(|| "python train.py".to_string()))
     }
-    fn rank(&self, tgid: u32) -> Option<crate::rank::Rank> {
-        self.ranks.get(&tgid).cloned()
+    fn exec_environ(&self, tgid: u32) -> Option<crate::rank::Env> {
+        self.procs.get(&tgid).map(|_| self.exec_env.get(&tgid).cloned().unwrap_or_default())
+    }
+    fn live_environ(&mut self, tgid: u32) -> Option<crate::rank::Env> {
+        self.live_env.get(&tgid).or(self.exec_env.get(&tgid)).cloned()
+    }
+    fn main_python_frames(&mut self, tgid: u32) -> Option<Vec<crate::pystack::PyFrame>> {
+        self.main_frames.get(&tgid).cloned()
     }
     fn thread_comm(&self, tgid: u32, _tid: u32) -> Option<String> {
         self.procs.get(&tgid).map(|p| p.comm.clone())
@@ -129,9 +142,12 @@ struct Sim {
 impl Sim {
     fn new(gpu: FakeGpu) -> Self {
         let mut host = ScriptedHost::default();
-        host.procs.insert(TRAINER, ProcInfo { ppid: 1, comm: "python".into(), state: 'S' });
+        host.procs.insert(TRAINER, ProcInfo { ppid: 1, comm: "python".into(), state: 'S', started_ns: 0 });
         for w in WORKERS {
-            host.procs.insert(w, ProcInfo { ppid: TRAINER, comm: "pt_data_worker".into(), state: 'D' });
+            host.procs.insert(
+                w,
+                ProcInfo { ppid: TRAINER, comm: "pt_data_worker".into(), state: 'D', started_ns: 0 },
+            );
             host.regular.insert(shard(w));
         }
         let mut job = Job::new(1, 0, Some(TRAINER), GpuScope::All);
@@ -494,4 +510,258 @@ fn a_job_fed_from_its_first_interval_has_no_startup_to_set_apart() {
     let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
     assert_eq!(report.startup_s, None);
     assert_eq!(report.verdict.kind, Kind::InputIoBound, "{:?}", report.verdict);
+}
+
+/// Processes of a run launched some way, driven through the job's events on
+/// a scripted host: fork, exec (with the environment a launcher gives),
+/// connect; then each process's rank as the model holds it.
+struct Launch {
+    host: ScriptedHost,
+    job: Job,
+    now: u64,
+}
+
+const LAUNCHER: u32 = 10;
+const SPAWN_MAIN: &str =
+    "python3 -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7) --multiprocessing-fork";
+
+fn frame(function: &str, file: &str) -> crate::pystack::PyFrame {
+    crate::pystack::PyFrame { function: function.into(), file: file.into(), line: 1, own: false }
+}
+
+fn env(vars: &[(&str, &str)]) -> crate::rank::Env {
+    crate::rank::Env::from_pairs(vars.iter().copied())
+}
+
+impl Launch {
+    fn new(launcher_env: &[(&str, &str)]) -> Self {
+        let mut host = ScriptedHost::default();
+        host.procs.insert(LAUNCHER, ProcInfo { ppid: 1, comm: "python3".into(), state: 'S', started_ns: 0 });
+        host.exec_env.insert(LAUNCHER, env(launcher_env));
+        let mut launch = Self { host, job: Job::new(1, 0, Some(LAUNCHER), GpuScope::All), now: S };
+        let started = Event::NewTask {
+            ts: S,
+            parent_tid: 1,
+            parent_tgid: 1,
+            child_tid: LAUNCHER,
+            child_tgid: LAUNCHER,
+            comm: "python3".into(),
+        };
+        let exec = Event::Exec { ts: S, tid: LAUNCHER, tgid: LAUNCHER, comm: "python3".into() };
+        launch.job.observe(&mut launch.host, [started, exec]);
+        launch
+    }
+
+    /// `parent` forks `child`, which execs `cmdline` with `exec_env` when
+    /// given (else stays a fork).
+    fn start(&mut self, parent: u32, child: u32, exec: Option<(&str, &[(&str, &str)])>) {
+        self.now += 1_000_000;
+        self.host
+            .procs
+            .insert(child, ProcInfo { ppid: parent, comm: "python3".into(), state: 'S', started_ns: 0 });
+        let inherited = self.host.live_env.get(&parent).or(self.host.exec_env.get(&parent)).cloned();
+        self.host.exec_env.insert(child, self.host.exec_env.get(&parent).cloned().unwrap_or_default());
+        if let Some(live) = inherited {
+            self.host.live_env.insert(child, live);
+        }
+        let mut events = vec![Event::NewTask {
+            ts: self.now,
+            parent_tid: parent,
+            parent_tgid: parent,
+            child_tid: child,
+            child_tgid: child,
+            comm: "python3".into(),
+        }];
+        if exec.is_none() {
+            // A fork runs its parent's program, from where its parent was.
+            if let Some(c) = self.host.cmdlines.get(&parent).cloned() {
+                self.host.cmdlines.insert(child, c);
+            }
+            if let Some(f) = self.host.main_frames.get(&parent).cloned() {
+                self.host.main_frames.insert(child, f);
+            }
+        }
+        if let Some((cmdline, vars)) = exec {
+            self.host.cmdlines.insert(child, cmdline.into());
+            // The environment the parent passes: what it has now.
+            let mut passed = self.host.live_environ(parent).unwrap_or_default();
+            if !vars.is_empty() {
+                passed = env(vars);
+            }
+            self.host.exec_env.insert(child, passed);
+            self.host.live_env.remove(&child);
+            events.push(Event::Exec { ts: self.now, tid: child, tgid: child, comm: "python3".into() });
+        }
+        self.job.observe(&mut self.host, events);
+    }
+
+    /// The process sets `vars` in its environment, as `os.environ[...]`.
+    fn sets(&mut self, tgid: u32, vars: &[(&str, &str)]) {
+        let mut all: Vec<(String, String)> = Vec::new();
+        let now = self.host.live_environ(tgid).unwrap_or_default();
+        for k in crate::rank::ENV_KEYS {
+            if let Some(v) = now.get(k) {
+                all.push((k.to_string(), v.to_string()));
+            }
+        }
+        all.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let pairs: Vec<(&str, &str)> = all.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.host.live_env.insert(tgid, env(&pairs));
+    }
+
+    fn connects(&mut self, tgid: u32) {
+        self.now += 1_000_000;
+        let ev = Event::Connect {
+            ts: self.now,
+            tgid,
+            fd: 3,
+            file_id: u64::from(tgid) << 8,
+            peer: "127.0.0.1:29500".into(),
+        };
+        self.job.observe(&mut self.host, [ev]);
+    }
+
+    /// The process now runs `torch.multiprocessing.spawn`'s wrapper.
+    fn runs_wrapper(&mut self, tgid: u32) {
+        let frames = vec![
+            frame("train", "/job/train.py"),
+            frame("_wrap", "torch/multiprocessing/spawn.py"),
+            frame("BaseProcess._bootstrap", "multiprocessing/process.py"),
+        ];
+        self.host.main_frames.insert(tgid, frames);
+    }
+
+    fn runs_worker_loop(&mut self, tgid: u32) {
+        let frames = vec![
+            frame("_worker_loop", "torch/utils/data/_utils/worker.py"),
+            frame("BaseProcess._bootstrap", "multiprocessing/process.py"),
+        ];
+        self.host.main_frames.insert(tgid, frames);
+    }
+
+    fn rank(&self, tgid: u32) -> Option<(u32, crate::rank::Found)> {
+        self.job.model.procs.get(&tgid)?.rank.as_ref().map(|r| (r.rank, r.found))
+    }
+}
+
+/// Rank `r` of an mp.spawn run is pid 100 + r; its two workers 100 + 10r
+/// + 10 + w.
+fn rank_pid(r: u32) -> u32 {
+    100 + r
+}
+fn worker_pid(r: u32, w: u32) -> u32 {
+    200 + 10 * r + w
+}
+
+#[test]
+fn mp_spawn_ranks_are_the_launchers_children_in_start_order() {
+    use crate::rank::Found;
+    let mut l = Launch::new(&[("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]);
+    for r in 0..4 {
+        l.start(LAUNCHER, rank_pid(r), Some((SPAWN_MAIN, &[])));
+    }
+    // Still unpickling: nothing is a rank yet.
+    assert_eq!((0..4).filter_map(|r| l.rank(rank_pid(r))).count(), 0);
+    for r in 0..4 {
+        l.runs_wrapper(rank_pid(r));
+        l.connects(rank_pid(r));
+        for w in 0..2 {
+            l.start(rank_pid(r), worker_pid(r, w), None);
+        }
+    }
+    for r in 0..4 {
+        assert_eq!(l.rank(rank_pid(r)), Some((r, Found::SpawnIndex)));
+        let p = &l.job.model.procs[&rank_pid(r)];
+        assert_eq!(p.rank.as_ref().unwrap().run_id.as_deref(), Some("127.0.0.1:29500"));
+        // Forked workers inherit no rank variable: their rank is their
+        // nearest rank's (correlate), not one of their own.
+        assert_eq!(l.rank(worker_pid(r, 0)), None);
+    }
+    assert_eq!(l.rank(LAUNCHER), None);
+}
+
+#[test]
+fn a_launcher_first_met_as_it_execs_names_its_node() {
+    use crate::rank::Found;
+    // As in a watched cgroup: the launcher's first event is its exec.
+    let mut host = ScriptedHost::default();
+    host.procs.insert(LAUNCHER, ProcInfo { ppid: 1, comm: "python3".into(), state: 'S', started_ns: 0 });
+    host.exec_env.insert(LAUNCHER, env(&[("NODE_RANK", "1")]));
+    let mut l = Launch { host, job: Job::new(1, 0, None, GpuScope::Held), now: S };
+    let exec = Event::Exec { ts: S, tid: LAUNCHER, tgid: LAUNCHER, comm: "python3".into() };
+    l.job.observe(&mut l.host, [exec]);
+    for r in 0..2 {
+        l.start(LAUNCHER, rank_pid(r), Some((SPAWN_MAIN, &[])));
+        l.runs_wrapper(rank_pid(r));
+        l.connects(rank_pid(r));
+        l.start(rank_pid(r), worker_pid(r, 0), None);
+    }
+    assert_eq!(l.rank(rank_pid(0)), Some((2, Found::SpawnIndex)));
+    assert_eq!(l.rank(rank_pid(1)), Some((3, Found::SpawnIndex)));
+    // A rank's forked worker runs the same command line, from inside the
+    // wrapper: it is not a spawned rank of its own.
+    assert_eq!(l.rank(worker_pid(1, 0)), None);
+}
+
+#[test]
+fn a_rank_set_in_os_environ_after_start_is_read_when_it_connects() {
+    use crate::rank::Found;
+    let mut l = Launch::new(&[]);
+    for r in 0..2 {
+        l.start(LAUNCHER, rank_pid(r), Some((SPAWN_MAIN, &[])));
+    }
+    // Rank 1 sets its variables and joins the rendezvous; its stack is not
+    // readable (another interpreter), so only its environment tells.
+    let (r1, r0) = (rank_pid(1), rank_pid(0));
+    l.sets(r1, &[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")]);
+    assert_eq!(l.rank(r1), None, "read only at its moments");
+    l.connects(r1);
+    assert_eq!(l.rank(r1), Some((1, Found::LiveEnviron)));
+    // Its DataLoader workers started by spawn carry the variables in their
+    // exec-time environment: the same rank as their parent.
+    l.start(r1, worker_pid(1, 0), Some((SPAWN_MAIN, &[])));
+    l.runs_worker_loop(worker_pid(1, 0));
+    assert_eq!(l.rank(worker_pid(1, 0)), Some((1, Found::ExecEnviron)));
+    // Rank 0 sets its variables, connects nowhere first, and forks.
+    l.sets(r0, &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")]);
+    l.start(r0, worker_pid(0, 0), None);
+    assert_eq!(l.rank(r0), Some((0, Found::LiveEnviron)));
+    // A forked worker has its parent's environment as it was at the fork.
+    assert_eq!(l.rank(worker_pid(0, 0)), Some((0, Found::LiveEnviron)));
+}
+
+#[test]
+fn a_trainers_spawned_dataloader_workers_are_no_ranks() {
+    let mut l = Launch::new(&[]);
+    // A single trainer (the launcher here) with spawned workers.
+    for w in 0..2 {
+        l.start(LAUNCHER, worker_pid(0, w), Some((SPAWN_MAIN, &[])));
+        l.runs_worker_loop(worker_pid(0, w));
+        l.connects(worker_pid(0, w));
+    }
+    // Looked at again later: still no rank.
+    l.now += 5 * S;
+    let snap = Snapshot { ts: l.now, ..Default::default() };
+    l.job.absorb(&mut l.host, &snap);
+    assert_eq!((0..2).filter_map(|w| l.rank(worker_pid(0, w))).count(), 0);
+}
+
+#[test]
+fn a_spawned_process_is_looked_at_again_until_its_target_shows() {
+    use crate::rank::Found;
+    let mut l = Launch::new(&[("NODE_RANK", "1")]);
+    for r in 0..2 {
+        l.start(LAUNCHER, rank_pid(r), Some((SPAWN_MAIN, &[])));
+    }
+    // No child, no connection (a rank without workers over a Unix socket):
+    // the periodic look finds the wrapper once it runs.
+    for r in 0..2 {
+        l.runs_wrapper(rank_pid(r));
+    }
+    l.now += identity::LOOK_EVERY_NS;
+    let snap = Snapshot { ts: l.now, ..Default::default() };
+    l.job.absorb(&mut l.host, &snap);
+    // The launcher is node 1 of a two-node run: ranks 2 and 3.
+    assert_eq!(l.rank(rank_pid(0)), Some((2, Found::SpawnIndex)));
+    assert_eq!(l.rank(rank_pid(1)), Some((3, Found::SpawnIndex)));
 }

@@ -123,6 +123,8 @@ pub struct Process {
     pub role: &'static str,
     /// The rank of a distributed run it works for (its trainer's; null: not a run).
     pub rank: Option<u32>,
+    /// Where its rank was found, for a rank's trainer (null otherwise).
+    pub rank_from: Option<crate::rank::Found>,
     /// The cgroup capping its CPU (one of `cpu_limits`; null: none).
     pub cpu_limit_cgroup: Option<String>,
     pub alive: bool,
@@ -280,6 +282,7 @@ fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
         cmdline: p.cmdline.clone(),
         role,
         rank,
+        rank_from: p.rank.as_ref().filter(|r| role == "trainer" && Some(r.rank) == rank).map(|r| r.found),
         cpu_limit_cgroup: p.cpu_limit.clone(),
         alive: p.alive,
         read_bytes: p.file_read_bytes(),

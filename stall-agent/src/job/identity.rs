@@ -1,0 +1,269 @@
+//! Which rank of a distributed run each process of the job is, from the
+//! sources [`crate::rank`] names, kept as processes start, fork, exec and
+//! connect. The host is asked at those moments only: a process's exec-time
+//! environment when it is first seen and at each exec; the environment it
+//! has now when it was running before tracing began, and again at its
+//! first child and its first connection (a rank that sets its rank in
+//! `os.environ` does so before it joins the rendezvous and before it starts
+//! its DataLoader workers); a child forked while traced inherits its
+//! parent's. A process multiprocessing spawned is asked what it runs (its
+//! main thread's Python stack) at those moments, and until it tells, at
+//! most every [`LOOK_EVERY_NS`] during its first [`LOOK_FOR_NS`].
+use std::collections::HashMap;
+
+use super::Host;
+use crate::{
+    pystack,
+    rank::{spawn_ranks, Env, Found, Rank, SpawnChild},
+};
+
+/// How often a spawned process whose target is unknown is looked at again.
+pub const LOOK_EVERY_NS: u64 = 2_000_000_000;
+/// How long after its first sight it is looked at.
+pub const LOOK_FOR_NS: u64 = 60_000_000_000;
+
+#[derive(Debug, Default)]
+struct Known {
+    ppid: u32,
+    /// The listed variables of the environment it was exec'd with.
+    exec: Env,
+    /// Those of the environment it has now, when read or inherited since
+    /// (None: as at exec).
+    live: Option<Env>,
+    /// multiprocessing's `spawn` started it: it exec'd an interpreter to
+    /// run `spawn_main` (a fork of such a process, as a rank's DataLoader
+    /// worker is, has the same command line and is not spawned).
+    spawned: bool,
+    /// Its command line, hashed (to tell a fork from a spawned child).
+    cmdline: u64,
+    /// What its stack showed: it runs `torch.multiprocessing.spawn`'s
+    /// wrapper (None: not known yet).
+    torch_spawned: Option<bool>,
+    started: (u64, u32),
+    first_seen_ns: u64,
+    last_look_ns: u64,
+    /// Its first child and its first connection have been seen.
+    forked: bool,
+    connected: bool,
+    alive: bool,
+}
+
+impl Known {
+    fn env_now(&self) -> &Env {
+        self.live.as_ref().unwrap_or(&self.exec)
+    }
+}
+
+/// The job's processes, as the sources of their ranks see them.
+#[derive(Debug, Default)]
+pub struct Identities {
+    known: HashMap<u32, Known>,
+    /// Something changed since [`Identities::take_ranks`].
+    changed: bool,
+}
+
+/// A process as first seen.
+#[derive(Debug, Clone, Copy)]
+pub struct Sighting<'a> {
+    pub tgid: u32,
+    pub ppid: u32,
+    pub cmdline: Option<&'a str>,
+    /// When it started (ns since boot): sorts siblings.
+    pub started_ns: u64,
+    /// It was forked while traced: its parent's environment is its own.
+    pub forked_while_traced: bool,
+}
+
+fn is_spawn_child(cmdline: &str) -> bool {
+    cmdline.contains("multiprocessing.spawn import spawn_main")
+}
+
+fn hash_of(cmdline: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    cmdline.hash(&mut h);
+    h.finish()
+}
+
+impl Identities {
+    /// A process seen for the first time.
+    pub fn first_sight(&mut self, host: &mut dyn Host, seen: Sighting, now: u64) {
+        let Sighting { tgid, ppid, cmdline, started_ns, forked_while_traced } = seen;
+        if self.known.contains_key(&tgid) {
+            return;
+        }
+        let exec = host.exec_environ(tgid).unwrap_or_default();
+        let live = match self.known.get(&ppid).filter(|_| forked_while_traced) {
+            Some(parent) => parent.live.clone(),
+            // Running before tracing began: it may have set anything since.
+            None if !forked_while_traced => host.live_environ(tgid),
+            None => None,
+        };
+        let hash = cmdline.map_or(0, hash_of);
+        let parents = self.known.get(&ppid).map(|p| p.cmdline);
+        let spawned = cmdline.is_some_and(is_spawn_child) && parents != Some(hash);
+        self.known.insert(
+            tgid,
+            Known {
+                ppid,
+                exec,
+                live,
+                spawned,
+                cmdline: hash,
+                started: (started_ns, tgid),
+                first_seen_ns: now,
+                alive: true,
+                ..Default::default()
+            },
+        );
+        if spawned {
+            self.look(host, tgid, now);
+        }
+        self.changed = true;
+    }
+
+    pub fn knows(&self, tgid: u32) -> bool {
+        self.known.contains_key(&tgid)
+    }
+
+    /// The process exec'd: a new program with the environment it was given.
+    pub fn exec(&mut self, host: &mut dyn Host, tgid: u32, cmdline: Option<&str>, now: u64) {
+        let Some(k) = self.known.get_mut(&tgid) else { return };
+        k.exec = host.exec_environ(tgid).unwrap_or_default();
+        k.live = None;
+        k.spawned = cmdline.is_some_and(is_spawn_child);
+        k.cmdline = cmdline.map_or(0, hash_of);
+        k.torch_spawned = None;
+        (k.forked, k.connected) = (false, false);
+        k.first_seen_ns = now;
+        self.changed = true;
+    }
+
+    /// The process starts a child: at its first, what it has set so far
+    /// is read (the child inherits it).
+    pub fn forks(&mut self, host: &mut dyn Host, tgid: u32, now: u64) {
+        if self.known.get(&tgid).is_some_and(|k| !k.forked) {
+            self.read_now(host, tgid, now);
+            if let Some(k) = self.known.get_mut(&tgid) {
+                k.forked = true;
+            }
+        }
+    }
+
+    /// The process connects a socket: at its first (a rank joining its
+    /// rendezvous), what it has set so far is read.
+    pub fn connects(&mut self, host: &mut dyn Host, tgid: u32, now: u64) {
+        if self.known.get(&tgid).is_some_and(|k| !k.connected) {
+            self.read_now(host, tgid, now);
+            if let Some(k) = self.known.get_mut(&tgid) {
+                k.connected = true;
+            }
+        }
+    }
+
+    /// Spawned processes whose target is not known yet, looked at again.
+    pub fn revisit(&mut self, host: &mut dyn Host, now: u64) {
+        let due: Vec<u32> = self
+            .known
+            .iter()
+            .filter(|(_, k)| {
+                k.alive
+                    && k.spawned
+                    && k.torch_spawned.is_none()
+                    && now.saturating_sub(k.first_seen_ns) < LOOK_FOR_NS
+                    && now.saturating_sub(k.last_look_ns) >= LOOK_EVERY_NS
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        for tgid in due {
+            self.look(host, tgid, now);
+        }
+    }
+
+    /// Whether a process multiprocessing spawned has not yet shown what it
+    /// runs (it may be a rank still importing: who is who is not known).
+    pub fn settling(&self, now: u64) -> bool {
+        self.known.values().any(|k| {
+            k.alive
+                && k.spawned
+                && k.torch_spawned.is_none()
+                && now.saturating_sub(k.first_seen_ns) < LOOK_FOR_NS
+        })
+    }
+
+    /// Processes that ended: only a spawned one is kept (its place among
+    /// its siblings is its rank).
+    pub fn ended(&mut self, tgids: impl IntoIterator<Item = u32>) {
+        for t in tgids {
+            match self.known.get_mut(&t) {
+                Some(k) if k.spawned => k.alive = false,
+                Some(_) => {
+                    self.known.remove(&t);
+                }
+                None => {}
+            }
+        }
+    }
+
+    fn read_now(&mut self, host: &mut dyn Host, tgid: u32, now: u64) {
+        let live = host.live_environ(tgid);
+        let Some(k) = self.known.get_mut(&tgid) else { return };
+        if live.is_some() && live != k.live {
+            k.live = live;
+            self.changed = true;
+        }
+        if k.spawned && k.torch_spawned.is_none() {
+            self.look(host, tgid, now);
+        }
+    }
+
+    fn look(&mut self, host: &mut dyn Host, tgid: u32, now: u64) {
+        let seen = host.main_python_frames(tgid).and_then(|f| pystack::runs_torch_spawn(&f));
+        let Some(k) = self.known.get_mut(&tgid) else { return };
+        k.last_look_ns = now;
+        if seen.is_some() {
+            k.torch_spawned = seen;
+            self.changed = true;
+        }
+    }
+
+    /// Every known process's rank, when something changed since the last
+    /// call (None: nothing changed).
+    pub fn take_ranks(&mut self) -> Option<Vec<(u32, Option<Rank>)>> {
+        if !std::mem::take(&mut self.changed) {
+            return None;
+        }
+        let mut ranks: HashMap<u32, Option<Rank>> =
+            self.known.iter().map(|(t, k)| (*t, environment_rank(k))).collect();
+        let children: Vec<SpawnChild> = self
+            .known
+            .iter()
+            .filter(|(_, k)| k.spawned)
+            .map(|(t, k)| SpawnChild {
+                tgid: *t,
+                ppid: k.ppid,
+                started: k.started,
+                torch_spawned: k.torch_spawned,
+                run_id: k.env_now().run_id(),
+            })
+            .collect();
+        let node_rank = |launcher: u32| self.known.get(&launcher).and_then(|k| k.env_now().node_rank());
+        for (tgid, rank) in spawn_ranks(&children, node_rank) {
+            let slot = ranks.entry(tgid).or_default();
+            if slot.is_none() {
+                *slot = Some(rank);
+            }
+        }
+        Some(ranks.into_iter().collect())
+    }
+}
+
+/// What its environment names: the one it has now where that differs from
+/// the one it was exec'd with, else that one.
+fn environment_rank(k: &Known) -> Option<Rank> {
+    let exec = k.exec.rank(Found::ExecEnviron);
+    match &k.live {
+        Some(live) if *live != k.exec => live.rank(Found::LiveEnviron).or(exec),
+        _ => exec,
+    }
+}
