@@ -55,6 +55,8 @@ pub enum CaptureRefused {
     NoSuchJob,
     /// Another job's capture is under way (one at a time).
     Busy,
+    /// The job ended before the window was over.
+    JobEnded,
     Failed(String),
 }
 
@@ -310,6 +312,9 @@ async fn serve_capture(
         }
         Ok(Ok(Err(CaptureRefused::Busy))) => {
             error(StatusCode::CONFLICT, "another capture is under way; one at a time")
+        }
+        Ok(Ok(Err(CaptureRefused::JobEnded))) => {
+            error(StatusCode::GONE, &format!("job {id} ended during the capture; nothing to answer with"))
         }
         Ok(Ok(Err(CaptureRefused::Failed(why)))) => error(StatusCode::INTERNAL_SERVER_ERROR, &why),
         Ok(Err(_)) | Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "the main loop did not answer in time"),

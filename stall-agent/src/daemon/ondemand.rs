@@ -80,7 +80,7 @@ impl OnDemand {
     pub fn finish(self, job: Option<(&Model, Option<&Tick>)>, live: &mut LiveHost, lost: u64, end_ns: u64) {
         let _ = live.capture.set_timeline_job(0);
         let Some((model, last)) = job else {
-            let _ = self.reply.send(Err(CaptureRefused::Failed("the job ended during the capture".into())));
+            let _ = self.reply.send(Err(CaptureRefused::JobEnded));
             return;
         };
         let roles = last.map(|t| t.roles.clone()).unwrap_or_default();
