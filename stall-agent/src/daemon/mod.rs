@@ -121,6 +121,9 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut live = LiveHost::new(capture);
     eprintln!("stall daemon: {}", live.capture.syscall_backend_line());
     let scheme = if web.as_ref().is_some_and(|w| w.tls.is_some()) { "https" } else { "http" };
+    for warning in web.iter().flat_map(|w| &w.warnings) {
+        eprintln!("stall daemon: {warning}");
+    }
     match &web {
         None if opts.expose_details => eprintln!(
             "stall daemon: --expose-details without --web-config: file paths, command lines and Python stacks go to whoever reaches {}",

@@ -17,7 +17,7 @@ use tokio_rustls::rustls::{
     RootCertStore, ServerConfig,
 };
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
     tls_server_config: Option<TlsFile>,
@@ -63,6 +63,8 @@ pub struct WebConfig {
     /// (bcrypt is slow by design; a scrape every few seconds must not pay
     /// it each time).
     accepted: Mutex<HashSet<String>>,
+    /// What the daemon should say about the file at start, a line each.
+    pub warnings: Vec<String>,
 }
 
 /// How a request stands with the web config.
@@ -85,7 +87,10 @@ impl WebConfig {
     pub fn load(path: &Path) -> Result<Self, String> {
         let text =
             std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let file: File = serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        // An empty file (or comments only) is no document at all.
+        let file: File = serde_yaml_ng::from_str::<Option<File>>(&text)
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .unwrap_or_default();
         let dir = path.parent().unwrap_or(Path::new("."));
         for (user, hash) in &file.basic_auth_users {
             hash.parse::<bcrypt::HashParts>().map_err(|e| {
@@ -99,7 +104,28 @@ impl WebConfig {
                 t.client_auth_type == ClientAuth::RequireAndVerifyClientCert,
             ),
         };
-        Ok(Self { tls, clients_verified, users: file.basic_auth_users, accepted: Mutex::new(HashSet::new()) })
+        let mut warnings = Vec::new();
+        if tls.is_none() && !file.basic_auth_users.is_empty() {
+            warnings.push(format!(
+                "--web-config {}: basic_auth_users without tls_server_config: passwords cross the network in clear",
+                path.display()
+            ));
+        }
+        if tls.is_none() && file.basic_auth_users.is_empty() {
+            // The exporter toolkit serves such a file as plain HTTP without
+            // passwords (it logs "TLS is disabled"); so does stall, aloud.
+            warnings.push(format!(
+                "--web-config {}: sets neither tls_server_config nor basic_auth_users: plain HTTP, no passwords",
+                path.display()
+            ));
+        }
+        Ok(Self {
+            tls,
+            clients_verified,
+            users: file.basic_auth_users,
+            accepted: Mutex::new(HashSet::new()),
+            warnings,
+        })
     }
 
     /// Whether basic authentication is asked of every request.
@@ -202,6 +228,7 @@ mod tests {
             clients_verified: false,
             users: users.iter().map(|(u, h)| (u.to_string(), h.to_string())).collect(),
             accepted: Mutex::new(HashSet::new()),
+            warnings: Vec::new(),
         }
     }
 
@@ -227,10 +254,15 @@ mod tests {
         assert_eq!(config(&[]).access(None), Access::Anonymous);
     }
 
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("stall-webcfg-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     #[test]
     fn a_bad_file_says_why() {
-        let dir = std::env::temp_dir().join(format!("stall-webcfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch("bad");
         let write = |text: &str| {
             let p = dir.join("web.yml");
             std::fs::write(&p, text).unwrap();
@@ -243,6 +275,29 @@ mod tests {
         assert!(write("tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [x]\n")
             .contains("unknown field"));
         assert!(write("http_server_config:\n  http2: true\n").contains("unknown field"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn passwords_without_tls_and_an_empty_file_are_warned_of() {
+        let dir = scratch("warn");
+        let load = |text: &str| {
+            let p = dir.join("web.yml");
+            std::fs::write(&p, text).unwrap();
+            WebConfig::load(&p).unwrap()
+        };
+        let hash = bcrypt::hash("s3cret", 4).unwrap();
+        let clear = load(&format!("basic_auth_users:\n  prometheus: '{hash}'\n"));
+        assert!(clear.needs_password());
+        assert_eq!(clear.warnings.len(), 1, "{:?}", clear.warnings);
+        assert!(clear.warnings[0].contains("passwords cross the network in clear"), "{:?}", clear.warnings);
+        for empty in ["", "# nothing yet\n", "{}\n"] {
+            let c = load(empty);
+            assert!(!c.needs_password() && c.tls.is_none());
+            assert_eq!(c.access(None), Access::Anonymous);
+            assert_eq!(c.warnings.len(), 1, "{empty:?}: {:?}", c.warnings);
+            assert!(c.warnings[0].contains("plain HTTP, no passwords"), "{:?}", c.warnings);
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
