@@ -177,6 +177,14 @@ pub struct DaemonArgs {
     /// config format (tls_server_config, basic_auth_users with bcrypt hashes). Without it: plain HTTP.
     #[arg(long, value_name = "FILE")]
     pub web_config: Option<PathBuf>,
+    /// Connections open at once on --listen at most. One more closes the connection idle the
+    /// longest; when every one is mid-request, the new one is closed at once.
+    #[arg(long, default_value = "512", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub http_max_connections: u32,
+    /// A connection with no request for this long is closed (a request's headers must arrive
+    /// within 10 s of its first byte, or of the connection's opening).
+    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    pub http_idle_timeout: Duration,
     /// Serve file paths, command lines and Python stacks in /jobs and the logs, and allow
     /// POST /jobs/{id}/capture (with --web-config: to authenticated clients only).
     #[arg(long)]

@@ -94,6 +94,8 @@ fn daemon_options(a: DaemonArgs) -> daemon::Options {
         tiers: (a.capture == CaptureMode::Tiered).then_some(tiers),
         syscall_hooks: syscall_hooks(a.hooks.syscall_hooks),
         web_config: a.web_config,
+        http_max_connections: a.http_max_connections as usize,
+        http_idle_timeout: a.http_idle_timeout,
         expose_details: a.expose_details,
         node_name: a.node_name,
         require_gpu: a.require_gpu,

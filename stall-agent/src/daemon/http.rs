@@ -3,6 +3,9 @@
 //! `/healthz` for probes, `/jobs` and `/jobs/{id}` for people, and
 //! `POST /jobs/{id}/capture` to take a job's timeline now. It serves what
 //! the main loop last published and hands capture requests to it.
+//! Connections are bounded and timed out ([`conn`]).
+mod conn;
+
 use std::{
     net::SocketAddr,
     sync::{
@@ -22,6 +25,7 @@ use axum::{
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
+pub use self::conn::ConnectionLimits;
 use super::{
     metrics::{self, Metrics},
     web_config::{Access, WebConfig},
@@ -69,6 +73,7 @@ pub struct HttpOptions {
     /// The main loop is fresh while it last ran within this.
     pub fresh: Duration,
     pub node: String,
+    pub limits: ConnectionLimits,
 }
 
 /// What the loop publishes and the server reads.
@@ -105,11 +110,10 @@ pub fn serve(
     addr: SocketAddr,
     opts: HttpOptions,
 ) -> Result<(Arc<Shared>, mpsc::Receiver<CaptureRequest>), Error> {
-    let listener = std::net::TcpListener::bind(addr)
-        .and_then(|l| l.set_nonblocking(true).map(|_| l))
-        .map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
+    let listener = conn::bind(addr).map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
     let (tx, rx) = mpsc::channel();
     let tls = opts.web.as_ref().and_then(|w| w.tls.clone());
+    let limits = opts.limits;
     let metrics = Metrics::new();
     metrics.set_build_info();
     let shared = Arc::new(Shared {
@@ -136,16 +140,9 @@ pub fn serve(
         .name("stall-http".into())
         .spawn(move || {
             runtime.block_on(async move {
-                let listener = match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => l,
-                    Err(e) => return eprintln!("stall: HTTP server stopped: {e}"),
-                };
-                let served = match tls {
-                    None => axum::serve(listener, app).await,
-                    Some(config) => axum::serve(tls::Listener::new(listener, config), app).await,
-                };
-                if let Err(e) = served {
-                    eprintln!("stall: HTTP server stopped: {e}");
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => conn::serve(listener, tls, app, limits).await,
+                    Err(e) => eprintln!("stall: HTTP server stopped: {e}"),
                 }
             })
         })
@@ -318,63 +315,5 @@ async fn serve_capture(
         }
         Ok(Ok(Err(CaptureRefused::Failed(why)))) => error(StatusCode::INTERNAL_SERVER_ERROR, &why),
         Ok(Err(_)) | Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "the main loop did not answer in time"),
-    }
-}
-
-/// TLS on the listening socket: handshakes run beside each other (a slow
-/// or silent client holds only its own), finished ones are served.
-mod tls {
-    use std::{net::SocketAddr, sync::Arc, time::Duration};
-
-    use tokio::{net::TcpStream, sync::mpsc};
-    use tokio_rustls::{rustls::ServerConfig, server::TlsStream, TlsAcceptor};
-
-    /// A client that has not finished its handshake by then is dropped.
-    const HANDSHAKE: Duration = Duration::from_secs(10);
-
-    pub struct Listener {
-        ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-        local: std::io::Result<SocketAddr>,
-    }
-
-    impl Listener {
-        pub fn new(tcp: tokio::net::TcpListener, config: Arc<ServerConfig>) -> Self {
-            let local = tcp.local_addr();
-            let (tx, ready) = mpsc::channel(64);
-            let acceptor = TlsAcceptor::from(config);
-            tokio::spawn(async move {
-                loop {
-                    let Ok((stream, peer)) = tcp.accept().await else {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    };
-                    let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                    tokio::spawn(async move {
-                        // A failed handshake (plain HTTP, an unknown client
-                        // certificate) ends the connection: nothing is served.
-                        if let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                    });
-                }
-            });
-            Self { ready, local }
-        }
-    }
-
-    impl axum::serve::Listener for Listener {
-        type Io = TlsStream<TcpStream>;
-        type Addr = SocketAddr;
-
-        async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-            match self.ready.recv().await {
-                Some(conn) => conn,
-                None => std::future::pending().await,
-            }
-        }
-
-        fn local_addr(&self) -> std::io::Result<Self::Addr> {
-            self.local.as_ref().map(|a| *a).map_err(|e| std::io::Error::new(e.kind(), e.to_string()))
-        }
     }
 }

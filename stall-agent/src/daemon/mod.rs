@@ -22,7 +22,7 @@ use anyhow::Result;
 use stall_common::counter::LOST_CAUSES;
 
 use self::{
-    http::{Board, BoardJob, HttpOptions, Shared},
+    http::{Board, BoardJob, ConnectionLimits, HttpOptions, Shared},
     identity::Identities,
     metrics::Metrics,
     node::Node,
@@ -61,6 +61,10 @@ pub struct Options {
     pub syscall_hooks: SyscallHooks,
     /// TLS and basic authentication (the exporter toolkit's file).
     pub web_config: Option<PathBuf>,
+    /// Connections the HTTP server keeps open at most.
+    pub http_max_connections: usize,
+    /// How long a connection may idle between requests.
+    pub http_idle_timeout: Duration,
     /// File paths, command lines and Python stacks in `/jobs`, the logs
     /// and the capture endpoint.
     pub expose_details: bool,
@@ -142,6 +146,11 @@ pub async fn run(opts: Options) -> Result<()> {
             expose_details: opts.expose_details,
             fresh: opts.interval * 3 + Duration::from_secs(10),
             node: node_name,
+            limits: ConnectionLimits {
+                max_connections: opts.http_max_connections,
+                idle_timeout: opts.http_idle_timeout,
+                ..ConnectionLimits::default()
+            },
         },
     )?;
     if let Some(note) = &gpus.note {
