@@ -3,11 +3,13 @@
 //! `/healthz` for probes, `/jobs` and `/jobs/{id}` for people, and
 //! `POST /jobs/{id}/capture` to take a job's timeline now. It serves what
 //! the main loop last published and hands capture requests to it.
-//! Connections are bounded and timed out ([`conn`]).
+//! Connections are bounded and timed out ([`conn`]); password checks run
+//! off the serving thread ([`gate`]).
 mod conn;
+mod gate;
 
 use std::{
-    net::SocketAddr,
+    net::{Ipv4Addr, SocketAddr},
     sync::{
         atomic::{AtomicU64, Ordering},
         mpsc, Arc, Mutex,
@@ -26,6 +28,10 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 pub use self::conn::ConnectionLimits;
+use self::{
+    conn::ClientAddr,
+    gate::{Admission, Gate},
+};
 use super::{
     metrics::{self, Metrics},
     web_config::{Access, WebConfig},
@@ -83,7 +89,11 @@ pub struct Shared {
     /// When the main loop last finished an interval (monotonic ns).
     beat_ns: AtomicU64,
     captures: Mutex<mpsc::Sender<CaptureRequest>>,
-    opts: HttpOptions,
+    /// Where a web config is given.
+    gate: Option<Gate>,
+    expose_details: bool,
+    fresh: Duration,
+    node: String,
 }
 
 impl Shared {
@@ -97,7 +107,7 @@ impl Shared {
     }
 
     fn details(&self, access: Access) -> bool {
-        self.opts.expose_details && (self.opts.web.is_none() || access == Access::Authenticated)
+        self.expose_details && (self.gate.is_none() || access == Access::Authenticated)
     }
 }
 
@@ -112,8 +122,8 @@ pub fn serve(
 ) -> Result<(Arc<Shared>, mpsc::Receiver<CaptureRequest>), Error> {
     let listener = conn::bind(addr).map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
     let (tx, rx) = mpsc::channel();
-    let tls = opts.web.as_ref().and_then(|w| w.tls.clone());
-    let limits = opts.limits;
+    let HttpOptions { web, expose_details, fresh, node, limits } = opts;
+    let tls = web.as_ref().and_then(|w| w.tls.clone());
     let metrics = Metrics::new();
     metrics.set_build_info();
     let shared = Arc::new(Shared {
@@ -121,7 +131,10 @@ pub fn serve(
         board: Mutex::new(Board::default()),
         beat_ns: AtomicU64::new(monotonic_ns()),
         captures: Mutex::new(tx),
-        opts,
+        gate: web.map(|w| Gate::new(Arc::new(w))),
+        expose_details,
+        fresh,
+        node,
     });
     let app = axum::Router::new()
         .route("/metrics", axum::routing::get(serve_metrics))
@@ -153,21 +166,43 @@ pub fn serve(
 /// Basic authentication where the web config asks for it; the request
 /// learns how it stands.
 async fn authenticate(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
-    let access = match &s.opts.web {
-        None => Access::Anonymous,
-        Some(web) => {
+    let admission = match &s.gate {
+        None => Admission::Checked(Access::Anonymous),
+        Some(gate) => {
+            let client =
+                req.extensions().get::<ClientAddr>().map_or(Ipv4Addr::UNSPECIFIED.into(), |c| c.0.ip());
             let header = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-            web.access(header)
+            gate.admit(client, header).await
         }
     };
-    if access == Access::Denied {
-        return (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Basic realm=\"stall\"")],
-            "unauthorized\n",
-        )
-            .into_response();
-    }
+    let access = match admission {
+        Admission::Checked(Access::Denied) => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Basic realm=\"stall\"")],
+                "unauthorized\n",
+            )
+                .into_response()
+        }
+        Admission::Checked(access) => access,
+        Admission::Throttled(wait) => {
+            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, seconds.to_string())],
+                format!("too many wrong passwords from this address: try again in {seconds} s\n"),
+            )
+                .into_response();
+        }
+        Admission::Overloaded => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1")],
+                "too many password checks waiting: try again\n",
+            )
+                .into_response()
+        }
+    };
     req.extensions_mut().insert(access);
     next.run(req).await
 }
@@ -189,7 +224,7 @@ async fn serve_metrics(State(s): State<Arc<Shared>>, headers: HeaderMap) -> impl
 
 async fn serve_health(State(s): State<Arc<Shared>>) -> impl IntoResponse {
     let age_ns = monotonic_ns().saturating_sub(s.beat_ns.load(Ordering::Relaxed));
-    if age_ns <= s.opts.fresh.as_nanos() as u64 {
+    if age_ns <= s.fresh.as_nanos() as u64 {
         (StatusCode::OK, "ok\n".to_string())
     } else {
         (
@@ -222,7 +257,7 @@ async fn serve_jobs(State(s): State<Arc<Shared>>, Extension(access): Extension<A
             d
         })
         .collect();
-    json_response(StatusCode::OK, &jobs::list(&s.opts.node, time, docs))
+    json_response(StatusCode::OK, &jobs::list(&s.node, time, docs))
 }
 
 async fn serve_job(
@@ -236,7 +271,7 @@ async fn serve_job(
             let mut doc = j.doc.clone();
             if let Value::Object(m) = &mut doc {
                 m.insert("history".into(), j.history.clone());
-                m.insert("node".into(), s.opts.node.clone().into());
+                m.insert("node".into(), s.node.clone().into());
                 m.insert("time".into(), board.time.into());
             }
             doc
@@ -268,7 +303,7 @@ async fn serve_capture(
     Query(q): Query<CaptureQuery>,
 ) -> Response {
     if !s.details(access) {
-        let why = if s.opts.expose_details {
+        let why = if s.expose_details {
             "a capture names files and threads: authenticate"
         } else {
             "a capture names files and threads: the daemon runs without --expose-details"
@@ -289,7 +324,7 @@ async fn serve_capture(
         return error(StatusCode::SERVICE_UNAVAILABLE, "the main loop has stopped");
     }
     // The loop answers after the window; allow it a few intervals more.
-    let wait = Duration::from_secs(seconds) + s.opts.fresh * 2;
+    let wait = Duration::from_secs(seconds) + s.fresh * 2;
     match tokio::time::timeout(wait, answer).await {
         Ok(Ok(Ok(trace))) => {
             let name = format!("attachment; filename=\"stall-{id}.json.gz\"");

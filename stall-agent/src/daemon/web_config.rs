@@ -3,9 +3,9 @@
 //! file an operator keeps for node-exporter or dcgm-exporter serves stall
 //! too. Paths in it are relative to the file.
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::BTreeMap,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Arc,
 };
 
 use base64::Engine;
@@ -59,10 +59,10 @@ pub struct WebConfig {
     /// Every connection presented a verified client certificate.
     pub clients_verified: bool,
     users: BTreeMap<String, String>,
-    /// `Authorization` headers already checked against their bcrypt hash
-    /// (bcrypt is slow by design; a scrape every few seconds must not pay
-    /// it each time).
-    accepted: Mutex<HashSet<String>>,
+    /// A hash at the users' cost, checked in place of an unknown user's:
+    /// refusing an unknown name then takes as long as a wrong password, so
+    /// the time of a refusal does not tell which users exist.
+    decoy: String,
     /// What the daemon should say about the file at start, a line each.
     pub warnings: Vec<String>,
 }
@@ -78,9 +78,6 @@ pub enum Access {
     Authenticated,
 }
 
-/// Accepted headers kept at most (then forgotten, and checked again).
-const ACCEPTED_MAX: usize = 256;
-
 impl WebConfig {
     /// Reads and checks `path`: certificates, keys and hashes are loaded
     /// now, so a bad file fails at start with the reason.
@@ -92,10 +89,12 @@ impl WebConfig {
             .map_err(|e| format!("{}: {e}", path.display()))?
             .unwrap_or_default();
         let dir = path.parent().unwrap_or(Path::new("."));
+        let mut cost = None;
         for (user, hash) in &file.basic_auth_users {
-            hash.parse::<bcrypt::HashParts>().map_err(|e| {
+            let parts = hash.parse::<bcrypt::HashParts>().map_err(|e| {
                 format!("{}: the password of {user:?} is not a bcrypt hash: {e}", path.display())
             })?;
+            cost = cost.max(Some(parts.get_cost()));
         }
         let (tls, clients_verified) = match &file.tls_server_config {
             None => (None, false),
@@ -119,13 +118,13 @@ impl WebConfig {
                 path.display()
             ));
         }
-        Ok(Self {
-            tls,
-            clients_verified,
-            users: file.basic_auth_users,
-            accepted: Mutex::new(HashSet::new()),
-            warnings,
-        })
+        let decoy = match cost {
+            Some(cost) => {
+                bcrypt::hash("no such user", cost).map_err(|e| format!("{}: {e}", path.display()))?
+            }
+            None => String::new(),
+        };
+        Ok(Self { tls, clients_verified, users: file.basic_auth_users, decoy, warnings })
     }
 
     /// Whether basic authentication is asked of every request.
@@ -133,26 +132,27 @@ impl WebConfig {
         !self.users.is_empty()
     }
 
-    /// Checks a request's `Authorization` header.
-    pub fn access(&self, authorization: Option<&str>) -> Access {
-        if self.users.is_empty() {
-            return if self.clients_verified { Access::Authenticated } else { Access::Anonymous };
+    /// How a request stands where no password is asked.
+    pub fn without_password(&self) -> Access {
+        if self.clients_verified {
+            Access::Authenticated
+        } else {
+            Access::Anonymous
         }
-        let Some(header) = authorization else { return Access::Denied };
-        if self.accepted.lock().unwrap_or_else(|e| e.into_inner()).contains(header) {
-            return Access::Authenticated;
+    }
+
+    /// Whether an `Authorization` header carries a user's password. Slow
+    /// by design (bcrypt: about 60 ms at cost 10), and as slow for a name
+    /// that is no user's: run it off the serving thread.
+    pub fn verify(&self, header: &str) -> bool {
+        let Some((user, password)) = basic_credentials(header) else { return false };
+        match self.users.get(&user) {
+            Some(hash) => bcrypt::verify(&password, hash).unwrap_or(false),
+            None => {
+                let _ = bcrypt::verify(&password, &self.decoy);
+                false
+            }
         }
-        let Some((user, password)) = basic_credentials(header) else { return Access::Denied };
-        let ok = self.users.get(&user).is_some_and(|hash| bcrypt::verify(&password, hash).unwrap_or(false));
-        if !ok {
-            return Access::Denied;
-        }
-        let mut accepted = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
-        if accepted.len() >= ACCEPTED_MAX {
-            accepted.clear();
-        }
-        accepted.insert(header.to_string());
-        Access::Authenticated
     }
 }
 
@@ -227,7 +227,7 @@ mod tests {
             tls: None,
             clients_verified: false,
             users: users.iter().map(|(u, h)| (u.to_string(), h.to_string())).collect(),
-            accepted: Mutex::new(HashSet::new()),
+            decoy: bcrypt::hash("decoy", 4).unwrap(),
             warnings: Vec::new(),
         }
     }
@@ -240,18 +240,18 @@ mod tests {
     fn passwords_are_checked_against_their_bcrypt_hash() {
         let hash = bcrypt::hash("s3cret", 4).unwrap();
         let c = config(&[("prometheus", &hash)]);
-        assert_eq!(c.access(None), Access::Denied);
-        assert_eq!(c.access(Some(&basic("prometheus", "wrong"))), Access::Denied);
-        assert_eq!(c.access(Some(&basic("someone", "s3cret"))), Access::Denied);
-        assert_eq!(c.access(Some("Bearer abc")), Access::Denied);
-        assert_eq!(c.access(Some(&basic("prometheus", "s3cret"))), Access::Authenticated);
-        // Again, from the accepted set.
-        assert_eq!(c.access(Some(&basic("prometheus", "s3cret"))), Access::Authenticated);
+        assert!(!c.verify(&basic("prometheus", "wrong")));
+        assert!(!c.verify(&basic("someone", "s3cret")));
+        // The decoy's own password opens nothing.
+        assert!(!c.verify(&basic("someone", "decoy")));
+        assert!(!c.verify("Bearer abc"));
+        assert!(c.verify(&basic("prometheus", "s3cret")));
+        assert!(c.verify(&format!("basic  {}", &basic("prometheus", "s3cret")[6..])));
     }
 
     #[test]
     fn without_users_requests_are_anonymous() {
-        assert_eq!(config(&[]).access(None), Access::Anonymous);
+        assert_eq!(config(&[]).without_password(), Access::Anonymous);
     }
 
     fn scratch(name: &str) -> PathBuf {
@@ -294,7 +294,7 @@ mod tests {
         for empty in ["", "# nothing yet\n", "{}\n"] {
             let c = load(empty);
             assert!(!c.needs_password() && c.tls.is_none());
-            assert_eq!(c.access(None), Access::Anonymous);
+            assert_eq!(c.without_password(), Access::Anonymous);
             assert_eq!(c.warnings.len(), 1, "{empty:?}: {:?}", c.warnings);
             assert!(c.warnings[0].contains("plain HTTP, no passwords"), "{:?}", c.warnings);
         }

@@ -72,6 +72,10 @@ pub fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
+/// The client's address, in each request's extensions.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub SocketAddr);
+
 /// Accepts on `listener` for ever and serves `router` on each connection,
 /// over TLS where `tls` is given.
 pub async fn serve(
@@ -83,8 +87,8 @@ pub async fn serve(
     let open = Arc::new(Open::default());
     let acceptor = tls.map(TlsAcceptor::from);
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 let starved = matches!(
                     e.raw_os_error(),
@@ -117,7 +121,7 @@ pub async fn serve(
         let (acceptor, router) = (acceptor.clone(), router.clone());
         tokio::spawn(async move {
             let _registered = registered;
-            connection(stream, acceptor, router, conn, limits).await
+            connection(stream, peer, acceptor, router, conn, limits).await
         });
     }
 }
@@ -275,13 +279,14 @@ impl Drop for Busy {
 
 async fn connection(
     stream: TcpStream,
+    peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     router: Router,
     conn: Arc<Conn>,
     limits: ConnectionLimits,
 ) {
     let _ = stream.set_nodelay(true);
-    let Some(acceptor) = tls else { return serve_http(stream, router, conn, limits).await };
+    let Some(acceptor) = tls else { return serve_http(stream, peer, router, conn, limits).await };
     // A failed handshake (plain HTTP, an unknown client certificate) ends
     // the connection: nothing is served.
     let tls = tokio::select! {
@@ -293,17 +298,18 @@ async fn connection(
     };
     // The request's head is awaited from the end of the handshake.
     conn.since_ns.store(monotonic_ns(), Ordering::Relaxed);
-    serve_http(tls, router, conn, limits).await
+    serve_http(tls, peer, router, conn, limits).await
 }
 
-async fn serve_http<S>(io: S, router: Router, conn: Arc<Conn>, limits: ConnectionLimits)
+async fn serve_http<S>(io: S, peer: SocketAddr, router: Router, conn: Arc<Conn>, limits: ConnectionLimits)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = {
         let conn = conn.clone();
-        hyper::service::service_fn(move |req: Request<Incoming>| {
+        hyper::service::service_fn(move |mut req: Request<Incoming>| {
             let busy = Busy::begin(conn.clone());
+            req.extensions_mut().insert(ClientAddr(peer));
             let router = router.clone();
             async move {
                 let Ok(response) = router.oneshot(req).await;
