@@ -72,6 +72,9 @@ pub fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
+/// Connections asked to close whose tasks have not run yet, at most.
+const CLOSING_MAX: usize = 64;
+
 /// The client's address, in each request's extensions.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddr(pub SocketAddr);
@@ -108,9 +111,12 @@ pub async fn serve(
         };
         match open.make_room(limits.max_connections) {
             Room::Free => {}
-            // The closed connection's task runs before the next accept, so
-            // that a burst of them does not hold a descriptor each.
-            Room::Made => tokio::task::yield_now().await,
+            // The closing connections' tasks run before the next accept
+            // once a few are waiting, so that a burst of them does not hold
+            // a descriptor each (yielding after every one would slow the
+            // accepts behind a flood).
+            Room::Made { closing } if closing >= CLOSING_MAX => tokio::task::yield_now().await,
+            Room::Made { .. } => {}
             Room::None => {
                 // Every connection is mid-request: this one is refused.
                 drop(stream);
@@ -142,8 +148,10 @@ struct Open {
 
 enum Room {
     Free,
-    /// The idlest connection was asked to close.
-    Made,
+    /// The idlest connection was asked to close; so many are closing.
+    Made {
+        closing: usize,
+    },
     /// Every connection is mid-request.
     None,
 }
@@ -186,7 +194,7 @@ impl Open {
         if open < max {
             Room::Free
         } else if Self::close_idlest_of(&conns) {
-            Room::Made
+            Room::Made { closing: conns.len() - open + 1 }
         } else {
             Room::None
         }
