@@ -91,6 +91,7 @@ pub struct Shared {
     captures: Mutex<mpsc::Sender<CaptureRequest>>,
     /// Where a web config is given.
     gate: Option<Gate>,
+    local_addr: SocketAddr,
     expose_details: bool,
     fresh: Duration,
     node: String,
@@ -99,6 +100,11 @@ pub struct Shared {
 impl Shared {
     pub fn publish(&self, board: Board) {
         *self.board.lock().unwrap_or_else(|e| e.into_inner()) = board;
+    }
+
+    /// The address served (the port chosen, where 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
     }
 
     /// The main loop finished an interval.
@@ -121,6 +127,7 @@ pub fn serve(
     opts: HttpOptions,
 ) -> Result<(Arc<Shared>, mpsc::Receiver<CaptureRequest>), Error> {
     let listener = conn::bind(addr).map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
+    let local_addr = listener.local_addr().map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
     let (tx, rx) = mpsc::channel();
     let HttpOptions { web, expose_details, fresh, node, limits } = opts;
     let tls = web.as_ref().and_then(|w| w.tls.clone());
@@ -132,6 +139,7 @@ pub fn serve(
         beat_ns: AtomicU64::new(monotonic_ns()),
         captures: Mutex::new(tx),
         gate: web.map(|w| Gate::new(Arc::new(w))),
+        local_addr,
         expose_details,
         fresh,
         node,

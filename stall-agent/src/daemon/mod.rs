@@ -6,7 +6,7 @@
 //! are pruned once counted. HTTP is served on a thread of its own.
 pub mod cri;
 mod history;
-mod http;
+pub mod http;
 mod identity;
 mod kube;
 pub mod metrics;
@@ -14,7 +14,7 @@ mod node;
 mod ondemand;
 mod step;
 pub mod tier;
-mod web_config;
+pub mod web_config;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
