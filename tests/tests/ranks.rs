@@ -325,6 +325,27 @@ fn torch_spawn_names_the_slow_rank(launch: &str, worker_start: &str, port: &str,
     }
 }
 
+/// An mp.spawn run whose ranks keep pace: every rank found, none named.
+#[test]
+fn mp_spawn_ranks_that_keep_pace_name_no_straggler() {
+    let torch = torch_path();
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Scratch::new("spawn-even");
+    let dir_arg = dir.0.display().to_string();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/torch_ranks.py").display().to_string();
+    let argv = ["run", "-q", "--", python(), &script, "--dir", &dir_arg, "--launch", "spawn"];
+    let argv: Vec<&str> = argv.into_iter().chain(["--port", "29626", "--seconds", "8"]).collect();
+    let run = stall(&argv, &[("PYTHONPATH", &torch)], Duration::from_secs(240));
+    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
+    for r in 0..4 {
+        let trainer = run.process(pid(&rank_report(&dir, r)["pid"]));
+        assert_eq!((&trainer["role"], &trainer["rank"]), (&Value::from("trainer"), &Value::from(r)));
+    }
+    let v = &run.summary()["verdict"];
+    assert!(v["straggler"].is_null(), "{v:#}");
+    assert_eq!(v["ranks"].as_array().unwrap().len(), 4, "{v:#}");
+}
+
 #[test]
 fn mp_spawn_rank_as_argument_with_forked_workers() {
     torch_spawn_names_the_slow_rank("spawn", "fork", "29621", "spawn-index");
@@ -534,37 +555,37 @@ impl TwoNodes {
 
 /// Two daemons, each watching its own cgroup root as if it were a node,
 /// ranks 0 and 1 on node a and ranks 2 and 3 on node b, started as Slurm's
-/// `srun` starts tasks: `StallStragglerRank` (pending within its `for`)
+/// `srun` starts tasks (the run is the Slurm job): `StallStragglerRank` (pending within its `for`)
 /// names rank 2 and node b's daemon, joined with the waiting ranks of node
 /// a by `run_id`.
 #[test]
 fn prometheus_names_the_straggler_across_two_nodes() {
+    straggler_alerted_across_two_nodes("srun", "29614");
+}
+
+/// The same with Open MPI's `mpirun`: the ranks and the run come from
+/// `OMPI_COMM_WORLD_RANK` and the PMIx namespace.
+#[test]
+fn prometheus_names_the_straggler_of_an_mpirun_run_across_two_nodes() {
+    straggler_alerted_across_two_nodes("mpirun", "29619");
+}
+
+fn straggler_alerted_across_two_nodes(launch: &str, port: &str) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = Scratch::new("nodes");
+    let dir = Scratch::new(&format!("nodes-{launch}"));
     let mut nodes = TwoNodes::start(&dir);
     let p = &nodes.pods;
     let cgroups = [&p[0], &p[0], &p[1], &p[1]].map(|c| c.dir.display().to_string()).join(",");
     let dir_arg = dir.0.display().to_string();
     let job = Command::new(python())
         .arg(ranks_py())
-        .args([
-            "--dir",
-            &dir_arg,
-            "--port",
-            "29614",
-            "--launch",
-            "srun",
-            "--slow-rank",
-            "2",
-            "--seconds",
-            "40",
-        ])
+        .args(["--dir", &dir_arg, "--port", port, "--launch", launch, "--slow-rank", "2", "--seconds", "40"])
         .args(["--cgroups", &cgroups])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
     nodes.guard.0.insert(0, job);
-    nodes.straggler_alerted("slurm-4242", 2, |rank| rank as usize / 2);
+    nodes.straggler_alerted(run_id_of(launch), 2, |rank| rank as usize / 2);
 }
 
 /// The same run as PyTorch's own multi-node `mp.spawn` script has it: on

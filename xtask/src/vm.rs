@@ -54,7 +54,7 @@ const DEFAULT_TIMEOUT_SECS: u64 = 1800;
 /// depends on the kernel. The rest of manifests.rs runs in the VMs. And
 /// the pods of kube.rs: containerd and runc are not in the VM image, and
 /// nothing of what they check (names from the runtime) varies by kernel.
-const VM_SKIP: [(&str, &str); 21] = [
+const VM_SKIP: [(&str, &str); 23] = [
     ("scenarios", "cpu_bound_transforms"),
     ("scenarios", "a_short_run_is_judged_after_its_startup"),
     ("scenarios", "attach_to_cgroup"),
@@ -71,6 +71,8 @@ const VM_SKIP: [(&str, &str); 21] = [
     ("ranks", "mp_spawn_rank_in_os_environ_with_forked_workers"),
     ("ranks", "mp_spawn_rank_in_os_environ_with_forkserver_workers"),
     ("ranks", "prometheus_names_the_straggler_of_an_mp_spawn_run_across_two_nodes"),
+    ("ranks", "prometheus_names_the_straggler_of_an_mpirun_run_across_two_nodes"),
+    ("ranks", "mp_spawn_ranks_that_keep_pace_name_no_straggler"),
     ("causes", "torch_save_checkpoints_to_slow_storage_are_output_io_bound"),
     ("causes", "pages_of_a_dataset_mapped_before_fork_are_named_in_each_worker"),
     ("manifests", "deploy_objects_pass_strict_schema_validation"),

@@ -461,10 +461,12 @@ impl ProcWindow {
         self.files.iter().map(FileWindow::bytes_in).sum::<u64>() + unattributed
     }
     /// Whether it read data: at least [`DATA_MIN_BYTES`] of files that are
-    /// not code (modules, libraries) nor the kernel's, or of the network
+    /// not code (modules, libraries) nor the kernel's, read or mapped, or of
+    /// the network
     /// (an interpreter starting reads a few small configuration files of
     /// its libraries, wherever they keep them).
     pub fn reads_data(&self) -> bool {
+        // Read or mapped (`bytes_in` counts a mapping's pages of data only).
         let files: u64 = self
             .files
             .iter()
@@ -472,7 +474,7 @@ impl ProcWindow {
                 let path = f.resolved.as_deref().unwrap_or(&f.path);
                 !is_code_file(path) && !is_kernel_file(path)
             })
-            .map(|f| f.read_bytes)
+            .map(FileWindow::bytes_in)
             .sum();
         files + self.network_in() >= DATA_MIN_BYTES
     }

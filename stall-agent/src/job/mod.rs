@@ -97,7 +97,8 @@ pub struct Job {
 /// input pipeline runs.
 #[derive(Debug)]
 enum Startup {
-    /// No batch yet; the whole run as of the last tick.
+    /// The pipeline has not run everywhere yet; the whole run as of the
+    /// last tick before any of it ran.
     Watching { before: Window },
     /// The pipeline started after `before` (the whole run until then).
     Done { before: Window },
@@ -400,10 +401,11 @@ impl Job {
     /// its libraries first), or a trainer without workers is woken by its
     /// own loader threads, or a GPU of the job runs kernels; in a run, once
     /// that holds for every rank; never while a spawned process may yet
-    /// turn out to be a rank. The whole run up to the interval before is
-    /// the baseline the final verdict subtracts (`import torch` and friends
-    /// are not the job's steady state); until then, the last tick's
-    /// whole-run window is kept for that purpose.
+    /// turn out to be a rank. The whole run up to the interval before the
+    /// pipeline's first sign (a worker's data or delivery) is the baseline
+    /// the final verdict subtracts (`import torch` and friends are not the
+    /// job's steady state); until then, the last tick's whole-run window is
+    /// kept for that purpose.
     fn watch_startup(&mut self, summary: Window, interval: &Window, roles: &Roles, gpus: &[GpuWindow]) {
         if matches!(self.startup, Startup::Done { .. }) {
             return;
@@ -469,7 +471,13 @@ impl Job {
             gpu_ran || ran(&roles.trainers, &roles.workers)
         };
         if !started {
-            self.startup = Startup::Watching { before: summary };
+            // The baseline stops at the first sign of the pipeline: what
+            // the first workers read while the others still start is the
+            // job's input, not its startup.
+            let began = !self.workers_ran.is_empty() || roles.trainers.iter().any(|t| fed_by_threads(*t));
+            if !began {
+                self.startup = Startup::Watching { before: summary };
+            }
             return;
         }
         let before =
