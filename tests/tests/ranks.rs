@@ -123,11 +123,21 @@ fn straggler_named(launch: &str, port: &str, ranks: u32, workers: u32) {
         .starts_with(&format!("rank {slow_rank} (pid {}) holds the run", slow["pid"])));
     let judged = v["ranks"].as_array().unwrap();
     assert_eq!(judged.len(), ranks as usize);
+    // Against what each rank measured of its own time in the collective:
+    // the others waited for the slow rank, which hardly waited itself.
+    let waited =
+        |r: u64| truth["ranks"][r as usize]["in_collective_s"].as_f64().expect("its time in the collective");
+    assert!(waited(slow_rank.into()) < 0.2 * 8.0, "the slow rank waited {} s", waited(slow_rank.into()));
+    let summary = run.summary();
+    let judged_s = summary["elapsed_s"].as_f64().unwrap() - summary["startup_s"].as_f64().unwrap_or(0.0);
     for r in judged.iter().filter(|r| r["rank"] != slow_rank) {
+        let rank = r["rank"].as_u64().unwrap();
+        assert!(waited(rank) > 0.4 * 8.0, "rank {rank} hardly waited: {} s", waited(rank));
+        let stall_s = r["peer_wait"].as_f64().unwrap() * judged_s;
         assert!(
-            r["peer_wait"].as_f64().unwrap() >= 0.5,
-            "rank {} does not wait for its peers: {r}",
-            r["rank"]
+            stall_s >= 0.7 * waited(rank),
+            "rank {rank}: stall saw {stall_s:.1} s of waiting for peers, the rank measured {:.1} s in the collective",
+            waited(rank)
         );
     }
     // The report groups the threads by rank.

@@ -10,9 +10,10 @@ through multiprocessing queues) and ends every step in a collective: an
 all-reduce over TCP through rank 0, as gloo's would on one host. The workers
 of --slow-rank spend --slow-ms of CPU per batch, so every other rank waits
 for it in the collective; --hang-rank stops for good before a collective, so
-every other rank waits in it forever. The ground truth (pids of the launcher, each rank
-and its workers) goes to $TRUTH. With --cgroups each rank moves itself into
-a cgroup of its own before its workers start: ranks on two "nodes".
+every other rank waits in it forever. The ground truth (pids of the launcher,
+each rank and its workers, and each rank's own time in the collective) goes
+to $TRUTH. With --cgroups each rank moves itself into a cgroup of its own
+before its workers start: ranks on two "nodes".
 """
 import argparse
 import json
@@ -132,6 +133,7 @@ def rank_main(args):
     end = time.monotonic() + args.seconds
     hang_at = time.monotonic() + args.hang_after
     total = 0.0
+    in_collective = 0.0
     while True:
         _, n = batches.get()
         requests.put(step)
@@ -140,10 +142,14 @@ def rank_main(args):
         # Every rank takes part in every collective, so all stop together.
         if rank == args.hang_rank and time.monotonic() > hang_at:
             stuck()
+        t = time.monotonic()
         go_on = all_reduce(rank, world, server, peers, 1.0 if time.monotonic() < end else 0.0)
+        in_collective += time.monotonic() - t
         total += n
         if go_on < world:
             break
+    with open(os.path.join(args.dir, f"collective_{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "seconds": args.seconds, "in_collective_s": in_collective}, f)
     for _ in workers:
         requests.put(None)
     for w in workers:
@@ -209,7 +215,12 @@ def main():
     truth = {"launcher": os.getpid(), "ranks": []}
     for r in range(args.ranks):
         with open(os.path.join(args.dir, f"rank_{r}.json")) as f:
-            truth["ranks"].append(json.load(f))
+            report = json.load(f)
+        collective = os.path.join(args.dir, f"collective_{r}.json")
+        if os.path.exists(collective):
+            with open(collective) as f:
+                report["in_collective_s"] = json.load(f)["in_collective_s"]
+        truth["ranks"].append(report)
     path = os.environ.get("TRUTH")
     if path:
         with open(path, "w") as f:

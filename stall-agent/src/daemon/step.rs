@@ -36,13 +36,13 @@ pub(super) fn step(
     let verdict = match tiers {
         None => tick.verdict.clone(),
         Some(policy) => {
-            // Full data for the span the live verdict judges, or not.
-            let full = w.tier.settled(snap.ts, Duration::from_nanos(RECENT_NS));
             if w.tier.tier.is_full() {
                 metrics.add_full_capture(&w.labels, secs);
             }
             let before = w.tier.escalations;
-            w.tier.step(snap.ts, &signals(&tick), policy);
+            // Full data for the span the live verdict judges, or not.
+            let full =
+                w.tier.close_interval(snap.ts, &signals(&tick), policy, Duration::from_nanos(RECENT_NS));
             metrics.add_escalations(&w.labels, w.tier.escalations - before);
             metrics.set_tier(&w.labels, w.tier.tier.is_full());
             published(&tick, full, w.published.as_ref())

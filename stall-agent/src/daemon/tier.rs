@@ -114,6 +114,15 @@ impl JobTier {
         };
     }
 
+    /// Closes the interval ending at `now_ns`, in the daemon's order:
+    /// whether its verdict rests on full data (a capture that has run at
+    /// least `settle`), then the tier for the next.
+    pub fn close_interval(&mut self, now_ns: u64, s: &Signals, p: &Policy, settle: Duration) -> bool {
+        let full = self.settled(now_ns, settle);
+        self.step(now_ns, s, p);
+        full
+    }
+
     /// Takes the interval ending at `now_ns`; returns the tier for the next.
     pub fn step(&mut self, now_ns: u64, s: &Signals, p: &Policy) -> Tier {
         // Idle since the start of the first idle interval: it was idle
@@ -237,12 +246,6 @@ mod tests {
             let mut explained = None;
             for k in 1..60u64 {
                 let now = k * interval;
-                // The daemon's order (step.rs): is this interval's verdict on
-                // full data, then the tier for the next.
-                if now > idle_at && t.settled(now, settle) {
-                    explained = Some(now - idle_at);
-                    break;
-                }
                 let idle_ns = now.saturating_sub(idle_at.max(now - interval));
                 let idle = idle_ns as f64 / interval as f64 >= GPU_IDLE_SHARE;
                 let s = Signals {
@@ -252,7 +255,10 @@ mod tests {
                     silent_s: 0.0,
                     interval_ns: interval,
                 };
-                t.step(now, &s, &p);
+                if t.close_interval(now, &s, &p, settle) && now > idle_at {
+                    explained = Some(now - idle_at);
+                    break;
+                }
             }
             let after = explained.expect("explained at all") as f64 / S as f64;
             assert!(after <= 15.0, "idle at +{phase_ms} ms after a tick: explained after {after} s");
