@@ -132,6 +132,8 @@ pub struct Report {
     /// Seconds from the start of tracing to the interval in which the input
     /// pipeline started, when there was a startup to set apart.
     pub startup_s: Option<f64>,
+    /// The same instant, monotonic ns (the timeline marks it).
+    pub startup_end_ns: Option<u64>,
 }
 
 impl Job {
@@ -511,7 +513,7 @@ impl Job {
         let recent_verdict = verdict::judge(&recent, &roles, &recent_gpus, &progress);
         let summary_gpus: Vec<GpuWindow> = tracks.iter().map(|g| g.summary(end_ns)).collect();
         let hung_now = recent_verdict.kind == Kind::Hang;
-        let (startup_s, verdict) = match &self.startup {
+        let (startup_end_ns, verdict) = match &self.startup {
             _ if hung_now => (None, recent_verdict),
             // A steady state too short to judge (the pipeline started as the
             // job ended) is no reason to drop the rest.
@@ -522,8 +524,7 @@ impl Job {
                 let mut steady = summary.since(before);
                 self.place_waits(&mut steady);
                 let gpus: Vec<GpuWindow> = tracks.iter().map(|g| g.since(steady.start_ns, end_ns)).collect();
-                let startup = (before.end_ns - self.model.start_ns) as f64 / 1e9;
-                (Some(startup), verdict::judge(&steady, &roles, &gpus, &progress))
+                (Some(before.end_ns), verdict::judge(&steady, &roles, &gpus, &progress))
             }
             _ => (None, verdict::judge(&summary, &roles, &summary_gpus, &progress)),
         };
@@ -532,7 +533,8 @@ impl Job {
         if hung_now {
             verdict = placed(verdict, &recent, &roles, &recent_gpus, &progress);
         }
-        Report { summary, gpus: summary_gpus, roles, verdict, progress, startup_s }
+        let startup_s = startup_end_ns.map(|t| (t - self.model.start_ns) as f64 / 1e9);
+        Report { summary, gpus: summary_gpus, roles, verdict, progress, startup_s, startup_end_ns }
     }
 
     /// The syscall hooks are attached again after a stretch without them

@@ -12,6 +12,7 @@
 //! one after the other from its start: per-state sums stay exact, timing is
 //! exact to the resolution. Past a cap on events the trace stops (and says
 //! where).
+mod layout;
 mod record;
 mod svg;
 
@@ -89,6 +90,10 @@ struct Line {
     sums: [u64; STATES],
     /// For the SVG: per 100 ms, ns per state index.
     buckets: Vec<[u32; STATES]>,
+    /// For the SVG: when its first slice began and its last ended (ns
+    /// since the origin), to tell short-lived helpers.
+    first: Option<u64>,
+    last: u64,
 }
 
 /// Names and roles for the metadata records, given at the end.
@@ -98,6 +103,22 @@ pub struct Names {
     pub processes: HashMap<u32, (String, String)>,
     /// tid → name
     pub threads: HashMap<u32, String>,
+    /// pid → the rank it works for, in a distributed run.
+    pub ranks: HashMap<u32, u32>,
+    /// pid → its parent's pid (helpers are folded per parent).
+    pub parents: HashMap<u32, u32>,
+}
+
+impl Names {
+    /// A process's parent and rank, where known.
+    pub fn add_family(&mut self, pid: u32, ppid: Option<u32>, rank: Option<u32>) {
+        if let Some(pp) = ppid {
+            self.parents.insert(pid, pp);
+        }
+        if let Some(r) = rank {
+            self.ranks.insert(pid, r);
+        }
+    }
 }
 
 /// The pseudo-process that holds the GPU counters, and the pseudo-thread of
@@ -119,6 +140,14 @@ pub struct Timeline<W: Write> {
     lines: HashMap<u32, Line>,
     /// For the SVG: per GPU, per 100 ms bucket, (sum of utilization, samples).
     gpus: HashMap<u32, Vec<(f64, u32)>>,
+    /// For the SVG: the job's file reads per interval, (start, end, bytes),
+    /// ns since the origin.
+    reads: Vec<(u64, u64, u64)>,
+    /// For the SVG: each interval's verdict, (start, end, kind), ns since
+    /// the origin; the next one starts where the last ended.
+    verdicts: Vec<(u64, u64, Kind)>,
+    /// The end of the job's startup (monotonic ns), once known.
+    startup_end_ns: Option<u64>,
     /// Switch records the kernel could not deliver (ring buffer full).
     pub lost: u64,
 }
@@ -143,6 +172,9 @@ impl<W: Write> Timeline<W> {
             origin_realtime_ns,
             lines: HashMap::new(),
             gpus: HashMap::new(),
+            reads: Vec::new(),
+            verdicts: Vec::new(),
+            startup_end_ns: None,
             lost: 0,
         })
     }
@@ -270,6 +302,9 @@ impl<W: Write> Timeline<W> {
         let origin = self.origin_ns;
         let line = self.line(tid);
         line.sums[state.index()] += dur;
+        let rel = start.saturating_sub(origin);
+        line.first = Some(line.first.map_or(rel, |f| f.min(rel)));
+        line.last = line.last.max(end.saturating_sub(origin));
         add_buckets(
             &mut line.buckets,
             state.index(),
@@ -322,6 +357,12 @@ impl<W: Write> Timeline<W> {
     pub fn reads(&mut self, pid: u32, start: u64, end: u64, files: &[(String, u64)]) -> std::io::Result<()> {
         let Some((top, _)) = files.iter().max_by_key(|(_, b)| *b) else { return Ok(()) };
         let total: u64 = files.iter().map(|(_, b)| b).sum();
+        // The SVG draws the job's reads, all processes together.
+        let (s0, e0) = (start.saturating_sub(self.origin_ns), end.saturating_sub(self.origin_ns));
+        match self.reads.last_mut() {
+            Some(r) if r.0 == s0 && r.1 == e0 => r.2 += total,
+            _ => self.reads.push((s0, e0, total)),
+        }
         let args: serde_json::Map<String, serde_json::Value> =
             files.iter().map(|(p, b)| (p.clone(), json!(b))).collect();
         let ev = json!({"ph": "X", "name": format!("read {top}"), "cat": "reads", "pid": pid, "tid": READS_TID,
@@ -353,9 +394,19 @@ impl<W: Write> Timeline<W> {
 
     /// The verdict of an interval, as an instant event.
     pub fn verdict(&mut self, ts: u64, kind: Kind, summary: &str) -> std::io::Result<()> {
+        let end = ts.saturating_sub(self.origin_ns);
+        let start = self.verdicts.last().map_or(0, |v| v.1);
+        if end > start {
+            self.verdicts.push((start, end, kind));
+        }
         let ev = json!({"ph": "i", "s": "g", "name": format!("verdict: {kind}"), "pid": GPU_PID, "tid": 0,
             "ts": self.us(ts), "args": {"summary": summary}});
         self.write(ev, ts)
+    }
+
+    /// Where the job's startup ended (monotonic ns): the SVG marks it.
+    pub fn startup_end(&mut self, ts: u64) {
+        self.startup_end_ns = Some(ts);
     }
 
     /// Per-state ns of a thread's slices (what the trace adds up to).
@@ -413,31 +464,42 @@ impl<W: Write> Timeline<W> {
         });
         write!(self.out, "\n],\"metadata\":{tail}}}\n")?;
         self.out.flush()?;
-        let mut threads: Vec<svg::Band> = self
+        let threads = self
             .lines
             .iter()
-            .map(|(tid, l)| {
-                let (pname, role) = names.processes.get(&l.pid).cloned().unwrap_or_default();
-                svg::Band {
-                    label: format!("{} {} ({tid})", role, names.threads.get(tid).cloned().unwrap_or(pname)),
-                    rank: match role.as_str() {
-                        "trainer" => 0,
-                        "worker" => 1,
-                        _ => 2,
-                    },
-                    tid: *tid,
-                    buckets: l.buckets.clone(),
-                }
+            .map(|(tid, l)| layout::ThreadIn {
+                tid: *tid,
+                pid: l.pid,
+                name: names.threads.get(tid).cloned().unwrap_or_else(|| format!("thread {tid}")),
+                first_ns: l.first.unwrap_or(0),
+                last_ns: l.last,
+                on_cpu_ns: l.sums[State::OnCpu.index()],
+                buckets: l.buckets.clone(),
             })
             .collect();
-        threads.sort_by_key(|b| (b.rank, b.tid));
+        let procs = pids
+            .iter()
+            .map(|pid| {
+                let (name, role) = names.processes.get(pid).cloned().unwrap_or_default();
+                let info = layout::ProcIn {
+                    name,
+                    role,
+                    rank: names.ranks.get(pid).copied(),
+                    ppid: names.parents.get(pid).copied(),
+                };
+                (*pid, info)
+            })
+            .collect();
         let mut gpus: Vec<(u32, Vec<(f64, u32)>)> = self.gpus.into_iter().collect();
         gpus.sort_by_key(|g| g.0);
         Ok(Picture {
             span_ns: end_ns.saturating_sub(self.origin_ns),
             bucket_ns: SVG_BUCKET_NS,
-            threads,
+            groups: layout::groups(threads, &procs),
             gpus,
+            reads: self.reads,
+            verdicts: self.verdicts,
+            startup_ns: self.startup_end_ns.map(|t| t.saturating_sub(self.origin_ns)),
         })
     }
 }
@@ -446,8 +508,18 @@ impl<W: Write> Timeline<W> {
 pub struct Picture {
     pub span_ns: u64,
     pub bucket_ns: u64,
-    pub threads: Vec<svg::Band>,
+    /// The traced threads, grouped by process, helpers folded.
+    pub groups: Vec<layout::Group>,
+    /// Empty: no GPU was sampled (no NVML, or `--gpu off`).
     pub gpus: Vec<(u32, Vec<(f64, u32)>)>,
+    /// The job's file reads per interval: (start, end, bytes), ns since the
+    /// origin.
+    pub reads: Vec<(u64, u64, u64)>,
+    /// The live verdict per interval: (start, end, kind), ns since the
+    /// origin.
+    pub verdicts: Vec<(u64, u64, Kind)>,
+    /// Where the startup ended, ns since the origin.
+    pub startup_ns: Option<u64>,
 }
 
 /// Spreads [start, end) (ns since the origin) over the SVG's buckets.

@@ -131,6 +131,7 @@ impl Recording {
         let mut names = Names::default();
         for p in model.procs.values() {
             names.processes.insert(p.tgid, (p.comm.clone(), roles.of(p.tgid).as_str().to_string()));
+            names.add_family(p.tgid, p.ppid, roles.rank_of(p.tgid));
         }
         for t in model.threads.values() {
             names.threads.insert(t.tid, t.comm.clone());
@@ -146,11 +147,15 @@ impl Recording {
         let mut names = Names::default();
         for p in &report.summary.procs {
             names.processes.insert(p.tgid, (p.comm.clone(), report.roles.of(p.tgid).as_str().to_string()));
+            names.add_family(p.tgid, p.ppid, report.roles.rank_of(p.tgid));
             for t in &p.threads {
                 names.threads.insert(t.tid, t.comm.clone());
             }
         }
         self.timeline.lost = report.summary.lost[stall_common::counter::LOST_RINGBUF as usize];
+        if let Some(ts) = report.startup_end_ns {
+            self.timeline.startup_end(ts);
+        }
         let picture = self.timeline.finish(end_ns, &names).context("writing the timeline")?;
         if let Some(path) = &self.svg {
             let title = format!("{title} — {}", report.verdict.kind.as_str());

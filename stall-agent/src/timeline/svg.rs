@@ -1,19 +1,12 @@
-//! The timeline as one self-contained SVG: a band per thread coloured by
-//! its state, 100 ms a step, the GPUs' utilization above; small enough to
-//! paste into a chat or an issue.
+//! The timeline as one self-contained SVG, small enough to paste into a
+//! chat or an issue. From the top: the GPUs' utilization (or a note that
+//! there was none), the live verdict over time, the job's file reads, then
+//! a band per thread coloured by its state, 100 ms a step, grouped under
+//! a header per process; a dashed line where the startup ended.
 use std::fmt::Write;
 
-use super::{Picture, STATES};
-
-/// One thread's band.
-pub struct Band {
-    pub label: String,
-    /// trainer 0, worker 1, other 2: the order of the bands.
-    pub rank: u8,
-    pub tid: u32,
-    /// Per step, ns per state (by `State::index`).
-    pub buckets: Vec<[u32; STATES]>,
-}
+use super::{layout::Group, Picture, STATES};
+use crate::verdict::Kind;
 
 /// Colours by `State::index`: on-CPU, futex, io, poll, sleep, runqueue,
 /// other, write, sync, throttled, send.
@@ -23,35 +16,86 @@ const COLORS: [&str; STATES] = [
 ];
 const NAMES: [&str; STATES] =
     ["on-cpu", "futex", "io", "poll", "sleep", "runqueue", "other", "write", "sync", "throttled", "send"];
+/// Colours by the kind's place in `Kind::ALL`.
+const KIND_COLORS: [&str; Kind::ALL.len()] =
+    ["#c62828", "#ef6c00", "#f9a825", "#ad1457", "#000000", "#6a1b9a", "#2e7d32", "#9e9e9e", "#cfd8dc"];
 
 const WIDTH: f64 = 1000.0;
 const LABEL: f64 = 230.0;
 const BAND: f64 = 14.0;
 const GPU_H: f64 = 40.0;
-/// Bands drawn at most (the busiest kinds first: trainer, workers, others).
-const MAX_BANDS: usize = 40;
+const READS_H: f64 = 30.0;
+/// Thread rows and process headers drawn at most (trainer first).
+const MAX_ROWS: usize = 40;
+
+/// Where the plot is: x of a time, widths of steps.
+struct Scale {
+    span_ns: u64,
+    dx: f64,
+}
+
+impl Scale {
+    fn x(&self, ns: u64) -> f64 {
+        LABEL + ns.min(self.span_ns) as f64 / self.span_ns.max(1) as f64 * WIDTH
+    }
+}
 
 pub fn render(p: &Picture, title: &str) -> String {
     let steps = (p.span_ns.div_ceil(p.bucket_ns) as usize).max(1);
-    let dx = WIDTH / steps as f64;
-    let bands: Vec<&Band> = p.threads.iter().take(MAX_BANDS).collect();
-    let gpu_h = if p.gpus.is_empty() { 0.0 } else { GPU_H * p.gpus.len() as f64 + 10.0 };
-    let top = 30.0;
-    let height = top + gpu_h + bands.len() as f64 * BAND + 70.0;
+    let sc = Scale { span_ns: p.span_ns, dx: WIDTH / steps as f64 };
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height:.0}" font-family="sans-serif" font-size="11">"#,
-        LABEL + WIDTH + 10.0
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let mut y = 30.0;
     let _ = writeln!(
         s,
         r#"<text x="4" y="16" font-size="13" font-weight="bold">{} — {:.1} s</text>"#,
         esc(title),
         p.span_ns as f64 / 1e9
     );
-    let mut y = top;
+    let plot_top = y;
+    y = gpus(&mut s, p, &sc, y);
+    y = verdicts(&mut s, p, &sc, y);
+    y = reads(&mut s, p, &sc, y);
+    y = threads(&mut s, &p.groups, steps, &sc, y);
+    if let Some(at) = p.startup_ns {
+        let x = sc.x(at);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x:.1}" y1="{:.0}" x2="{x:.1}" y2="{y:.0}" stroke="#000" stroke-dasharray="4 3"/>"##,
+            plot_top - 4.0
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.0}" font-size="10">startup ends {:.1} s</text>"#,
+            x + 3.0,
+            plot_top - 4.0,
+            at as f64 / 1e9
+        );
+    }
+    y = axis(&mut s, p.span_ns, y);
+    y = legend(&mut s, p, y);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{:.0}" font-family="sans-serif" font-size="11">"#,
+        LABEL + WIDTH + 10.0,
+        y + 10.0
+    );
+    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    out.push_str(&s);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// A utilization line per GPU, or a note row where none was sampled.
+fn gpus(s: &mut String, p: &Picture, sc: &Scale, mut y: f64) -> f64 {
+    if p.gpus.is_empty() {
+        let _ = writeln!(
+            s,
+            r##"<text x="4" y="{:.0}" fill="#757575" font-style="italic">no GPU data (NVML not found / --gpu off)</text>"##,
+            y + BAND - 3.0
+        );
+        return y + BAND + 4.0;
+    }
     for (index, buckets) in &p.gpus {
         let _ = writeln!(s, r#"<text x="4" y="{:.0}">GPU{index} utilization</text>"#, y + GPU_H / 2.0 + 4.0);
         let _ = writeln!(
@@ -62,54 +106,158 @@ pub fn render(p: &Picture, title: &str) -> String {
         for (k, (sum, n)) in buckets.iter().enumerate() {
             if *n > 0 {
                 let v = sum / f64::from(*n);
-                let _ =
-                    write!(pts, "{:.1},{:.1} ", LABEL + (k as f64 + 0.5) * dx, y + GPU_H - v / 100.0 * GPU_H);
+                let x = LABEL + (k as f64 + 0.5) * sc.dx;
+                let _ = write!(pts, "{x:.1},{:.1} ", y + GPU_H - v / 100.0 * GPU_H);
             }
         }
         let _ = writeln!(s, r##"<polyline points="{pts}" fill="none" stroke="#000" stroke-width="1.2"/>"##);
         y += GPU_H + 10.0;
     }
-    for b in &bands {
-        let _ = writeln!(s, r#"<text x="4" y="{:.0}">{}</text>"#, y + BAND - 3.0, esc(&b.label));
-        // Runs of one colour become one rect (a long run is one element).
-        let mut run: Option<(usize, usize)> = None; // (start step, state)
-        let dominant = |k: usize| -> Option<usize> {
-            let c = b.buckets.get(k)?;
-            let (i, v) = c.iter().enumerate().max_by_key(|(_, v)| **v)?;
-            (*v > 0).then_some(i)
-        };
-        for k in 0..=steps {
-            let st = if k < steps { dominant(k) } else { None };
-            match (run, st) {
-                (Some((_, rs)), Some(st)) if rs == st => {}
-                _ => {
-                    if let Some((from, rs)) = run.take() {
-                        let _ = writeln!(
-                            s,
-                            r#"<rect x="{:.1}" y="{y:.0}" width="{:.1}" height="{}" fill="{}"/>"#,
-                            LABEL + from as f64 * dx,
-                            (k - from) as f64 * dx,
-                            BAND - 2.0,
-                            COLORS[rs]
-                        );
-                    }
-                    run = st.map(|st| (k, st));
-                }
-            }
+    y
+}
+
+/// The live verdict of each interval, a colour per kind.
+fn verdicts(s: &mut String, p: &Picture, sc: &Scale, y: f64) -> f64 {
+    let _ = writeln!(s, r#"<text x="4" y="{:.0}">verdict</text>"#, y + BAND - 3.0);
+    // Runs of one kind become one rect.
+    let mut runs: Vec<(u64, u64, Kind)> = Vec::new();
+    for &(a, b, k) in &p.verdicts {
+        match runs.last_mut() {
+            Some(r) if r.2 == k && r.1 == a => r.1 = b,
+            _ => runs.push((a, b, k)),
         }
-        y += BAND;
     }
-    if p.threads.len() > MAX_BANDS {
+    for (a, b, k) in runs {
+        let x = sc.x(a);
         let _ = writeln!(
             s,
-            r#"<text x="4" y="{:.0}">… and {} more threads</text>"#,
-            y + 12.0,
-            p.threads.len() - MAX_BANDS
+            r#"<rect x="{x:.1}" y="{y:.0}" width="{:.1}" height="{}" fill="{}"><title>{}</title></rect>"#,
+            sc.x(b) - x,
+            BAND - 2.0,
+            kind_color(k),
+            k.as_str()
         );
+    }
+    y + BAND + 4.0
+}
+
+fn kind_color(k: Kind) -> &'static str {
+    KIND_COLORS[Kind::ALL.iter().position(|x| *x == k).unwrap_or(Kind::ALL.len() - 1)]
+}
+
+/// The job's file reads: a bar per interval, as high as its rate against
+/// the peak one.
+fn reads(s: &mut String, p: &Picture, sc: &Scale, y: f64) -> f64 {
+    let rate = |&(a, b, n): &(u64, u64, u64)| n as f64 / (b.saturating_sub(a).max(1) as f64 / 1e9);
+    let total: u64 = p.reads.iter().map(|r| r.2).sum();
+    let peak = p.reads.iter().map(rate).fold(0.0, f64::max);
+    let label = if total == 0 {
+        "file reads: none".to_string()
+    } else {
+        format!("file reads: {} total, peak {}/s", bytes(total as f64), bytes(peak))
+    };
+    let _ = writeln!(s, r#"<text x="4" y="{:.0}">{label}</text>"#, y + READS_H / 2.0 + 4.0);
+    let _ = writeln!(
+        s,
+        r##"<rect x="{LABEL}" y="{y:.0}" width="{WIDTH}" height="{READS_H}" fill="#f5f5f5" stroke="#ccc"/>"##
+    );
+    for r in p.reads.iter().filter(|r| r.2 > 0) {
+        let h = rate(r) / peak * READS_H;
+        let x = sc.x(r.0);
+        let _ = writeln!(
+            s,
+            r##"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{h:.1}" fill="#1565c0"/>"##,
+            y + READS_H - h,
+            (sc.x(r.1) - x).max(0.5)
+        );
+    }
+    y + READS_H + 8.0
+}
+
+fn bytes(n: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Each process's header and its threads' bands, until `MAX_ROWS`.
+fn threads(s: &mut String, groups: &[Group], steps: usize, sc: &Scale, mut y: f64) -> f64 {
+    let total: usize = groups.iter().map(|g| g.bands.len() + usize::from(g.header.is_some())).sum();
+    let mut rows = 0;
+    'groups: for g in groups {
+        if let Some(h) = &g.header {
+            if rows >= MAX_ROWS {
+                break;
+            }
+            let _ = writeln!(
+                s,
+                r##"<rect x="0" y="{:.0}" width="{}" height="{BAND}" fill="#eceff1"/>"##,
+                y,
+                LABEL + WIDTH + 10.0
+            );
+            let _ =
+                writeln!(s, r#"<text x="4" y="{:.0}" font-weight="bold">{}</text>"#, y + BAND - 3.0, esc(h));
+            y += BAND;
+            rows += 1;
+        }
+        let indent = if g.header.is_some() { 14.0 } else { 4.0 };
+        for b in &g.bands {
+            if rows >= MAX_ROWS {
+                break 'groups;
+            }
+            let _ = writeln!(s, r#"<text x="{indent}" y="{:.0}">{}</text>"#, y + BAND - 3.0, esc(&b.label));
+            band(s, &b.buckets, steps, sc, y);
+            y += BAND;
+            rows += 1;
+        }
+    }
+    if total > rows {
+        let _ = writeln!(s, r#"<text x="4" y="{:.0}">… and {} more rows</text>"#, y + 12.0, total - rows);
         y += 16.0;
     }
-    // A time axis: a tick every 1, 2, 5, 10... s, about ten in all.
-    let span_s = p.span_ns as f64 / 1e9;
+    y
+}
+
+/// One band: each step in its dominant state's colour, runs of one colour
+/// as one rect (a long run is one element).
+fn band(s: &mut String, buckets: &[[u32; STATES]], steps: usize, sc: &Scale, y: f64) {
+    let dominant = |k: usize| -> Option<usize> {
+        let c = buckets.get(k)?;
+        let (i, v) = c.iter().enumerate().max_by_key(|(_, v)| **v)?;
+        (*v > 0).then_some(i)
+    };
+    let mut run: Option<(usize, usize)> = None; // (start step, state)
+    for k in 0..=steps {
+        let st = if k < steps { dominant(k) } else { None };
+        if matches!((run, st), (Some((_, rs)), Some(st)) if rs == st) {
+            continue;
+        }
+        if let Some((from, rs)) = run.take() {
+            let _ = writeln!(
+                s,
+                r#"<rect x="{:.1}" y="{y:.0}" width="{:.1}" height="{}" fill="{}"/>"#,
+                LABEL + from as f64 * sc.dx,
+                (k - from) as f64 * sc.dx,
+                BAND - 2.0,
+                COLORS[rs]
+            );
+        }
+        run = st.map(|st| (k, st));
+    }
+}
+
+/// A time axis: a tick every 1, 2, 5, 10... s, about ten in all.
+fn axis(s: &mut String, span_ns: u64, y: f64) -> f64 {
+    let span_s = span_ns as f64 / 1e9;
     let step = [1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0]
         .into_iter()
         .find(|st| span_s / st <= 12.0)
@@ -124,20 +272,33 @@ pub fn render(p: &Picture, title: &str) -> String {
         let _ = writeln!(s, r#"<text x="{x:.1}" y="{:.0}" text-anchor="middle">{t:.0} s</text>"#, y + 15.0);
         t += step;
     }
-    y += 18.0;
+    y + 18.0
+}
+
+/// The states' colours, then the verdict kinds that appear.
+fn legend(s: &mut String, p: &Picture, mut y: f64) -> f64 {
+    let item = |s: &mut String, x: f64, y: f64, color: &str, name: &str| {
+        let _ =
+            writeln!(s, r#"<rect x="{x:.0}" y="{:.0}" width="10" height="10" fill="{color}"/>"#, y + 12.0);
+        let _ = writeln!(s, r#"<text x="{:.0}" y="{:.0}">{name}</text>"#, x + 14.0, y + 21.0);
+    };
     let mut x = LABEL;
     for (i, name) in NAMES.iter().enumerate() {
-        let _ = writeln!(
-            s,
-            r#"<rect x="{x:.0}" y="{:.0}" width="10" height="10" fill="{}"/>"#,
-            y + 12.0,
-            COLORS[i]
-        );
-        let _ = writeln!(s, r#"<text x="{:.0}" y="{:.0}">{name}</text>"#, x + 14.0, y + 21.0);
+        item(s, x, y, COLORS[i], name);
         x += 90.0;
     }
-    s.push_str("</svg>\n");
-    s
+    y += 18.0;
+    let kinds: Vec<Kind> = Kind::ALL.into_iter().filter(|k| p.verdicts.iter().any(|v| v.2 == *k)).collect();
+    if !kinds.is_empty() {
+        let _ = writeln!(s, r#"<text x="4" y="{:.0}">verdict</text>"#, y + 21.0);
+        let mut x = LABEL;
+        for k in kinds {
+            item(s, x, y, kind_color(k), k.as_str());
+            x += 150.0;
+        }
+        y += 18.0;
+    }
+    y + 12.0
 }
 
 fn esc(t: &str) -> String {

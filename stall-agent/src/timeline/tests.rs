@@ -47,7 +47,7 @@ fn slices_tile_a_threads_life_by_state() {
     }
     let sums = t.sums(7).unwrap();
     let pic = t.finish(100 * MS, &Names::default()).unwrap();
-    assert_eq!(pic.threads.len(), 1);
+    assert_eq!(pic.groups.iter().map(|g| g.bands.len()).sum::<usize>(), 1);
     let v = parse(&buf);
     let got = slices(&v, 7);
     let want = [
@@ -199,4 +199,157 @@ fn an_exit_ends_the_last_slice() {
     t.finish(500 * MS, &Names::default()).unwrap();
     let v = parse(&buf);
     assert_eq!(slices(&v, 4), vec![("on-cpu".to_string(), 0.0, 20_000.0)]);
+}
+
+fn in_proc(ts: u64, tid: u32, tgid: u32, on_cpu: bool) -> Switch {
+    Switch {
+        ts,
+        tid,
+        tgid,
+        on: on_cpu,
+        reason: if on_cpu { 0 } else { reason::SLEEP },
+        nr: 35,
+        wake_ts: 0,
+        exec_ns: 0,
+    }
+}
+
+/// A trainer (pid 10, two threads), a worker (pid 20), an other process
+/// (pid 30, busy for the whole run) and a shell shim's 17 `bash` children
+/// (pids 100.., 20 ms each), given in an order that is none of those.
+fn family(t: &mut Timeline<&mut Vec<u8>>) -> Names {
+    let mut names = Names::default();
+    for (pid, role) in [(30, "other"), (20, "worker"), (10, "trainer")] {
+        t.switch(&in_proc(0, pid, pid, true)).unwrap();
+        t.switch(&in_proc(2_000 * MS, pid, pid, false)).unwrap();
+        names.processes.insert(pid, (format!("p{pid}"), role.into()));
+        names.add_family(pid, Some(1), (role != "other").then_some(0));
+    }
+    t.switch(&in_proc(0, 11, 10, true)).unwrap();
+    names.threads.insert(11, "pt_main_thread".into());
+    for i in 0..17 {
+        let (pid, at) = (100 + i, 100 * MS + u64::from(i) * 30 * MS);
+        t.switch(&in_proc(at, pid, pid, true)).unwrap();
+        t.exit(pid, at + 20 * MS).unwrap();
+        names.processes.insert(pid, ("bash".into(), "other".into()));
+        names.add_family(pid, Some(30), None);
+    }
+    names
+}
+
+fn rows(pic: &Picture) -> Vec<String> {
+    pic.groups
+        .iter()
+        .flat_map(|g| g.header.iter().cloned().chain(g.bands.iter().map(|b| format!("  {}", b.label))))
+        .collect()
+}
+
+#[test]
+fn threads_are_grouped_by_process_trainer_first_and_helpers_folded() {
+    let mut buf = Vec::new();
+    let mut t = Timeline::new(&mut buf, 0, 0).unwrap();
+    let names = family(&mut t);
+    let pic = t.finish(2_000 * MS, &names).unwrap();
+    let rows = rows(&pic);
+    assert_eq!(
+        rows,
+        [
+            "pid 10 · trainer · rank 0 · p10",
+            "  thread 10 (10)",
+            "  pt_main_thread (11)",
+            "pid 20 · worker · rank 0 · p20",
+            "  thread 20 (20)",
+            "pid 30 · other · p30",
+            "  thread 30 (30)",
+            "  17 × bash, 0.3 s on CPU (parent 30)",
+        ],
+    );
+    // The folded row carries all 17 helpers' time.
+    let folded = &pic.groups.last().unwrap().bands[0];
+    let on: u64 = folded.buckets.iter().map(|b| u64::from(b[State::OnCpu.index()])).sum();
+    assert_eq!(on, 17 * 20 * MS);
+    let svg = render_svg(&pic, "family");
+    assert!(svg.contains("17 × bash") && svg.contains("pid 10 · trainer · rank 0"));
+    assert_eq!(svg.matches("bash").count(), 1, "one row for the helpers");
+}
+
+/// Siblings that ran long are not helpers, until there are many of one
+/// name under one parent; a lone long-lived process keeps its own rows.
+#[test]
+fn only_short_or_many_same_named_children_are_folded() {
+    let mut buf = Vec::new();
+    let mut t = Timeline::new(&mut buf, 0, 0).unwrap();
+    let mut names = Names::default();
+    // Two long `make`s under 1 (kept), three long `cc1`s under 2 (folded).
+    for (pid, name, parent) in
+        [(40, "make", 1), (41, "make", 1), (50, "cc1", 2), (51, "cc1", 2), (52, "cc1", 2)]
+    {
+        t.switch(&in_proc(0, pid, pid, true)).unwrap();
+        t.switch(&in_proc(3_000 * MS, pid, pid, false)).unwrap();
+        names.processes.insert(pid, (name.into(), "other".into()));
+        names.add_family(pid, Some(parent), None);
+    }
+    let pic = t.finish(3_000 * MS, &names).unwrap();
+    let rows = rows(&pic);
+    assert!(rows.contains(&"pid 40 · other · make".to_string()), "{rows:?}");
+    assert!(rows.contains(&"pid 41 · other · make".to_string()), "{rows:?}");
+    assert!(rows.contains(&"  3 × cc1, 9.0 s on CPU (parent 2)".to_string()), "{rows:?}");
+    assert!(!rows.iter().any(|r| r.contains("pid 50")), "{rows:?}");
+}
+
+#[test]
+fn without_gpu_samples_the_svg_says_so_and_with_them_it_does_not() {
+    let mut buf = Vec::new();
+    let mut t = Timeline::new(&mut buf, 0, 0).unwrap();
+    t.switch(&on(0, 5, 0)).unwrap();
+    let pic = t.finish(1_000 * MS, &Names::default()).unwrap();
+    let svg = render_svg(&pic, "no gpu");
+    assert!(svg.contains("no GPU data (NVML not found / --gpu off)"));
+    assert!(svg.contains("file reads: none"));
+    assert!(!svg.contains("startup ends"));
+
+    let mut buf = Vec::new();
+    let mut t = Timeline::new(&mut buf, 0, 0).unwrap();
+    t.gpu(0, 0, 50.0).unwrap();
+    let svg = render_svg(&t.finish(1_000 * MS, &Names::default()).unwrap(), "gpu");
+    assert!(svg.contains("GPU0 utilization") && !svg.contains("no GPU data"));
+}
+
+/// Reads of every process per interval add up into one row labelled with
+/// the total and the peak rate; verdicts become runs of one colour per
+/// kind with a legend; the startup gets its line.
+#[test]
+fn reads_verdicts_and_the_startup_have_their_rows() {
+    let mut buf = Vec::new();
+    let origin = 5_000 * MS;
+    let mut t = Timeline::new(&mut buf, origin, 0).unwrap();
+    t.switch(&on(origin, 5, 0)).unwrap();
+    let at = |s: u64| origin + s * 1_000 * MS;
+    // 1 MiB in the first second (two processes), 4 MiB in the second.
+    t.reads(100, at(0), at(1), &[("/a".into(), 512 << 10)]).unwrap();
+    t.reads(101, at(0), at(1), &[("/b".into(), 512 << 10)]).unwrap();
+    t.reads(100, at(1), at(2), &[("/a".into(), 4 << 20)]).unwrap();
+    t.verdict(at(1), Kind::Unknown, "starting").unwrap();
+    t.verdict(at(2), Kind::InputIoBound, "reading").unwrap();
+    t.verdict(at(3), Kind::InputIoBound, "reading").unwrap();
+    t.startup_end(at(1));
+    let pic = t.finish(at(3), &Names::default()).unwrap();
+    assert_eq!(pic.reads, vec![(0, 1_000 * MS, 1 << 20), (1_000 * MS, 2_000 * MS, 4 << 20)]);
+    assert_eq!(
+        pic.verdicts,
+        vec![
+            (0, 1_000 * MS, Kind::Unknown),
+            (1_000 * MS, 2_000 * MS, Kind::InputIoBound),
+            (2_000 * MS, 3_000 * MS, Kind::InputIoBound)
+        ]
+    );
+    assert_eq!(pic.startup_ns, Some(1_000 * MS));
+    let svg = render_svg(&pic, "rows");
+    assert!(svg.contains("file reads: 5.0 MiB total, peak 4.0 MiB/s"), "{svg}");
+    // One rect per run of a kind (two), each with its name; a legend entry
+    // per kind seen.
+    assert_eq!(svg.matches("<title>input-io-bound</title>").count(), 1, "{svg}");
+    assert_eq!(svg.matches("<title>unknown</title>").count(), 1, "{svg}");
+    assert!(svg.contains(">input-io-bound</text>") && svg.contains(">unknown</text>"));
+    assert!(svg.contains("startup ends 1.0 s") && svg.contains("stroke-dasharray"));
 }
