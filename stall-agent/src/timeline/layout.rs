@@ -3,7 +3,7 @@
 //! header naming its pid, role and rank, and short-lived helpers (a shell
 //! shim's children, say) folded into one row per parent and name so that
 //! they do not push the threads that matter off the picture. Pure.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::STATES;
 
@@ -84,21 +84,41 @@ pub fn groups(threads: Vec<ThreadIn>, procs: &HashMap<u32, ProcIn>) -> Vec<Group
             *siblings.entry((info(*pid).ppid, name_of(*pid, ts))).or_default() += 1;
         }
     }
+    let folds: HashSet<u32> = by_pid
+        .iter()
+        .filter(|(pid, ts)| {
+            let p = info(**pid);
+            let life = ts.iter().map(|t| t.last_ns).max().unwrap_or(0)
+                - ts.iter().map(|t| t.first_ns).min().unwrap_or(0);
+            let cpu: u64 = ts.iter().map(|t| t.on_cpu_ns).sum();
+            let helper = life < SHORT_LIFE_NS && cpu < LITTLE_CPU_NS;
+            let many = siblings.get(&(p.ppid, name_of(**pid, ts))).copied().unwrap_or(0) >= MANY_SIBLINGS;
+            role_order(&p.role) == 2 && (helper || many)
+        })
+        .map(|(pid, _)| *pid)
+        .collect();
+    // A helper's own helpers (a shim's subshells run `readlink`) count
+    // under the process that kept its rows, not a row per helper parent.
+    let owner = |pid: u32| {
+        let mut pp = info(pid).ppid;
+        for _ in 0..64 {
+            match pp {
+                Some(p) if folds.contains(&p) => pp = info(p).ppid,
+                _ => break,
+            }
+        }
+        pp
+    };
     let mut kept: Vec<(u8, u32, u32, Group)> = Vec::new();
     let mut folded: BTreeMap<(Option<u32>, String), Folded> = BTreeMap::new();
     for (pid, mut ts) in by_pid {
         let p = info(pid);
         let name = name_of(pid, &ts);
         let order = role_order(&p.role);
-        let life = ts.iter().map(|t| t.last_ns).max().unwrap_or(0)
-            - ts.iter().map(|t| t.first_ns).min().unwrap_or(0);
-        let cpu: u64 = ts.iter().map(|t| t.on_cpu_ns).sum();
-        let helper = life < SHORT_LIFE_NS && cpu < LITTLE_CPU_NS;
-        let many = siblings.get(&(p.ppid, name.clone())).copied().unwrap_or(0) >= MANY_SIBLINGS;
-        if order == 2 && (helper || many) {
-            let f = folded.entry((p.ppid, name)).or_default();
+        if folds.contains(&pid) {
+            let f = folded.entry((owner(pid), name)).or_default();
             f.0 += 1;
-            f.1 += cpu;
+            f.1 += ts.iter().map(|t| t.on_cpu_ns).sum::<u64>();
             for t in &ts {
                 add_into(&mut f.2, &t.buckets);
             }

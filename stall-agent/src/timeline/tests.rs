@@ -234,6 +234,11 @@ fn family(t: &mut Timeline<&mut Vec<u8>>) -> Names {
         names.processes.insert(pid, ("bash".into(), "other".into()));
         names.add_family(pid, Some(30), None);
     }
+    // One of them ran a `readlink`: counted under 30, not under its bash.
+    t.switch(&in_proc(150 * MS, 200, 200, true)).unwrap();
+    t.exit(200, 151 * MS).unwrap();
+    names.processes.insert(200, ("readlink".into(), "other".into()));
+    names.add_family(200, Some(101), None);
     names
 }
 
@@ -262,10 +267,11 @@ fn threads_are_grouped_by_process_trainer_first_and_helpers_folded() {
             "pid 30 · other · p30",
             "  thread 30 (30)",
             "  17 × bash, 0.3 s on CPU (parent 30)",
+            "  1 × readlink, 0.0 s on CPU (parent 30)",
         ],
     );
     // The folded row carries all 17 helpers' time.
-    let folded = &pic.groups.last().unwrap().bands[0];
+    let folded = &pic.groups[pic.groups.len() - 2].bands[0];
     let on: u64 = folded.buckets.iter().map(|b| u64::from(b[State::OnCpu.index()])).sum();
     assert_eq!(on, 17 * 20 * MS);
     let svg = render_svg(&pic, "family");
