@@ -160,3 +160,85 @@ fn reads_and_the_gpu_have_their_tracks() {
     assert!(ev.iter().any(|e| e["ph"] == "C" && e["name"] == "GPU0 power W"), "no GPU power track");
     assert!(ev.iter().any(|e| e["ph"] == "i" && e["name"].as_str().unwrap().starts_with("verdict: ")));
 }
+
+/// A trainer that starts slowly (1.5 s on CPU, as importing torch does),
+/// then forks two DataLoader-like workers that read a file in 256 KiB
+/// batches and hand them over a queue. It is started the way a pyenv shim
+/// starts python: a `bash` that runs 17 short `bash` children, then execs.
+const LOADER_JOB: &str = r#"
+import multiprocessing as mp, sys, time
+t = time.time()
+while time.time() - t < 1.5:
+    sum(range(1000))
+def worker(path, q):
+    with open(path, "rb", buffering=0) as f:
+        for _ in range(20):
+            f.seek(0)
+            while True:
+                b = f.read(256 << 10)
+                if not b:
+                    break
+                q.put(b)
+                time.sleep(0.02)
+    q.put(None)
+q = mp.Queue()
+ws = [mp.Process(target=worker, args=(sys.argv[1], q)) for _ in range(2)]
+for w in ws:
+    w.start()
+done = 0
+while done < len(ws):
+    b = q.get()
+    if b is None:
+        done += 1
+        continue
+    t = time.time()
+    while time.time() - t < 0.005:
+        sum(range(1000))
+for w in ws:
+    w.join()
+"#;
+
+/// The SVG of a real DataLoader-like run: the note where there is no GPU
+/// data, the verdict row and its legend, the file reads with their total,
+/// process headers trainer first, the shim's 17 `bash` children on one
+/// row, and the startup's mark.
+#[test]
+fn the_svg_groups_processes_folds_helpers_and_has_its_rows() {
+    require_root();
+    let s = Scratch::new("timeline-svg");
+    let data = s.file("shard.bin", 1 << 20);
+    let script = s.path("loader.py");
+    std::fs::write(&script, LOADER_JOB).unwrap();
+    let svg = s.path("trace.svg");
+    let shim = format!(
+        "for i in $(seq 17); do bash -c 'exit 0'; done; exec {} {} {}",
+        python(),
+        script.display(),
+        data.display()
+    );
+    let run = stall(
+        &["run", "--gpu", "off", "--timeline-svg", svg.to_str().unwrap(), "--", "bash", "-c", &shim],
+        &[],
+        T,
+    );
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let p = std::fs::read_to_string(&svg).unwrap();
+    let has = |what: &str| assert!(p.contains(what), "no {what:?} in the SVG:\n{p}");
+    has("no GPU data (NVML not found / --gpu off)");
+    has(">verdict</text>");
+    has("<title>");
+    has("file reads: ");
+    has("MiB total, peak ");
+    // The shim's children, and whatever they ran in turn, on one row.
+    let bash_rows: Vec<&str> = p.lines().filter(|l| l.contains(" × bash,")).collect();
+    assert_eq!(bash_rows.len(), 1, "one row for the shim's helpers:\n{p}");
+    let n: u32 = bash_rows[0].split('>').nth(1).and_then(|t| t.split(' ').next()?.parse().ok()).unwrap();
+    assert!(n >= 17, "{n} helpers on the row, 17 ran:\n{p}");
+    let trainer = p.find("· trainer ·").unwrap_or_else(|| panic!("no trainer header:\n{p}"));
+    let worker = p.find("· worker ·").unwrap_or_else(|| panic!("no worker header:\n{p}"));
+    assert!(trainer < worker, "the trainer's rows come first:\n{p}");
+    assert_eq!(p.matches("· worker ·").count(), 2, "a header per worker:\n{p}");
+    assert!(!p.contains("· bash"), "a helper has a header of its own:\n{p}");
+    assert!(run.summary()["startup_s"].is_number(), "no startup set apart: {}", run.stderr);
+    has("startup ends ");
+}
