@@ -254,7 +254,8 @@ pub struct Common {
     pub latency_sample: u32,
     /// Write a timeline of every traced thread's states, its file reads, the
     /// GPUs and the verdicts as a Chrome trace (JSON; gzip if FILE ends in
-    /// .gz) that Perfetto and chrome://tracing open: docs/TIMELINE.md.
+    /// .gz) that Perfetto and chrome://tracing open: docs/TIMELINE.md. A
+    /// FILE ending in .svg (without --timeline-svg) gets the SVG instead.
     #[arg(long, value_name = "FILE")]
     pub timeline: Option<PathBuf>,
     /// The same timeline as a self-contained SVG picture.

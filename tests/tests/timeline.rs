@@ -201,7 +201,7 @@ for w in ws:
 /// The SVG of a real DataLoader-like run: the note where there is no GPU
 /// data, the verdict row and its legend, the file reads with their total,
 /// process headers trainer first, the shim's 17 `bash` children on one
-/// row, and the startup's mark.
+/// row, and the startup's mark; asked for as `--timeline out.svg`.
 #[test]
 fn the_svg_groups_processes_folds_helpers_and_has_its_rows() {
     require_root();
@@ -216,8 +216,10 @@ fn the_svg_groups_processes_folds_helpers_and_has_its_rows() {
         script.display(),
         data.display()
     );
+    // `--timeline` with a name ending in .svg: the picture, as a user would
+    // expect from the name alone.
     let run = stall(
-        &["run", "--gpu", "off", "--timeline-svg", svg.to_str().unwrap(), "--", "bash", "-c", &shim],
+        &["run", "--gpu", "off", "--timeline", svg.to_str().unwrap(), "--", "bash", "-c", &shim],
         &[],
         T,
     );

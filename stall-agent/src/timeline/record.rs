@@ -19,6 +19,15 @@ use crate::{
     job::{GpuFleet, Report, Tick},
 };
 
+/// What to write where: `--timeline out.svg` alone means the picture (a
+/// JSON trace in a file named `.svg` is what nobody wants).
+fn outputs<'a>(trace: Option<&'a Path>, svg: Option<&'a Path>) -> (Option<&'a Path>, Option<&'a Path>) {
+    match (trace, svg) {
+        (Some(t), None) if t.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg")) => (None, Some(t)),
+        other => other,
+    }
+}
+
 pub struct Recording {
     timeline: Timeline<Box<dyn Write>>,
     svg: Option<PathBuf>,
@@ -50,6 +59,7 @@ impl Recording {
     /// anything is attached). `trace`: the Chrome trace, gzip'd if it ends
     /// in `.gz`; `svg`: the picture.
     pub fn create(trace: Option<&Path>, svg: Option<&Path>, origin_ns: u64) -> Result<Self> {
+        let (trace, svg) = outputs(trace, svg);
         let out: Box<dyn Write> = match trace {
             None => Box::new(std::io::sink()),
             Some(p) => {
@@ -163,5 +173,20 @@ impl Recording {
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeline_named_svg_is_the_picture() {
+        let (j, s) = (Path::new("t.json"), Path::new("t.svg"));
+        assert_eq!(outputs(Some(s), None), (None, Some(s)));
+        assert_eq!(outputs(Some(Path::new("T.SVG")), None), (None, Some(Path::new("T.SVG"))));
+        assert_eq!(outputs(Some(j), None), (Some(j), None));
+        assert_eq!(outputs(Some(j), Some(s)), (Some(j), Some(s)));
+        assert_eq!(outputs(None, Some(s)), (None, Some(s)));
     }
 }
