@@ -16,9 +16,9 @@ PRIVILEGES (run, attach, daemon): root, or these capabilities, all of them:
     CAP_SYS_PTRACE       see which file each descriptor of the job is and which syscall
                          its threads wait in (/proc's ptrace checks)
     Missing one, stall exits 3 naming it. CAP_SYS_ADMIN is needed only where tracefs
-    is not mounted (stall mounts it), or where kernel.perf_event_paranoid is above 2
-    on Debian's and Ubuntu's kernels (Debian's default is 3): they then open perf
-    events for CAP_SYS_ADMIN only; set it to 2 instead. `stall run` starts the
+    is not mounted (stall mounts it). kernel.perf_event_paranoid does not matter: every
+    program attaches as a raw tracepoint or trampoline, not through perf_event_open, so
+    Debian's and Ubuntu's levels above 2 need no change. `stall run` starts the
     command without stall's ambient capabilities."
     };
 }

@@ -31,7 +31,6 @@ impl Error {
         match self {
             Error::Capture(c) => match c {
                 CaptureError::MissingCaps(_)
-                | CaptureError::PerfParanoid(_)
                 | CaptureError::NotPrivileged
                 | CaptureError::MemlockTooLow(_) => exit::NOT_PRIVILEGED,
                 CaptureError::NoSuchProcess(_)

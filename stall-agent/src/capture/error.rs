@@ -12,11 +12,6 @@ pub enum CaptureError {
     /// Capabilities stall needs are not effective (see `caps`).
     #[error("{}", crate::caps::explain(.0))]
     MissingCaps(Vec<crate::caps::Need>),
-    /// Debian's and Ubuntu's kernels add perf_event_paranoid levels above 2
-    /// at which only CAP_SYS_ADMIN may call perf_event_open (tracepoint
-    /// programs attach through it); Debian's default is 3.
-    #[error("the kernel refused to open the perf events tracepoint programs attach through (EACCES): kernel.perf_event_paranoid is {0}, at which Debian's and Ubuntu's kernels admit CAP_SYS_ADMIN only, not CAP_PERFMON; set it to 2 (sysctl kernel.perf_event_paranoid=2) or add CAP_SYS_ADMIN")]
-    PerfParanoid(i32),
     /// The kernel said EPERM although every capability was there.
     #[error("the kernel refused stall's eBPF programs: operation not permitted although {} are effective (a security module or kernel lockdown?)", crate::caps::names())]
     NotPrivileged,
