@@ -9,8 +9,12 @@ use crate::{capture::CaptureError, exit, gpu::GpuError};
 pub enum Error {
     #[error(transparent)]
     Capture(#[from] CaptureError),
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
+    /// `--gpu` named devices that cannot be sampled.
+    #[error("cannot sample the GPUs --gpu asks for: {}; name NVML's library with --nvml-lib PATH, or trace the CPU side only with --gpu off", .0.cause())]
+    Gpu(GpuError),
+    /// `stall daemon --require-gpu` without GPU data.
+    #[error("--require-gpu, but {0}; name NVML's library with --nvml-lib PATH, or leave --require-gpu out")]
+    RequireGpu(String),
     /// `stall run` could not start its exec gate.
     #[error("{0}")]
     Spawn(String),
@@ -24,6 +28,14 @@ pub enum Error {
     CommandNotFound(String),
     #[error("{0}: cannot execute: {1}")]
     NotExecutable(String, String),
+}
+
+// By hand, not `#[from]`: that would make the GpuError the source too, and
+// the one-line chain would say the cause twice.
+impl From<GpuError> for Error {
+    fn from(e: GpuError) -> Self {
+        Error::Gpu(e)
+    }
 }
 
 impl Error {
@@ -52,7 +64,7 @@ impl Error {
                 }
                 CaptureError::Config(_) => exit::USAGE,
             },
-            Error::Gpu(_) => exit::GPU,
+            Error::Gpu(_) | Error::RequireGpu(_) => exit::GPU,
             Error::Spawn(_) => exit::INTERNAL,
             Error::Usage(_) => exit::USAGE,
             Error::Listen { .. } => exit::LISTEN,

@@ -120,7 +120,9 @@ fn explicit_gpu_without_nvml_is_an_error_but_default_is_not() {
     let (code, err) = stall_raw(&["run", "--gpu", "0", "--", "true"]);
     assert_eq!(code, 6, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("stall: no NVML"), "{err}");
+    // An error, not the note a run that goes on prints, with both ways out.
+    assert!(err.starts_with("stall: cannot sample the GPUs --gpu asks for: no NVML ("), "{err}");
+    assert!(err.contains("--nvml-lib") && err.contains("--gpu off"), "{err}");
     let (code, err) = stall_raw(&["run", "-q", "--", "true"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("no NVML: GPU side not sampled"), "{err}");

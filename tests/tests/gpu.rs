@@ -175,7 +175,9 @@ fn missing_script_is_the_one_line_no_nvml_note() {
     let (code, err) = stall(&["--gpu", "0"]);
     assert_eq!(code, 6, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("stall: no NVML"), "{err}");
+    // An error, not the note a run that goes on prints, with both ways out.
+    assert!(err.starts_with("stall: cannot sample the GPUs --gpu asks for: no NVML ("), "{err}");
+    assert!(err.contains("--nvml-lib") && err.contains("--gpu off"), "{err}");
 }
 
 #[test]
@@ -186,7 +188,10 @@ fn unloadable_nvml_lib_with_explicit_gpu_exits_6() {
     let out = run_with_timeout(c, TIMEOUT);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(6), "{err}");
-    assert!(err.starts_with("stall: no NVML") && err.contains("/nonexistent/libnvidia-ml.so.1"), "{err}");
+    assert!(
+        err.starts_with("stall: cannot sample") && err.contains("/nonexistent/libnvidia-ml.so.1"),
+        "{err}"
+    );
 }
 
 #[test]

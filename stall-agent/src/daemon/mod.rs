@@ -104,9 +104,7 @@ pub async fn run(opts: Options) -> Result<()> {
         GpuFleet::open(opts.gpu.as_ref(), opts.nvml_lib.as_deref(), monotonic_ns()).map_err(Error::from)?;
     if opts.require_gpu && !gpus.sampling() {
         let reason = gpus.note.clone().unwrap_or_else(|| "--gpu off".into());
-        return Err(
-            Error::Gpu(crate::gpu::GpuError::NoNvml { reason: format!("{reason}; --require-gpu") }).into()
-        );
+        return Err(Error::RequireGpu(reason).into());
     }
     // Tiers need GPU data to tell when to look; without it, full capture.
     let tiers = opts.tiers.filter(|_| gpus.sampling());

@@ -115,6 +115,22 @@ pub enum GpuError {
     BadSelect { input: String, reason: String },
 }
 
+impl GpuError {
+    /// What is missing, worded for an error that ends stall (the `Display`
+    /// form is a note that stall goes on after).
+    pub fn cause(&self) -> String {
+        match self {
+            GpuError::NoNvml { reason } => format!("no NVML ({reason})"),
+            GpuError::NoDevices => "NVML reports no NVIDIA device".into(),
+            GpuError::NoSuchDevice { index, count } => {
+                format!("no GPU {index}: NVML reports {count} device(s) (indices start at 0)")
+            }
+            GpuError::Device { index, reason } => format!("GPU {index} cannot be opened: {reason}"),
+            GpuError::BadSelect { .. } => self.to_string(),
+        }
+    }
+}
+
 /// Opens the GPU source chosen on the command line.
 ///
 /// `Off` gives `Ok(None)`. A missing library/driver, an NVML failure or an
