@@ -74,6 +74,23 @@ fn json_path_problems_are_usage_errors_before_attaching() {
 }
 
 #[test]
+fn timeline_path_problems_are_usage_errors_like_json() {
+    let s = Scratch::new("timeline-errors");
+    let bad = s.path("no-such-dir/t.json");
+    for option in ["--timeline", "--timeline-svg"] {
+        let marker = s.path("ran");
+        let (code, err) =
+            stall_raw(&["run", option, bad.to_str().unwrap(), "--", "touch", marker.to_str().unwrap()]);
+        assert_eq!(code, 2, "{option}: {err}");
+        assert!(
+            one_line(&err).starts_with(&format!("stall: {option} {}: no directory", bad.display())),
+            "{err}"
+        );
+        assert!(!marker.exists(), "the command ran");
+    }
+}
+
+#[test]
 fn durations_take_units_and_bad_ones_are_one_line() {
     let (code, err) =
         stall_raw(&["run", "-q", "--gpu", "off", "--interval", "0.5s", "--duration", "1m", "--", "true"]);

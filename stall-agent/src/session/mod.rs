@@ -150,6 +150,12 @@ impl Sinks {
 
 /// Creates the --json file, or says in one line why it cannot.
 fn create_json(p: &std::path::Path) -> Result<std::fs::File, Error> {
+    create_output("--json", p)
+}
+
+/// Creates the file an output option names, or says in one line why it
+/// cannot: a usage error (exit 2), the same for --json and --timeline.
+pub(crate) fn create_output(option: &str, p: &std::path::Path) -> Result<std::fs::File, Error> {
     std::fs::File::create(p).map_err(|e| {
         let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
         let why = match e.kind() {
@@ -158,7 +164,7 @@ fn create_json(p: &std::path::Path) -> Result<std::fs::File, Error> {
             std::io::ErrorKind::PermissionDenied => "not writable (permission denied)".to_string(),
             _ => e.to_string(),
         };
-        Error::Usage(format!("--json {}: {why}", p.display()))
+        Error::Usage(format!("{option} {}: {why}", p.display()))
     })
 }
 

@@ -2,7 +2,6 @@
 //! on demand: switch records in, the job's ticks and names alongside, a
 //! file (or gzip'd bytes) out.
 use std::{
-    fs::File,
     io::{BufWriter, Write},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -63,7 +62,7 @@ impl Recording {
         let out: Box<dyn Write> = match trace {
             None => Box::new(std::io::sink()),
             Some(p) => {
-                let f = File::create(p).with_context(|| format!("creating the timeline {}", p.display()))?;
+                let f = crate::session::create_output("--timeline", p)?;
                 if p.extension().is_some_and(|e| e == "gz") {
                     Box::new(flate2::write::GzEncoder::new(BufWriter::new(f), flate2::Compression::default()))
                 } else {
@@ -72,7 +71,7 @@ impl Recording {
             }
         };
         if let Some(p) = svg {
-            File::create(p).with_context(|| format!("creating the timeline picture {}", p.display()))?;
+            crate::session::create_output("--timeline-svg", p)?;
         }
         let real = ClockSnapshot::now().mono_to_realtime_ns(origin_ns);
         Ok(Self { timeline: Timeline::new(out, origin_ns, real)?, svg: svg.map(Path::to_path_buf) })
