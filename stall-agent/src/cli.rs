@@ -1,7 +1,7 @@
 //! The command line.
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 
 use crate::gpu::GpuSelect;
 
@@ -23,29 +23,85 @@ PRIVILEGES (run, attach, daemon): root, or these capabilities, all of them:
     };
 }
 
-macro_rules! exit_codes {
-    () => {
-        "\
-EXIT CODES:
-    0    success (stall attach)
-    N    stall run: the command's own exit status (128+signal if it was killed)
-    1    internal error
-    2    usage error (bad option value, --json path not writable)
-    3    not privileged: a capability above is missing, or the kernel refused (EPERM)
-    4    target not found: no such PID, not a cgroup v2 directory, or no pods for --kubernetes
-    5    kernel not supported: missing tracepoint, tracefs or BPF feature
-    6    GPU asked for with --gpu, but NVML or the device is not available
-    7    stall daemon: cannot listen on the --listen address (e.g. port taken)
-    126  stall run: the command is not executable
-    127  stall run: the command was not found"
+// Each code's line, shared by the full list (`stall --help`) and each
+// subcommand's own (its --help lists only the codes it can exit with).
+macro_rules! code {
+    (internal) => {
+        "\n    1    internal error"
+    };
+    (usage) => {
+        "\n    2    usage error (bad option value, --json or --timeline path not writable)"
+    };
+    (privileged) => {
+        "\n    3    not privileged: a capability above is missing, or the kernel refused (EPERM)"
+    };
+    (kernel) => {
+        "\n    5    kernel not supported: missing tracepoint, tracefs or BPF feature"
+    };
+    (gpu) => {
+        "\n    6    GPU asked for with --gpu, but NVML or the device is not available"
     };
 }
 
-/// The exit codes, as `--help` lists them.
+macro_rules! exit_codes {
+    () => {
+        concat!(
+            "EXIT CODES:",
+            "\n    0    success (stall attach)",
+            "\n    N    stall run: the command's own exit status (128+signal if it was killed)",
+            code!(internal),
+            code!(usage),
+            code!(privileged),
+            "\n    4    target not found: no such PID, not a cgroup v2 directory, or no pods for --kubernetes",
+            code!(kernel),
+            code!(gpu),
+            "\n    7    stall daemon: cannot listen on the --listen address (e.g. port taken)",
+            "\n    126  stall run: the command is not executable",
+            "\n    127  stall run: the command was not found"
+        )
+    };
+}
+
+/// The exit codes, as `stall --help` lists them.
 pub const EXIT_CODES: &str = exit_codes!();
 /// What capabilities stall needs, as `--help` lists them.
 pub const PRIVILEGES: &str = privileges!();
 const AFTER_HELP: &str = concat!(privileges!(), "\n\n", exit_codes!());
+const RUN_HELP: &str = concat!(
+    privileges!(),
+    "\n\nEXIT CODES:",
+    "\n    N    the command's own exit status (128+signal if it was killed)",
+    code!(internal),
+    code!(usage),
+    code!(privileged),
+    code!(kernel),
+    code!(gpu),
+    "\n    126  the command is not executable",
+    "\n    127  the command was not found"
+);
+const ATTACH_HELP: &str = concat!(
+    privileges!(),
+    "\n\nEXIT CODES:",
+    "\n    0    success",
+    code!(internal),
+    code!(usage),
+    code!(privileged),
+    "\n    4    target not found: no such PID, or not a cgroup v2 directory",
+    code!(kernel),
+    code!(gpu)
+);
+const DAEMON_HELP: &str = concat!(
+    privileges!(),
+    "\n\nEXIT CODES:",
+    "\n    0    stopped by SIGTERM or SIGINT",
+    code!(internal),
+    "\n    2    usage error (bad option value, --web-config not valid)",
+    code!(privileged),
+    "\n    4    target not found: a --cgroup-root that is not a cgroup v2 directory, or no pods for --kubernetes",
+    code!(kernel),
+    "\n    6    --require-gpu, but NVML or a GPU is not available",
+    "\n    7    cannot listen on the --listen address (e.g. port taken)"
+);
 
 /// The release and the commit it was built from.
 pub fn version() -> &'static str {
@@ -79,7 +135,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a command and trace it and everything it starts; exit with its status.
-    #[command(after_help = AFTER_HELP)]
+    #[command(after_help = RUN_HELP)]
     Run {
         #[command(flatten)]
         common: Common,
@@ -93,7 +149,7 @@ pub enum Command {
         cmd: Vec<OsString>,
     },
     /// Attach to a running job: a PID and its descendants, or a cgroup.
-    #[command(after_help = AFTER_HELP)]
+    #[command(after_help = ATTACH_HELP)]
     Attach {
         #[command(flatten)]
         target: AttachTarget,
@@ -101,7 +157,7 @@ pub enum Command {
         common: Common,
     },
     /// Watch every job on this node continuously and export Prometheus metrics.
-    #[command(after_help = AFTER_HELP)]
+    #[command(after_help = DAEMON_HELP)]
     Daemon(DaemonArgs),
     /// Print a shell completion script: `stall completions bash > /etc/bash_completion.d/stall`.
     Completions {
@@ -120,9 +176,11 @@ pub enum Command {
 
 /// `stall daemon`'s options.
 #[derive(Args, Debug)]
+// One group, so that without either clap names both ways to find the jobs.
+#[command(group(ArgGroup::new("jobs").required(true).multiple(true).args(["roots", "kubernetes"])))]
 pub struct DaemonArgs {
     /// A cgroup v2 whose child cgroups are the jobs (repeatable; e.g. kubepods.slice).
-    #[arg(long = "cgroup-root", required_unless_present = "kubernetes", value_name = "PATH")]
+    #[arg(long = "cgroup-root", value_name = "PATH")]
     pub roots: Vec<PathBuf>,
     /// The kubelet's pods are the jobs, under whichever cgroup driver it uses
     /// (systemd: kubepods.slice, cgroupfs: kubepods), found at start.
@@ -361,6 +419,34 @@ mod tests {
             let pad = if code < 10 { "    " } else { "  " };
             assert!(EXIT_CODES.contains(&format!("\n    {code}{pad}")), "exit code {code} not listed");
         }
+    }
+
+    /// The help text of a subcommand, as `stall SUB --help` prints it.
+    fn help(sub: &str) -> String {
+        Cli::command().find_subcommand_mut(sub).unwrap().render_long_help().to_string()
+    }
+
+    #[test]
+    fn each_subcommand_lists_only_its_own_exit_codes() {
+        let codes = |h: &str| -> Vec<String> {
+            let list = &h[h.find("EXIT CODES:").expect("an exit code list")..];
+            list.lines().skip(1).filter_map(|l| l.split_whitespace().next().map(str::to_string)).collect()
+        };
+        assert_eq!(codes(&help("run")), ["N", "1", "2", "3", "5", "6", "126", "127"]);
+        assert_eq!(codes(&help("attach")), ["0", "1", "2", "3", "4", "5", "6"]);
+        assert_eq!(codes(&help("daemon")), ["0", "1", "2", "3", "4", "5", "6", "7"]);
+        for sub in ["run", "attach", "daemon"] {
+            let h = help(sub);
+            assert!(!h.contains("stall run:") && !h.contains("stall daemon:"), "{sub}: {h}");
+        }
+    }
+
+    #[test]
+    fn daemon_without_jobs_names_both_ways_to_find_them() {
+        let err = Cli::try_parse_from(["stall", "daemon"]).unwrap_err().to_string();
+        assert!(err.contains("--cgroup-root") && err.contains("--kubernetes"), "{err}");
+        assert!(Cli::try_parse_from(["stall", "daemon", "--kubernetes"]).is_ok());
+        assert!(Cli::try_parse_from(["stall", "daemon", "--kubernetes", "--cgroup-root", "x"]).is_ok());
     }
 
     #[test]
