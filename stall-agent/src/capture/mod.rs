@@ -184,11 +184,15 @@ impl Capture {
                 "syscall hooks: trampoline (fentry/fexit on the hooked syscalls only)".to_string()
             }
             (Backend::Tracepoint, None) => {
-                format!("syscall hooks: tracepoint (raw_syscalls: every syscall of the machine; {})", self.reads_line())
+                format!(
+                    "syscall hooks: tracepoint (raw_syscalls: every syscall of the machine; {})",
+                    self.reads_line()
+                )
             }
             (Backend::Tracepoint, Some(why)) => format!(
-                "syscall hooks: tracepoint (raw_syscalls: every syscall of the machine; {}; trampolines refused: {why})",
-                self.reads_line()
+                "syscall hooks: tracepoint (raw_syscalls: every syscall of the machine; {}; {})",
+                self.reads_line(),
+                no_trampolines(why)
             ),
         }
     }
@@ -223,5 +227,29 @@ impl Capture {
             self.hooks.detach(&mut self.ebpf)?;
         }
         Ok(())
+    }
+}
+
+/// Why `auto` uses the tracepoints, as a fact about this machine: an EPERM
+/// there is how such kernels and hypervisors say no, not a failure of stall.
+fn no_trampolines(why: &str) -> String {
+    if why.contains("Operation not permitted") {
+        "this kernel does not allow syscall trampolines (fentry is refused with EPERM, as under lockdown or a hypervisor without ftrace direct calls)".to_string()
+    } else {
+        format!("no syscall trampolines on this kernel: {why}")
+    }
+}
+
+#[cfg(test)]
+mod words_tests {
+    use super::no_trampolines;
+
+    #[test]
+    fn an_eperm_fallback_is_worded_as_a_fact() {
+        let eperm = "fentry on __x64_sys_read: the BPF_PROG_LOAD syscall returned Operation not permitted (os error 1)";
+        let line = no_trampolines(eperm);
+        assert!(line.starts_with("this kernel does not allow syscall trampolines"), "{line}");
+        assert!(!line.contains("Operation not permitted") && !line.contains("refused:"), "{line}");
+        assert!(no_trampolines("no BTF").ends_with(": no BTF"));
     }
 }
