@@ -17,6 +17,9 @@ pub fn run(stall: &Path, tests: &[TestBin], args: &[String]) -> Result<Row> {
     let start = Instant::now();
     let torch = crate::setup::ensure_torch()?;
     let datasets = crate::setup::ensure_datasets()?;
+    // The manifests' schema checks run here only (not in the VMs); without
+    // the schemas `cargo xtask test` installs they fail on a fresh machine.
+    let schemas = crate::setup::ensure_schemas()?;
     let (mut passed, mut failed, mut failing) = (0, 0, Vec::new());
     for t in tests {
         let mut test = cmd::command(&t.path);
@@ -25,6 +28,7 @@ pub fn run(stall: &Path, tests: &[TestBin], args: &[String]) -> Result<Row> {
             .env("STALL_NVML_SCRIPT_LIB", crate::build::nvml_script_next_to(stall)?)
             .env("STALL_TORCH_PATH", &torch)
             .env("STALL_DATASETS_PATH", &datasets)
+            .env("STALL_SCHEMAS_PATH", &schemas)
             .current_dir(cmd::workspace_root().join("tests"));
         println!("xtask: $ {}", cmd::describe(&test));
         let mut child =
