@@ -223,3 +223,28 @@ fn completions_and_version() {
     assert!(text.contains(&format!("kernel: {}", release.trim())), "{text}");
     assert!(text.contains("BTF: /sys/kernel/btf/vmlinux"), "{text}");
 }
+
+/// `attach --pid 1`: stall is itself a descendant of the target and must
+/// not trace itself; where /proc hides which syscall pid 1's threads wait
+/// in (a ptrace check even root fails here), the summary says so and those
+/// threads are not counted on-CPU for the whole run.
+#[test]
+fn attach_to_pid_1_leaves_stall_out_and_names_an_unreadable_proc() {
+    let run = stall(&["attach", "--pid", "1", "--duration", "2s"], &[], T);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let comms: Vec<&serde_json::Value> = run.processes().iter().map(|p| &p["comm"]).collect();
+    assert!(!comms.iter().any(|c| *c == "stall"), "stall traced itself: {comms:?}");
+    let unreadable = std::fs::read_to_string("/proc/1/task/1/syscall").is_err();
+    let init = run.processes().iter().find(|p| p["pid"] == 1).expect("pid 1 traced").clone();
+    if unreadable && init["off_cpu_s"].as_f64().unwrap() + init["on_cpu_s"].as_f64().unwrap() > 0.0 {
+        assert!(run.summary()["unreadable_threads"].as_u64() >= Some(1), "{}", run.summary());
+        // Summed over its threads, mostly asleep: before, each counted
+        // on-CPU for the whole run.
+        let on = init["on_cpu_s"].as_f64().unwrap();
+        let all = on + init["off_cpu_s"].as_f64().unwrap();
+        assert!(on < all / 2.0, "pid 1's threads counted {on:.1} s on-CPU of {all:.1} s");
+    } else {
+        assert!(run.summary().get("unreadable_threads").is_none(), "{}", run.summary());
+    }
+}
+

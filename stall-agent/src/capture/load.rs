@@ -304,6 +304,7 @@ impl Capture {
             gen: 0,
             ring,
             seed_seq: 0,
+            unreadable_threads: 0,
             sampled: Default::default(),
             decode_errors: 0,
             hooks,

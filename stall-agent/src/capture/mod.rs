@@ -104,6 +104,9 @@ pub struct Capture {
     gen: u32,
     ring: AsyncFd<RingBuf<MapData>>,
     seed_seq: u64,
+    /// Blocked threads whose /proc syscall file could not be read when
+    /// they were seeded (their reason is a guess).
+    unreadable_threads: u32,
     /// The threads [`Capture::sample_sched`] last found tracked.
     sampled: std::collections::HashSet<u32>,
     decode_errors: u64,
@@ -175,6 +178,12 @@ impl Capture {
     /// `trampoline` or `none`.
     pub fn mmap_hooks(&self) -> &'static str {
         mapped::Way::name(self.mapped)
+    }
+
+    /// Blocked threads whose /proc syscall file could not be read when
+    /// they were seeded.
+    pub fn unreadable_threads(&self) -> u32 {
+        self.unreadable_threads
     }
 
     /// One line for people: the backend, and why `auto` fell back.

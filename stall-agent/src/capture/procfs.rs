@@ -72,7 +72,14 @@ pub fn thread_stat(pid: u32, tid: u32) -> Option<Stat> {
 /// number (-1 when blocked outside one) and first argument; None when it
 /// runs or cannot be read.
 pub fn thread_syscall(pid: u32, tid: u32) -> Option<Syscall> {
-    parse_syscall(&fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?)
+    parse_syscall(&thread_syscall_text(pid, tid).ok()?)
+}
+
+/// /proc/PID/task/TID/syscall as is; an error where it cannot be read (a
+/// ptrace check that even root can fail, e.g. for another PID namespace's
+/// init), which callers tell apart from "running".
+pub fn thread_syscall_text(pid: u32, tid: u32) -> std::io::Result<String> {
+    fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

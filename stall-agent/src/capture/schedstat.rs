@@ -26,6 +26,9 @@ pub struct Reading {
     pub delay_ns: Option<u64>,
     /// Blocked: why, and in which syscall (-1: none); `None`: runnable.
     pub blocked: Option<(u8, i32)>,
+    /// Blocked, but /proc would not say in which syscall: the reason is
+    /// a guess from the state letter alone.
+    pub unreadable: bool,
 }
 
 /// Reads thread `tid` of `tgid`; None once it is gone (or a zombie).
@@ -41,17 +44,27 @@ fn read_with(tgid: u32, tid: u32, totals: Option<procfs::Schedstat>, run_delay: 
     }
     // A thread blocked has a syscall to show; one that runs (or has just
     // been woken: the two reads race it) shows "running".
+    let mut unreadable = false;
     let blocked = match stat.state {
         'R' => None,
-        state => procfs::thread_syscall(tgid, tid).map(|call| {
-            let fd_regular = || procfs::fd_info(tgid, call.arg0? as i32).map(|o| o.regular);
-            (classify_blocked(call.nr, state, fd_regular), call.nr as i32)
-        }),
+        state => match procfs::thread_syscall_text(tgid, tid) {
+            // Still blocked (the state says so), not running: counted as
+            // such, in no known syscall, rather than as on-CPU all along.
+            Err(_) => {
+                unreadable = true;
+                Some((classify_blocked(-1, state, || None), -1))
+            }
+            Ok(text) => procfs::parse_syscall(&text).map(|call| {
+                let fd_regular = || procfs::fd_info(tgid, call.arg0? as i32).map(|o| o.regular);
+                (classify_blocked(call.nr, state, fd_regular), call.nr as i32)
+            }),
+        },
     };
     Some(Reading {
         exec_ns: totals.map(|k| k.exec_ns),
         delay_ns: totals.filter(|_| run_delay).map(|k| k.delay_ns),
         blocked,
+        unreadable,
     })
 }
 
@@ -221,7 +234,7 @@ mod tests {
     const FUTEX: Option<(u8, i32)> = Some((reason::FUTEX, 202));
 
     fn reading(exec_ms: u64, delay_ms: u64, blocked: Option<(u8, i32)>) -> Reading {
-        Reading { exec_ns: Some(exec_ms * MS), delay_ns: Some(delay_ms * MS), blocked }
+        Reading { exec_ns: Some(exec_ms * MS), delay_ns: Some(delay_ms * MS), blocked, unreadable: false }
     }
 
     /// What the agent's fold reports for `t` at `now`.

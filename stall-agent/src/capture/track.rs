@@ -26,6 +26,12 @@ impl Capture {
         let mut opened = Vec::new();
         loop {
             while let Some(pid) = todo.pop() {
+                // stall itself, when the tree holds it (attach --pid 1): its
+                // threads and output are not the job's.
+                if pid == std::process::id() {
+                    done.insert(pid);
+                    continue;
+                }
                 if done.insert(pid) {
                     self.track_process(pid, job)?;
                     opened.extend(self.seed_fds(pid, job));
@@ -74,6 +80,7 @@ impl Capture {
 
     pub(super) fn seed_thread(&mut self, tgid: u32, tid: u32, job: u32) -> Result<(), CaptureError> {
         let Some(r) = schedstat::read(tgid, tid, self.run_delay()) else { return Ok(()) };
+        self.unreadable_threads += u32::from(r.unreadable);
         let t = schedstat::seed(tgid, job, monotonic_ns(), &r);
         // BPF_NOEXIST: the kernel may already have created it (a new thread).
         match self.threads.insert(tid, t, 1) {

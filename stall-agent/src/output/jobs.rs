@@ -50,6 +50,7 @@ pub fn job(j: &JobView) -> Value {
                 mmap_hooks: None,
                 switch_reads: None,
                 exit_status: None,
+                unreadable_threads: None,
             };
             serde_json::to_value(jsonl::record("job", &view)).unwrap_or_default()
         }

@@ -69,6 +69,10 @@ pub struct Record<'a> {
     /// (128 + N: killed by signal N); null while it goes on running.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_status: Option<Option<i32>>,
+    /// Summary only: blocked threads whose /proc/PID/task/TID/syscall could
+    /// not be read at the start (their reason then is a guess); absent if none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreadable_threads: Option<u32>,
     pub verdict: &'a Verdict,
 }
 
@@ -373,6 +377,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         mmap_hooks: v.mmap_hooks,
         switch_reads: v.switch_reads,
         exit_status: v.syscall_backend.map(|_| v.exit_status),
+        unreadable_threads: v.unreadable_threads.filter(|&n| n > 0),
         verdict: v.verdict,
     }
 }

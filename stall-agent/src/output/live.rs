@@ -204,6 +204,7 @@ mod tests {
             mmap_hooks: None,
             switch_reads: None,
             exit_status: None,
+            unreadable_threads: None,
         };
         for (rows, cols) in [(24, 20), (24, 40), (24, 80), (30, 100), (40, 130), (50, 200), (60, 250)] {
             let text = screen(&v, 5000.0, rows, cols);

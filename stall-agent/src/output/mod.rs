@@ -39,6 +39,9 @@ pub struct View<'a> {
     /// shell-style (128 + N: killed by signal N); None while it runs or
     /// when it was not stall's to wait for.
     pub exit_status: Option<i32>,
+    /// The final report: blocked threads whose /proc syscall file could not
+    /// be read when tracing began (their first wait's reason is a guess).
+    pub unreadable_threads: Option<u32>,
 }
 
 /// "status 7", "status 143 (killed by SIGTERM)".

@@ -130,6 +130,13 @@ pub fn render(v: &View) -> String {
     if let Some(note) = v.gpu_note {
         let _ = writeln!(out, "{note}");
     }
+    if let Some(n) = v.unreadable_threads.filter(|&n| n > 0) {
+        let _ = writeln!(
+            out,
+            "/proc would not say which syscall {} waited in (task/TID/syscall unreadable, even for root): counted as blocked for a reason guessed from their state, not on-CPU",
+            units::count(n as usize, "blocked thread", "blocked threads")
+        );
+    }
     for g in v.gpus {
         let _ = writeln!(
             out,

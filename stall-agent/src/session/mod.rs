@@ -336,6 +336,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         mmap_hooks: Some(out.mmap_hooks),
         switch_reads: Some(out.switch_reads),
         exit_status: child_status,
+        unreadable_threads: Some(live.capture.unreadable_threads()),
     };
     if let Some(j) = sinks.json.as_mut() {
         output::json::write_line(j, "summary", &view)?;
@@ -420,6 +421,7 @@ fn emit_interval(sinks: &mut Sinks, tick: &Tick, out: &Out) -> Result<()> {
         mmap_hooks: None,
         switch_reads: None,
         exit_status: None,
+        unreadable_threads: None,
     };
     if let Some(j) = &mut sinks.json {
         output::json::write_line(j, "interval", &v)?;
