@@ -172,6 +172,22 @@ pub fn render(v: &View) -> String {
         );
     }
     let _ = writeln!(out);
+    // The table and the verdict differ where a startup was set apart: say
+    // what each share is of, or the same thread reads two ways.
+    match v.startup_s {
+        Some(s) => {
+            let _ = writeln!(
+                out,
+                "Shares in the table are of the whole {}, startup included; the verdict's are of the {} after startup.",
+                units::secs(secs),
+                units::secs((secs - s).max(0.0))
+            );
+        }
+        None => {
+            let _ =
+                writeln!(out, "Shares in the table and the verdict are of the whole {}.", units::secs(secs));
+        }
+    }
     for line in table(v, 40, None) {
         let _ = writeln!(out, "{line}");
     }
@@ -283,7 +299,7 @@ pub fn render(v: &View) -> String {
     if let Some(s) = v.startup_s {
         let _ = writeln!(
             out,
-            "Startup (imports and set-up, until the interval in which the input pipeline started): {}; the verdict is on the {} after it.",
+            "Startup (imports and set-up, until the interval in which the input pipeline started): {}; the verdict and its shares are of the {} after it.",
             units::secs(s),
             units::secs((secs - s).max(0.0))
         );
@@ -303,4 +319,39 @@ pub fn render(v: &View) -> String {
         let _ = writeln!(out, "  note: {n}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{aggregate::Window, correlate::Roles, progress::ProgressView, verdict::Verdict};
+
+    fn rendered(startup_s: Option<f64>) -> String {
+        let window = Window { start_ns: 0, end_ns: 20_000_000_000, ..Default::default() };
+        let (verdict, progress) = (Verdict::default(), ProgressView::default());
+        render(&View {
+            window: &window,
+            roles: &Roles::default(),
+            gpus: &[],
+            verdict: &verdict,
+            elapsed_s: 20.0,
+            target: "python3 train.py",
+            gpu_note: None,
+            progress: &progress,
+            startup_s,
+            syscall_backend: None,
+            mmap_hooks: None,
+            switch_reads: None,
+            exit_status: None,
+            unreadable_threads: None,
+        })
+    }
+
+    #[test]
+    fn the_table_and_the_verdict_say_what_their_shares_are_of() {
+        let text = rendered(Some(5.0));
+        assert!(text.contains("Shares in the table are of the whole 20.0s, startup included; the verdict's are of the 15.0s after startup."), "{text}");
+        let text = rendered(None);
+        assert!(text.contains("Shares in the table and the verdict are of the whole 20.0s."), "{text}");
+    }
 }
