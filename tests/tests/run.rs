@@ -248,3 +248,37 @@ fn attach_to_pid_1_leaves_stall_out_and_names_an_unreadable_proc() {
     }
 }
 
+/// On a terminal, a job whose input pipeline has not run yet (here: one
+/// that only sleeps, as one importing would before its loader starts) is
+/// said to be starting up, not judged as if its steady state had begun.
+#[test]
+fn the_live_view_says_starting_up_before_the_pipeline_runs() {
+    use std::io::Read;
+    require_root();
+    let mut cmd = std::process::Command::new(stall_bin());
+    cmd.args(["run", "--gpu", "off", "--interval", "0.2", "--", "sh", "-c", "sleep 1.2"]);
+    let master = on_new_terminal(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    drop(cmd);
+    let mut reader = std::fs::File::from(master);
+    let screen = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&all).into_owned()
+    });
+    let status = wait_child(&mut child, T).expect("stall ended");
+    assert!(status.success());
+    let screen = screen.join().unwrap();
+    let live: Vec<&str> = screen.lines().filter(|l| l.starts_with('[') && l.contains("s] ")).collect();
+    assert!(live.len() >= 3, "{screen}");
+    assert!(
+        live.iter().all(|l| l.contains("s] starting up: the input pipeline has not run yet")),
+        "{screen}"
+    );
+}

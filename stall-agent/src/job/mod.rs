@@ -118,6 +118,8 @@ pub struct Tick {
     pub progress: ProgressView,
     /// Seconds since tracing started.
     pub elapsed_s: f64,
+    /// Still in its startup: the input pipeline has not run yet.
+    pub starting_up: bool,
 }
 
 /// The whole run, when tracing ends.
@@ -394,6 +396,7 @@ impl Job {
             gpus: gpu_windows,
             roles,
             verdict,
+            starting_up: matches!(self.startup, Startup::Watching { .. }),
         }
     }
 

@@ -502,6 +502,16 @@ fn the_final_verdict_is_on_the_steady_state_after_startup() {
 }
 
 #[test]
+fn ticks_say_the_job_starts_up_until_its_pipeline_runs() {
+    let mut sim = Sim::new(gpu_at(&[]));
+    for _ in 0..4 {
+        assert!(sim.importing_second().starting_up, "importing is starting up");
+    }
+    assert!(!sim.feeding_second(0.9, 0.85, 8 << 20).starting_up, "fed: started");
+    assert!(!sim.importing_second().starting_up, "once started, for good");
+}
+
+#[test]
 fn a_job_fed_from_its_first_interval_has_no_startup_to_set_apart() {
     let mut sim = Sim::new(gpu_at(&[]));
     for _ in 0..3 {

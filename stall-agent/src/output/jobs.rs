@@ -51,6 +51,7 @@ pub fn job(j: &JobView) -> Value {
                 switch_reads: None,
                 exit_status: None,
                 unreadable_threads: None,
+                starting_up: false,
             };
             serde_json::to_value(jsonl::record("job", &view)).unwrap_or_default()
         }

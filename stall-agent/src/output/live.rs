@@ -31,7 +31,7 @@ pub fn screen(v: &View, rate_per_s: f64, rows: usize, cols: usize) -> String {
     }
     lines.push(fit(&super::progress_line(v.progress), cols));
     lines.push(String::new());
-    let text = format!("verdict: {}  {}", v.verdict.kind.as_str(), v.verdict.summary);
+    let text = format!("verdict: {}", words(v));
     let mut verdict = wrap(&text, cols);
     // Lines left below the top ones, the cursor's own line at the bottom
     // kept free; the table keeps its header and two rows at least, the
@@ -79,7 +79,20 @@ fn header(v: &View, rate_per_s: f64, cols: usize) -> String {
 }
 
 pub fn plain(v: &View) -> String {
-    format!("[{:>7}] {}: {}", units::secs(v.elapsed_s), v.verdict.kind.as_str(), v.verdict.summary)
+    format!("[{:>7}] {}", units::secs(v.elapsed_s), words(v).replacen("  ", ": ", 1))
+}
+
+/// The live verdict: its kind and summary, or, while the job starts up,
+/// that it does (imports judged as the steady state would mislead), with
+/// what it looks like so far for jobs whose pipeline never shows.
+fn words(v: &View) -> String {
+    if v.starting_up {
+        return format!(
+            "starting up  the input pipeline has not run yet (imports, set-up); so far {}",
+            v.verdict.kind.as_str()
+        );
+    }
+    format!("{}  {}", v.verdict.kind.as_str(), v.verdict.summary)
 }
 
 /// Cuts a line to the terminal width (no wrapping inside the table).
@@ -205,6 +218,7 @@ mod tests {
             switch_reads: None,
             exit_status: None,
             unreadable_threads: None,
+            starting_up: false,
         };
         for (rows, cols) in [(24, 20), (24, 40), (24, 80), (30, 100), (40, 130), (50, 200), (60, 250)] {
             let text = screen(&v, 5000.0, rows, cols);
@@ -218,5 +232,39 @@ mod tests {
             assert!(lines[0].ends_with("events 5000/s  lost 0") || cols < 40, "{cols}: {}", lines[0]);
             assert!(body.contains(Kind::InputIoBound.as_str()), "{cols}");
         }
+    }
+
+    #[test]
+    fn the_live_verdict_says_starting_up_while_the_job_starts() {
+        let window = Window { start_ns: 0, end_ns: 1_000_000_000, ..Default::default() };
+        let verdict = Verdict {
+            kind: Kind::TrainerHostBound,
+            summary: "Trainer main thread on CPU 100%; input is not the bottleneck".into(),
+            ..Default::default()
+        };
+        let progress = ProgressView::default();
+        let mut v = View {
+            window: &window,
+            roles: &Roles::default(),
+            gpus: &[],
+            verdict: &verdict,
+            elapsed_s: 3.0,
+            target: "python3 train.py",
+            gpu_note: None,
+            progress: &progress,
+            startup_s: None,
+            syscall_backend: None,
+            mmap_hooks: None,
+            switch_reads: None,
+            exit_status: None,
+            unreadable_threads: None,
+            starting_up: true,
+        };
+        for text in [plain(&v), screen(&v, 100.0, 40, 200)] {
+            assert!(text.contains("starting up"), "{text}");
+            assert!(!text.contains("input is not the bottleneck"), "{text}");
+        }
+        v.starting_up = false;
+        assert!(plain(&v).contains("trainer-host-bound: Trainer main thread"), "{}", plain(&v));
     }
 }

@@ -42,6 +42,9 @@ pub struct View<'a> {
     /// The final report: blocked threads whose /proc syscall file could not
     /// be read when tracing began (their first wait's reason is a guess).
     pub unreadable_threads: Option<u32>,
+    /// The live view: the job is still starting up (its input pipeline has
+    /// not run), when a verdict on its imports would mislead.
+    pub starting_up: bool,
 }
 
 /// "status 7", "status 143 (killed by SIGTERM)".

@@ -344,6 +344,7 @@ mod tests {
             switch_reads: None,
             exit_status: None,
             unreadable_threads: None,
+            starting_up: false,
         })
     }
 

@@ -337,6 +337,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         switch_reads: Some(out.switch_reads),
         exit_status: child_status,
         unreadable_threads: Some(live.capture.unreadable_threads()),
+        starting_up: false,
     };
     if let Some(j) = sinks.json.as_mut() {
         output::json::write_line(j, "summary", &view)?;
@@ -422,6 +423,7 @@ fn emit_interval(sinks: &mut Sinks, tick: &Tick, out: &Out) -> Result<()> {
         switch_reads: None,
         exit_status: None,
         unreadable_threads: None,
+        starting_up: tick.starting_up,
     };
     if let Some(j) = &mut sinks.json {
         output::json::write_line(j, "interval", &v)?;
