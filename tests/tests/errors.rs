@@ -131,16 +131,15 @@ fn not_root() {
 
 #[test]
 fn explicit_gpu_without_nvml_is_an_error_but_default_is_not() {
-    if std::path::Path::new("/dev/nvidiactl").exists() {
-        return; // a GPU machine: nothing to check here
-    }
-    let (code, err) = stall_raw(&["run", "--gpu", "0", "--", "true"]);
+    // An NVML that does not load, on any host (a GPU machine's own would).
+    let nvml = "/nonexistent/libnvidia-ml.so.1";
+    let (code, err) = stall_raw(&["run", "--nvml-lib", nvml, "--gpu", "0", "--", "true"]);
     assert_eq!(code, 6, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     // An error, not the note a run that goes on prints, with both ways out.
     assert!(err.starts_with("stall: cannot sample the GPUs --gpu asks for: no NVML ("), "{err}");
     assert!(err.contains("--nvml-lib") && err.contains("--gpu off"), "{err}");
-    let (code, err) = stall_raw(&["run", "-q", "--", "true"]);
+    let (code, err) = stall_raw(&["run", "-q", "--nvml-lib", nvml, "--", "true"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("no NVML: GPU side not sampled"), "{err}");
 }
