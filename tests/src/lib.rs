@@ -248,6 +248,11 @@ impl Background {
         });
     }
 
+    /// The stall process's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Waits for stall to end (killing it after `timeout`) and reads its output.
     pub fn finish(self, timeout: Duration) -> Run {
         let pid = self.child.id();
