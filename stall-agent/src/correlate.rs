@@ -429,7 +429,8 @@ mod tests {
         let mut w2 = proc(4, 2, 5, 0);
         for w in [&mut w1, &mut w2] {
             w.cmdline = Some("python train.py".into());
-            w.threads[0].woken_by = vec![Waker { tid: 2, tgid: 2, comm: "python".into(), count: 50 }];
+            w.threads[0].woken_by =
+                vec![Waker { tid: 2, tgid: 2, comm: "python".into(), count: 50, blocked_ns: 0 }];
         }
         let mut tracker = proc(5, 2, 0, 0);
         tracker.cmdline = Some("python -c from multiprocessing.resource_tracker import main;main(8)".into());
@@ -491,12 +492,12 @@ mod tests {
         // Its exit woke the trainer once: still not a worker.
         let mut exited = w.clone();
         exited.procs[0].threads[0].woken_by =
-            vec![Waker { tid: 3, tgid: 3, comm: "ldconfig".into(), count: 1 }];
+            vec![Waker { tid: 3, tgid: 3, comm: "ldconfig".into(), count: 1, blocked_ns: 0 }];
         assert_eq!(assign(&exited, &HashSet::new(), Some(2)).of(3), Role::Other);
         // A program that feeds the trainer is a worker, exec'd or not.
         let mut fed = w.clone();
         fed.procs[0].threads[0].woken_by =
-            vec![Waker { tid: 3, tgid: 3, comm: "ldconfig".into(), count: 90 }];
+            vec![Waker { tid: 3, tgid: 3, comm: "ldconfig".into(), count: 90, blocked_ns: 0 }];
         assert_eq!(assign(&fed, &HashSet::new(), Some(2)).of(3), Role::Worker);
     }
 

@@ -637,6 +637,8 @@ pub struct WakeSnap {
     pub waker_tgid: u32,
     pub waker_comm: String,
     pub count: u64,
+    /// The wakee's blocked time that this waker's wakeups ended (ns).
+    pub blocked_ns: u64,
 }
 
 impl Snapshot {

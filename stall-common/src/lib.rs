@@ -26,7 +26,7 @@ pub use files::{fd_kind, inflight, FdKey, FileStats, InodeBytes, InodeKey};
 pub use pagecache::PageCacheOffsets;
 pub use sched::{
     kclock, reason, run_state, slot_state, store_apart, task_flags, zeroed_in, CpuSlot, Plain, Regs,
-    TaskOffsets, ThreadStats, WakeCache, WakeKey, WakeStats, WAKER_ANY_THREAD, WAKE_CACHE_SLOTS,
+    TaskOffsets, ThreadStats, WakeCache, WakeKey, WakeStats, WAIT_NOTED, WAKER_ANY_THREAD, WAKE_CACHE_SLOTS,
     WOKEN_UNTIMED,
 };
 pub use uring::{uring_op, UringKey, UringLayout, UringRead, UringReads};

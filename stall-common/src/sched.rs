@@ -167,6 +167,17 @@ pub struct ThreadStats {
     /// (`CpuSlot::regs`), so that its first syscall after asks neither its
     /// thread id nor its code segment.
     pub regs: u64,
+    /// Who ended this thread's waits lately: the waker (as its
+    /// [`WakeKey::waker`]) of its last noted wakeup, with [`WAIT_NOTED`] set
+    /// from that wakeup to the switch-in ending the wait; and its process.
+    pub waited_by: u32,
+    pub waited_by_tgid: u32,
+    /// Blocked time that `waited_by`'s wakeups ended, not yet in its pair's
+    /// [`WakeStats::blocked_ns`]: added at each switch-in after a wait it
+    /// ended, moved into the pair when another waker ends one (or the
+    /// thread exits). A thread woken again and again by one waker (a queue's
+    /// feeder, a lock's holder) so pays an addition per wait, not a lookup.
+    pub waited_ns: u64,
 }
 
 impl ThreadStats {
@@ -221,10 +232,18 @@ pub struct WakeKey {
 /// and the rest are counted per waking process instead of lost.
 pub const WAKER_ANY_THREAD: u32 = 1 << 31;
 
+/// Set in [`ThreadStats::waited_by`] while the wait that waker ended has
+/// not been switched in from yet (the bit below [`WAKER_ANY_THREAD`]: PIDs
+/// stay below 2^22).
+pub const WAIT_NOTED: u32 = 1 << 30;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WakeStats {
     pub count: u64,
+    /// How long the wakee was blocked in the waits this waker ended, from
+    /// its switch-out to the wakeup (its wait for a CPU after is apart).
+    pub blocked_ns: u64,
     pub waker_tgid: u32,
     pub _pad: u32,
     pub waker_comm: [u8; COMM_LEN],
@@ -584,11 +603,11 @@ mod tests {
     fn layouts_have_no_hidden_padding() {
         assert_eq!(
             size_of::<ThreadStats>(),
-            4 * 2 + 8 + 8 * 10 + 8 * 12 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 7
+            4 * 2 + 8 + 8 * 10 + 8 * 12 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 7 + 4 + 4 + 8
         );
         assert_eq!(size_of::<ThreadStats>() % 8, 0);
         assert_eq!(size_of::<WakeKey>(), 8);
-        assert_eq!(size_of::<WakeStats>(), 32);
+        assert_eq!(size_of::<WakeStats>(), 40);
         assert_eq!(size_of::<WakeCache>(), 16);
         assert_eq!(size_of::<TaskOffsets>(), 56);
         assert_eq!(size_of::<Regs>(), 16);

@@ -18,8 +18,8 @@ use aya_ebpf::{
 };
 use stall_common::{
     counter, fd_kind, inflight, kclock, kfunc, reason, run_state, slot_state, syscall_class, task_flags,
-    Config, CpuSlot, FdKey, ThreadStats, WakeCache, WakeKey, WakeStats, WAKER_ANY_THREAD, WAKE_CACHE_SLOTS,
-    WOKEN_UNTIMED,
+    Config, CpuSlot, FdKey, ThreadStats, WakeCache, WakeKey, WakeStats, WAIT_NOTED, WAKER_ANY_THREAD,
+    WAKE_CACHE_SLOTS, WOKEN_UNTIMED,
 };
 
 use crate::{
@@ -465,6 +465,8 @@ fn switch_out<const HOW: u8>(t: &mut ThreadStats, tgid: u32, state: u8, ts: u64,
     t.state = run_state::OFF;
     t.last_ts = ts;
     t.wake_ts = 0;
+    // A wakeup noted whose switch-in was missed: its wait is not counted.
+    t.waited_by &= !WAIT_NOTED;
     t.task = prev.task;
     if state == RUNNABLE {
         t.off_reason = reason::RUNQUEUE;
@@ -710,17 +712,22 @@ fn switch_in(t: &mut ThreadStats, ts: u64, next: u64, cfg: &Config) {
     if t.state == run_state::OFF {
         let r = t.off_reason;
         let woke = t.wake_ts;
-        if r != reason::RUNQUEUE && woke >= t.last_ts && woke != 0 {
+        let blocked = if r != reason::RUNQUEUE && woke >= t.last_ts && woke != 0 {
             // Blocked until the wakeup, then waiting for a CPU.
-            add_off(t, r, woke - t.last_ts);
             add_off(t, reason::RUNQUEUE, ts.saturating_sub(woke));
+            woke - t.last_ts
         } else {
-            add_off(t, r, ts.saturating_sub(t.last_ts));
-        }
+            ts.saturating_sub(t.last_ts)
+        };
+        add_off(t, r, blocked);
         if r == reason::OTHER {
             t.other_nr = t.off_nr;
         }
+        if t.waited_by & WAIT_NOTED != 0 {
+            t.waited_ns += blocked;
+        }
     }
+    t.waited_by &= !WAIT_NOTED;
     t.state = run_state::RUNNING;
     t.last_ts = ts;
     t.wake_ts = 0;
@@ -794,6 +801,12 @@ fn waking<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
     // then, not the interrupted task's.
     let pid_tgid = if in_interrupt::<HOW>(cfg) { 0 } else { bpf_get_current_pid_tgid() };
     let key = WakeKey { wakee, waker: pid_tgid as u32 };
+    let waker_tgid = (pid_tgid >> 32) as u32;
+    if t.waited_by & !WAIT_NOTED != key.waker {
+        flush_waited(t, wakee);
+        t.waited_by_tgid = waker_tgid;
+    }
+    t.waited_by = key.waker | WAIT_NOTED;
     // SAFETY: this CPU's element of a per-CPU array, valid memory for the
     // program's run. Besides this program only the agent writes it (to
     // clear gone pairs); that, or a wakeup in an interrupt nested in this
@@ -814,10 +827,9 @@ fn waking<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
         }
         return 0;
     }
-    let waker_tgid = (pid_tgid >> 32) as u32;
     // Waker 0 (an interrupt) keeps the interrupted task's name here; the
     // agent names it.
-    let fresh = WakeStats { count: 1, waker_tgid, _pad: 0, waker_comm: current_comm() };
+    let fresh = WakeStats { count: 1, blocked_ns: 0, waker_tgid, _pad: 0, waker_comm: current_comm() };
     if WAKES.insert(key, fresh, 0).is_ok() {
         return 0;
     }
@@ -908,6 +920,31 @@ fn flush_wakes(c: &mut WakeCache) {
         c.pending = 0;
     }
     c.key = WakeKey::default();
+}
+
+/// Moves the blocked time that `t`'s last waker ended (`waited_ns`) into
+/// that pair's entry: in `WAKES`, else in `WAKES_BY_PROC` where the pair
+/// was counted per process. A pair with neither (the agent removed it, its
+/// waker gone; the model keeps its counts) takes nothing.
+#[inline(always)]
+pub(crate) fn flush_waited(t: &mut ThreadStats, wakee: u32) {
+    let ns = t.waited_ns;
+    if ns == 0 {
+        return;
+    }
+    t.waited_ns = 0;
+    let key = WakeKey { wakee, waker: t.waited_by & !WAIT_NOTED };
+    let w = match WAKES.get_ptr_mut(key) {
+        Some(w) => w,
+        None => {
+            let key = WakeKey { wakee, waker: t.waited_by_tgid | WAKER_ANY_THREAD };
+            let Some(w) = WAKES_BY_PROC.get_ptr_mut(key) else { return };
+            w
+        }
+    };
+    // SAFETY: as in `add_to_pair`: a non-null, preallocated value pointer;
+    // `blocked_ns` is an aligned `u64` only ever added to atomically.
+    unsafe { atomic_add(&mut (*w).blocked_ns, ns) };
 }
 
 /// Adds `n` wakeups to the `WAKES` entry of `key`; whether it has one.

@@ -203,6 +203,46 @@ fn every_wakeup_of_a_ping_pong_is_counted() {
     );
 }
 
+/// The time a thread waited is given to whoever ended each wait: a waiter
+/// that waits in turn for two feeder processes (one slow, one fast) and
+/// for its own sleeps. What it measured itself, each wait from the call
+/// to its return, holds the blocked time stall gives each waker and the
+/// wait for a CPU after it, so stall's figure is at most that, and short
+/// of it by no more than a few ms a wait.
+#[test]
+fn blocked_time_goes_to_whoever_ended_the_wait() {
+    let s = Scratch::new("wait-for");
+    let truth_path = s.path("truth.json");
+    let rounds = 8;
+    let run = run_job(&[], &["wait-for", &rounds.to_string(), "0.2", "0.05", "0.1"], &truth_path);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    let waiter = run.thread(t["waiter_tid"].as_u64().unwrap());
+    let wakers = waiter["woken_by"].as_array().unwrap();
+    let blocked_by =
+        |pid: u64| -> f64 { wakers.iter().filter(|w| w["pid"] == pid).map(|w| secs(&w["blocked_s"])).sum() };
+    let close = |what: &str, got: f64, measured: f64| {
+        // Per wait: the wakeup's way to the CPU and back to Python, not
+        // blocked, is in the measurement only.
+        let slack = 0.005 * f64::from(rounds) + 0.02 * measured;
+        assert!(
+            got <= measured + 0.002 && got >= measured - slack,
+            "{what}: stall gives {got:.3} s blocked, the waiter measured {measured:.3} s: {waiter}"
+        );
+    };
+    for (name, f) in t["feeders"].as_object().unwrap() {
+        close(name, blocked_by(f["pid"].as_u64().unwrap()), secs(&f["waited_s"]));
+    }
+    // The sleeps: ended by the kernel's timer, in an interrupt.
+    close("sleeps", blocked_by(0), secs(&t["slept_s"]));
+    let order: Vec<&str> = wakers.iter().map(|w| w["comm"].as_str().unwrap()).collect();
+    assert_eq!(
+        order.first(),
+        Some(&"feed-slow"),
+        "the waker that ended the most blocked time first: {order:?}"
+    );
+}
+
 #[test]
 fn exec_after_fork_is_traced() {
     let s = Scratch::new("exec");

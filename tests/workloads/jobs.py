@@ -296,6 +296,49 @@ def job_pingpong(args):
     write_truth({"ping_tid": os.getpid(), "pong_tid": pong, "rounds": rounds, "blocked": blocked})
 
 
+def job_wait_for(args):
+    """A waiter that waits, in turn, for each of two feeder processes and
+    for its own sleeps. Each round it tells a feeder to go (a byte on the
+    feeder's pipe) and blocks reading the feeder's answer, which comes
+    after the feeder slept its delay; then it sleeps. It measures how long
+    each wait took: the time stall must give to whoever ended it (each
+    feeder; the kernel's timer for the sleeps)."""
+    rounds, slow, fast, nap = int(args[0]), float(args[1]), float(args[2]), float(args[3])
+    feeders = {}
+    for name, delay in (("feed-slow", slow), ("feed-fast", fast)):
+        go_r, go_w = os.pipe()
+        data_r, data_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            name_thread(name)
+            for _ in range(rounds):
+                os.read(go_r, 1)
+                time.sleep(delay)
+                os.write(data_w, b"x")
+            os._exit(0)
+        feeders[name] = {"pid": pid, "go": go_w, "data": data_r, "waited_s": 0.0}
+    name_thread("waiter")
+    slept = 0.0
+    for _ in range(rounds):
+        for f in feeders.values():
+            os.write(f["go"], b"g")
+            t0 = time.monotonic()
+            os.read(f["data"], 1)
+            f["waited_s"] += time.monotonic() - t0
+        t0 = time.monotonic()
+        time.sleep(nap)
+        slept += time.monotonic() - t0
+    for f in feeders.values():
+        os.waitpid(f["pid"], 0)
+    write_truth(
+        {
+            "waiter_tid": os.getpid(),
+            "slept_s": slept,
+            "feeders": {n: {"pid": f["pid"], "waited_s": f["waited_s"]} for n, f in feeders.items()},
+        }
+    )
+
+
 def job_exec(args):
     """Forks a child that execs a fresh python which reads the file."""
     path = args[0]
@@ -919,6 +962,7 @@ JOBS = {
     "waits": job_waits,
     "wake": job_wake,
     "pingpong": job_pingpong,
+    "wait-for": job_wait_for,
     "exec": job_exec,
     "many-opens": job_many_opens,
     "idle-then-read": job_idle_then_read,

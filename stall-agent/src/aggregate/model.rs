@@ -121,6 +121,7 @@ struct Wake {
     waker_tgid: u32,
     waker_comm: String,
     count: Tally,
+    blocked: Tally,
 }
 
 #[derive(Debug, Default)]
@@ -386,6 +387,7 @@ impl Model {
         for w in &snap.wakes {
             let e = self.wakes.entry((w.wakee, w.waker)).or_default();
             e.count.see(w.count);
+            e.blocked.see(w.blocked_ns);
             e.waker_tgid = w.waker_tgid;
             e.waker_comm.clone_from(&w.waker_comm);
         }

@@ -237,8 +237,16 @@ impl Window {
                     .woken_by
                     .iter()
                     .map(|w| {
-                        let earlier = bt.woken_by.iter().find(|x| x.tid == w.tid).map_or(0, |x| x.count);
-                        Waker { count: w.count.saturating_sub(earlier), ..w.clone() }
+                        let (count, blocked_ns) = bt
+                            .woken_by
+                            .iter()
+                            .find(|x| x.tid == w.tid)
+                            .map_or((0, 0), |x| (x.count, x.blocked_ns));
+                        Waker {
+                            count: w.count.saturating_sub(count),
+                            blocked_ns: w.blocked_ns.saturating_sub(blocked_ns),
+                            ..w.clone()
+                        }
                     })
                     .filter(|w| w.count > 0)
                     .collect();
@@ -371,7 +379,10 @@ impl Window {
                     let o = &mut op.threads[ti];
                     for b in &t.woken_by {
                         match waker_at.get(&(pi, ti, b.tid)) {
-                            Some(&k) => o.woken_by[k].count += b.count,
+                            Some(&k) => {
+                                o.woken_by[k].count += b.count;
+                                o.woken_by[k].blocked_ns += b.blocked_ns;
+                            }
                             None => {
                                 waker_at.insert((pi, ti, b.tid), o.woken_by.len());
                                 o.woken_by.push(b.clone());
@@ -510,14 +521,16 @@ pub struct ThreadWindow {
     pub now: ThreadNow,
     pub other_nr: i32,
     pub alive: bool,
-    /// Who woke this thread, most frequent first.
+    /// Who woke this thread, those who ended most of its blocked time
+    /// first.
     pub woken_by: Vec<Waker>,
     /// What it was last seen blocked on (the reason it waited for, and the
     /// object), where /proc could say; set by the job before a verdict.
     pub waits_on: Option<(u8, crate::wait::WaitObject)>,
 }
 
-/// A thread that woke another, and how often in the window.
+/// A thread that woke another, how often in the window, and how long
+/// the other had waited by then.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Waker {
     /// The waking thread, or its process with `WAKER_ANY_THREAD` set (the
@@ -526,6 +539,8 @@ pub struct Waker {
     pub tgid: u32,
     pub comm: String,
     pub count: u64,
+    /// How long the thread was blocked in the waits these wakeups ended.
+    pub blocked_ns: u64,
 }
 
 impl Waker {
@@ -534,10 +549,10 @@ impl Waker {
         (self.tid & stall_common::WAKER_ANY_THREAD == 0).then_some(self.tid)
     }
 
-    /// Most frequent first (ties by tid, so the order is stable), at most
-    /// [`MAX_WAKERS`].
+    /// Who ended the most blocked time first, then the most frequent (ties
+    /// by tid, so the order is stable), at most [`MAX_WAKERS`].
     pub fn rank(wakers: &mut Vec<Waker>) {
-        wakers.sort_by(|a, b| b.count.cmp(&a.count).then(a.tid.cmp(&b.tid)));
+        wakers.sort_by(|a, b| (b.blocked_ns, b.count).cmp(&(a.blocked_ns, a.count)).then(a.tid.cmp(&b.tid)));
         wakers.truncate(MAX_WAKERS);
     }
 }

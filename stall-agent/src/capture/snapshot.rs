@@ -4,8 +4,8 @@ use std::collections::HashSet;
 
 use aya::maps::{HashMap, MapData, PerCpuValues};
 use stall_common::{
-    counter, slot_state, CpuSlot, FdKey, FileStats, ThreadStats, WakeCache, WakeKey, WAKER_ANY_THREAD,
-    WAKE_CACHE_SLOTS,
+    counter, slot_state, CpuSlot, FdKey, FileStats, ThreadStats, WakeCache, WakeKey, WAIT_NOTED,
+    WAKER_ANY_THREAD, WAKE_CACHE_SLOTS,
 };
 
 use super::Capture;
@@ -18,7 +18,31 @@ impl Capture {
     /// Reads every counter map once.
     pub fn snapshot(&self) -> Snapshot {
         let ts = monotonic_ns();
+        let mut wakes: Vec<WakeSnap> = self
+            .wakes
+            .iter()
+            .chain(self.wakes_by_proc.iter())
+            .filter_map(Result::ok)
+            .map(|(k, w)| WakeSnap {
+                wakee: k.wakee,
+                waker: k.waker,
+                waker_tgid: w.waker_tgid,
+                // Waker 0: the kernel, in an interrupt (see `in_interrupt`).
+                waker_comm: if k.waker == 0 {
+                    decode::KERNEL_WAKER.into()
+                } else {
+                    decode::comm(&w.waker_comm)
+                },
+                count: w.count,
+                blocked_ns: w.blocked_ns,
+            })
+            .collect();
+        // After the map, as the slots: a pair flushed meanwhile is counted
+        // short until the next snapshot, never twice. The threads' blocked
+        // time not yet in their pairs is read after both, for the same reason.
+        add_pending_wakes(&mut wakes, &self.wake_caches());
         let mut threads: Vec<(u32, ThreadStats)> = self.threads.iter().filter_map(Result::ok).collect();
+        add_pending_waits(&mut wakes, &threads);
         for (tid, u) in self.uring_reads.iter().filter_map(Result::ok) {
             if let Some((_, t)) = threads.iter_mut().find(|(t, _)| *t == tid) {
                 t.add_uring_reads(&u);
@@ -53,27 +77,6 @@ impl Capture {
                 ThreadSnap { tid, tgid: s.tgid, job: s.job, counters, now, other_nr: s.other_nr }
             })
             .collect();
-        let mut wakes: Vec<WakeSnap> = self
-            .wakes
-            .iter()
-            .chain(self.wakes_by_proc.iter())
-            .filter_map(Result::ok)
-            .map(|(k, w)| WakeSnap {
-                wakee: k.wakee,
-                waker: k.waker,
-                waker_tgid: w.waker_tgid,
-                // Waker 0: the kernel, in an interrupt (see `in_interrupt`).
-                waker_comm: if k.waker == 0 {
-                    decode::KERNEL_WAKER.into()
-                } else {
-                    decode::comm(&w.waker_comm)
-                },
-                count: w.count,
-            })
-            .collect();
-        // After the map, as the slots: a pair flushed meanwhile is counted
-        // short until the next snapshot, never twice.
-        add_pending_wakes(&mut wakes, &self.wake_caches());
         let mut lost = [0u64; counter::LOST_CAUSES];
         for (i, slot) in lost.iter_mut().enumerate() {
             *slot = self.counter_sum(i as u32);
@@ -211,12 +214,29 @@ fn add_pending_wakes(wakes: &mut [WakeSnap], cached: &[WakeCache]) {
     }
 }
 
+/// Adds each thread's blocked time that its last waker ended and the
+/// kernel has not moved into the pair yet (`ThreadStats::waited_ns`) to
+/// that pair: the thread's, or its waker's process's where the pair was
+/// counted per process.
+fn add_pending_waits(wakes: &mut [WakeSnap], threads: &[(u32, ThreadStats)]) {
+    // Indexed: every thread woken since the last snapshot has some.
+    let at: std::collections::HashMap<(u32, u32), usize> =
+        wakes.iter().enumerate().map(|(i, w)| ((w.wakee, w.waker), i)).collect();
+    for (tid, t) in threads.iter().filter(|(_, t)| t.waited_ns != 0) {
+        let by = t.waited_by & !WAIT_NOTED;
+        let per_proc = t.waited_by_tgid | WAKER_ANY_THREAD;
+        if let Some(&i) = at.get(&(*tid, by)).or_else(|| at.get(&(*tid, per_proc))) {
+            wakes[i].blocked_ns += t.waited_ns;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn wake(wakee: u32, waker: u32, count: u64) -> WakeSnap {
-        WakeSnap { wakee, waker, waker_tgid: waker, waker_comm: "w".into(), count }
+        WakeSnap { wakee, waker, waker_tgid: waker, waker_comm: "w".into(), count, blocked_ns: 0 }
     }
 
     fn cached(wakee: u32, waker: u32, pending: u64) -> WakeCache {
@@ -231,5 +251,31 @@ mod tests {
         add_pending_wakes(&mut wakes, &[cached(1, 2, 7), cached(1, 2, 1), cached(9, 9, 100)]);
         let counts: Vec<u64> = wakes.iter().map(|w| w.count).collect();
         assert_eq!(counts, [18, 4, 1]);
+    }
+
+    #[test]
+    fn pending_waits_add_to_the_last_wakers_pair() {
+        let per_proc = 7 | WAKER_ANY_THREAD;
+        let mut wakes = vec![wake(1, 2, 10), wake(1, 3, 4), wake(5, per_proc, 1), wake(6, 2, 1)];
+        let waited = |by: u32, tgid: u32, ns: u64| ThreadStats {
+            waited_by: by,
+            waited_by_tgid: tgid,
+            waited_ns: ns,
+            ..Default::default()
+        };
+        add_pending_waits(
+            &mut wakes,
+            &[
+                // Noted or not, the waker is the pair's.
+                (1, waited(3 | WAIT_NOTED, 3, 500)),
+                // Counted per process: thread 8 of process 7.
+                (5, waited(8, 7, 40)),
+                // Its pair is gone: nothing.
+                (9, waited(2, 2, 1000)),
+                (6, waited(2, 2, 0)),
+            ],
+        );
+        let blocked: Vec<u64> = wakes.iter().map(|w| w.blocked_ns).collect();
+        assert_eq!(blocked, [0, 500, 40, 0]);
     }
 }

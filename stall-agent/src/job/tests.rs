@@ -275,6 +275,7 @@ impl Sim {
                     waker_tgid: w,
                     waker_comm: "pt_data_worker".into(),
                     count,
+                    blocked_ns: 0,
                 })
                 .collect(),
             ..Default::default()

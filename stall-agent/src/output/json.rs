@@ -216,6 +216,9 @@ pub struct Waker {
     pub pid: u32,
     pub comm: String,
     pub count: u64,
+    /// How long the thread was blocked in the waits these wakeups ended
+    /// (its wait for a CPU after each is not in it).
+    pub blocked_s: f64,
 }
 
 #[derive(Serialize)]
@@ -267,7 +270,13 @@ fn thread(t: &ThreadWindow) -> Thread {
         woken_by: t
             .woken_by
             .iter()
-            .map(|b| Waker { tid: b.thread(), pid: b.tgid, comm: b.comm.clone(), count: b.count })
+            .map(|b| Waker {
+                tid: b.thread(),
+                pid: b.tgid,
+                comm: b.comm.clone(),
+                count: b.count,
+                blocked_s: b.blocked_ns as f64 / 1e9,
+            })
             .collect(),
         waits_on: t.waits_on.as_ref().map(|(r, o)| WaitsOn {
             reason: reason::name(*r),

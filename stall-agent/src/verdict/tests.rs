@@ -167,6 +167,7 @@ impl Job {
             waker_tgid: waker,
             waker_comm: "pt_data_worker".into(),
             count,
+            blocked_ns: 0,
         });
         self
     }

@@ -33,6 +33,7 @@ impl Model {
         }
         for w in self.wakes.values_mut() {
             w.count.set_mark();
+            w.blocked.set_mark();
         }
         for s in self.inode_bytes.iter_mut().flat_map(|m| m.values_mut()) {
             s.storage.set_mark();
@@ -130,12 +131,14 @@ impl Model {
             .collect()
     }
 
-    /// Who woke each thread, and how often, in the window.
+    /// Who woke each thread, how often, and how long it had been blocked
+    /// when they did, in the window.
     fn wakers(&self, since_mark: bool) -> HashMap<u32, Vec<Waker>> {
         let mut woken: HashMap<u32, Vec<Waker>> = HashMap::new();
         for (&(wakee, waker), w) in &self.wakes {
             let n = w.count.since(since_mark);
             if n > 0 {
+                let blocked_ns = w.blocked.since(since_mark);
                 // A traced waker's current name (the kernel's is from its
                 // first wakeup, maybe before it renamed itself); a process's
                 // for wakes counted per process.
@@ -149,6 +152,7 @@ impl Model {
                     tgid: w.waker_tgid,
                     comm,
                     count: n,
+                    blocked_ns,
                 });
             }
         }

@@ -502,14 +502,66 @@ fn wakers_are_listed_most_frequent_first() {
         ts: 10,
         threads: vec![ThreadSnap { tid: 10, tgid: 10, ..Default::default() }],
         wakes: vec![
-            WakeSnap { wakee: 10, waker: 21, waker_tgid: 21, waker_comm: "w1".into(), count: 3 },
-            WakeSnap { wakee: 10, waker: 22, waker_tgid: 22, waker_comm: "w2".into(), count: 30 },
+            WakeSnap {
+                wakee: 10,
+                waker: 21,
+                waker_tgid: 21,
+                waker_comm: "w1".into(),
+                count: 3,
+                blocked_ns: 0,
+            },
+            WakeSnap {
+                wakee: 10,
+                waker: 22,
+                waker_tgid: 22,
+                waker_comm: "w2".into(),
+                count: 30,
+                blocked_ns: 0,
+            },
         ],
         ..Default::default()
     });
     let w = m.summary(10);
     let by = &w.thread(10).unwrap().1.woken_by;
     assert_eq!(by.iter().map(|b| (b.tid, b.count)).collect::<Vec<_>>(), vec![(22, 30), (21, 3)]);
+}
+
+/// Each interval holds the blocked time its wakers ended in it, the
+/// summary all of it; and who ended the most comes first, however often.
+#[test]
+fn wakers_blocked_time_per_interval_and_first_by_it() {
+    let mut m = Model::new(0);
+    let snap = |ts: u64, slow: (u64, u64), fast: (u64, u64)| Snapshot {
+        ts,
+        threads: vec![ThreadSnap { tid: 10, tgid: 10, ..Default::default() }],
+        wakes: vec![
+            WakeSnap {
+                wakee: 10,
+                waker: 21,
+                waker_tgid: 21,
+                waker_comm: "slow".into(),
+                count: slow.0,
+                blocked_ns: slow.1,
+            },
+            WakeSnap {
+                wakee: 10,
+                waker: 22,
+                waker_tgid: 22,
+                waker_comm: "fast".into(),
+                count: fast.0,
+                blocked_ns: fast.1,
+            },
+        ],
+        ..Default::default()
+    };
+    let got = |w: &Window| -> Vec<(u32, u64, u64)> {
+        w.thread(10).unwrap().1.woken_by.iter().map(|b| (b.tid, b.count, b.blocked_ns)).collect()
+    };
+    m.apply_snapshot(&snap(1_000, (2, 400), (10, 100)));
+    assert_eq!(got(&m.interval(1_000)), [(21, 2, 400), (22, 10, 100)]);
+    m.apply_snapshot(&snap(2_000, (5, 1_000), (30, 300)));
+    assert_eq!(got(&m.interval(2_000)), [(21, 3, 600), (22, 20, 200)]);
+    assert_eq!(got(&m.summary(2_000)), [(21, 5, 1_000), (22, 30, 300)]);
 }
 
 /// Wakes the kernel counted per waking process (its pair table full)
@@ -523,13 +575,21 @@ fn wakes_counted_per_process_name_no_thread() {
         ts: 10,
         threads: vec![ThreadSnap { tid: 10, tgid: 10, ..Default::default() }],
         wakes: vec![
-            WakeSnap { wakee: 10, waker: 21, waker_tgid: 20, waker_comm: "w1".into(), count: 3 },
+            WakeSnap {
+                wakee: 10,
+                waker: 21,
+                waker_tgid: 20,
+                waker_comm: "w1".into(),
+                count: 3,
+                blocked_ns: 0,
+            },
             WakeSnap {
                 wakee: 10,
                 waker: 20 | WAKER_ANY_THREAD,
                 waker_tgid: 20,
                 waker_comm: "w7".into(),
                 count: 40,
+                blocked_ns: 0,
             },
         ],
         ..Default::default()

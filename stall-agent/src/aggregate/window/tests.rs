@@ -131,7 +131,7 @@ fn since_subtracts_an_earlier_view_of_the_same_run() {
         tid,
         alive: true,
         delta: ThreadCounters { on_cpu_ns: on, ..Default::default() },
-        woken_by: vec![Waker { tid: 9, tgid: 9, comm: "w".into(), count: wakes }],
+        woken_by: vec![Waker { tid: 9, tgid: 9, comm: "w".into(), count: wakes, blocked_ns: 0 }],
         ..Default::default()
     };
     let file = |bytes: u64| FileWindow {

@@ -109,6 +109,7 @@ impl Run {
                 waker_tgid: w,
                 waker_comm: "pt_data_worker".into(),
                 count: 200,
+                blocked_ns: 0,
             });
         }
         self

@@ -19,7 +19,14 @@ impl Job {
 
     /// `wakee` woken `count` times by thread `waker` of process `tgid`.
     fn woken_by_thread(mut self, wakee: u32, waker: u32, tgid: u32, comm: &str, count: u64) -> Self {
-        self.wakes.push(WakeSnap { wakee, waker, waker_tgid: tgid, waker_comm: comm.into(), count });
+        self.wakes.push(WakeSnap {
+            wakee,
+            waker,
+            waker_tgid: tgid,
+            waker_comm: comm.into(),
+            count,
+            blocked_ns: 0,
+        });
         self
     }
 
