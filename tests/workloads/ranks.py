@@ -58,8 +58,10 @@ def recv_exact(sock, n):
     return buf
 
 
-def all_reduce(rank, world, server, peers, value):
-    """All-reduce of one number through rank 0 (a star, as a tiny gloo)."""
+def reduce_through_root(rank, world, server, peers, value):
+    """All-reduce of one number through rank 0 (a star, as a tiny gloo).
+    Named as no collective library names one: stall must find the ranks
+    inside it by what they wait on, not by the function's name."""
     if rank == 0:
         total = value
         for p in peers:
@@ -143,7 +145,7 @@ def rank_main(args):
         if rank == args.hang_rank and time.monotonic() > hang_at:
             stuck()
         t = time.monotonic()
-        go_on = all_reduce(rank, world, server, peers, 1.0 if time.monotonic() < end else 0.0)
+        go_on = reduce_through_root(rank, world, server, peers, 1.0 if time.monotonic() < end else 0.0)
         in_collective += time.monotonic() - t
         total += n
         if go_on < world:

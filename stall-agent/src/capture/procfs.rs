@@ -199,13 +199,48 @@ pub fn fd_info(pid: u32, fd: i32) -> Option<Opened> {
 /// `peer` ("addr:port", "[v6]:port") in `pid`'s network namespace
 /// (/proc/PID/net/tcp and tcp6), if one does.
 pub fn listener_of(pid: u32, peer: &str) -> Option<u64> {
-    let (addr, port) = peer.rsplit_once(':')?;
-    let port: u16 = port.parse().ok()?;
-    let ip: std::net::IpAddr = addr.trim_start_matches('[').trim_end_matches(']').parse().ok()?;
+    let (ip, port) = split_peer(peer)?;
     ["tcp", "tcp6"].iter().find_map(|t| {
         let text = fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok()?;
         parse_listener(&text, ip, port)
     })
+}
+
+/// The inodes of the TCP sockets at the address `peer` in `pid`'s network
+/// namespace: listening there (or on the wildcard address at its port),
+/// or connected from there.
+pub fn sockets_at(pid: u32, peer: &str) -> Vec<u64> {
+    let Some((ip, port)) = split_peer(peer) else { return Vec::new() };
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|t| fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok())
+        .flat_map(|text| parse_sockets_at(&text, ip, port))
+        .collect()
+}
+
+fn split_peer(peer: &str) -> Option<(std::net::IpAddr, u16)> {
+    let (addr, port) = peer.rsplit_once(':')?;
+    Some((addr.trim_start_matches('[').trim_end_matches(']').parse().ok()?, port.parse().ok()?))
+}
+
+/// In the text of /proc/net/tcp{,6}: the inodes of the sockets whose local
+/// address is `ip` (or, listening, the wildcard) at `port`.
+pub fn parse_sockets_at(text: &str, ip: std::net::IpAddr, port: u16) -> Vec<u64> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+            let (hex_addr, hex_port) = local.split_once(':')?;
+            if u16::from_str_radix(hex_port, 16).ok()? != port {
+                return None;
+            }
+            let bound = kernel_ip(hex_addr)?;
+            let same = bound == ip || bound.to_canonical() == ip.to_canonical();
+            let inode: u64 = inode.parse().ok()?;
+            (same || (*state == "0A" && bound.is_unspecified())).then_some(inode).filter(|i| *i != 0)
+        })
+        .collect()
 }
 
 /// In the text of /proc/net/tcp{,6}: the inode of a socket listening
@@ -449,6 +484,24 @@ mod tests {
         let tcp6 = "  sl  local_address remote st\n\
              0: 00000000000000000000000001000000:01BB 00000000000000000000000000000000:0000 0A 0:0 0:0 0 0 0 7771 1\n";
         assert_eq!(parse_listener(tcp6, "::1".parse().unwrap(), 443), Some(7771));
+    }
+
+    #[test]
+    fn sockets_at_an_address_listening_or_connected_from_it() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+             0: 0100007F:4961 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5551 1 0\n\
+             1: 0100007F:4961 0100007F:A2B4 01 00000000:00000000 00:00000000 00000000     0        0 5552 1 0\n\
+             2: 0100007F:A2B4 0100007F:4961 01 00000000:00000000 00:00000000 00000000     0        0 5553 1 0\n\
+             3: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5554 1 0\n";
+        let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        // A server's port: its listener and the connection it accepted.
+        assert_eq!(parse_sockets_at(tcp, lo, 18785), [5551, 5552]);
+        // A client's ephemeral port: its end of the connection only.
+        assert_eq!(parse_sockets_at(tcp, lo, 41652), [5553]);
+        // Listening on every address.
+        assert_eq!(parse_sockets_at(tcp, "10.0.0.5".parse().unwrap(), 8080), [5554]);
+        assert!(parse_sockets_at(tcp, "10.0.0.5".parse().unwrap(), 18785).is_empty());
+        assert_eq!(split_peer("[::1]:443"), Some(("::1".parse().unwrap(), 443)));
     }
 
     #[test]

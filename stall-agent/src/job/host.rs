@@ -75,6 +75,10 @@ pub trait Host {
     /// Whether the peer `tgid` connected to is one of `pids` (it holds the
     /// socket listening there): traffic inside the job, not input.
     fn peer_in(&self, tgid: u32, peer: &str, pids: &[u32]) -> bool;
+    /// Which of `pids` holds a socket at the address `peer` (listening
+    /// there, or connected from there) in `tgid`'s network namespace: the
+    /// other end of `tgid`'s connection to `peer`, where it is in the job.
+    fn socket_holder(&self, tgid: u32, peer: &str, pids: &[u32]) -> Option<u32>;
     /// What thread `tid` of `tgid`, blocked in syscall `nr`, waits on, and
     /// who holds its other end (None: no object, or it woke meanwhile).
     fn waits_on(&mut self, tgid: u32, tid: u32, nr: i64) -> Option<WaitObject>;
@@ -188,6 +192,14 @@ impl Host for LiveHost {
     fn peer_in(&self, tgid: u32, peer: &str, pids: &[u32]) -> bool {
         procfs::listener_of(tgid, peer)
             .is_some_and(|inode| pids.iter().any(|p| procfs::holds_socket(*p, inode)))
+    }
+
+    fn socket_holder(&self, tgid: u32, peer: &str, pids: &[u32]) -> Option<u32> {
+        let inodes = procfs::sockets_at(tgid, peer);
+        if inodes.is_empty() {
+            return None;
+        }
+        pids.iter().copied().find(|p| inodes.iter().any(|i| procfs::holds_socket(*p, *i)))
     }
 
     fn waits_on(&mut self, tgid: u32, tid: u32, nr: i64) -> Option<WaitObject> {

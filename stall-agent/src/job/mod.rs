@@ -385,7 +385,7 @@ impl Job {
         let mut verdict = verdict::judge(&recent, &roles, &gpu_windows, &progress);
         if verdict.kind.wants_stacks() || matches!(self.stacks, Stacks::Every(_)) {
             self.add_stacks(host, &mut verdict, false);
-            verdict = placed(verdict, &recent, &roles, &gpu_windows, &progress);
+            verdict = placed(host, verdict, &recent, &roles, &gpu_windows, &progress);
         }
         Tick {
             progress,
@@ -534,7 +534,7 @@ impl Job {
         let mut verdict = verdict;
         self.add_stacks(host, &mut verdict, true);
         if hung_now {
-            verdict = placed(verdict, &recent, &roles, &recent_gpus, &progress);
+            verdict = placed(host, verdict, &recent, &roles, &recent_gpus, &progress);
         }
         let startup_s = startup_end_ns.map(|t| (t - self.model.start_ns) as f64 / 1e9);
         Report { summary, gpus: summary_gpus, roles, verdict, progress, startup_s, startup_end_ns }
@@ -666,11 +666,21 @@ impl Job {
     }
 }
 
-/// A run whose ranks all look hung, judged again once the Python stacks
-/// read for it tell the ranks waiting in a collective from the one that
-/// never reached it (the stacks stay with the verdict).
-fn placed(v: Verdict, w: &Window, roles: &Roles, gpus: &[GpuWindow], progress: &ProgressView) -> Verdict {
-    let Some(in_collective) = verdict::collective_waits(&v) else { return v };
+/// A run whose ranks all look hung, judged again once what their trainers
+/// wait on (else the Python stacks read for it) tells the ranks waiting in
+/// a collective from the one that never reached it (the stacks stay with
+/// the verdict).
+fn placed(
+    host: &dyn Host,
+    v: Verdict,
+    w: &Window,
+    roles: &Roles,
+    gpus: &[GpuWindow],
+    progress: &ProgressView,
+) -> Verdict {
+    let job: Vec<u32> = w.procs.iter().filter(|p| p.alive).map(|p| p.tgid).collect();
+    let holder = |tgid: u32, peer: &str| host.socket_holder(tgid, peer, &job);
+    let Some(in_collective) = verdict::collective_waits(&v, w, holder) else { return v };
     let mut placed = verdict::judge_placed(w, roles, gpus, progress, &in_collective);
     placed.python_stacks = v.python_stacks;
     placed.python_notes = v.python_notes;

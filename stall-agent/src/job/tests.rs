@@ -119,6 +119,9 @@ impl Host for ScriptedHost {
     fn peer_in(&self, _tgid: u32, peer: &str, _pids: &[u32]) -> bool {
         self.job_peers.contains(peer)
     }
+    fn socket_holder(&self, _tgid: u32, _peer: &str, _pids: &[u32]) -> Option<u32> {
+        None
+    }
     fn waits_on(&mut self, _tgid: u32, tid: u32, nr: i64) -> Option<crate::wait::WaitObject> {
         self.waits_on.get(&(tid, nr)).cloned()
     }

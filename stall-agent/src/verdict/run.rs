@@ -6,9 +6,12 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
+use stall_common::reason;
 
 use super::{rules, shares::Shares, trainer, words, Blamed, Kind, Verdict};
-use crate::{aggregate::Window, correlate::Roles, gpu::GpuWindow, progress::ProgressView, units};
+use crate::{
+    aggregate::Window, correlate::Roles, gpu::GpuWindow, progress::ProgressView, units, wait::WaitObject,
+};
 
 /// What the run's ranks did, and who holds them back.
 #[derive(Debug, Clone, PartialEq, Serialize, Default)]
@@ -158,17 +161,59 @@ pub(super) fn judge(
     v
 }
 
-/// For a run whose hung ranks name no straggler yet: whether each trainer
-/// whose main thread's Python stack was read waits inside a collective (by
-/// pid), when that tells some ranks apart.
-pub fn collective_waits(v: &Verdict) -> Option<HashMap<u32, bool>> {
+/// For a run whose hung ranks name no straggler yet: whether each rank's
+/// trainer waits inside a collective (by pid), when that tells some ranks
+/// apart. What its main thread waits on says so first: a socket to another
+/// rank, or to a peer off this node (`holder`: which process of the job
+/// holds the other end of a socket, from the waiter's side), is a wait on
+/// its peers; any other object (a pipe, a file, a lock, a child) or a
+/// sleep is not. Only a wait with no object to follow (a futex, as a
+/// collective run by another thread of the trainer is waited for) is left
+/// to its Python stack, where one was read.
+pub fn collective_waits(
+    v: &Verdict,
+    w: &Window,
+    holder: impl Fn(u32, &str) -> Option<u32>,
+) -> Option<HashMap<u32, bool>> {
     let run = v.run.as_ref().filter(|r| r.straggler.is_none())?;
-    let map: HashMap<u32, bool> = run
-        .ranks
+    let ranks: Vec<u32> = run.ranks.iter().map(|r| r.pid).collect();
+    // Per rank: whether it waits on a peer, and the rank it waits on.
+    let by_wait = |pid: u32| -> Option<(bool, Option<u32>)> {
+        let main = w.proc(pid)?.main_thread()?;
+        if main.now.running {
+            return Some((false, None));
+        }
+        // What /proc said is kept from an earlier tick: it holds only while
+        // the thread is still in a call with an object.
+        let current = crate::wait::subject_of(i64::from(main.now.syscall)).is_some();
+        match main.waits_on.as_ref().filter(|_| current) {
+            Some((_, WaitObject::Socket { peer: Some(peer), .. })) => Some(match holder(pid, peer) {
+                Some(other) => (other != pid && ranks.contains(&other), Some(other)),
+                // Off this node (or outside the job): a peer on another node.
+                None => (true, None),
+            }),
+            Some(_) => Some((false, None)),
+            None => (main.now.reason == reason::SLEEP).then_some((false, None)),
+        }
+    };
+    let by_stack = |pid: u32| {
+        let stack = v.python_stacks.iter().find(|s| s.pid == pid && s.tid == pid)?;
+        Some(stack.in_collective())
+    };
+    let waits: HashMap<u32, (bool, Option<u32>)> =
+        ranks.iter().filter_map(|&p| Some((p, by_wait(p)?))).collect();
+    // A rank others wait on, itself waiting on no peer, is where their
+    // waits end: outside the collective.
+    let waited_on = |pid: u32| waits.values().any(|(on_peer, of)| *on_peer && *of == Some(pid));
+    let map: HashMap<u32, bool> = ranks
         .iter()
-        .filter_map(|r| {
-            let stack = v.python_stacks.iter().find(|s| s.pid == r.pid && s.tid == r.pid)?;
-            Some((r.pid, stack.in_collective()))
+        .filter_map(|&pid| {
+            let inside = waits
+                .get(&pid)
+                .map(|w| w.0)
+                .or_else(|| by_stack(pid))
+                .or_else(|| waited_on(pid).then_some(false));
+            Some((pid, inside?))
         })
         .collect();
     (map.values().any(|c| *c) && map.values().any(|c| !*c)).then_some(map)

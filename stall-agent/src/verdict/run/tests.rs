@@ -12,7 +12,9 @@ use crate::{
     decode::{Event, FileCounters, FileSnap, Snapshot, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
     gpu::gpu_window,
     rank::Rank,
+    wait::WaitObject,
 };
+use ::syscalls::Sysno;
 
 const S: u64 = 1_000_000_000;
 const SECS: u64 = 10;
@@ -274,36 +276,112 @@ fn stack(pid: u32, functions: &[&str]) -> crate::pystack::PyStack {
     crate::pystack::PyStack { pid, tid: pid, what: "rank trainer main thread".into(), frames }
 }
 
+/// Thread `pid`'s state now: blocked in syscall `nr` for `r`, waiting on
+/// `on` (as /proc said).
+fn blocked_on(w: &mut crate::aggregate::Window, pid: u32, r: u8, nr: Sysno, on: Option<WaitObject>) {
+    let t = w
+        .procs
+        .iter_mut()
+        .find(|p| p.tgid == pid)
+        .unwrap()
+        .threads
+        .iter_mut()
+        .find(|t| t.tid == pid)
+        .unwrap();
+    t.now = ThreadNow { running: false, reason: r, syscall: nr as i32, for_ns: 60 * S };
+    t.waits_on = on.map(|o| (r, o));
+}
+
+fn socket_to(peer: &str) -> Option<WaitObject> {
+    Some(WaitObject::Socket { fd: 5, peer: Some(peer.into()) })
+}
+
+/// Every rank looks hung: what each trainer waits on tells the ranks
+/// waiting for their peers from the one that never reached the
+/// collective, whatever their functions are called. A star through rank
+/// 0: ranks 1 and 3 wait on rank 0's socket, rank 0 on rank 2's, and
+/// rank 2 on a lock of its own.
 #[test]
-fn a_hung_rank_outside_the_collective_is_named_by_the_stacks() {
+fn a_hung_rank_outside_the_collective_is_named_by_what_the_ranks_wait_on() {
     let mut run = Run::new().hung_rank(0).hung_rank(1).hung_rank(2).hung_rank(3);
-    let w = run.window();
+    let mut w = run.window();
     let roles = correlate::assign(&w, &HashSet::new(), Some(LAUNCHER));
     let progress = Default::default();
-    let mut v = judge(&w, &roles, &[], &progress);
-    // Every rank looks hung, and nothing tells which: no straggler, but
-    // every rank's trainer is blamed, so that its stack is read.
+    let v = judge(&w, &roles, &[], &progress);
+    // Every rank looks hung, and nothing tells which: no straggler.
     assert_eq!(v.kind, Kind::Hang, "{v:?}");
     assert!(v.run.as_ref().unwrap().straggler.is_none());
+    // The sockets' other ends: rank 0 listens at :29500, rank 2's end of its
+    // connection is :41000.
+    let holder = |_: u32, peer: &str| match peer {
+        "127.0.0.1:29500" => Some(100),
+        "127.0.0.1:41000" => Some(300),
+        _ => None,
+    };
+    assert_eq!(super::collective_waits(&v, &w, holder), None, "nothing known of the waits yet");
+    let lock = WaitObject::Lock { path: "/tmp/rank2.lock".into(), holders: Vec::new() };
+    for (pid, r, nr, on) in [
+        (100, reason::POLL, Sysno::recvfrom, socket_to("127.0.0.1:41000")),
+        (200, reason::POLL, Sysno::recvfrom, socket_to("127.0.0.1:29500")),
+        (300, reason::OTHER, Sysno::flock, Some(lock)),
+        (400, reason::POLL, Sysno::recvfrom, socket_to("127.0.0.1:29500")),
+    ] {
+        blocked_on(&mut w, pid, r, nr, on);
+    }
+    let inside = super::collective_waits(&v, &w, holder).expect("the waits tell the ranks apart");
+    assert_eq!(
+        [100, 200, 300, 400].map(|p| inside.get(&p).copied()),
+        [Some(true), Some(true), Some(false), Some(true)]
+    );
+    let placed = crate::verdict::judge_placed(&w, &roles, &[], &progress, &inside);
+    let s = placed.run.as_ref().unwrap().straggler.as_ref().expect("rank 2 named");
+    assert_eq!((s.rank, s.pid, s.kind), (2, 300, Kind::Hang));
+    assert_eq!(s.waiting_ranks, vec![0, 1, 3]);
+    assert!(placed.summary.starts_with("rank 2 (pid 300) holds the run: hang — "), "{}", placed.summary);
+    // Rank 2 in a futex, its stack not read: the ranks' waits end at it.
+    blocked_on(&mut w, 300, reason::FUTEX, Sysno::futex, None);
+    let inside = super::collective_waits(&v, &w, holder).expect("where the waits end");
+    assert_eq!(inside.get(&300), Some(&false));
+    // A wait kept from an earlier look no longer holds once the thread is
+    // in another call: rank 1 now sleeps, which is no wait on a peer.
+    blocked_on(&mut w, 200, reason::SLEEP, Sysno::clock_nanosleep, socket_to("127.0.0.1:29500"));
+    w.procs.iter_mut().find(|p| p.tgid == 200).unwrap().threads[0].waits_on =
+        Some((reason::POLL, socket_to("127.0.0.1:29500").unwrap()));
+    let inside = super::collective_waits(&v, &w, holder).unwrap();
+    assert_eq!(inside.get(&200), Some(&false));
+    // A socket to a process of the job that is no rank, or to itself, is
+    // no wait on a peer; to an address off this node, it is.
+    blocked_on(&mut w, 400, reason::POLL, Sysno::recvfrom, socket_to("127.0.0.1:41001"));
+    let own = |_: u32, peer: &str| (peer == "127.0.0.1:41001").then_some(401);
+    assert_eq!(super::collective_waits(&v, &w, own).unwrap().get(&400), Some(&false));
+    blocked_on(&mut w, 400, reason::POLL, Sysno::recvfrom, socket_to("10.0.0.7:29500"));
+    assert_eq!(super::collective_waits(&v, &w, holder).unwrap().get(&400), Some(&true));
+}
+
+/// A wait with no object to follow (a futex: the collective runs on
+/// another thread of the trainer) is left to the Python stacks.
+#[test]
+fn a_futex_wait_is_placed_by_the_stack() {
+    let mut run = Run::new().hung_rank(0).hung_rank(1).hung_rank(2).hung_rank(3);
+    let mut w = run.window();
+    let roles = correlate::assign(&w, &HashSet::new(), Some(LAUNCHER));
+    let mut v = judge(&w, &roles, &[], &Default::default());
     for pid in [100, 200, 300, 400] {
         assert!(v.blamed.iter().any(|b| b.pid == pid && b.tid == pid), "{pid}: {:?}", v.blamed);
+        blocked_on(&mut w, pid, reason::FUTEX, Sysno::futex, None);
     }
-    assert_eq!(super::collective_waits(&v), None, "no stacks read yet");
+    let none = |_: u32, _: &str| None;
+    assert_eq!(super::collective_waits(&v, &w, none), None, "no stacks read yet");
     v.python_stacks = vec![
         stack(100, &["recv_exact", "all_reduce", "main"]),
         stack(200, &["ProcessGroupGloo.wait", "all_reduce", "main"]),
         stack(300, &["Event.wait", "stuck", "main"]),
         stack(400, &["barrier", "main"]),
     ];
-    let inside = super::collective_waits(&v).expect("the stacks tell the ranks apart");
+    let inside = super::collective_waits(&v, &w, none).expect("the stacks tell the ranks apart");
     assert_eq!(inside.get(&300), Some(&false));
     assert_eq!(inside.get(&100), Some(&true));
-    let placed = crate::verdict::judge_placed(&w, &roles, &[], &progress, &inside);
-    let s = placed.run.as_ref().unwrap().straggler.as_ref().expect("rank 2 named");
-    assert_eq!((s.rank, s.pid, s.kind), (2, 300, Kind::Hang));
-    assert_eq!(s.waiting_ranks, vec![0, 1, 3]);
-    assert!(placed.summary.starts_with("rank 2 (pid 300) holds the run: hang — "), "{}", placed.summary);
     // All inside, or none: nothing to tell apart.
     v.python_stacks.retain(|st| st.pid != 300);
-    assert_eq!(super::collective_waits(&v), None);
+    assert_eq!(super::collective_waits(&v, &w, none), None);
 }
