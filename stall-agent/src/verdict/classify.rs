@@ -11,7 +11,7 @@ use super::{
     Kind,
 };
 use crate::{
-    aggregate::{ProcWindow, ThreadWindow, Window},
+    aggregate::{ProcWindow, ThreadWindow, Waker, Window},
     correlate::Roles,
     gpu::GpuWindow,
     progress::ProgressView,
@@ -132,6 +132,9 @@ pub(super) enum Finding<'a> {
         cpu: f64,
         /// Share of the trainer's wakeups it made.
         wakes: f64,
+        /// Share of the window the main thread was blocked in waits it
+        /// ended, where the kernel timed them.
+        waited: Option<f64>,
     },
     /// The trainer's main thread is on CPU (or waiting for one).
     TrainerBusy {
@@ -284,18 +287,21 @@ fn own_threads<'a>(
     waits: f64,
 ) -> Option<Finding<'a>> {
     let worker_tgids: HashSet<u32> = workers.iter().map(|p| p.tgid).collect();
-    let by_workers: u64 =
-        main.woken_by.iter().filter(|b| worker_tgids.contains(&b.tgid)).map(|b| b.count).sum();
-    let own: Vec<(&ThreadWindow, u64)> = main
+    // Who ended more of its waiting: by the blocked time each ended where
+    // the kernel timed it, else by how often each woke it.
+    let timed = main.woken_by.iter().any(|b| b.blocked_ns > 0);
+    let weight = |b: &Waker| if timed { b.blocked_ns } else { b.count };
+    let by_workers: u64 = main.woken_by.iter().filter(|b| worker_tgids.contains(&b.tgid)).map(weight).sum();
+    let own: Vec<(&ThreadWindow, &Waker)> = main
         .woken_by
         .iter()
         .filter(|b| b.tgid == trainer.tgid && b.count > 0)
         .filter_map(|b| {
             let tid = b.thread().filter(|t| *t != main.tid)?;
-            Some((trainer.threads.iter().find(|t| t.tid == tid)?, b.count))
+            Some((trainer.threads.iter().find(|t| t.tid == tid)?, b))
         })
         .collect();
-    let by_own: u64 = own.iter().map(|(_, c)| c).sum();
+    let by_own: u64 = own.iter().map(|(_, b)| weight(b)).sum();
     if own.is_empty() || by_own <= by_workers {
         return None;
     }
@@ -312,14 +318,15 @@ fn own_threads<'a>(
         }
         return None;
     }
-    let (thread, count) = own.iter().max_by_key(|(t, c)| (*c, std::cmp::Reverse(t.tid)))?;
+    let (thread, by) = own.iter().max_by_key(|(t, b)| (weight(b), std::cmp::Reverse(t.tid)))?;
     let cpu = Shares::of(thread, secs).cpu();
     let all: u64 = main.woken_by.iter().map(|b| b.count).sum();
     (cpu >= rules::TRAINER_BUSY).then(|| Finding::OwnThreadBusy {
         waits,
         thread,
         cpu,
-        wakes: *count as f64 / all.max(1) as f64,
+        wakes: by.count as f64 / all.max(1) as f64,
+        waited: timed.then(|| Shares::part(main, secs, by.blocked_ns)),
     })
 }
 

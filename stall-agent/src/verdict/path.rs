@@ -8,7 +8,7 @@ use super::{
     classify::{Finding, Scene},
     shares::{self, Shares},
 };
-use crate::aggregate::{ProcWindow, ThreadWindow};
+use crate::aggregate::{ProcWindow, ThreadWindow, Waker};
 
 /// One step of the path.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -26,10 +26,24 @@ pub struct PathStep {
     /// What it waits on, in words: a pipe and its reader, a socket's peer,
     /// a lock and its holder.
     pub object: Option<String>,
+    /// Share of the window the trainer's main thread was blocked in waits
+    /// this step's threads ended (null for the first step, or where the
+    /// kernel did not time the waits).
+    pub waited: Option<f64>,
 }
 
 fn step(who: &'static str, pids: Vec<u32>, tids: Vec<u32>, state: &'static str, share: f64) -> PathStep {
-    PathStep { who, pids, tids, state, share: Some(share), object: None }
+    PathStep { who, pids, tids, state, share: Some(share), object: None, waited: None }
+}
+
+/// Share of the window `main` was blocked in waits ended by the wakers
+/// `by` picks; None where no wait of it was timed.
+fn waited_for(main: &ThreadWindow, secs: f64, by: impl Fn(&Waker) -> bool) -> Option<f64> {
+    if !main.woken_by.iter().any(|b| b.blocked_ns > 0) {
+        return None;
+    }
+    let ns = main.woken_by.iter().filter(|b| by(b)).map(|b| b.blocked_ns).sum();
+    Some(Shares::part(main, secs, ns))
 }
 
 /// The path of `finding` in `s`; empty where there is no trainer to start
@@ -51,7 +65,7 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
     let on_cpu = |who: &'static str, p: &ProcWindow, tids: Vec<u32>, share: f64| {
         step(who, vec![p.tgid], tids, "on-cpu", share)
     };
-    match finding {
+    let mut path = match finding {
         Finding::InputIo { worker_io, .. } => vec![start(top.0, top.1), workers(reason::IO, *worker_io)],
         Finding::InputNet { worker_wait, .. } => {
             vec![start(top.0, top.1), workers(reason::POLL, *worker_wait)]
@@ -91,7 +105,16 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
         }
         Finding::NoSingleBottleneck => vec![start(top.0, top.1)],
         Finding::GpuBusy(_) | Finding::NotEnoughData | Finding::TrainerUntraced => Vec::new(),
+    };
+    // The step the main thread's waits lead to: how much of them it ended.
+    if let Some(last) = path.get_mut(1) {
+        let (pids, tids) = (last.pids.clone(), last.tids.clone());
+        last.waited = match last.who {
+            "workers" | "child" => waited_for(main, s.secs, |b| pids.contains(&b.tgid)),
+            _ => waited_for(main, s.secs, |b| b.thread().is_some_and(|t| tids.contains(&t))),
+        };
     }
+    path
 }
 
 /// What `t` was seen waiting on in `state`, in words.

@@ -11,19 +11,34 @@ pub(super) struct Shares {
     off: [f64; reason::COUNT],
 }
 
+/// The thread's own time in a window of `secs`: what it was seen on and
+/// off CPU, up to the window.
+fn wall_ns(t: &ThreadWindow, secs: f64) -> f64 {
+    let window = secs.max(1e-9) * 1e9;
+    let accounted = (t.delta.on_cpu_ns + t.delta.off_cpu_ns()) as f64;
+    if accounted > 0.0 {
+        accounted.min(window)
+    } else {
+        window
+    }
+}
+
 impl Shares {
     /// Shares of the thread's own time in the window: a worker that lived
     /// one epoch of three is judged on that epoch (non-persistent
     /// DataLoader workers), not diluted by the time before it existed.
     pub fn of(t: &ThreadWindow, secs: f64) -> Self {
-        let window = secs.max(1e-9) * 1e9;
-        let accounted = (t.delta.on_cpu_ns + t.delta.off_cpu_ns()) as f64;
-        let wall = if accounted > 0.0 { accounted.min(window) } else { window };
+        let wall = wall_ns(t, secs);
         let mut off = [0.0; reason::COUNT];
         for (i, v) in off.iter_mut().enumerate() {
             *v = t.delta.off_ns[i] as f64 / wall;
         }
         Self { on: t.delta.on_cpu_ns as f64 / wall, off }
+    }
+
+    /// `ns` of the thread's time, as a share of it (as `of` counts it).
+    pub fn part(t: &ThreadWindow, secs: f64, ns: u64) -> f64 {
+        ns as f64 / wall_ns(t, secs)
     }
 
     pub fn r(&self, r: u8) -> f64 {

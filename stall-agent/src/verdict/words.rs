@@ -200,16 +200,22 @@ fn summary(s: &Scene, finding: &Finding) -> String {
                 from_storage(&[trainer], trainer.input_bytes()),
             )
         }
-        Finding::OwnThreadBusy { waits, thread, cpu, wakes } => format!(
-            "Trainer main thread blocked {} of {} ({}), waiting for thread {} ({}) of the trainer, which ended {} of its waits and is on CPU {} without reading input (it holds the CPU or Python's GIL): trainer is host-bound",
-            units::pct(*waits),
-            units::secs(secs),
-            wait_breakdown(main, tm),
-            thread.tid,
-            thread.comm,
-            units::pct(*wakes),
-            units::pct(*cpu),
-        ),
+        Finding::OwnThreadBusy { waits, thread, cpu, wakes, waited } => {
+            let ended = match waited {
+                Some(w) => format!("waits {} of the time for", units::pct(*w)),
+                None => "waiting for".into(),
+            };
+            format!(
+                "Trainer main thread blocked {} of {} ({}), {ended} thread {} ({}) of the trainer, which ended {} of its waits and is on CPU {} without reading input (it holds the CPU or Python's GIL): trainer is host-bound",
+                units::pct(*waits),
+                units::secs(secs),
+                wait_breakdown(main, tm),
+                thread.tid,
+                thread.comm,
+                units::pct(*wakes),
+                units::pct(*cpu),
+            )
+        }
         Finding::OutputIo { out, sync, .. } => {
             let written = trainer.file_write_bytes();
             // The files that carry the bytes, not every control file touched.

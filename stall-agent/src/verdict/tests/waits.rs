@@ -30,6 +30,21 @@ impl Job {
         self
     }
 
+    /// As `woken_by_thread`, the wakee blocked `secs` in all before them.
+    fn woken_after(mut self, wakee: u32, waker: (u32, u32, &str), count: u64, secs: f64) -> Self {
+        let (tid, tgid, comm) = waker;
+        let blocked_ns = (secs * S as f64) as u64;
+        self.wakes.push(WakeSnap {
+            wakee,
+            waker: tid,
+            waker_tgid: tgid,
+            waker_comm: comm.into(),
+            count,
+            blocked_ns,
+        });
+        self
+    }
+
     fn waiting_on(mut self, tid: u32, r: u8, o: WaitObject) -> Self {
         self.waits_on.push((tid, r, o));
         self
@@ -104,6 +119,57 @@ fn a_thread_of_the_trainer_holding_the_gil_is_what_it_waits_for() {
     // Seen silent (its lines not seen yet): a thread at work is no hang.
     let v = gil().judge(&[gpu(0.0, 10, None)]);
     assert_ne!(v.kind, Kind::Hang, "{v:?}");
+}
+
+/// The same, with the waits timed by the kernel: the line and the path
+/// say how much of the window the main thread waited for that thread.
+#[test]
+fn the_time_the_main_thread_waited_for_a_thread_is_named() {
+    let metrics = counters(10, 0.93, [0.01, 0.0, 0.0, 0.0, 0.06, 0.0], 0);
+    let v = Job::new(10)
+        .trainer(0.08, [0.86, 0.0, 0.0, 0.05, 0.01, 0.0], blocked(reason::FUTEX))
+        .thread_of(3837, 100, metrics, RUNNING, -1)
+        .woken_after(100, (3837, 100, "metrics"), 1800, 8.0)
+        .woken_after(100, (0, 0, "[interrupt]"), 50, 0.5)
+        .printed(4096)
+        .judge(&[gpu(0.0, 10, None)]);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    assert!(v.summary.contains("waits 80% of the time for thread 3837 (python)"), "{}", v.summary);
+    let waited = v.path[1].waited.expect("timed");
+    assert!((waited - 0.8).abs() < 0.01, "{:?}", v.path);
+    assert_eq!(v.path[0].waited, None);
+}
+
+/// Who ends the waiting is who ended the most blocked time, not who woke
+/// the most often: workers that wake the trainer for every batch in a
+/// trickle of short waits are not its bottleneck when one of its own
+/// threads, on CPU, ended the long ones.
+#[test]
+fn blocked_time_not_wakeups_says_who_ends_the_waits() {
+    let busy = counters(10, 0.95, [0.0, 0.0, 0.0, 0.0, 0.05, 0.0], 0);
+    let job = || {
+        let mut job = Job::new(10)
+            .trainer(0.1, [0.85, 0.0, 0.0, 0.0, 0.05, 0.0], blocked(reason::FUTEX))
+            .thread_of(3837, 100, busy, RUNNING, -1);
+        for pid in 101..=102 {
+            job = job.worker(pid, 0.3, [0.0, 0.0, 0.6, 0.0, 0.1, 0.0], 1_000_000);
+        }
+        job
+    };
+    let by_time = job()
+        .woken_after(100, (101, 101, "pt_data_worker"), 900, 0.4)
+        .woken_after(100, (102, 102, "pt_data_worker"), 900, 0.4)
+        .woken_after(100, (3837, 100, "metrics"), 40, 7.5)
+        .judge(&[]);
+    assert_eq!(by_time.kind, Kind::TrainerHostBound, "{by_time:?}");
+    assert!(by_time.summary.contains("thread 3837"), "{}", by_time.summary);
+    // The same wakeups, untimed (counts alone): the workers woke it more.
+    let by_count = job()
+        .woken_after(100, (101, 101, "pt_data_worker"), 900, 0.0)
+        .woken_after(100, (102, 102, "pt_data_worker"), 900, 0.0)
+        .woken_after(100, (3837, 100, "metrics"), 40, 0.0)
+        .judge(&[]);
+    assert!(!by_count.summary.contains("thread 3837"), "{}", by_count.summary);
 }
 
 /// DataLoader workers whose `__getitem__` sleeps (a rate limit): they wake
