@@ -558,6 +558,9 @@ pub struct Snapshot {
     pub threads: Vec<ThreadSnap>,
     pub files: Vec<FileSnap>,
     pub wakes: Vec<WakeSnap>,
+    /// How long each process was blocked reading or writing each of its
+    /// descriptors, cumulative.
+    pub fd_waits: Vec<FdWaitSnap>,
     /// Losses by cause (`stall_common::counter::LOST_NAMES`), cumulative.
     pub lost: [u64; counter::LOST_CAUSES],
     /// Events handled in the kernel for tracked threads, cumulative.
@@ -641,6 +644,14 @@ pub struct WakeSnap {
     pub blocked_ns: u64,
 }
 
+/// Blocked time of one process in reads and writes of one descriptor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FdWaitSnap {
+    pub tgid: u32,
+    pub fd: i32,
+    pub blocked_ns: u64,
+}
+
 impl Snapshot {
     /// The part that belongs to one job (cgroup mode): its threads, their
     /// processes' descriptors and the wakeups of its threads. Node-wide
@@ -653,6 +664,7 @@ impl Snapshot {
             ts: self.ts,
             files: self.files.iter().filter(|f| tgids.contains(&f.tgid)).copied().collect(),
             wakes: self.wakes.iter().filter(|w| tids.contains(&w.wakee)).cloned().collect(),
+            fd_waits: self.fd_waits.iter().filter(|f| tgids.contains(&f.tgid)).copied().collect(),
             threads,
             ..Default::default()
         }

@@ -23,6 +23,7 @@ pub const URING_FD: &str = "URING_FD";
 pub const WAKES: &str = "WAKES";
 pub const WAKES_BY_PROC: &str = "WAKES_BY_PROC";
 pub const WAKE_CACHE: &str = "WAKE_CACHE";
+pub const FD_WAITS: &str = "FD_WAITS";
 pub const CPU_SLOT: &str = "CPU_SLOT";
 /// The object's `.bss`, which holds the `TRACK_GEN` global alone.
 pub const TRACK_GEN: &str = ".bss";
@@ -123,6 +124,7 @@ pub const FEXIT_CONNECT: &str = "fexit_connect";
 /// Every map the object defines.
 pub const MAPS: &[&str] = &[
     THREADS,
+    FD_WAITS,
     CGROUPS,
     FILES,
     INODE_BYTES,

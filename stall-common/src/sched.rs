@@ -178,6 +178,15 @@ pub struct ThreadStats {
     /// thread exits). A thread woken again and again by one waker (a queue's
     /// feeder, a lock's holder) so pays an addition per wait, not a lookup.
     pub waited_ns: u64,
+    /// The descriptor, plus one, of the read or write family call the
+    /// thread blocks in during its current off-CPU span, where the call's
+    /// entry recorded it (0: none, or not such a call).
+    pub blocked_fd: i32,
+    /// The descriptor, plus one, whose blocked time `fd_waited_ns` holds,
+    /// not yet in its `FD_WAITS` entry: moved there when the thread blocks
+    /// on another descriptor, or exits (0: none).
+    pub fd_waited: i32,
+    pub fd_waited_ns: u64,
 }
 
 impl ThreadStats {
@@ -603,7 +612,7 @@ mod tests {
     fn layouts_have_no_hidden_padding() {
         assert_eq!(
             size_of::<ThreadStats>(),
-            4 * 2 + 8 + 8 * 10 + 8 * 12 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 7 + 4 + 4 + 8
+            4 * 2 + 8 + 8 * 10 + 8 * 12 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 * 7 + 4 + 4 + 8 + 4 + 4 + 8
         );
         assert_eq!(size_of::<ThreadStats>() % 8, 0);
         assert_eq!(size_of::<WakeKey>(), 8);

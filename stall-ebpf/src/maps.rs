@@ -45,6 +45,13 @@ pub static URING_FD: PerCpuArray<UringRead> = PerCpuArray::with_max_entries(1, 0
 #[map]
 pub static WAKES: HashMap<WakeKey, WakeStats> = HashMap::with_max_entries(32768, 0);
 
+/// Per (process, descriptor): how long its threads were blocked in read
+/// and write family calls on it (ns), added up from each thread's
+/// `fd_waited_ns` (see `ThreadStats::blocked_fd`). Full: counted as
+/// `LOST_FD_MAP`.
+#[map]
+pub static FD_WAITS: HashMap<FdKey, u64> = HashMap::with_max_entries(16384, 0);
+
 /// What `WAKES` has no room for, per waking process (`WAKER_ANY_THREAD`).
 #[map]
 pub static WAKES_BY_PROC: HashMap<WakeKey, WakeStats> = HashMap::with_max_entries(16384, 0);

@@ -24,7 +24,7 @@ use stall_common::{
 
 use crate::{
     adopt_into, atomic_add, bump, config, current_comm, ids,
-    maps::{FILES, THREADS, WAKES, WAKES_BY_PROC, WAKE_CACHE},
+    maps::{FD_WAITS, FILES, THREADS, WAKES, WAKES_BY_PROC, WAKE_CACHE},
     now, running, tracked,
     untracked::{self, Noted},
     watched_job,
@@ -468,6 +468,7 @@ fn switch_out<const HOW: u8>(t: &mut ThreadStats, tgid: u32, state: u8, ts: u64,
     // A wakeup noted whose switch-in was missed: its wait is not counted.
     t.waited_by &= !WAIT_NOTED;
     t.task = prev.task;
+    t.blocked_fd = 0;
     if state == RUNNABLE {
         t.off_reason = reason::RUNQUEUE;
         t.off_nr = -1;
@@ -479,6 +480,14 @@ fn switch_out<const HOW: u8>(t: &mut ThreadStats, tgid: u32, state: u8, ts: u64,
     let what = if class == syscall_class::READ { inflight::READ } else { inflight::WRITE };
     t.off_reason =
         reason::for_class(class, state == UNINTERRUPTIBLE, || on_file(t, tgid, what, state, regs, cfg));
+    // `on_file` ran for the read and write families and found the call's
+    // descriptor where its entry was recorded.
+    if (class == syscall_class::READ || class == syscall_class::WRITE)
+        && inflight::kind(t.inflight, crate::running::generation()) == what
+        && t.inflight_fd >= 0
+    {
+        t.blocked_fd = t.inflight_fd + 1;
+    }
 }
 
 /// Whether the read or write (`what`, an `inflight` kind) `t` blocks in is
@@ -726,6 +735,13 @@ fn switch_in(t: &mut ThreadStats, ts: u64, next: u64, cfg: &Config) {
         if t.waited_by & WAIT_NOTED != 0 {
             t.waited_ns += blocked;
         }
+        if t.blocked_fd != 0 && r != reason::RUNQUEUE {
+            if t.blocked_fd != t.fd_waited {
+                flush_fd_waited(t);
+                t.fd_waited = t.blocked_fd;
+            }
+            t.fd_waited_ns += blocked;
+        }
     }
     t.waited_by &= !WAIT_NOTED;
     t.state = run_state::RUNNING;
@@ -945,6 +961,26 @@ pub(crate) fn flush_waited(t: &mut ThreadStats, wakee: u32) {
     // SAFETY: as in `add_to_pair`: a non-null, preallocated value pointer;
     // `blocked_ns` is an aligned `u64` only ever added to atomically.
     unsafe { atomic_add(&mut (*w).blocked_ns, ns) };
+}
+
+/// Moves the blocked time `t` spent on its last descriptor
+/// (`fd_waited_ns`) into that descriptor's `FD_WAITS` entry.
+#[inline(always)]
+pub(crate) fn flush_fd_waited(t: &mut ThreadStats) {
+    let ns = t.fd_waited_ns;
+    if ns == 0 || t.fd_waited == 0 {
+        return;
+    }
+    t.fd_waited_ns = 0;
+    let key = FdKey { tgid: t.tgid, fd: t.fd_waited - 1 };
+    if let Some(w) = FD_WAITS.get_ptr_mut(key) {
+        // SAFETY: a non-null, preallocated value pointer of `FD_WAITS`,
+        // an aligned `u64` that other threads of the process add to
+        // atomically.
+        unsafe { atomic_add(w, ns) };
+    } else if FD_WAITS.insert(key, ns, 0).is_err() {
+        bump(counter::LOST_FD_MAP);
+    }
 }
 
 /// Adds `n` wakeups to the `WAKES` entry of `key`; whether it has one.

@@ -141,6 +141,7 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     }
     // Its last waker's share of its waits, which only the entry holds.
     crate::sched::flush_waited(t, cur.tid);
+    crate::sched::flush_fd_waited(t);
     // Its io_uring reads, counted apart where they completed, are part of
     // its last counts (added in the entry itself, which goes below: a copy
     // would not fit the stack beside the event).

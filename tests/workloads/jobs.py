@@ -302,7 +302,8 @@ def job_wait_for(args):
     feeder's pipe) and blocks reading the feeder's answer, which comes
     after the feeder slept its delay; then it sleeps. It measures how long
     each wait took: the time stall must give to whoever ended it (each
-    feeder; the kernel's timer for the sleeps)."""
+    feeder; the kernel's timer for the sleeps), and to the pipe it read
+    (each feeder's answers come on a pipe of their own)."""
     rounds, slow, fast, nap = int(args[0]), float(args[1]), float(args[2]), float(args[3])
     feeders = {}
     for name, delay in (("feed-slow", slow), ("feed-fast", fast)):
@@ -334,7 +335,9 @@ def job_wait_for(args):
         {
             "waiter_tid": os.getpid(),
             "slept_s": slept,
-            "feeders": {n: {"pid": f["pid"], "waited_s": f["waited_s"]} for n, f in feeders.items()},
+            "feeders": {
+                n: {"pid": f["pid"], "fd": f["data"], "waited_s": f["waited_s"]} for n, f in feeders.items()
+            },
         }
     )
 

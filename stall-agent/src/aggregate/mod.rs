@@ -7,6 +7,6 @@ mod window;
 
 pub use model::{File, Model, Proc, Thread, MAX_ENDED};
 pub use window::{
-    is_code_file, is_kernel_file, push_recent, storage_share, CpuLimitWindow, FileWindow, PageCache,
+    is_code_file, is_kernel_file, push_recent, storage_share, CpuLimitWindow, FdWait, FileWindow, PageCache,
     ProcWindow, ThreadWindow, Waker, Window, DATA_MIN_BYTES, MAX_ENDED_PER_WINDOW, MAX_WAKERS, RECENT_NS,
 };

@@ -138,6 +138,8 @@ pub struct Model {
     /// model) and must not be taken for it.
     open_fds: HashMap<(u32, i32), u64>,
     wakes: HashMap<(u32, u32), Wake>,
+    /// Blocked time per (process, descriptor) in reads and writes.
+    fd_waits: HashMap<(u32, i32), Tally>,
     /// Storage and mapped bytes per (process, file); None: not seen on
     /// this kernel.
     inode_bytes: Option<HashMap<(u32, Inode), InodeTally>>,
@@ -383,6 +385,9 @@ impl Model {
                 e.storage.see(s.storage_bytes);
                 e.mapped.see(s.mmap_bytes);
             }
+        }
+        for f in &snap.fd_waits {
+            self.fd_waits.entry((f.tgid, f.fd)).or_default().see(f.blocked_ns);
         }
         for w in &snap.wakes {
             let e = self.wakes.entry((w.wakee, w.waker)).or_default();

@@ -222,6 +222,15 @@ impl Window {
                 mmap_bytes: sub_known(p.mmap_bytes, b.mmap_bytes),
                 threads: Vec::with_capacity(p.threads.len()),
                 files: Vec::with_capacity(p.files.len()),
+                fd_waits: p
+                    .fd_waits
+                    .iter()
+                    .map(|f| {
+                        let earlier = b.fd_waits.iter().find(|x| x.fd == f.fd).map_or(0, |x| x.blocked_ns);
+                        FdWait { blocked_ns: f.blocked_ns.saturating_sub(earlier), ..f.clone() }
+                    })
+                    .filter(|f| f.blocked_ns > 0)
+                    .collect(),
                 ..p.clone()
             };
             for t in &p.threads {
@@ -390,6 +399,17 @@ impl Window {
                         }
                     }
                 }
+                for f in &p.fd_waits {
+                    match op.fd_waits.iter_mut().find(|o| o.fd == f.fd) {
+                        Some(o) => {
+                            o.blocked_ns += f.blocked_ns;
+                            if f.object.is_some() {
+                                o.object.clone_from(&f.object);
+                            }
+                        }
+                        None => op.fd_waits.push(f.clone()),
+                    }
+                }
                 for s in &p.sockets {
                     match op.sockets.iter_mut().find(|o| o.path == s.path) {
                         Some(o) => o.add(s),
@@ -410,6 +430,7 @@ impl Window {
             }
         }
         for p in &mut out.procs {
+            p.fd_waits.sort_by(|a, b| b.blocked_ns.cmp(&a.blocked_ns).then(a.fd.cmp(&b.fd)));
             p.files.sort_by(|a, b| b.read_bytes.cmp(&a.read_bytes).then(a.path.cmp(&b.path)));
             for t in &mut p.threads {
                 Waker::rank(&mut t.woken_by);
@@ -447,6 +468,19 @@ pub struct ProcWindow {
     /// The inet sockets it connected, by peer: bytes received and sent,
     /// calls, time in its reads (the files' fields, for a peer).
     pub sockets: Vec<FileWindow>,
+    /// How long its threads were blocked reading or writing each
+    /// descriptor (pipes and sockets as well as files), longest first.
+    pub fd_waits: Vec<FdWait>,
+}
+
+/// Blocked time on one descriptor of a process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FdWait {
+    pub fd: i32,
+    /// What it is open on, where stall saw it opened: a path, a socket's
+    /// peer (None: inherited, or opened before stall came).
+    pub object: Option<String>,
+    pub blocked_ns: u64,
 }
 
 impl ProcWindow {

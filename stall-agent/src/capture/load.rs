@@ -291,6 +291,7 @@ impl Capture {
             files: take(&mut ebpf, names::FILES)?,
             wakes: take(&mut ebpf, names::WAKES)?,
             wakes_by_proc: take(&mut ebpf, names::WAKES_BY_PROC)?,
+            fd_waits: take(&mut ebpf, names::FD_WAITS)?,
             wake_cache: take(&mut ebpf, names::WAKE_CACHE)?,
             cgroups: take(&mut ebpf, names::CGROUPS)?,
             inode_bytes: if storage_known { Some(take(&mut ebpf, names::INODE_BYTES)?) } else { None },

@@ -84,6 +84,8 @@ pub struct Capture {
     wakes: HashMap<MapData, WakeKey, WakeStats>,
     /// What `wakes` had no room for, per waking process.
     wakes_by_proc: HashMap<MapData, WakeKey, WakeStats>,
+    /// Blocked time per (process, descriptor).
+    fd_waits: HashMap<MapData, FdKey, u64>,
     /// Per CPU and slot of wakees, the last pair of `wakes` and its
     /// wakeups not added yet.
     wake_cache: PerCpuArray<MapData, WakeCache>,

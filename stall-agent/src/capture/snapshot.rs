@@ -11,7 +11,7 @@ use stall_common::{
 use super::Capture;
 use crate::{
     clock::monotonic_ns,
-    decode::{self, FileSnap, Inode, InodeSnap, Snapshot, ThreadSnap, WakeSnap},
+    decode::{self, FdWaitSnap, FileSnap, Inode, InodeSnap, Snapshot, ThreadSnap, WakeSnap},
 };
 
 impl Capture {
@@ -41,8 +41,15 @@ impl Capture {
         // short until the next snapshot, never twice. The threads' blocked
         // time not yet in their pairs is read after both, for the same reason.
         add_pending_wakes(&mut wakes, &self.wake_caches());
+        let mut fd_waits: Vec<FdWaitSnap> = self
+            .fd_waits
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, blocked_ns)| FdWaitSnap { tgid: k.tgid, fd: k.fd, blocked_ns })
+            .collect();
         let mut threads: Vec<(u32, ThreadStats)> = self.threads.iter().filter_map(Result::ok).collect();
         add_pending_waits(&mut wakes, &threads);
+        add_pending_fd_waits(&mut fd_waits, &threads);
         for (tid, u) in self.uring_reads.iter().filter_map(Result::ok) {
             if let Some((_, t)) = threads.iter_mut().find(|(t, _)| *t == tid) {
                 t.add_uring_reads(&u);
@@ -87,6 +94,7 @@ impl Capture {
             threads,
             files,
             wakes,
+            fd_waits,
             lost,
             events,
             sched_gaps: self.counter_sum(counter::SCHED_GAPS),
@@ -178,6 +186,7 @@ impl Capture {
         };
         remove_where(&mut self.wakes, |k, _| gone(k));
         remove_where(&mut self.wakes_by_proc, |k, _| gone(k));
+        remove_where(&mut self.fd_waits, |k, _| tgids.contains(&k.tgid));
         self.forget_wake_pairs(gone);
         remove_where(&mut self.uring_reads, |tid, _| tids.contains(tid));
         // Reads in flight when their process ended never complete for it.
@@ -231,6 +240,18 @@ fn add_pending_waits(wakes: &mut [WakeSnap], threads: &[(u32, ThreadStats)]) {
     }
 }
 
+/// Adds each thread's blocked time on its last descriptor that the
+/// kernel has not moved into `FD_WAITS` yet (`ThreadStats::fd_waited_ns`).
+fn add_pending_fd_waits(fd_waits: &mut Vec<FdWaitSnap>, threads: &[(u32, ThreadStats)]) {
+    for (_, t) in threads.iter().filter(|(_, t)| t.fd_waited_ns != 0 && t.fd_waited != 0) {
+        let fd = t.fd_waited - 1;
+        match fd_waits.iter_mut().find(|f| f.tgid == t.tgid && f.fd == fd) {
+            Some(f) => f.blocked_ns += t.fd_waited_ns,
+            None => fd_waits.push(FdWaitSnap { tgid: t.tgid, fd, blocked_ns: t.fd_waited_ns }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,6 +272,22 @@ mod tests {
         add_pending_wakes(&mut wakes, &[cached(1, 2, 7), cached(1, 2, 1), cached(9, 9, 100)]);
         let counts: Vec<u64> = wakes.iter().map(|w| w.count).collect();
         assert_eq!(counts, [18, 4, 1]);
+    }
+
+    #[test]
+    fn pending_descriptor_waits_add_to_their_entry_or_make_one() {
+        let mut fd_waits = vec![FdWaitSnap { tgid: 7, fd: 3, blocked_ns: 100 }];
+        let on = |tgid: u32, fd_plus_one: i32, ns: u64| ThreadStats {
+            tgid,
+            fd_waited: fd_plus_one,
+            fd_waited_ns: ns,
+            ..Default::default()
+        };
+        add_pending_fd_waits(&mut fd_waits, &[(1, on(7, 4, 50)), (2, on(7, 2, 20)), (3, on(8, 0, 99))]);
+        assert_eq!(
+            fd_waits,
+            [FdWaitSnap { tgid: 7, fd: 3, blocked_ns: 150 }, FdWaitSnap { tgid: 7, fd: 1, blocked_ns: 20 }]
+        );
     }
 
     #[test]

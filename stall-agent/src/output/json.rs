@@ -156,6 +156,17 @@ pub struct Process {
     pub files: Vec<File>,
     /// The inet sockets it connected, per peer.
     pub sockets: Vec<Socket>,
+    /// How long its threads were blocked reading or writing each
+    /// descriptor, longest first.
+    pub blocked_on_fds: Vec<FdWait>,
+}
+
+#[derive(Serialize)]
+pub struct FdWait {
+    pub fd: i32,
+    /// The path or peer it was opened on, where stall saw it opened.
+    pub object: Option<String>,
+    pub blocked_s: f64,
 }
 
 #[derive(Serialize)]
@@ -342,6 +353,11 @@ fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
                 connects: s.opens,
                 wait_s: s.read_time_ns() / 1e9,
             })
+            .collect(),
+        blocked_on_fds: p
+            .fd_waits
+            .iter()
+            .map(|f| FdWait { fd: f.fd, object: f.object.clone(), blocked_s: f.blocked_ns as f64 / 1e9 })
             .collect(),
     }
 }

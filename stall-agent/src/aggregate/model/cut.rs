@@ -6,7 +6,7 @@ use stall_common::{counter::LOST_CAUSES, fd_kind, WAKER_ANY_THREAD};
 
 use super::{Model, Thread};
 use crate::aggregate::window::{add_known, fold_small_ended};
-use crate::aggregate::{CpuLimitWindow, FileWindow, ProcWindow, ThreadWindow, Waker, Window};
+use crate::aggregate::{CpuLimitWindow, FdWait, FileWindow, ProcWindow, ThreadWindow, Waker, Window};
 use crate::decode::ThreadCounters;
 
 /// Where each process sits in a window's list.
@@ -35,6 +35,9 @@ impl Model {
             w.count.set_mark();
             w.blocked.set_mark();
         }
+        for t in self.fd_waits.values_mut() {
+            t.set_mark();
+        }
         for s in self.inode_bytes.iter_mut().flat_map(|m| m.values_mut()) {
             s.storage.set_mark();
             s.mapped.set_mark();
@@ -61,6 +64,7 @@ impl Model {
         let mut procs = self.proc_windows();
         let index: Index = procs.iter().enumerate().map(|(i, p)| (p.tgid, i)).collect();
         self.add_threads(&mut procs, &index, since_mark);
+        self.add_fd_waits(&mut procs, &index, since_mark);
         let mut by_path = self.file_windows(&index, start_ns, end_ns, since_mark);
         self.add_inode_bytes(&mut procs, &mut by_path, &index, since_mark);
         for ((i, _), fw) in by_path {
@@ -157,6 +161,24 @@ impl Model {
             }
         }
         woken
+    }
+
+    /// How long each process was blocked on each descriptor in the
+    /// window, named by what the descriptor is open on where the model
+    /// knows (a file's path, a socket's peer), else by its number.
+    fn add_fd_waits(&self, procs: &mut [ProcWindow], index: &Index, since_mark: bool) {
+        for (&(tgid, fd), t) in &self.fd_waits {
+            let (Some(&i), ns) = (index.get(&tgid), t.since(since_mark)) else { continue };
+            if ns == 0 {
+                continue;
+            }
+            let file = self.open_fds.get(&(tgid, fd)).and_then(|id| self.files.get(id));
+            let object = file.map(|f| f.path.clone());
+            procs[i].fd_waits.push(FdWait { fd, object, blocked_ns: ns });
+        }
+        for p in procs.iter_mut() {
+            p.fd_waits.sort_by(|a, b| b.blocked_ns.cmp(&a.blocked_ns).then(a.fd.cmp(&b.fd)));
+        }
     }
 
     /// Each thread's counts in the window (and its wakers), under its

@@ -3,7 +3,7 @@ use stall_common::WAKER_ANY_THREAD;
 
 use super::*;
 use crate::aggregate::{ProcWindow, Window};
-use crate::decode::{InodeSnap, ThreadSnap, WakeSnap};
+use crate::decode::{FdWaitSnap, InodeSnap, ThreadSnap, WakeSnap};
 
 fn open(tgid: u32, fd: i32, id: u64, path: &str) -> Event {
     Event::Open { ts: 0, tid: tgid, tgid, fd, file_id: id, path: path.into(), dfd: -100, dup_of: None }
@@ -562,6 +562,30 @@ fn wakers_blocked_time_per_interval_and_first_by_it() {
     m.apply_snapshot(&snap(2_000, (5, 1_000), (30, 300)));
     assert_eq!(got(&m.interval(2_000)), [(21, 3, 600), (22, 20, 200)]);
     assert_eq!(got(&m.summary(2_000)), [(21, 5, 1_000), (22, 30, 300)]);
+}
+
+/// Blocked time per descriptor: each interval its own, the summary all,
+/// longest first.
+#[test]
+fn descriptor_waits_per_interval() {
+    let mut m = Model::new(0);
+    let snap = |ts: u64, one: u64, five: u64| Snapshot {
+        ts,
+        threads: vec![ThreadSnap { tid: 10, tgid: 10, ..Default::default() }],
+        fd_waits: vec![
+            FdWaitSnap { tgid: 10, fd: 1, blocked_ns: one },
+            FdWaitSnap { tgid: 10, fd: 5, blocked_ns: five },
+        ],
+        ..Default::default()
+    };
+    let got = |w: &Window| -> Vec<(i32, u64)> {
+        w.procs.iter().find(|p| p.tgid == 10).unwrap().fd_waits.iter().map(|f| (f.fd, f.blocked_ns)).collect()
+    };
+    m.apply_snapshot(&snap(1_000, 300, 100));
+    assert_eq!(got(&m.interval(1_000)), [(1, 300), (5, 100)]);
+    m.apply_snapshot(&snap(2_000, 300, 600));
+    assert_eq!(got(&m.interval(2_000)), [(5, 500)]);
+    assert_eq!(got(&m.summary(2_000)), [(5, 600), (1, 300)]);
 }
 
 /// Wakes the kernel counted per waking process (its pair table full)
