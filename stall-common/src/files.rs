@@ -175,6 +175,77 @@ pub struct InodeBytes {
 // 8-aligned by its `u64` fields, 40 bytes.
 unsafe impl crate::Plain for InodeBytes {}
 
+/// How many windows [`FileWindows`] remembers per file.
+pub const FILE_WINDOW_SLOTS: usize = 32;
+
+/// Value of the `FILE_WINDOWS` map (keyed by an [`InodeKey`] of tgid 0): the
+/// page ranges last counted as mapped from one file, by any process. Where
+/// the kernel maps whole large folios (6.18 on), processes reading
+/// neighbouring parts of one file (DataLoader workers taking consecutive
+/// batches of a table they share) each get the folios their parts share
+/// mapped: counted for each, a file read once would add up to more than its
+/// size. A range another process counted just before is counted once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileWindows {
+    /// Where the next window goes (a count; its slot is modulo the length).
+    pub next: u64,
+    /// `start << 24 | pages` of each window (a page index up to 2^40, up to
+    /// 2^24 pages); 0: none.
+    pub windows: [u64; FILE_WINDOW_SLOTS],
+}
+
+impl Default for FileWindows {
+    fn default() -> Self {
+        Self { next: 0, windows: [0; FILE_WINDOW_SLOTS] }
+    }
+}
+
+const WINDOW_PAGE_BITS: u32 = 24;
+
+impl FileWindows {
+    /// `[first, stop)` less the pages at either end that a remembered window
+    /// covers (one inside it, leaving pages on both sides, is kept: windows
+    /// meet the ranges of other processes at their ends). One pass, in the
+    /// order of the slots: enough for ranges counted in ascending order.
+    /// Without a branch: the verifier would follow every way through each
+    /// window, and did, for seconds at every load.
+    #[inline(always)]
+    pub fn uncovered(&self, first: u64, stop: u64) -> (u64, u64) {
+        // 1 where `a < b`, for page indices (below 2^40: no wrap past 2^63).
+        let below = |a: u64, b: u64| a.wrapping_sub(b) >> 63;
+        let (mut lo, mut hi) = (first, stop);
+        for w in self.windows.iter() {
+            let start = w >> WINDOW_PAGE_BITS;
+            let end = start + (w & ((1 << WINDOW_PAGE_BITS) - 1));
+            // start <= lo < end: the window covers the range's head.
+            let head = (1 ^ below(lo, start)) & below(lo, end);
+            lo = lo.wrapping_add(head * end.wrapping_sub(lo));
+            // start < hi <= end: it covers the tail.
+            let tail = (1 ^ head) & below(start, hi) & (1 ^ below(end, hi));
+            hi = hi.wrapping_sub(tail * hi.wrapping_sub(start));
+        }
+        // hi < lo: all of it was covered.
+        hi = hi.wrapping_add(below(hi, lo) * lo.wrapping_sub(hi));
+        (lo, hi)
+    }
+
+    /// Remembers `[first, stop)` in place of the oldest window.
+    #[inline(always)]
+    pub fn remember(&mut self, first: u64, stop: u64) {
+        let pages = stop.saturating_sub(first).min((1 << WINDOW_PAGE_BITS) - 1);
+        if pages == 0 || first >= 1 << 40 {
+            return;
+        }
+        let slot = (self.next as usize) % FILE_WINDOW_SLOTS;
+        self.windows[slot] = first << WINDOW_PAGE_BITS | pages;
+        self.next = self.next.wrapping_add(1);
+    }
+}
+
+// SAFETY: integers only, 8-aligned, 8 + 8 × FILE_WINDOW_SLOTS bytes.
+unsafe impl crate::Plain for FileWindows {}
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
@@ -183,12 +254,42 @@ mod pod {
     unsafe impl aya::Pod for FileStats {}
     unsafe impl aya::Pod for InodeKey {}
     unsafe impl aya::Pod for InodeBytes {}
+    unsafe impl aya::Pod for FileWindows {}
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use core::mem::size_of;
+
+    #[test]
+    fn a_window_another_process_counted_is_trimmed_off_the_ends() {
+        let mut w = FileWindows::default();
+        assert_eq!(w.uncovered(10, 20), (10, 20), "nothing remembered");
+        w.remember(0, 16);
+        assert_eq!(w.uncovered(8, 40), (16, 40), "its head was counted");
+        assert_eq!(w.uncovered(4, 12), (16, 16), "all of it was");
+        w.remember(32, 48);
+        assert_eq!(w.uncovered(8, 40), (16, 32), "both ends");
+        assert_eq!(w.uncovered(100, 116), (100, 116), "elsewhere");
+        // One inside the range is not taken off: the range is kept whole.
+        assert_eq!(w.uncovered(60, 80), (60, 80));
+        w.remember(64, 68);
+        assert_eq!(w.uncovered(60, 80), (60, 80));
+    }
+
+    #[test]
+    fn windows_chain_in_order_and_the_oldest_is_forgotten() {
+        let mut w = FileWindows::default();
+        w.remember(0, 16);
+        w.remember(16, 32);
+        assert_eq!(w.uncovered(0, 40), (32, 40));
+        for i in 0..FILE_WINDOW_SLOTS as u64 {
+            w.remember(1000 + 16 * i, 1016 + 16 * i);
+        }
+        assert_eq!(w.uncovered(0, 40), (0, 40), "forgotten after FILE_WINDOW_SLOTS more");
+        assert_eq!(size_of::<FileWindows>(), 8 + 8 * FILE_WINDOW_SLOTS);
+    }
 
     #[test]
     fn slot_file_counts_add_every_field() {

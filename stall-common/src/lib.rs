@@ -22,7 +22,7 @@ pub use config::{counter, hook, syscall_class, track_gen, Config, SyscallTables,
 pub use events::{
     event_kind, CloseEvent, EventHeader, ExecEvent, ExitEvent, NewTaskEvent, OpenEvent, SwitchEvent,
 };
-pub use files::{fd_kind, inflight, FdKey, FileStats, InodeBytes, InodeKey};
+pub use files::{fd_kind, inflight, FdKey, FileStats, FileWindows, InodeBytes, InodeKey, FILE_WINDOW_SLOTS};
 pub use pagecache::PageCacheOffsets;
 pub use sched::{
     kclock, reason, run_state, slot_state, store_apart, task_flags, zeroed_in, CpuSlot, Plain, Regs,

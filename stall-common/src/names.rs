@@ -16,6 +16,7 @@ pub const THREADS: &str = "THREADS";
 pub const CGROUPS: &str = "CGROUPS";
 pub const FILES: &str = "FILES";
 pub const INODE_BYTES: &str = "INODE_BYTES";
+pub const FILE_WINDOWS: &str = "FILE_WINDOWS";
 pub const URING_PENDING: &str = "URING_PENDING";
 pub const URING_READS: &str = "URING_READS";
 /// Kernel-side only: the agent never opens it.
@@ -128,6 +129,7 @@ pub const MAPS: &[&str] = &[
     CGROUPS,
     FILES,
     INODE_BYTES,
+    FILE_WINDOWS,
     URING_PENDING,
     URING_READS,
     URING_FD,

@@ -13,6 +13,13 @@
 //! counts its size whether cold or cached. Random faults that come back to an
 //! older window after another may count some of its pages again.
 //!
+//! Nor is a range counted again for another process that gets it mapped just
+//! after (the file's last 32 windows, any process's, in `FILE_WINDOWS`): the
+//! kernel maps whole large folios, so workers reading neighbouring batches of
+//! one table each get the folios at their batches' ends, and counted for
+//! each, a table read once would add up to well more than its size. Such a
+//! range counts for the process that got it mapped first.
+//!
 //! From 6.18 a fault maps each large folio it reaches whole where it fits
 //! (the tracepoint still names the window): the window is widened to the
 //! folios at its ends, found in the page cache's XArray. A single-page
@@ -28,10 +35,13 @@ use aya_ebpf::{
     macros::{fentry, raw_tracepoint},
     programs::{FEntryContext, RawTracePointContext},
 };
-use stall_common::{InodeBytes, PageCacheOffsets};
+use core::mem::MaybeUninit;
+
+use stall_common::{zeroed_in, FileWindows, InodeBytes, InodeKey, PageCacheOffsets};
 
 use crate::{
     atomic_add, config, current,
+    maps::FILE_WINDOWS,
     pagecache::{folio_pages, inode_entry, inode_key, MAPPING_ANON, PAGE_BYTES},
     sched::{read_u64, read_u8},
 };
@@ -127,7 +137,32 @@ fn count(mapping: u64, first: u64, last: u64, one_page: bool) {
         }
         (first, stop) = (start.min(first), end.max(stop));
     }
+    // What another process (or this one) counted just before, off the ends.
+    if let Some(w) = file_windows(&key) {
+        // SAFETY: a non-null value pointer of the preallocated map; its
+        // fields are plain stores that a race may mix (a window counted
+        // twice or not at all), never a fault.
+        let w = unsafe { &mut *w };
+        let (lo, hi) = w.uncovered(first, stop);
+        w.remember(first, stop);
+        // The own last window is still what the whole range makes it.
+        add_uncovered(e, lo, hi, first, stop);
+        return;
+    }
     add(e, first, stop);
+}
+
+/// The file's recent windows (`FILE_WINDOWS`), made if missing; None when
+/// the entry cannot be made (the count is then this process's alone).
+#[inline(always)]
+fn file_windows(key: &InodeKey) -> Option<*mut FileWindows> {
+    let file = InodeKey { tgid: 0, ..*key };
+    if let Some(p) = FILE_WINDOWS.get_ptr_mut(&file) {
+        return Some(p);
+    }
+    let mut at = MaybeUninit::<FileWindows>::uninit();
+    let _ = FILE_WINDOWS.insert(&file, &*zeroed_in(&mut at), 0);
+    FILE_WINDOWS.get_ptr_mut(&file)
 }
 
 /// Adds pages `[first, stop)` less those of the last window counted, and
@@ -135,8 +170,14 @@ fn count(mapping: u64, first: u64, last: u64, one_page: bool) {
 /// may still fault).
 #[inline(always)]
 fn add(e: &mut InodeBytes, first: u64, stop: u64) {
-    let overlap = stop.min(e.window_stop).saturating_sub(first.max(e.window_start));
-    let pages = stop - first - overlap;
+    add_uncovered(e, first, stop, first, stop);
+}
+
+/// [`add`] of `[first, stop)` counting only its part `[lo, hi)`.
+#[inline(always)]
+fn add_uncovered(e: &mut InodeBytes, lo: u64, hi: u64, first: u64, stop: u64) {
+    let overlap = hi.min(e.window_stop).saturating_sub(lo.max(e.window_start));
+    let pages = hi.saturating_sub(lo).saturating_sub(overlap);
     if pages > 0 {
         // SAFETY: `e` is a live reference to the map value: `mapped` is a
         // valid, 8-byte aligned `u64`.

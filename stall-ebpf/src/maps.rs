@@ -2,11 +2,11 @@
 //! them at load time (`EbpfLoader::map_max_entries`).
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use stall_common::{
-    counter, CpuSlot, FdKey, FileStats, InodeBytes, InodeKey, ThreadStats, UringKey, UringRead, UringReads,
-    WakeCache, WakeKey, WakeStats, WAKE_CACHE_SLOTS,
+    counter, CpuSlot, FdKey, FileStats, FileWindows, InodeBytes, InodeKey, ThreadStats, UringKey, UringRead,
+    UringReads, WakeCache, WakeKey, WakeStats, WAKE_CACHE_SLOTS,
 };
 
 /// Tracked threads by tid. Being here is what "tracked" means.
@@ -26,6 +26,12 @@ pub static FILES: HashMap<FdKey, FileStats> = HashMap::with_max_entries(32768, 0
 /// bytes read from storage for it, bytes its faults mapped.
 #[map]
 pub static INODE_BYTES: HashMap<InodeKey, InodeBytes> = HashMap::with_max_entries(32768, 0);
+
+/// The page ranges last counted as mapped from each file, by any process
+/// (key: tgid 0), so that a range two processes each get mapped counts once.
+/// Least recently used files make room.
+#[map]
+pub static FILE_WINDOWS: LruHashMap<InodeKey, FileWindows> = LruHashMap::with_max_entries(4096, 0);
 
 /// io_uring reads of tracked threads submitted and not completed yet.
 #[map]
