@@ -629,6 +629,29 @@ fn trainer_host_bound_with_and_without_gpu() {
     let v = job().judge(&[]);
     assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
     assert!(v.summary.contains("busy on the host"));
+    // What the workers read meanwhile, by file: the input kept up.
+    assert!(
+        v.summary.contains("; its worker read 100 KB meanwhile (/data/rows_101.pt 100 KB)"),
+        "{}",
+        v.summary
+    );
+}
+
+/// Workers that map their shards while the trainer is the one busy: the
+/// line gives what they read in all and names the two files that gave most.
+#[test]
+fn a_busy_trainer_names_the_files_its_workers_read() {
+    let mut job = Job::new(10).trainer(0.9, [0.05, 0.0, 0.0, 0.0, 0.05, 0.0], RUNNING);
+    for pid in 101..=104 {
+        job = job.mapping_worker(pid, 0.1, [0.0, 0.0, 0.8, 0.0, 0.0, 0.0], 0, Some(64_000_000));
+    }
+    let v = job.judge(&[]);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    assert!(
+        v.summary.contains("; its 4 workers read 256 MB meanwhile (/data/shard_101.safetensors 64.0 MB, /data/shard_102.safetensors 64.0 MB and 2 more files)"),
+        "{}",
+        v.summary
+    );
 }
 
 /// A host crowded by CPU-hungry workers (the slow rank of a run on a

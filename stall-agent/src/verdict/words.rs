@@ -244,14 +244,16 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             )
         }
         Finding::TrainerBusy { cpu } if s.host_only() => format!(
-            "Trainer main thread on CPU {} of {}: it is busy on the host (input is not the bottleneck)",
+            "Trainer main thread on CPU {} of {}: it is busy on the host (input is not the bottleneck){}",
             units::pct(*cpu),
-            units::secs(secs)
+            units::secs(secs),
+            workers_input(&s.workers)
         ),
         Finding::TrainerBusy { cpu } => format!(
-            "Trainer main thread on CPU {} of {} while the GPU idles: trainer is host-bound",
+            "Trainer main thread on CPU {} of {} while the GPU idles: trainer is host-bound{}",
             units::pct(*cpu),
-            units::secs(secs)
+            units::secs(secs),
+            workers_input(&s.workers)
         ),
         Finding::Idle { job_cpu } => {
             let (r, share) = tm.top_wait();
@@ -270,6 +272,37 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             wait_breakdown(main, tm)
         ),
     }
+}
+
+/// "; its 4 workers read 256 MB meanwhile (/data/train.arrow 254 MB, …)":
+/// the input that kept up with a busy trainer, by file (summed over the
+/// workers, code left out, the two that gave most named); empty without
+/// workers or input.
+fn workers_input(workers: &[&ProcWindow]) -> String {
+    let mut by_path: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for f in workers.iter().flat_map(|p| p.files.iter()) {
+        if !is_code_file(f.resolved.as_deref().unwrap_or(&f.path)) && f.bytes_in() > 0 {
+            *by_path.entry(f.path.as_str()).or_default() += f.bytes_in();
+        }
+    }
+    let total: u64 = workers.iter().map(|p| p.input_bytes()).sum();
+    if by_path.is_empty() || total == 0 {
+        return String::new();
+    }
+    let mut files: Vec<(&str, u64)> = by_path.into_iter().collect();
+    files.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let named: Vec<String> = files.iter().take(2).map(|(p, b)| format!("{p} {}", units::bytes(*b))).collect();
+    let more = match files.len().saturating_sub(2) {
+        0 => String::new(),
+        1 => " and 1 more file".into(),
+        n => format!(" and {n} more files"),
+    };
+    format!(
+        "; {} read {} meanwhile ({}{more})",
+        if workers.len() == 1 { "its worker".to_string() } else { format!("its {} workers", workers.len()) },
+        units::bytes(total),
+        named.join(", ")
+    )
 }
 
 /// The peers outside the job `procs` received most from: "10.0.0.5:443",
