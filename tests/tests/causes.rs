@@ -144,6 +144,67 @@ fn pages_of_a_dataset_mapped_before_fork_are_named_in_each_worker() {
     }
 }
 
+/// The ordinary Hugging Face `datasets` job: `load_from_disk` (pyarrow reads
+/// the Arrow file ahead into the page cache), `.with_format("torch")` handed
+/// straight to a DataLoader of 4 workers, and a trainer that takes a CPU
+/// step per batch: `trainer-host-bound`, its line naming the Arrow file and
+/// what the workers took of it, the file's size within 5 % (each row is read
+/// once, by one worker, though the kernel maps the large folios at the ends
+/// of each worker's batches into its neighbour too).
+#[test]
+fn a_datasets_table_under_a_dataloader_names_what_the_workers_read() {
+    require_root();
+    let pythonpath = torch_and_datasets_path();
+    let dir = disk_scratch("hf-loader");
+    let data = dir.path("ds");
+    let script = workload("hf_arrow.py");
+    // 62,000 rows of 4 KiB: a 255 MB table.
+    let mut prepare = std::process::Command::new(python());
+    prepare
+        .args([script.as_str(), "prepare", data.to_str().unwrap(), "62000"])
+        .env("PYTHONPATH", &pythonpath);
+    let out = run_with_timeout(prepare, Duration::from_secs(180));
+    assert!(out.status.success(), "preparing the dataset: {}", String::from_utf8_lossy(&out.stderr));
+    let truth_path = dir.path("truth.json");
+    let argv = [
+        "run",
+        "-q",
+        "--",
+        python(),
+        script.as_str(),
+        "loader",
+        data.to_str().unwrap(),
+        truth_path.to_str().unwrap(),
+        "4",
+        "40",
+    ];
+    let run = stall(&argv, &[("PYTHONPATH", &pythonpath)], Duration::from_secs(240));
+    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
+    let t: Value = truth(&truth_path);
+    let (arrow, size) = t["files"].as_object().unwrap().iter().next().expect("an Arrow file");
+    let size = size.as_u64().unwrap() as f64;
+    let workers = t["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 4, "{t}");
+    let mut mapped = 0;
+    for w in workers {
+        let pid = w.as_u64().unwrap();
+        assert_eq!(run.process(pid)["role"], "worker", "{}", run.process(pid));
+        mapped += run.file(pid, Path::new(arrow))["mmap_bytes"].as_u64().unwrap();
+    }
+    let line = summary_line(&run);
+    eprintln!("datasets loader: the workers mapped {mapped} bytes of {arrow} ({size} bytes); {line}");
+    assert!((mapped as f64 - size).abs() <= 0.05 * size, "the workers mapped {mapped} bytes of {size}");
+    assert_eq!(kind(&run), "trainer-host-bound", "{line}");
+    // "…; its 4 workers read 255 MB meanwhile (/…/data-00000-of-00001.arrow 255 MB)"
+    assert!(line.contains("; its 4 workers read "), "{line}");
+    let named = line
+        .split_once(&format!("({arrow} "))
+        .and_then(|(_, rest)| rest.split_once(" MB"))
+        .and_then(|(n, _)| n.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("the line names no bytes of {arrow}: {line}"));
+    assert!((named * 1e6 - size).abs() <= 0.05 * size, "the line says {named} MB of {arrow} ({size} bytes)");
+}
+
 /// Four workers fetch their 4 MiB samples over HTTP (one connection per
 /// sample, as urlopen does) from a server outside the job paced to 8 MB/s:
 /// input-io-bound, naming the server; the bytes the workers received from

@@ -12,6 +12,16 @@ iterates a DataLoader with WORKERS fork-started workers over every row once:
 the workers fault the pages in without ever opening the files (from the
 page cache: pyarrow reads a file it maps ahead as the table is opened). Writes the truth: the trainer's pid, the workers' pids, the Arrow
 files and their sizes, the throttle.
+
+`loader DIR TRUTH WORKERS MBPS`: the ordinary user's shape, as above
+(evicted, throttled) but with nothing of the job's own between `datasets`
+and the DataLoader: `load_from_disk(DIR).with_format("torch")` handed to a
+DataLoader with WORKERS workers (the default start method), every row once,
+the trainer taking a step of a small model on its CPU for each batch of 64
+rows (one thread, about 4 ms): the trainer is what the job waits for. The
+workers fault their rows in through the mapping `load_from_disk` made (the
+file is in the page cache by then: pyarrow has read it ahead). Writes the
+same truth.
 """
 import json
 import os
@@ -86,8 +96,54 @@ def run(dir, truth_path, workers, mbps):
         }, f)
 
 
+def loader(dir, truth_path, workers, mbps):
+    for path in arrow_files(dir):
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    throttle, note = workload.setup_throttle(dir, mbps, f"stall-arrow-{os.getpid()}")
+    if throttle:
+        throttle.enter()
+    try:
+        import datasets
+        import torch
+        from torch.utils.data import DataLoader
+
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        layers = [torch.randn(512, 512) / 512**0.5 for _ in range(6)]
+        ds = datasets.load_from_disk(dir).with_format("torch")
+        loader = DataLoader(ds, batch_size=64, num_workers=workers)
+        it = iter(loader)
+        pids = [w.pid for w in it._workers]
+        rows = 0
+        for batch in it:
+            rows += len(batch["idx"])
+            # The format gives numpy bytes, trailing zero bytes stripped.
+            rows_bytes = b"".join(d.ljust(ROW, b"\0") for d in batch["data"])
+            x = torch.frombuffer(bytearray(rows_bytes), dtype=torch.uint8)
+            x = x.view(-1, ROW)[:, :512].float() / 255
+            for w in layers:
+                x = torch.tanh(x @ w)
+        del it
+        assert rows == len(ds), rows
+    finally:
+        if throttle:
+            throttle.remove()
+    with open(truth_path, "w") as f:
+        json.dump({
+            "trainer": os.getpid(),
+            "workers": pids,
+            "files": {p: os.path.getsize(p) for p in arrow_files(dir)},
+            "rows": len(ds),
+            "throttle": throttle.description if throttle else note,
+        }, f)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "prepare":
         prepare(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "loader":
+        loader(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
     else:
         run(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
