@@ -102,167 +102,116 @@ fn median_ratio<M: PartialEq + Copy>(samples: &[(M, Sample)], mode: M, base: M) 
     (!ratios.is_empty()).then(|| median(ratios))
 }
 
-/// Why the numbers are what they are (the design; the tables measure it).
-const WHERE_THE_COST_IS: &str = "\
-## Where the cost is, and why some targets are out of reach here
+/// Why the numbers are what they are (the design; the tables measure it):
+/// findings measured by hand, kept as markdown beside the other docs so
+/// that a sentence of them is fixed there, and written into the report as
+/// they are.
+const WHERE_THE_COST_IS: &str = include_str!("../../../docs/performance/where-the-cost-is.md");
 
-The figures in this section (\"this host\", \"here\") were measured by hand, side by side, on a 2-core \
-AMD EPYC VM with kernel 6.18 (retpolines and AMD's safe-RET on: every call and return of a helper or \
-of the tracepoints' dispatch is dear there), from 2026-11-30 to 2026-12-03; the tables after it are \
-this run's machine's (see Machine). On a 2-core Intel Xeon VM (6.18, TSC clock), 2026-12-04, the \
-same programs took, per run under `bpf_stats`: `sys_enter` 42 ns (floor 32), `sys_exit` 48 ns (floor \
-32), `sched_switch_direct` 94 ns (floor 31), `sched_waking` 73 ns (floor 28): helper calls cost a \
-fraction of what they cost on the AMD host. End to end a traced 4 KiB read cost about 45 ns above \
-the floor there, of which the two programs' own time was about 26 ns: the rest is what they leave \
-behind in the job (presumably the cache lines they touch: the slot, the hook table, the \
-configuration, their stack).
+/// The longest line of prose the report writes; tables keep their width.
+const WIDTH: usize = 100;
 
-- **The floor is the kernel's, where trampolines are refused.** On these machines the syscall \
-hooks are the raw syscall tracepoints (the fallback backend: fentry/fexit are refused with EPERM, \
-and CONFIG_KPROBES is off). Attaching any syscall tracepoint puts every task of the machine on the \
-kernel's slow syscall path (`SYSCALL_WORK_SYSCALL_TRACEPOINT` is set on all tasks, traced or not), \
-and each syscall then calls the attached programs. That cost is the floor row, and it lands on \
-untraced neighbours as much as on the traced job: no tracepoint program avoids it. Where the \
-kernel allows BPF trampolines (Debian's 6.1 and 6.12; not 5.10, docs/KERNELS.md) stall hooks the 27 \
-syscalls' own functions (`__x64_sys_read`...) with fentry/fexit instead (`--syscall-hooks auto`, \
-the default): no task goes on the slow path, only callers of those syscalls run a program, and a \
-process doing anything else pays nothing. The two backends side by side, in QEMU on those \
-kernels: docs/BACKENDS.md (`cargo xtask bench --vm 6.12`). The non-syscall tracepoints (`filemap:*`) cannot give \
-exact bytes per descriptor or see pipes.
-- **Raw syscall tracepoints, not per-syscall events.** stall attaches `raw_syscalls:sys_enter` \
-and `sys_exit` (two programs that pick openat, close and the read family by number) instead of one \
-`syscalls:sys_*` event per syscall: the per-syscall events build a perf record per call, which \
-made their floor about twice as high in the same A/B runs.
-- **No hash lookup per read or write.** The syscall programs work on a per-CPU slot describing \
-the task the CPU runs (filled by `sched_switch`, recognised by the task's register pointer, so not \
-even a `bpf_get_current_pid_tgid` per call); the slot caches the last descriptor read and, apart, \
-the last one written (a copy loop alternates the two), and accumulates their counts, which go to \
-the per-thread and per-file maps when the task is switched out, closes the descriptor, or exits \
-(the agent adds what slots hold to its snapshots). An untraced task's syscall costs the programs \
-one load from the syscall table and a compare; each program loads only the configuration fields it \
-uses.
-- **What every syscall reads is plain data, not a map.** The per-syscall tables (what the programs \
-do with a number, and what a thread blocked in it waits for) are part of the read-only \
-configuration, and the agent's tracking generation, which every tracked syscall compares with its \
-slot's, is a global in the object's `.bss`: one load each, where an array map's lookup took a \
-dozen instructions and a stack slot, twice per syscall. Measured on this host (6.18, `bpf_stats`, \
-side by side with the build before, 2026-12-05): on pread-4k `sys_enter` 52.5 to 53.4 ns per run \
-against 56.7 to 57.5, `sys_exit_cast` 58.2 to 59.2 against 58.8 to 60.5; on futex ping-pong \
-`sched_switch` 229 to 232 against 236, `sched_waking` 118.5 against 119 to 122.
-- **A traced read calls no helper.** Its return needs the syscall number and the descriptor from \
-the saved registers (neighbours there; the entry reads nothing, and a read that blocks has its \
-descriptor read at the switch). A raw tracepoint is handed their address as a plain number, and \
-`bpf_probe_read_kernel` cost about 55 ns per return on the AMD VM (retpolines and safe-RET make \
-every call and return dear there): more than half of what the programs added to a cached read. \
-`sys_exit_cast`, loaded where the kernel has the kfunc `bpf_rdonly_cast` (6.2 on) and the \
-verifier takes it, casts the address to `struct pt_regs` instead: the verifier inlines the cast \
-and makes the two loads plain, fault-checked ones. aya 0.14 does not relocate kfunc calls, so the \
-program calls a placeholder that the agent rewrites into the kfunc's call, by its id in the \
-kernel's BTF, before load (`capture/kfunc.rs`; `sys_exit` with the helper is the fallback, and \
-the JSON summary's `syscall_reads` says which ran). Measured side by side under `bpf_stats` on the \
-AMD VM, pread-4k: `sys_exit` 167 to 206 ns per run, `sys_exit_cast` 111 to 152, the floor's 68 to \
-83. Loading the registers through `bpf_task_pt_regs` instead had cost the same as the probe (two \
-helper calls in place of one). The number being that cheap to read, `sys_exit_cast` returns on an \
-unhooked call (futex, poll: any task's) before it looks at the slot, as the entry does; that look \
-asks the thread id at a task's first return after each switch-in, which an untraced neighbour \
-handing a futex back and forth paid at every return: 118 to 136 ns per run of `sys_exit`, 75 of \
-`sys_exit_cast`, against the floor's 68.
-- **The clock is sampled, and sparser in a loop on cached data.** `bpf_ktime_get_ns` at a read's \
-entry and exit (about 100 ns each on the AMD VM with `--latency-sample 1`, 19 on the Intel VM) \
-times a random sample of reads for the latency estimate: one in 8 after a switch-in, one in 128 \
-once the thread has made 32 traced calls without leaving the CPU (pread-4k's case, where one in 8 \
-was a third of what the programs added per read on the Intel VM), each timed read weighted by the \
-reads it stands for, so the per-file mean stays unbiased; `--latency-sample 1` times every read.
-- **A traced context switch reads no field through a helper where the kernel allows it.** \
-`sched_switch_direct` (loaded where the verifier takes it: 6.1, 6.12, 6.18) loads the fields of \
-the task going off-CPU (ids, state, the kernel's on-CPU and runqueue totals, the syscall it sleeps \
-in) directly through the BTF pointers `bpf_get_current_task_btf` and `bpf_task_pt_regs` return; \
-the task coming on-CPU, and a wakeup's wakee, are found by a note keyed by their address (their \
-thread id, checked against the address their entry holds), not by reading them. From 6.12 on \
-(`sched_switch_queued_cast`) the task going off-CPU is the tracepoint's argument cast through \
-`bpf_rdonly_cast`, its registers the top of its stack cast likewise, so neither BTF helper is \
-called. What is left per tracked switch is the two tasks' hash lookups, the clock and the per-CPU \
-slot's flush and refill; tp_btf programs, which would take `next` as a BTF pointer too, are \
-refused on this host. The JSON summary's `switch_reads` says which variant ran.
-- **No byte loop in a hot program.** The slot's flush and refill once reset its counts with plain \
-stores, which LLVM merged into `memset` calls; bpf-linker expands `memcpy` inline but links \
-`memset` as compiler-builtins' loop of one byte per iteration: some 260 bytes, over a thousand \
-instructions, per tracked switch (`sched_switch_direct` took 490 to 640 ns per run on futex \
-ping-pong; without them about 330). Counts are reset with one volatile store per field \
-(`stall_common::store_apart`), new entries zeroed a word at a time (`zeroed_in`), and a unit test \
-fails if a program on a switch, syscall or fault path links any of the byte loops. A thread's \
-entry also keeps its register pointer, so its slot is recognised from its switch-in on: the first \
-syscall return after a switch no longer asks the thread id and code segment (`sys_exit` from 112 to 72 \
-ns per run there).
-- **A repeated wakeup costs no hash lookup.** Each CPU keeps the last pair of wakee and waker it \
-counted and the wakeups since (`WAKE_CACHE`), added to the pair's `WAKES` entry when another pair \
-comes; the agent adds what the CPUs hold to its snapshots. A futex or pipe ping-pong, or a queue \
-and its feeder, wake the same pair again and again.
-- **What is left per tracked switch is mostly the clock.** Ablated on futex ping-pong (a \
-temporary build with a load-time switch per part, 3 rounds each, reverted): with \
-`bpf_ktime_get_ns` answering a constant, `sched_switch_direct` took 341 to 354 ns per run against \
-375 to 457, and `sched_waking` 186 to 195 against 235 to 271. One read of the clock costs 60 to \
-80 ns on this host, as much as the rest of the wakeup's work (the empty program of the floor row, \
-77 to 79 ns per run, is mostly `bpf_stats`' own two clock reads). A switch reads it once (both \
-tasks' spans end and start at the same time), a counted wakeup once (`wake_ts`, which splits the \
-wakee's off-CPU span into blocked and waiting for a CPU). The syscall the task blocks in \
-(`bpf_task_pt_regs` and one load) costs about 40 ns of a switch-out; the waker's \
-`bpf_get_current_pid_tgid`, nothing measurable.
-- **A wakeup reads no clock.** Where the kernel keeps `sched_info.last_queued` \
-(5.15 on with the direct loads), `sched_switch_queued` takes a woken task's wait for a CPU at \
-its switch-in from the kernel: the runqueue's clock, which the switch has just updated, less the \
-time the task was enqueued, reached in five plain loads from the current task (`se.cfs_rq->rq`, \
-whose `curr` is the task coming in). That is the wait the kernel adds to the task's `run_delay` \
-right after, so stall's runqueue time is the kernel's own, and `sched_waking_marked` only marks \
-the wakeup. Measured here on 6.18 in a build that loaded it (futex ping-pong, 4 rounds side by \
-side with the timed pair): `sched_waking` 168 to 186 ns per run against 238 to 287, \
-`sched_switch` 398 to 455 against 376 to 465; about 35 ns less per switch. The clock at the \
-wakeup also counts the wakeup's delivery (a timer's, or another CPU's interrupt) as waiting for a \
-CPU: a thread sleeping 1 ms at a time beside three CPU hogs on two CPUs had 41 and 53 ms of \
-runqueue by it against 19 and 24 ms of `run_delay`; by the enqueue, 15.3 and 24.7 ms against \
-15.3 and 24.7. From 6.12 on, EEVDF's delayed dequeue leaves a blocked task queued for a while, and \
-migrating it then enqueues it, setting `last_queued` long before its wakeup (a 2 s poll counted as \
-2 s of runqueue, once in six runs on 6.12). There `sched_waking_checked` reads the wakee's \
-`last_queued` at the wakeup, by a plain load through `bpf_rdonly_cast` (no helper call): 0, the \
-wakeup's own enqueue will set it, and the wakeup is only marked; set, the wakeup is timed by the \
-clock. `sched_switch_queued_cast`, loaded with it, reaches the task going off-CPU by casting the \
-tracepoint's argument and its registers at the top of its stack, calling neither \
-`bpf_get_current_task_btf` nor `bpf_task_pt_regs`. Measured on this host (6.18, futex ping-pong, \
-`bpf_stats`, 3 rounds side by side with the build before): `sched_waking` 120 to 126 ns per run \
-against 160 to 166, `sched_switch` 232 to 246 against 238 to 248.
-- **Nor does most switches.** The runqueue's clock is in reach of the same variants, and the switch \
-has just updated it: each CPU notes it beside the clock at one tracked switch, and for the next \
-2 ms a tracked switch's time is the noted clock plus how far the runqueue's has moved since \
-(three plain loads), the clock being read again after that. The two clocks drift apart by parts per \
-million (nanoseconds over the span); the runqueue's is the one the kernel's `schedstat` totals, \
-which stall's are checked against, are taken on. Measured on this host (6.18, futex ping-pong, \
-`bpf_stats`, 3 rounds side by side with the build before, 2026-12-05): `sched_switch_queued_cast` \
-174 to 176 ns per run against 234 to 237.
-- **A healthy node's switches run no stall program.** Attached, `sched_switch` and \
-`sched_waking` cost every switch of the node the tracepoints' dispatch even where the programs \
-decide \"not ours\" at once (a note keyed by the task's address, no hash lookup): with every \
-program returning at once, a switch-heavy neighbour paid +10 % on this host (retpolines and \
-AMD's safe-RET mitigation make each call and return of the dispatch expensive), as much as the \
-cheap tier's real programs. So the daemon's cheap tier attaches no scheduler hook: once per \
-interval it reads the jobs' threads from /proc (`schedstat`: the kernel's own on-CPU and \
-runqueue totals, which the hooks read too; `stat` and `syscall`: what a thread waits in), into \
-the same `THREADS` entries, and attaches the scheduler hooks with the syscall hooks on \
-escalation, going on from each thread's last reading. The cost moves to the agent: one \
-`schedstat` read per thread per interval (three for a thread that ran since the last: a thread \
-still blocked where its entry says needs nothing more), about 14 µs of agent CPU per thread per \
-interval here (a job of 1000 threads at `--interval 1`: 3.3 % of a core, against 1.9 % with the \
-scheduler hooks).
-- **Storage bytes cost a lookup per page-cache fill, nothing per read.** The program on \
-`filemap:mm_filemap_add_to_page_cache` runs only when a page (or large folio) enters the page \
-cache, i.e. when something is read from storage: a hash lookup for the current task and, for a \
-tracked one, an add to its per-file entry. Reads served from the page cache never reach it \
-(compare loader with loader-cold).
-- **Mapped bytes cost a lookup per file fault, nothing per page touched after.** The programs on \
-`filemap:mm_filemap_map_pages` and `mm_filemap_fault` (trampolines on the two functions before \
-6.11) run once per fault on a file mapping (a fault maps a window of pages, from 6.18 whole large \
-folios): a hash lookup for the current task and, for a tracked one, an add to its per-file entry \
-and, from 6.18, two walks down the file's page-cache XArray to the folios at the window's ends. \
-Anonymous memory never reaches them (loader-mmap).";
+/// `doc` with each line of prose longer than `WIDTH` broken: each sentence
+/// on a line of its own, and a sentence still too long broken between
+/// words, never inside a code span nor before a word that would start a
+/// block of its own (a list item, a heading, a quote). A list item's lines
+/// go on under its text. Tables, headings and shorter lines stay as they
+/// are, so the layout changes nothing that markdown shows.
+fn reflow(doc: &str) -> String {
+    let lines: Vec<String> = doc
+        .split('\n')
+        .map(|line| {
+            if line.chars().count() <= WIDTH || line.starts_with('|') || line.starts_with('#') {
+                line.to_string()
+            } else {
+                reflow_line(line)
+            }
+        })
+        .collect();
+    lines.join("\n")
+}
+
+fn reflow_line(line: &str) -> String {
+    let body = line.trim_start_matches(' ');
+    let mut head = line.len() - body.len();
+    if body.starts_with("- ") {
+        head += 2;
+    }
+    let (first, body) = line.split_at(head);
+    let indent = " ".repeat(head);
+    let words = words(body);
+    let len = |ws: &[&str]| ws.iter().map(|w| w.chars().count() + 1).sum::<usize>() + head - 1;
+    let mut out: Vec<String> = Vec::new();
+    let mut cur: Vec<&str> = Vec::new();
+    let flush = |cur: &[&str], out: &mut Vec<String>| {
+        let lead = if out.is_empty() { first } else { indent.as_str() };
+        out.push(format!("{lead}{}", cur.join(" ")));
+    };
+    for (i, &w) in words.iter().enumerate() {
+        let sentence = i > 0 && ends_sentence(words[i - 1], w);
+        let long = !cur.is_empty() && len(&cur) + 1 + w.chars().count() > WIDTH;
+        if cur.is_empty() || !(sentence || long) {
+            cur.push(w);
+        } else if !opens_block(w) {
+            flush(&cur, &mut out);
+            cur = vec![w];
+        } else if long && cur.len() > 1 {
+            // The word before goes along, so that this one starts no line.
+            let last = cur.pop().unwrap_or_default();
+            flush(&cur, &mut out);
+            cur = vec![last, w];
+        } else {
+            cur.push(w);
+        }
+    }
+    flush(&cur, &mut out);
+    out.join("\n")
+}
+
+/// The words of a line of prose, a code span with spaces in it one word.
+fn words(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut ticks) = (None, 0);
+    let mut at = 0;
+    for part in text.split(' ') {
+        let begin = at;
+        at += part.len() + 1;
+        if part.is_empty() && ticks % 2 == 0 {
+            continue;
+        }
+        let s = *start.get_or_insert(begin);
+        ticks += part.matches('`').count();
+        if ticks % 2 == 0 {
+            out.push(&text[s..at - 1]);
+            start = None;
+        }
+    }
+    if let Some(s) = start {
+        out.push(&text[s..]);
+    }
+    out
+}
+
+/// Whether `word` ends a sentence and `next` begins another.
+fn ends_sentence(word: &str, next: &str) -> bool {
+    let ended = [".", "?", "!"].iter().any(|end| word.ends_with(end))
+        && !["e.g.", "i.e.", "vs.", "etc."].contains(&word.trim_start_matches('('));
+    let begins = !next.starts_with(|c: char| c.is_lowercase()) || next.starts_with("stall");
+    // A bold lead-in (`**The point.**`) ends whatever comes next.
+    word.ends_with(".**") || ended && begins
+}
+
+/// Whether a line that starts with `word` would start a block of its own
+/// rather than go on with the paragraph.
+fn opens_block(word: &str) -> bool {
+    let marker = |c: char| "-+*=_#".contains(c);
+    word.chars().all(marker)
+        || word.starts_with(['>', '|', '<'])
+        || word.starts_with("```")
+        || word
+            .strip_suffix(['.', ')'])
+            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+}
 
 struct Target {
     what: String,
@@ -689,7 +638,7 @@ pub fn render(
         let _ = writeln!(d, "| {} | {} | {} | {} |", t.what, t.measured, verdict(t.met), t.margin);
     }
 
-    let _ = writeln!(d, "\n{WHERE_THE_COST_IS}");
+    let _ = writeln!(d, "\n{}", WHERE_THE_COST_IS.trim_end());
 
     let _ = writeln!(d, "\n## Traced workloads\n");
     let _ = writeln!(
@@ -832,7 +781,7 @@ pub fn render(
             b.achieved * b.records_per_op
         );
     }
-    d
+    reflow(&d)
 }
 
 fn ns(v: f64) -> String {
@@ -976,6 +925,7 @@ fn render_profile(d: &mut String, p: &Profile) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::profile::ProgCost;
 
     fn workload(samples: &[(Mode, u64)]) -> Workload {
         Workload {
@@ -1015,5 +965,105 @@ mod tests {
         );
         assert!(above_floor(&workload(&[(Baseline, 100), (Floor, 120)]), Stall).is_none());
         assert!((paired_ratio(&w, Stall).unwrap() - 1.4).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_hand_measured_prose_is_written_as_it_is() {
+        assert!(WHERE_THE_COST_IS.starts_with("## Where the cost is"), "{WHERE_THE_COST_IS:.80}");
+        for line in WHERE_THE_COST_IS.lines() {
+            assert!(line.chars().count() <= WIDTH, "longer than {WIDTH}: {line}");
+        }
+        assert_eq!(reflow(WHERE_THE_COST_IS), WHERE_THE_COST_IS);
+    }
+
+    #[test]
+    fn a_long_line_breaks_at_sentences_then_words() {
+        let item = format!(
+            "- **A finding.** {} `a code span that stays whole` and - more. stall goes on; e.g. This stays.",
+            "word ".repeat(30).trim_end()
+        );
+        let out = reflow(&format!("| {} |\n{item}\nshort.\n", "wide ".repeat(40)));
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].len() > WIDTH, "tables keep their width");
+        assert_eq!(lines[1], "- **A finding.**");
+        assert!(lines[2].starts_with("  word word"), "{out}");
+        assert!(lines.iter().any(|l| l.contains("`a code span that stays whole`")), "{out}");
+        assert!(lines.iter().all(|l| !l.trim_start().starts_with("- ") || l.starts_with("- **")), "{out}");
+        assert!(lines.iter().any(|l| l.starts_with("  stall goes on; e.g. This stays.")), "{out}");
+        assert_eq!(lines.last(), Some(&"short."));
+        // Nothing but the line breaks changed.
+        let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(words(&out), words(&format!("| {} |\n{item}\nshort.", "wide ".repeat(40))));
+    }
+
+    #[test]
+    fn the_report_keeps_prose_lines_short() {
+        use Mode::{Baseline, Before, Floor, Stall, Strace, Timeline};
+        let mut w = workload(&[
+            (Baseline, 800),
+            (Stall, 1000),
+            (Timeline, 1040),
+            (Strace, 93_000),
+            (Floor, 980),
+            (Before, 1020),
+        ]);
+        w.what = format!("a workload described at length, {}", "and at more length ".repeat(12).trim_end());
+        let meta = Meta {
+            quick: false,
+            runs: 5,
+            strace: true,
+            minutes: 12.9,
+            quiet: Quiet { contaminated: 2, samples: 485, ..Quiet::default() },
+            load: (1.13, 0.76),
+            before: Some("361302f".into()),
+        };
+        let prog = |name: &str, runs, ns| ProgCost { name: name.into(), runs, ns };
+        let profile = |label, before| Profile {
+            label,
+            unit: "read",
+            floor: false,
+            secs: 2.0,
+            ops_per_s: 900_000.0,
+            progs: vec![
+                prog("sys_enter", 1_700_000, 90_000_000),
+                prog("sys_exit_cast", 1_700_000, 95_000_000),
+            ],
+            before,
+        };
+        let profiles = vec![
+            profile("pread-4k: 4 KiB reads, traced", false),
+            profile("pread-4k: 4 KiB reads, traced", true),
+        ];
+        let watched = |ns| Watch::ALL.iter().map(|&m| (m, Sample { ops: 1000, ns })).collect::<Vec<_>>();
+        let daemon = DaemonBench {
+            reads: 262_144,
+            rounds: 6,
+            job: watched(900_000),
+            neighbour: watched(880_000),
+            switches: 500_000,
+            switcher: watched(2_160_000),
+            profiles: vec![profile("daemon, escalated: a neighbour's reads", false)],
+        };
+        let cost = vec![CostRow {
+            label: "50k reads/s (≈100k events/s)".into(),
+            rate: Some(50_000),
+            achieved: 49_999.0,
+            events_per_op: 2.0,
+            records_per_op: 0.0,
+            traced_s: 8.1,
+            cpu_s: 0.104,
+            steady_pct: Some(0.18),
+            rss_kb: 50_000,
+            lost: 0,
+        }];
+        let py = PyStacksBench {
+            secs: 4.0,
+            samples: vec![(Reader::None, Sample { ops: 8_800_000, ns: 1_000_000_000 })],
+        };
+        let doc = render(&meta, &[w], &profiles, &cost, &daemon, &py);
+        assert!(doc.contains(WHERE_THE_COST_IS.trim_end()));
+        for line in doc.lines().filter(|l| !l.starts_with('|')) {
+            assert!(line.chars().count() <= WIDTH, "longer than {WIDTH}: {line}");
+        }
     }
 }
