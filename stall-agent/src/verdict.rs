@@ -99,6 +99,9 @@ pub mod rules {
     /// A busy GPU below this share of its power limit has a kernel resident
     /// but barely computes (a spinning collective, a wedged kernel).
     pub const GPU_LOW_POWER: f64 = 0.25;
+    /// The share of its window a main thread waited for one thread, in
+    /// waits that thread ended, from which the line says how long.
+    pub const WAITED_NAMED: f64 = 0.1;
 }
 
 /// `w`: the window judged (the last few seconds live, the whole run at the

@@ -110,7 +110,9 @@ fn a_thread_holding_the_gil_is_named_and_no_hang() {
     }
     assert_eq!(kind, "trainer-host-bound", "{line}");
     let metrics = t["metrics"].as_u64().unwrap();
-    assert!(line.contains(&format!("waiting for thread {metrics} (metrics) of the trainer")), "{line}");
+    // "waiting for thread …", or "waits 80% of the time for thread …"
+    // where the waits it ended were long enough to say.
+    assert!(line.contains(&format!("for thread {metrics} (metrics) of the trainer")), "{line}");
 }
 
 /// Two forked workers whose `__getitem__` sleeps 100 ms feed the trainer:

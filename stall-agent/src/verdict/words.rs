@@ -201,9 +201,12 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             )
         }
         Finding::OwnThreadBusy { waits, thread, cpu, wakes, waited } => {
+            // A wait with a timeout (CPython's GIL: 5 ms, then it asks the
+            // holder to drop it) is ended by the timer, not by the thread
+            // it waits for: a small timed share says little then.
             let ended = match waited {
-                Some(w) => format!("waits {} of the time for", units::pct(*w)),
-                None => "waiting for".into(),
+                Some(w) if *w >= rules::WAITED_NAMED => format!("waits {} of the time for", units::pct(*w)),
+                _ => "waiting for".into(),
             };
             format!(
                 "Trainer main thread blocked {} of {} ({}), {ended} thread {} ({}) of the trainer, which ended {} of its waits and is on CPU {} without reading input (it holds the CPU or Python's GIL): trainer is host-bound",

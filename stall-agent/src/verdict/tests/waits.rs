@@ -138,6 +138,18 @@ fn the_time_the_main_thread_waited_for_a_thread_is_named() {
     let waited = v.path[1].waited.expect("timed");
     assert!((waited - 0.8).abs() < 0.01, "{:?}", v.path);
     assert_eq!(v.path[0].waited, None);
+    // Waits ended mostly by the timer (the GIL's timed waits): no share
+    // worth saying, the thread still named.
+    let metrics = counters(10, 0.93, [0.01, 0.0, 0.0, 0.0, 0.06, 0.0], 0);
+    let v = Job::new(10)
+        .trainer(0.08, [0.86, 0.0, 0.0, 0.05, 0.01, 0.0], blocked(reason::FUTEX))
+        .thread_of(3837, 100, metrics, RUNNING, -1)
+        .woken_after(100, (3837, 100, "metrics"), 300, 0.05)
+        .woken_after(100, (0, 0, "[interrupt]"), 1500, 8.0)
+        .printed(4096)
+        .judge(&[gpu(0.0, 10, None)]);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    assert!(v.summary.contains("waiting for thread 3837 (python) of the trainer"), "{}", v.summary);
 }
 
 /// Who ends the waiting is who ended the most blocked time, not who woke
