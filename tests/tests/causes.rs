@@ -83,6 +83,40 @@ fn torch_save_checkpoints_to_slow_storage_are_output_io_bound() {
     assert!(summary_line(&run).contains(&format!("writing {tmp} (")), "{}", summary_line(&run));
 }
 
+/// A table of `rows` rows of 4 KiB saved with `datasets` (untraced), then
+/// read by hf_arrow.py's `mode` with `workers` DataLoader workers under
+/// `stall run`, its disk reads capped at 40 MB/s: the run and the truth.
+fn datasets_job(tag: &str, rows: u32, mode: &str, workers: u32) -> (Run, Value) {
+    require_root();
+    let pythonpath = torch_and_datasets_path();
+    let dir = disk_scratch(tag);
+    let data = dir.path("ds");
+    let script = workload("hf_arrow.py");
+    let mut prepare = std::process::Command::new(python());
+    prepare
+        .args([script.as_str(), "prepare", data.to_str().unwrap(), &rows.to_string()])
+        .env("PYTHONPATH", &pythonpath);
+    let out = run_with_timeout(prepare, Duration::from_secs(180));
+    assert!(out.status.success(), "preparing the dataset: {}", String::from_utf8_lossy(&out.stderr));
+    let truth_path = dir.path("truth.json");
+    let workers = workers.to_string();
+    let argv = [
+        "run",
+        "-q",
+        "--",
+        python(),
+        script.as_str(),
+        mode,
+        data.to_str().unwrap(),
+        truth_path.to_str().unwrap(),
+        &workers,
+        "40",
+    ];
+    let run = stall(&argv, &[("PYTHONPATH", &pythonpath)], Duration::from_secs(240));
+    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
+    (run, truth(&truth_path))
+}
+
 /// A Hugging Face `datasets` table memory-mapped by the trainer
 /// (`load_from_disk`) before its DataLoader forks two workers, which fault
 /// the rows in without ever opening the Arrow file: each worker's pages are
@@ -90,33 +124,7 @@ fn torch_save_checkpoints_to_slow_storage_are_output_io_bound() {
 /// and almost none of its mapped bytes are left without a file.
 #[test]
 fn pages_of_a_dataset_mapped_before_fork_are_named_in_each_worker() {
-    require_root();
-    let pythonpath = torch_and_datasets_path();
-    let dir = disk_scratch("hf-arrow");
-    let data = dir.path("ds");
-    let script = workload("hf_arrow.py");
-    let mut prepare = std::process::Command::new(python());
-    prepare
-        .args([script.as_str(), "prepare", data.to_str().unwrap(), "24576"])
-        .env("PYTHONPATH", &pythonpath);
-    let out = run_with_timeout(prepare, Duration::from_secs(180));
-    assert!(out.status.success(), "preparing the dataset: {}", String::from_utf8_lossy(&out.stderr));
-    let truth_path = dir.path("truth.json");
-    let argv = [
-        "run",
-        "-q",
-        "--",
-        python(),
-        script.as_str(),
-        "run",
-        data.to_str().unwrap(),
-        truth_path.to_str().unwrap(),
-        "2",
-        "40",
-    ];
-    let run = stall(&argv, &[("PYTHONPATH", &pythonpath)], Duration::from_secs(240));
-    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
-    let t: Value = truth(&truth_path);
+    let (run, t) = datasets_job("hf-arrow", 24576, "run", 2);
     let (arrow, size) = t["files"].as_object().unwrap().iter().next().expect("an Arrow file");
     let size = size.as_u64().unwrap();
     let evidence = run.summary()["verdict"]["evidence"].as_array().unwrap().clone();
@@ -153,34 +161,8 @@ fn pages_of_a_dataset_mapped_before_fork_are_named_in_each_worker() {
 /// of each worker's batches into its neighbour too).
 #[test]
 fn a_datasets_table_under_a_dataloader_names_what_the_workers_read() {
-    require_root();
-    let pythonpath = torch_and_datasets_path();
-    let dir = disk_scratch("hf-loader");
-    let data = dir.path("ds");
-    let script = workload("hf_arrow.py");
     // 62,000 rows of 4 KiB: a 255 MB table.
-    let mut prepare = std::process::Command::new(python());
-    prepare
-        .args([script.as_str(), "prepare", data.to_str().unwrap(), "62000"])
-        .env("PYTHONPATH", &pythonpath);
-    let out = run_with_timeout(prepare, Duration::from_secs(180));
-    assert!(out.status.success(), "preparing the dataset: {}", String::from_utf8_lossy(&out.stderr));
-    let truth_path = dir.path("truth.json");
-    let argv = [
-        "run",
-        "-q",
-        "--",
-        python(),
-        script.as_str(),
-        "loader",
-        data.to_str().unwrap(),
-        truth_path.to_str().unwrap(),
-        "4",
-        "40",
-    ];
-    let run = stall(&argv, &[("PYTHONPATH", &pythonpath)], Duration::from_secs(240));
-    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
-    let t: Value = truth(&truth_path);
+    let (run, t) = datasets_job("hf-loader", 62000, "loader", 4);
     let (arrow, size) = t["files"].as_object().unwrap().iter().next().expect("an Arrow file");
     let size = size.as_u64().unwrap() as f64;
     let workers = t["workers"].as_array().unwrap();

@@ -62,7 +62,10 @@ class Rows:
         return len(self.table[i]["data"])
 
 
-def run(dir, truth_path, workers, mbps):
+def throttled(dir, truth_path, mbps, read):
+    """Evicts the Arrow files from the page cache, caps the job's disk
+    reads at MBPS, and runs `read`, which returns (its workers' pids, the
+    rows read); writes the truth."""
     for path in arrow_files(dir):
         fd = os.open(path, os.O_RDONLY)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -71,18 +74,7 @@ def run(dir, truth_path, workers, mbps):
     if throttle:
         throttle.enter()
     try:
-        import datasets
-        import torch
-        from torch.utils.data import DataLoader
-
-        table = datasets.load_from_disk(dir)
-        loader = DataLoader(Rows(table), batch_size=64, num_workers=workers,
-                            multiprocessing_context="fork", persistent_workers=False)
-        it = iter(loader)
-        pids = [w.pid for w in it._workers]
-        total = sum(int(b.sum()) for b in it)
-        del it
-        assert total == ROW * len(table), total
+        pids, rows = read()
     finally:
         if throttle:
             throttle.remove()
@@ -91,59 +83,61 @@ def run(dir, truth_path, workers, mbps):
             "trainer": os.getpid(),
             "workers": pids,
             "files": {p: os.path.getsize(p) for p in arrow_files(dir)},
-            "rows": len(table),
+            "rows": rows,
             "throttle": throttle.description if throttle else note,
         }, f)
 
 
-def loader(dir, truth_path, workers, mbps):
-    for path in arrow_files(dir):
-        fd = os.open(path, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-    throttle, note = workload.setup_throttle(dir, mbps, f"stall-arrow-{os.getpid()}")
-    if throttle:
-        throttle.enter()
-    try:
-        import datasets
-        import torch
-        from torch.utils.data import DataLoader
+def run(dir, workers):
+    """The Rows dataset over the table the trainer mapped, fork-started
+    workers."""
+    import datasets
+    import torch
+    from torch.utils.data import DataLoader
 
-        torch.set_num_threads(1)
-        torch.manual_seed(0)
-        layers = [torch.randn(512, 512) / 512**0.5 for _ in range(6)]
-        ds = datasets.load_from_disk(dir).with_format("torch")
-        loader = DataLoader(ds, batch_size=64, num_workers=workers)
-        it = iter(loader)
-        pids = [w.pid for w in it._workers]
-        rows = 0
-        for batch in it:
-            rows += len(batch["idx"])
-            # The format gives numpy bytes, trailing zero bytes stripped.
-            rows_bytes = b"".join(d.ljust(ROW, b"\0") for d in batch["data"])
-            x = torch.frombuffer(bytearray(rows_bytes), dtype=torch.uint8)
-            x = x.view(-1, ROW)[:, :512].float() / 255
-            for w in layers:
-                x = torch.tanh(x @ w)
-        del it
-        assert rows == len(ds), rows
-    finally:
-        if throttle:
-            throttle.remove()
-    with open(truth_path, "w") as f:
-        json.dump({
-            "trainer": os.getpid(),
-            "workers": pids,
-            "files": {p: os.path.getsize(p) for p in arrow_files(dir)},
-            "rows": len(ds),
-            "throttle": throttle.description if throttle else note,
-        }, f)
+    table = datasets.load_from_disk(dir)
+    loader = DataLoader(Rows(table), batch_size=64, num_workers=workers,
+                        multiprocessing_context="fork", persistent_workers=False)
+    it = iter(loader)
+    pids = [w.pid for w in it._workers]
+    total = sum(int(b.sum()) for b in it)
+    del it
+    assert total == ROW * len(table), total
+    return pids, len(table)
+
+
+def loader(dir, workers):
+    """The table as datasets formats it for torch, straight to a
+    DataLoader; the trainer takes a CPU step per batch."""
+    import datasets
+    import torch
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layers = [torch.randn(512, 512) / 512**0.5 for _ in range(6)]
+    ds = datasets.load_from_disk(dir).with_format("torch")
+    loader = DataLoader(ds, batch_size=64, num_workers=workers)
+    it = iter(loader)
+    pids = [w.pid for w in it._workers]
+    rows = 0
+    for batch in it:
+        rows += len(batch["idx"])
+        # The format gives numpy bytes, trailing zero bytes stripped.
+        rows_bytes = b"".join(d.ljust(ROW, b"\0") for d in batch["data"])
+        x = torch.frombuffer(bytearray(rows_bytes), dtype=torch.uint8)
+        x = x.view(-1, ROW)[:, :512].float() / 255
+        for w in layers:
+            x = torch.tanh(x @ w)
+    del it
+    assert rows == len(ds), rows
+    return pids, len(ds)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "prepare":
         prepare(sys.argv[2], int(sys.argv[3]))
-    elif sys.argv[1] == "loader":
-        loader(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
     else:
-        run(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
+        mode = loader if sys.argv[1] == "loader" else run
+        dir, workers = sys.argv[2], int(sys.argv[4])
+        throttled(dir, sys.argv[3], float(sys.argv[5]), lambda: mode(dir, workers))
