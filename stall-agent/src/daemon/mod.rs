@@ -5,6 +5,7 @@
 //! Prometheus. Memory follows the live jobs: ended threads, files and jobs
 //! are pruned once counted. HTTP is served on a thread of its own.
 pub mod cri;
+mod file_limit;
 mod history;
 pub mod http;
 mod identity;
@@ -12,6 +13,7 @@ mod kube;
 pub mod metrics;
 mod node;
 mod ondemand;
+mod publish;
 mod step;
 pub mod tier;
 pub mod web_config;
@@ -19,10 +21,9 @@ pub mod web_config;
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Result;
-use stall_common::counter::LOST_CAUSES;
 
 use self::{
-    http::{Board, BoardJob, ConnectionLimits, HttpOptions, Shared},
+    http::{ConnectionLimits, HttpOptions},
     identity::Identities,
     metrics::Metrics,
     node::Node,
@@ -30,12 +31,10 @@ use self::{
 };
 use crate::{
     capture::{cgroup, procfs, Capture, CaptureError, CaptureOptions, SyscallHooks},
-    clock::{self, monotonic_ns},
-    decode::Snapshot,
+    clock::monotonic_ns,
     error::Error,
     gpu::GpuSelect,
     job::{Feed, GpuFleet, LiveHost, Wake},
-    output::jobs,
 };
 
 #[derive(Debug, Clone)]
@@ -75,16 +74,8 @@ pub struct Options {
     pub require_gpu: bool,
 }
 
-/// The agent's own cost and the node-wide counters, as last exported.
-#[derive(Default)]
-struct Seen {
-    cpu_s: f64,
-    events: u64,
-    lost: [u64; LOST_CAUSES],
-}
-
 pub async fn run(opts: Options) -> Result<()> {
-    if let Err(e) = raise_file_limit() {
+    if let Err(e) = file_limit::raise() {
         eprintln!("stall daemon: the soft limit on open files stays below the hard one: {e}");
     }
     let web = match &opts.web_config {
@@ -171,7 +162,7 @@ pub async fn run(opts: Options) -> Result<()> {
     );
     names.connect().await;
     let mut node = Node::new(roots, mount, opts.all_jobs, opts.device_holders);
-    let mut seen = Seen::default();
+    let mut seen = publish::Seen::default();
     look(&mut node, &mut names, &mut live, &gpus, &shared.metrics).await;
     feed.start();
     loop {
@@ -200,14 +191,21 @@ pub async fn run(opts: Options) -> Result<()> {
                     step::step(w, &mut live, &snap, &gpus, &shared.metrics, tiers.as_ref(), hooks);
                 }
                 node.step_capture(&mut live, &gpus, snap.ts, lost);
-                log_changes(&mut node, opts.expose_details);
+                publish::log_changes(&mut node, opts.expose_details);
                 if tiers.is_some() {
                     let want = node.jobs.values().any(|w| w.tier.tier.is_full());
                     node::set_hooks(&mut live, &mut node, want, snap.ts, sched_on_demand);
                 }
                 shared.metrics.set_hooks(live.capture.syscall_hooks(), live.capture.sched_hooks());
-                export_node(&shared.metrics, &snap, &gpus, &mut seen, opts.interval, node.jobs.len());
-                publish(&shared, &node);
+                publish::export_node(
+                    &shared.metrics,
+                    &snap,
+                    &gpus,
+                    &mut seen,
+                    opts.interval,
+                    node.jobs.len(),
+                );
+                publish::board(&shared, &node);
             }
             Wake::Signal(_) => break,
         }
@@ -230,109 +228,4 @@ async fn look(
     let candidates = node.candidates();
     names.learn(&node.pods_to_name(&candidates)).await;
     node.discover(candidates, live, gpus, metrics, names);
-}
-
-/// Each job's published verdict into its history; a change is logged as
-/// one JSON line on stderr.
-fn log_changes(node: &mut Node, details: bool) {
-    let now = clock::unix_now_s();
-    for w in node.jobs.values_mut() {
-        let Some(v) = &w.published else { continue };
-        let Some(change) = w.history.note(now, v).cloned() else { continue };
-        let mut line = serde_json::json!({
-            "msg": "verdict changed",
-            "time": change.time,
-            "job": w.id,
-            "cgroup": w.labels.cgroup,
-            "namespace": w.labels.namespace,
-            "pod": w.labels.pod,
-            "container": w.labels.container,
-            "kind": change.kind,
-            "verdict": {"line": change.line, "evidence": change.evidence},
-        });
-        if let Some(previous) = w.history.previous() {
-            line["previous"] = serde_json::json!(previous);
-        }
-        if !details {
-            jobs::redact(&mut line);
-        }
-        eprintln!("{line}");
-    }
-}
-
-/// What `/jobs` serves until the next interval; the loop is alive.
-fn publish(shared: &Shared, node: &Node) {
-    let views = node.views();
-    let board = Board {
-        time: clock::unix_now_s(),
-        jobs: views
-            .iter()
-            .zip(node.jobs.values())
-            .map(|(view, w)| BoardJob {
-                id: view.id.clone(),
-                doc: jobs::job(view),
-                history: serde_json::to_value(w.history.changes().collect::<Vec<_>>()).unwrap_or_default(),
-            })
-            .collect(),
-    };
-    shared.publish(board);
-    shared.beat();
-}
-
-/// Node-wide series: each GPU, losses, and the agent's own cost.
-fn export_node(
-    m: &Metrics,
-    snap: &Snapshot,
-    gpus: &GpuFleet,
-    seen: &mut Seen,
-    interval: Duration,
-    jobs: usize,
-) {
-    for g in &gpus.tracks {
-        let w = g.window(snap.ts.saturating_sub(interval.as_nanos() as u64), snap.ts);
-        m.set_gpu(&w, w.idle_fraction * interval.as_secs_f64());
-    }
-    let lost: [u64; LOST_CAUSES] = std::array::from_fn(|i| snap.lost[i].saturating_sub(seen.lost[i]));
-    seen.lost = snap.lost;
-    m.add_lost(&lost);
-    m.agent_events.inc_by(snap.events.saturating_sub(seen.events));
-    seen.events = snap.events;
-    let cpu = procfs::self_cpu_seconds();
-    m.agent_cpu.inc_by((cpu - seen.cpu_s).max(0.0));
-    seen.cpu_s = cpu;
-    m.agent_rss.set(procfs::self_rss_bytes() as i64);
-    m.agent_jobs.set(jobs as i64);
-    m.nvml_up.set(i64::from(gpus.sampling()));
-}
-
-/// Raises the soft limit on open files to the hard one, as a service
-/// manager's soft default (1,024 under systemd) leaves little beside 512
-/// connections and the capture's own descriptors: `--http-max-connections`
-/// decides. The daemon starts no process to inherit it. (soft before, now).
-fn raise_file_limit() -> std::io::Result<(u64, u64)> {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
-    }
-    Ok((soft, getrlimit(Resource::RLIMIT_NOFILE)?.0))
-}
-
-#[cfg(test)]
-mod tests {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-
-    #[test]
-    fn the_soft_file_limit_is_raised_to_the_hard_one() {
-        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-        // One below the hard limit: raised from, and no less room for the
-        // tests beside this one than they had.
-        let lowered = soft.min(hard - 1);
-        setrlimit(Resource::RLIMIT_NOFILE, lowered, hard).unwrap();
-        let raised = super::raise_file_limit().unwrap();
-        let now = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-        setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
-        assert_eq!(raised, (lowered, hard));
-        assert_eq!(now, (hard, hard));
-    }
 }
