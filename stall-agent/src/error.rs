@@ -86,3 +86,18 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     }
     text
 }
+
+/// Creates the file an output option names, or says in one line why it
+/// cannot: a usage error (exit 2), the same for --json and --timeline.
+pub fn create_output(option: &str, p: &std::path::Path) -> Result<std::fs::File, Error> {
+    std::fs::File::create(p).map_err(|e| {
+        let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        let why = match e.kind() {
+            _ if p.is_dir() => "it is a directory".to_string(),
+            std::io::ErrorKind::NotFound if !parent.is_dir() => format!("no directory {}", parent.display()),
+            std::io::ErrorKind::PermissionDenied => "not writable (permission denied)".to_string(),
+            _ => e.to_string(),
+        };
+        Error::Usage(format!("{option} {}: {why}", p.display()))
+    })
+}

@@ -150,22 +150,7 @@ impl Sinks {
 
 /// Creates the --json file, or says in one line why it cannot.
 fn create_json(p: &std::path::Path) -> Result<std::fs::File, Error> {
-    create_output("--json", p)
-}
-
-/// Creates the file an output option names, or says in one line why it
-/// cannot: a usage error (exit 2), the same for --json and --timeline.
-pub(crate) fn create_output(option: &str, p: &std::path::Path) -> Result<std::fs::File, Error> {
-    std::fs::File::create(p).map_err(|e| {
-        let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-        let why = match e.kind() {
-            _ if p.is_dir() => "it is a directory".to_string(),
-            std::io::ErrorKind::NotFound if !parent.is_dir() => format!("no directory {}", parent.display()),
-            std::io::ErrorKind::PermissionDenied => "not writable (permission denied)".to_string(),
-            _ => e.to_string(),
-        };
-        Error::Usage(format!("{option} {}: {why}", p.display()))
-    })
+    crate::error::create_output("--json", p)
 }
 
 pub async fn run(target: Target, opts: Options) -> Result<Outcome> {

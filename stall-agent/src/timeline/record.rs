@@ -62,7 +62,7 @@ impl Recording {
         let out: Box<dyn Write> = match trace {
             None => Box::new(std::io::sink()),
             Some(p) => {
-                let f = crate::session::create_output("--timeline", p)?;
+                let f = crate::error::create_output("--timeline", p)?;
                 if p.extension().is_some_and(|e| e == "gz") {
                     Box::new(flate2::write::GzEncoder::new(BufWriter::new(f), flate2::Compression::default()))
                 } else {
@@ -71,7 +71,7 @@ impl Recording {
             }
         };
         if let Some(p) = svg {
-            crate::session::create_output("--timeline-svg", p)?;
+            crate::error::create_output("--timeline-svg", p)?;
         }
         let real = ClockSnapshot::now().mono_to_realtime_ns(origin_ns);
         Ok(Self { timeline: Timeline::new(out, origin_ns, real)?, svg: svg.map(Path::to_path_buf) })
