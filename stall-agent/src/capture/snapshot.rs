@@ -243,11 +243,18 @@ fn add_pending_waits(wakes: &mut [WakeSnap], threads: &[(u32, ThreadStats)]) {
 /// Adds each thread's blocked time on its last descriptor that the
 /// kernel has not moved into `FD_WAITS` yet (`ThreadStats::fd_waited_ns`).
 fn add_pending_fd_waits(fd_waits: &mut Vec<FdWaitSnap>, threads: &[(u32, ThreadStats)]) {
+    // Indexed, as `add_pending_waits`: a scan per thread would cost threads
+    // times descriptors at every snapshot.
+    let mut at: std::collections::HashMap<(u32, i32), usize> =
+        fd_waits.iter().enumerate().map(|(i, f)| ((f.tgid, f.fd), i)).collect();
     for (_, t) in threads.iter().filter(|(_, t)| t.fd_waited_ns != 0 && t.fd_waited != 0) {
         let fd = t.fd_waited - 1;
-        match fd_waits.iter_mut().find(|f| f.tgid == t.tgid && f.fd == fd) {
-            Some(f) => f.blocked_ns += t.fd_waited_ns,
-            None => fd_waits.push(FdWaitSnap { tgid: t.tgid, fd, blocked_ns: t.fd_waited_ns }),
+        match at.get(&(t.tgid, fd)) {
+            Some(&i) => fd_waits[i].blocked_ns += t.fd_waited_ns,
+            None => {
+                at.insert((t.tgid, fd), fd_waits.len());
+                fd_waits.push(FdWaitSnap { tgid: t.tgid, fd, blocked_ns: t.fd_waited_ns });
+            }
         }
     }
 }
