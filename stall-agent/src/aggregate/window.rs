@@ -511,17 +511,36 @@ impl ProcWindow {
     /// (an interpreter starting reads a few small configuration files of
     /// its libraries, wherever they keep them).
     pub fn reads_data(&self) -> bool {
-        // Read or mapped (`bytes_in` counts a mapping's pages of data only).
-        let files: u64 = self
+        self.data_file_bytes() + self.network_in() >= DATA_MIN_BYTES
+    }
+    /// What it took in from files that are neither code nor the kernel's,
+    /// read or mapped (`bytes_in` counts a mapping's pages of data only).
+    pub fn data_file_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .filter(|f| !f.is_code() && !is_kernel_file(f.name()))
+            .map(FileWindow::bytes_in)
+            .sum()
+    }
+    /// What it loaded of its code (modules read, libraries faulted in):
+    /// an `import` at work, at startup or lazily at first use.
+    pub fn code_bytes(&self) -> u64 {
+        self.files.iter().filter(|f| f.is_code()).map(|f| f.read_bytes + f.mmap_bytes.unwrap_or(0)).sum()
+    }
+    /// Of what it had read from storage (where the kernel tells per file),
+    /// the share that was its code: the part of its time in file reads
+    /// spent loading modules and libraries rather than input.
+    pub fn code_storage_share(&self) -> f64 {
+        let (code, all) = self
             .files
             .iter()
-            .filter(|f| {
-                let path = f.resolved.as_deref().unwrap_or(&f.path);
-                !is_code_file(path) && !is_kernel_file(path)
-            })
-            .map(FileWindow::bytes_in)
-            .sum();
-        files + self.network_in() >= DATA_MIN_BYTES
+            .filter_map(|f| Some((f.is_code(), f.storage_bytes?)))
+            .fold((0u64, 0u64), |(code, all), (is_code, n)| (code + if is_code { n } else { 0 }, all + n));
+        if all == 0 {
+            0.0
+        } else {
+            code as f64 / all as f64
+        }
     }
     /// Bytes received from peers outside the job over its connected
     /// sockets: network input.
@@ -623,6 +642,15 @@ pub struct FileWindow {
 }
 
 impl FileWindow {
+    /// Its path, resolved where it was.
+    pub fn name(&self) -> &str {
+        self.resolved.as_deref().unwrap_or(&self.path)
+    }
+    /// A module, a library, an executable: code, not data.
+    pub fn is_code(&self) -> bool {
+        !self.socket && is_code_file(self.name())
+    }
+
     /// The bytes of it the process took in: read and mapped, or where more
     /// (pages of a mapping where faults are not followed), brought in from
     /// storage. The pages of a program's own code (shared objects, modules)

@@ -32,6 +32,12 @@ use crate::{
 
 /// The shortest steady state the final verdict is given alone.
 const MIN_STEADY_NS: u64 = 1_000_000_000;
+/// Stretches of imports after the pipeline started that are kept.
+const IMPORT_PHASES: usize = 4;
+/// Code a trainer loads in one interval that marks an `import` at work
+/// (PyTorch's first optimizer step imports some 100 MB of modules); a
+/// steady training step loads none.
+const IMPORT_BURST_BYTES: u64 = 4 << 20;
 
 /// Every this many snapshots, which cgroup caps each live process's CPU is
 /// looked up again (processes move between cgroups; each lookup reads
@@ -101,7 +107,11 @@ enum Startup {
     /// last tick before any of it ran.
     Watching { before: Window },
     /// The pipeline started after `before` (the whole run until then).
-    Done { before: Window },
+    /// `imports`: the whole run at the end of each stretch of intervals in
+    /// which a trainer loaded code after that (the lazy imports of its
+    /// first steps; the modules a job's teardown or evaluation imports
+    /// later), the first [`IMPORT_PHASES`] of them.
+    Done { before: Window, imports: Vec<Window>, importing: bool },
 }
 
 /// What the outputs need after one interval.
@@ -410,9 +420,34 @@ impl Job {
     /// pipeline's first sign (a worker's data or delivery) is the baseline
     /// the final verdict subtracts (`import torch` and friends are not the
     /// job's steady state); until then, the last tick's whole-run window is
-    /// kept for that purpose.
+    /// kept for that purpose. After it, an interval in which a trainer
+    /// loads [`IMPORT_BURST_BYTES`] of code (modules read, libraries faulted
+    /// in: the lazy imports of its first steps) may move that baseline on
+    /// ([`past_imports`]).
     fn watch_startup(&mut self, summary: Window, interval: &Window, roles: &Roles, gpus: &[GpuWindow]) {
-        if matches!(self.startup, Startup::Done { .. }) {
+        if let Startup::Done { imports, importing: was, .. } = &mut self.startup {
+            // A trainer that ended is no longer importing (its mappings are
+            // counted as it exits).
+            let alive = |t: &u32| self.model.procs.get(t).is_some_and(|p| p.alive);
+            let importing = roles
+                .trainers
+                .iter()
+                .filter(|t| alive(t))
+                .any(|t| interval.proc(*t).is_some_and(|p| p.code_bytes() >= IMPORT_BURST_BYTES));
+            *was = match (importing, *was) {
+                // The same stretch goes on: its end moves.
+                (true, true) => {
+                    if let Some(last) = imports.last_mut() {
+                        *last = summary;
+                    }
+                    true
+                }
+                (true, false) if imports.len() < IMPORT_PHASES => {
+                    imports.push(summary);
+                    true
+                }
+                _ => false,
+            };
             return;
         }
         let gpu_ran = gpus.iter().any(|g| g.samples > 0 && g.util_mean_pct > crate::gpu::IDLE_UTIL_PCT);
@@ -495,7 +530,7 @@ impl Job {
                     ..Default::default()
                 },
             };
-        self.startup = Startup::Done { before };
+        self.startup = Startup::Done { before, imports: Vec::new(), importing: false };
     }
 
     /// The whole run up to `end_ns`, and the verdict on its steady state
@@ -520,10 +555,13 @@ impl Job {
             _ if hung_now => (None, recent_verdict),
             // A steady state too short to judge (the pipeline started as the
             // job ended) is no reason to drop the rest.
-            Startup::Done { before }
+            Startup::Done { before, imports, .. }
                 if before.end_ns > self.model.start_ns
                     && end_ns.saturating_sub(before.end_ns) >= MIN_STEADY_NS =>
             {
+                // Past the trainers' last imports where that leaves a steady
+                // state to judge: the first steps load what the job uses.
+                let before = past_imports(before, imports, end_ns);
                 let mut steady = summary.since(before);
                 self.place_waits(&mut steady);
                 let gpus: Vec<GpuWindow> = tracks.iter().map(|g| g.since(steady.start_ns, end_ns)).collect();
@@ -689,3 +727,20 @@ fn placed(
 
 #[cfg(test)]
 mod tests;
+
+/// Where the steady state starts: after the last stretch of the trainers'
+/// imports (`imports`, each the whole run at its end) that ended in the
+/// first half of the time since the pipeline started (`before`), with at
+/// least [`MIN_STEADY_NS`] after it; imports later than that (a teardown,
+/// an evaluation) are part of the job's run, not of its start.
+fn past_imports<'a>(before: &'a Window, imports: &'a [Window], end_ns: u64) -> &'a Window {
+    let since_pipeline = end_ns.saturating_sub(before.end_ns);
+    imports
+        .iter()
+        .rev()
+        .find(|i| {
+            let after = end_ns.saturating_sub(i.end_ns);
+            after >= MIN_STEADY_NS && after.saturating_mul(2) >= since_pipeline
+        })
+        .unwrap_or(before)
+}

@@ -219,6 +219,29 @@ impl Sim {
         self.tick()
     }
 
+    /// [`Self::feeding_second`], in which the trainer also imports a
+    /// module of `bytes` (its first optimizer step importing the compiler
+    /// stack lazily).
+    fn lazily_importing_second(&mut self, bytes: u64) -> Tick {
+        let path = format!("/venv/lib/python3.11/site-packages/torch/_dynamo/m{}.pyc", self.now / S);
+        self.host.regular.insert(path.clone());
+        let file_id = 1000 + self.now / S;
+        let open = Event::Open {
+            ts: self.now,
+            tid: TRAINER,
+            tgid: TRAINER,
+            fd: 11,
+            file_id,
+            path,
+            dfd: -100,
+            dup_of: None,
+        };
+        let counters = FileCounters { read_bytes: bytes, read_calls: 2, ..Default::default() };
+        let close = Event::Close { ts: self.now + 1, tgid: TRAINER, fd: 11, file_id, counters };
+        self.job.observe(&mut self.host, [open, close]);
+        self.feeding_second(0.9, 0.85, 8 << 20)
+    }
+
     /// [`Self::second`], with each worker handing the trainer 10 batches.
     fn feeding_second(&mut self, trainer_wait: f64, worker_io: f64, bytes: u64) -> Tick {
         for w in WORKERS {
@@ -503,6 +526,50 @@ fn the_final_verdict_is_on_the_steady_state_after_startup() {
     // The numbers of the report stay the whole run's.
     assert_eq!(report.summary.secs(), 7.0);
     assert_eq!(report.summary.proc(WORKERS[0]).unwrap().file_read_bytes(), 24 << 20);
+}
+
+/// The modules a trainer imports at its first steps (after the pipeline
+/// ran) are startup too, where a steady state follows them; imports late
+/// in the run (an evaluation, a teardown) are the run's.
+#[test]
+fn lazy_imports_after_the_first_batches_stay_in_the_startup() {
+    let mut sim = Sim::new(gpu_at(&[]));
+    for _ in 0..4 {
+        sim.importing_second();
+    }
+    sim.feeding_second(0.9, 0.85, 8 << 20);
+    for _ in 0..2 {
+        sim.lazily_importing_second(60 << 20);
+    }
+    sim.lazily_importing_second(64 << 10);
+    for _ in 0..3 {
+        sim.feeding_second(0.9, 0.85, 8 << 20);
+    }
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
+    assert_eq!(report.startup_s, Some(7.0), "the last second importing ends at 7 s");
+    assert_eq!(report.verdict.kind, Kind::InputIoBound, "{:?}", report.verdict);
+    // A stretch of imports later in the run leaves the first one's end.
+    sim.lazily_importing_second(60 << 20);
+    for _ in 0..3 {
+        sim.feeding_second(0.9, 0.85, 8 << 20);
+    }
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
+    assert_eq!(report.startup_s, Some(7.0));
+}
+
+#[test]
+fn imports_late_in_the_run_are_no_startup() {
+    let mut sim = Sim::new(gpu_at(&[]));
+    for _ in 0..4 {
+        sim.importing_second();
+    }
+    for _ in 0..6 {
+        sim.feeding_second(0.9, 0.85, 8 << 20);
+    }
+    sim.lazily_importing_second(60 << 20);
+    sim.feeding_second(0.9, 0.85, 8 << 20);
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
+    assert_eq!(report.startup_s, Some(4.0), "the pipeline started at 4 s");
 }
 
 #[test]

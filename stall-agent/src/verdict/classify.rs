@@ -260,8 +260,12 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
         if !s.workers.is_empty() && worker_cpu >= rules::WORKER_SHARE && worker_cpu > worker_io {
             return Finding::InputCpu { waits };
         }
-        if own_io >= rules::WORKER_SHARE {
-            return Finding::TrainerReads { own_io };
+        // Of its own time in file reads, what loaded its code from storage
+        // (a lazy `import` at the first step, a library mapped at first
+        // use) was no wait for input.
+        let own_input_io = own_io * (1.0 - trainer.code_storage_share());
+        if own_input_io >= rules::WORKER_SHARE {
+            return Finding::TrainerReads { own_io: own_input_io };
         }
     }
     if tm.cpu() >= rules::TRAINER_BUSY {

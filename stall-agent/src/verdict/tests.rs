@@ -527,6 +527,44 @@ fn trainer_reading_its_own_data_is_io_bound() {
     assert!(v.summary.contains("no workers"), "{}", v.summary);
 }
 
+/// The trainer's time in file reads, where storage brought in its
+/// modules (a lazy `import` at the first step), is no wait for input:
+/// with only data from storage it is, with only code it is not.
+#[test]
+fn a_trainer_loading_its_modules_from_storage_is_not_input_bound() {
+    let reading = |path: &str| {
+        let mut job = Job::new(10);
+        job.model.apply(&Event::Open {
+            ts: 0,
+            tid: 100,
+            tgid: 100,
+            fd: 3,
+            file_id: 1,
+            path: path.into(),
+            dfd: -100,
+            dup_of: None,
+        });
+        let inode = Inode { dev: 8 << 20, ino: 1 };
+        job.model.set_file_kind(1, fd_kind::REGULAR);
+        job.model.set_file_inode(1, inode);
+        job.model.apply(&Event::Close {
+            ts: 1,
+            tgid: 100,
+            fd: 3,
+            file_id: 1,
+            counters: FileCounters { read_bytes: 90_000_000, read_calls: 200, ..Default::default() },
+        });
+        job.inode_bytes =
+            Some(vec![InodeSnap { tgid: 100, inode, storage_bytes: 90_000_000, mmap_bytes: 0 }]);
+        job.trainer(0.1, [0.3, 0.55, 0.0, 0.0, 0.05, 0.0], blocked(reason::FUTEX)).judge(&[])
+    };
+    let data = reading("/data/train.bin");
+    assert_eq!(data.kind, Kind::InputIoBound, "{data:?}");
+    let code =
+        reading("/opt/venv/lib/python3.11/site-packages/torch/_dynamo/__pycache__/utils.cpython-311.pyc");
+    assert_ne!(code.kind, Kind::InputIoBound, "{code:?}");
+}
+
 #[test]
 fn hang_names_blocked_threads() {
     let mut job = Job::new(6).trainer(0.001, [0.999, 0.0, 0.0, 0.0, 0.0, 0.0], blocked(reason::FUTEX));
