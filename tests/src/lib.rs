@@ -579,6 +579,33 @@ pub fn nvml_script_lib() -> PathBuf {
     );
 }
 
+/// File name of the stand-in CUDA library (crate `tests/cuda-stub`).
+pub const CUDA_STUB_LIB: &str = "libstall_cuda_stub.so";
+
+/// The stand-in CUDA library the CUDA jobs load (tests/workloads/cuda_job.py
+/// `--lib`): $STALL_CUDA_STUB_LIB (set by `cargo xtask test` and by the
+/// test VMs' /init), else next to the stall binary (cargo builds both into
+/// target/PROFILE), else the workspace's release or debug build.
+pub fn cuda_stub_lib() -> PathBuf {
+    if let Some(p) = std::env::var_os("STALL_CUDA_STUB_LIB") {
+        return PathBuf::from(p);
+    }
+    let next_to_stall = stall_bin().with_file_name(CUDA_STUB_LIB);
+    if next_to_stall.exists() {
+        return next_to_stall;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    for profile in ["release", "debug"] {
+        let p = root.join("target").join(profile).join(CUDA_STUB_LIB);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "no {CUDA_STUB_LIB}: run `cargo build --release -p stall-cuda-stub` (`cargo xtask test` does) or set STALL_CUDA_STUB_LIB"
+    );
+}
+
 /// GPUs for stall to sample without a driver: a script for the scripted
 /// NVML library (its format: tests/nvml-script/src/lib.rs) in a scratch
 /// directory of its own. Run stall with [`Self::args`] after the subcommand

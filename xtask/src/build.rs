@@ -55,3 +55,29 @@ pub fn nvml_script_next_to(stall: &Path) -> Result<PathBuf> {
     ensure!(lib.is_file(), "{} is missing: `cargo build -p stall-nvml-script` builds it", lib.display());
     Ok(lib)
 }
+
+/// File name of the stand-in CUDA library the CUDA tests load (crate
+/// `tests/cuda-stub`).
+pub const CUDA_STUB_LIB: &str = "libstall_cuda_stub.so";
+
+/// Builds the stand-in CUDA library and returns its path: next to `stall`
+/// in the same profile's folder, where the tests look for it.
+pub fn cuda_stub(release: bool) -> Result<PathBuf> {
+    let mut build = cmd::cargo();
+    build.args(["build", "-p", "stall-cuda-stub"]);
+    if release {
+        build.arg("--release");
+    }
+    cmd::run(&mut build)?;
+    let profile = if release { "release" } else { "debug" };
+    let lib = cmd::target_dir().join(profile).join(CUDA_STUB_LIB);
+    ensure!(lib.is_file(), "the build succeeded but {} is missing", lib.display());
+    Ok(lib)
+}
+
+/// The stand-in CUDA library built next to `stall` by [`cuda_stub`].
+pub fn cuda_stub_next_to(stall: &Path) -> Result<PathBuf> {
+    let lib = stall.with_file_name(CUDA_STUB_LIB);
+    ensure!(lib.is_file(), "{} is missing: `cargo build -p stall-cuda-stub` builds it", lib.display());
+    Ok(lib)
+}

@@ -29,12 +29,15 @@ pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
     let stall = build::agent(true)?;
     // The GPU tests load it in place of libnvidia-ml (tests/nvml-script).
     let nvml = build::nvml_script(true)?;
+    // The CUDA tests' jobs load it in place of libcudart (tests/cuda-stub).
+    let cuda = build::cuda_stub(true)?;
     let mut test = cmd::cargo();
     test.arg("test")
         .args(EXCLUDE_EBPF)
         .arg("--release")
         .env("STALL_BIN", &stall)
         .env("STALL_NVML_SCRIPT_LIB", &nvml)
+        .env("STALL_CUDA_STUB_LIB", &cuda)
         .env("STALL_TORCH_PATH", &torch)
         .env("STALL_DATASETS_PATH", &datasets)
         .env("STALL_SCHEMAS_PATH", &schemas);

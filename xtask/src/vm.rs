@@ -134,6 +134,7 @@ pub fn run_cli(target: Target) -> Result<()> {
     setup::ensure_test_packages()?;
     let stall = build::agent(true)?;
     build::nvml_script(true)?;
+    build::cuda_stub(true)?;
     let tests = test_binaries()?;
     let host = if opts.no_host { None } else { Some(native::run(&stall, &tests, &opts.args)?) };
     run_vms(&stall, &tests, &opts, host)
@@ -172,7 +173,9 @@ fn run_vms(stall: &Path, tests: &[TestBin], opts: &VmArgs, host: Option<Row>) ->
     };
     let kernels = kernel::resolve_all(&specs, &dir.join("kernels"))?;
     let nvml = build::nvml_script_next_to(stall)?;
-    let initramfs = initramfs::build(&dir, stall, &nvml, tests, &VM_SKIP, &kernels, &[])?;
+    let cuda = build::cuda_stub_next_to(stall)?;
+    let gpu = initramfs::GpuLibs { nvml_script: &nvml, cuda_stub: &cuda };
+    let initramfs = initramfs::build(&dir, stall, &gpu, tests, &VM_SKIP, &kernels, &[])?;
     let harness = qemu::harness_args(&opts.args);
     let jobs = opts.jobs.unwrap_or_else(host_cpus);
     let mut rows: Vec<Row> = host.into_iter().collect();

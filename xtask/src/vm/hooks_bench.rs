@@ -40,12 +40,14 @@ pub fn run(specs: &[String], rounds: usize, ops: u64) -> Result<()> {
     ensure_packages()?;
     let stall = build::agent(true)?;
     let nvml = build::nvml_script(true)?;
+    let cuda = build::cuda_stub(true)?;
+    let gpu = initramfs::GpuLibs { nvml_script: &nvml, cuda_stub: &cuda };
     cmd::run(cmd::cargo().args(["build", "--release", "-p", "bench-workloads"]))?;
     let wl = cmd::target_dir().join("release/bench-wl");
     let dir = vm_dir();
     let kernels = kernel::resolve_all(specs, &dir.join("kernels"))?;
     let initramfs =
-        initramfs::build(&dir, &stall, &nvml, &[], &[], &kernels, &[(wl.as_path(), "stall/bin/bench-wl")])?;
+        initramfs::build(&dir, &stall, &gpu, &[], &[], &kernels, &[(wl.as_path(), "stall/bin/bench-wl")])?;
     let args = vec!["--bench-hooks".to_string(), rounds.to_string(), ops.to_string()];
     let mut doc = String::from(HEADER);
     for k in &kernels {

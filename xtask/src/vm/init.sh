@@ -43,6 +43,8 @@ chmod 1777 /tmp
 . /stall/env.sh
 # The GPU tests load a scripted NVML library in place of the driver's.
 [ -f "$STALL_NVML_SCRIPT_LIB" ] || finish "FAIL no scripted NVML library at $STALL_NVML_SCRIPT_LIB"
+# The CUDA tests' jobs load a stand-in CUDA library.
+[ -f "$STALL_CUDA_STUB_LIB" ] || finish "FAIL no stand-in CUDA library at $STALL_CUDA_STUB_LIB"
 
 # The scenario tests throttle their reads with the io cgroup controller,
 # which needs a block device under /var/tmp: a RAM disk (brd), if xtask

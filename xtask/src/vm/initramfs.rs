@@ -53,6 +53,8 @@ const WORKSPACE_DATA: [&str; 3] = ["tests", "demo", "deploy"];
 const GUEST_STALL: &str = "stall/bin/stall";
 /// The scripted NVML library the GPU tests load (`STALL_NVML_SCRIPT_LIB`).
 const GUEST_NVML_SCRIPT: &str = "stall/bin/libstall_nvml_script.so";
+/// The stand-in CUDA library the CUDA tests' jobs load (`STALL_CUDA_STUB_LIB`).
+const GUEST_CUDA_STUB: &str = "stall/bin/libstall_cuda_stub.so";
 const GUEST_TESTS: &str = "stall/tests";
 const GUEST_ENV: &str = "stall/env.sh";
 const GUEST_SKIP: &str = "stall/skip";
@@ -94,13 +96,21 @@ const PY_SKIP_MODULES: [&str; 12] = [
     "_hashlib",
 ];
 
+/// The stand-ins for NVIDIA's libraries that the GPU tests load.
+pub struct GpuLibs<'a> {
+    /// libstall_nvml_script.so, for stall (`STALL_NVML_SCRIPT_LIB`).
+    pub nvml_script: &'a Path,
+    /// libstall_cuda_stub.so, for the jobs (`STALL_CUDA_STUB_LIB`).
+    pub cuda_stub: &'a Path,
+}
+
 /// Writes target/vm/initramfs.cpio from a staging tree in target/vm/root
 /// and returns its path. `skip` lists the tests /init leaves out, as
 /// (binary, test name); `extra` more programs, as (host path, guest path).
 pub fn build(
     vm_dir: &Path,
     stall: &Path,
-    nvml_script: &Path,
+    gpu: &GpuLibs,
     tests: &[TestBin],
     skip: &[(&str, &str)],
     kernels: &[Kernel],
@@ -110,7 +120,8 @@ pub fn build(
     let stage = Stage::fresh(vm_dir.join("root"))?;
     stage.busybox()?;
     let mut elves = stage.stall_and_tests(stall, tests, skip)?;
-    elves.push(stage.program(nvml_script, GUEST_NVML_SCRIPT, true)?);
+    elves.push(stage.program(gpu.nvml_script, GUEST_NVML_SCRIPT, true)?);
+    elves.push(stage.program(gpu.cuda_stub, GUEST_CUDA_STUB, true)?);
     for (host, guest) in extra {
         elves.push(stage.program(host, guest, true)?);
     }
@@ -145,14 +156,15 @@ pub fn build(
     Ok(cpio)
 }
 
-/// Settings for /init: stall's and the scripted NVML library's guest paths
-/// and the folder cargo would run the
+/// Settings for /init: stall's, the scripted NVML library's and the
+/// stand-in CUDA library's guest paths and the folder cargo would run the
 /// tests in (the tests crate's).
 fn env_script(host_stall: &Path) -> String {
     let tests_dir = cmd::workspace_root().join("tests");
     format!(
         "# written by xtask/src/vm/initramfs.rs for {}\nexport STALL_BIN=/{GUEST_STALL}\n\
-         export STALL_NVML_SCRIPT_LIB=/{GUEST_NVML_SCRIPT}\nSTALL_TEST_DIR={}\n",
+         export STALL_NVML_SCRIPT_LIB=/{GUEST_NVML_SCRIPT}\n\
+         export STALL_CUDA_STUB_LIB=/{GUEST_CUDA_STUB}\nSTALL_TEST_DIR={}\n",
         host_stall.display(),
         shell_quote(&tests_dir.to_string_lossy())
     )
