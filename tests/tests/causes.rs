@@ -3,7 +3,8 @@
 //! synchronous checkpoints, a dataset mapped before the DataLoader forks.
 //!
 //! Needs root; PyTorch and datasets come from `$STALL_TORCH_PATH` and
-//! `$STALL_DATASETS_PATH` (`cargo xtask test` installs them).
+//! `$STALL_DATASETS_PATH` (`cargo xtask test` installs them). The mapped
+//! table's standard-library twin needs neither (it runs in the VMs).
 
 use std::{path::Path, process::Command, time::Duration};
 
@@ -87,17 +88,32 @@ fn torch_save_checkpoints_to_slow_storage_are_output_io_bound() {
 /// read by hf_arrow.py's `mode` with `workers` DataLoader workers under
 /// `stall run`, its disk reads capped at 40 MB/s: the run and the truth.
 fn datasets_job(tag: &str, rows: u32, mode: &str, workers: u32) -> (Run, Value) {
+    table_job(tag, "hf_arrow.py", Some(&torch_and_datasets_path()), rows, mode, workers)
+}
+
+/// A table of `rows` rows of 4 KiB written by `script`'s `prepare`
+/// (untraced, with `pythonpath` if any), then read by its `mode` with
+/// `workers` workers under `stall run`, its disk reads capped at 40 MB/s:
+/// the run and the truth.
+fn table_job(
+    tag: &str,
+    script: &str,
+    pythonpath: Option<&Path>,
+    rows: u32,
+    mode: &str,
+    workers: u32,
+) -> (Run, Value) {
     require_root();
-    let pythonpath = torch_and_datasets_path();
+    let env: Vec<(&str, &Path)> = pythonpath.map(|p| ("PYTHONPATH", p)).into_iter().collect();
     let dir = disk_scratch(tag);
     let data = dir.path("ds");
-    let script = workload("hf_arrow.py");
+    let script = workload(script);
     let mut prepare = std::process::Command::new(python());
     prepare
         .args([script.as_str(), "prepare", data.to_str().unwrap(), &rows.to_string()])
-        .env("PYTHONPATH", &pythonpath);
+        .envs(env.iter().copied());
     let out = run_with_timeout(prepare, Duration::from_secs(180));
-    assert!(out.status.success(), "preparing the dataset: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "preparing the table: {}", String::from_utf8_lossy(&out.stderr));
     let truth_path = dir.path("truth.json");
     let workers = workers.to_string();
     let argv = [
@@ -112,7 +128,7 @@ fn datasets_job(tag: &str, rows: u32, mode: &str, workers: u32) -> (Run, Value) 
         &workers,
         "40",
     ];
-    let run = stall(&argv, &[("PYTHONPATH", &pythonpath)], Duration::from_secs(240));
+    let run = stall(&argv, &env, Duration::from_secs(240));
     assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
     (run, truth(&truth_path))
 }
@@ -163,28 +179,50 @@ fn pages_of_a_dataset_mapped_before_fork_are_named_in_each_worker() {
 fn a_datasets_table_under_a_dataloader_names_what_the_workers_read() {
     // 62,000 rows of 4 KiB: a 255 MB table.
     let (run, t) = datasets_job("hf-loader", 62000, "loader", 4);
-    let (arrow, size) = t["files"].as_object().unwrap().iter().next().expect("an Arrow file");
+    workers_read_the_table("datasets loader", &run, &t, 4);
+}
+
+/// The same shape with the standard library alone, so that it runs in the
+/// kernel VMs too (tests/workloads/mapped_table.py): a table file the
+/// trainer maps and reads ahead before it forks 4 multiprocessing workers,
+/// which fault their batches' rows in through that mapping and send a few
+/// bytes back over a queue, while the trainer takes a pure-Python step per
+/// batch: `trainer-host-bound`, its line naming the table and what the
+/// workers took of it, the table's size within 5 %.
+#[test]
+fn a_table_mapped_before_fork_under_process_workers_names_what_they_read() {
+    // 6,144 rows of 4 KiB: a 25 MB table.
+    let (run, t) = table_job("mapped-table", "mapped_table.py", None, 6144, "run", 4);
+    workers_read_the_table("mapped table", &run, &t, 4);
+}
+
+/// What a job of `table_job` with `workers` workers must show: each worker
+/// a worker; the bytes they mapped of the truth's one table file summing to
+/// its size within 5 %; `trainer-host-bound`, its line naming the file and
+/// the workers' MB of it, within 5 % of its size.
+fn workers_read_the_table(what: &str, run: &Run, t: &Value, n: usize) {
+    let (table, size) = t["files"].as_object().unwrap().iter().next().expect("a table file");
     let size = size.as_u64().unwrap() as f64;
     let workers = t["workers"].as_array().unwrap();
-    assert_eq!(workers.len(), 4, "{t}");
+    assert_eq!(workers.len(), n, "{t}");
     let mut mapped = 0;
     for w in workers {
         let pid = w.as_u64().unwrap();
         assert_eq!(run.process(pid)["role"], "worker", "{}", run.process(pid));
-        mapped += run.file(pid, Path::new(arrow))["mmap_bytes"].as_u64().unwrap();
+        mapped += run.file(pid, Path::new(table))["mmap_bytes"].as_u64().unwrap();
     }
-    let line = summary_line(&run);
-    eprintln!("datasets loader: the workers mapped {mapped} bytes of {arrow} ({size} bytes); {line}");
+    let line = summary_line(run);
+    eprintln!("{what}: the workers mapped {mapped} bytes of {table} ({size} bytes); {line}");
     assert!((mapped as f64 - size).abs() <= 0.05 * size, "the workers mapped {mapped} bytes of {size}");
-    assert_eq!(kind(&run), "trainer-host-bound", "{line}");
+    assert_eq!(kind(run), "trainer-host-bound", "{line}");
     // "…; its 4 workers read 255 MB meanwhile (/…/data-00000-of-00001.arrow 255 MB)"
-    assert!(line.contains("; its 4 workers read "), "{line}");
+    assert!(line.contains(&format!("; its {n} workers read ")), "{line}");
     let named = line
-        .split_once(&format!("({arrow} "))
+        .split_once(&format!("({table} "))
         .and_then(|(_, rest)| rest.split_once(" MB"))
         .and_then(|(n, _)| n.parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("the line names no bytes of {arrow}: {line}"));
-    assert!((named * 1e6 - size).abs() <= 0.05 * size, "the line says {named} MB of {arrow} ({size} bytes)");
+        .unwrap_or_else(|| panic!("the line names no bytes of {table}: {line}"));
+    assert!((named * 1e6 - size).abs() <= 0.05 * size, "the line says {named} MB of {table} ({size} bytes)");
 }
 
 /// Four workers fetch their 4 MiB samples over HTTP (one connection per

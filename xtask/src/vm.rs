@@ -47,7 +47,11 @@ const DEFAULT_TIMEOUT_SECS: u64 = 1800;
 /// the two-rank one and the hung rank instead (and the PyTorch ones need
 /// PyTorch, 5 GB, as do the torch.save
 /// checkpoint, whose standard-library twin runs in the VMs, and the
-/// Hugging Face datasets: mapped before fork, under a DataLoader). They run natively. So do the
+/// Hugging Face datasets: mapped before fork, under a DataLoader, whose
+/// standard-library twin, a table mapped before multiprocessing forks its
+/// workers (causes.rs, tests/workloads/mapped_table.py), runs in the VMs:
+/// the page faults on the inherited mapping, named by the file's path, are
+/// the kernel-dependent part). They run natively. So do the
 /// two schema checks of deploy/ (manifests.rs): their schemas are Python
 /// packages (`cargo xtask test` installs them, 140 MB) and the VM image
 /// carries a pruned standard library and no packages; nothing in them
