@@ -24,6 +24,68 @@ pub struct ThreadCounters {
     pub other_write_calls: u64,
     pub stdio_write_bytes: u64,
     pub wakeups: u64,
+    /// Its calls into the job's GPU libraries.
+    pub gpu: GpuCounters,
+}
+
+/// A thread's calls into the job's GPU libraries (uprobes on CUDA): its
+/// time inside the calls that wait for the GPU, and its kernel launches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuCounters {
+    pub sync_ns: u64,
+    pub sync_calls: u64,
+    pub copy_ns: u64,
+    pub copy_calls: u64,
+    pub copy_bytes: u64,
+    pub launches: u64,
+}
+
+impl GpuCounters {
+    /// A `GPU_CALLS` entry, with the call in progress at `now` counted so
+    /// far (a thread stuck in a synchronization shows it).
+    pub fn of(c: &stall_common::GpuCalls, now: u64) -> Self {
+        let mut g = Self {
+            sync_ns: c.sync_ns,
+            sync_calls: c.sync_calls,
+            copy_ns: c.copy_ns,
+            copy_calls: c.copy_calls,
+            copy_bytes: c.copy_bytes,
+            launches: c.launches,
+        };
+        if c.depth > 0 && c.since != 0 {
+            let so_far = now.saturating_sub(c.since);
+            if c.kind == stall_common::gpu_call::COPY {
+                g.copy_ns += so_far;
+            } else {
+                g.sync_ns += so_far;
+            }
+        }
+        g
+    }
+
+    pub fn saturating_sub(&self, o: &Self) -> Self {
+        Self {
+            sync_ns: self.sync_ns.saturating_sub(o.sync_ns),
+            sync_calls: self.sync_calls.saturating_sub(o.sync_calls),
+            copy_ns: self.copy_ns.saturating_sub(o.copy_ns),
+            copy_calls: self.copy_calls.saturating_sub(o.copy_calls),
+            copy_bytes: self.copy_bytes.saturating_sub(o.copy_bytes),
+            launches: self.launches.saturating_sub(o.launches),
+        }
+    }
+
+    pub fn add(&mut self, o: &Self) {
+        self.sync_ns += o.sync_ns;
+        self.sync_calls += o.sync_calls;
+        self.copy_ns += o.copy_ns;
+        self.copy_calls += o.copy_calls;
+        self.copy_bytes += o.copy_bytes;
+        self.launches += o.launches;
+    }
+
+    pub fn any(&self) -> bool {
+        *self != Self::default()
+    }
 }
 
 impl ThreadCounters {
@@ -45,6 +107,7 @@ impl ThreadCounters {
             other_write_calls: self.other_write_calls.saturating_sub(o.other_write_calls),
             stdio_write_bytes: self.stdio_write_bytes.saturating_sub(o.stdio_write_bytes),
             wakeups: self.wakeups.saturating_sub(o.wakeups),
+            gpu: self.gpu.saturating_sub(&o.gpu),
         }
     }
 
@@ -63,6 +126,7 @@ impl ThreadCounters {
         self.other_write_calls += o.other_write_calls;
         self.stdio_write_bytes += o.stdio_write_bytes;
         self.wakeups += o.wakeups;
+        self.gpu.add(&o.gpu);
     }
 
     pub fn off_cpu_ns(&self) -> u64 {
@@ -334,6 +398,7 @@ pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
         other_write_calls: s.other_write_calls,
         stdio_write_bytes: s.stdio_write_bytes,
         wakeups: s.wakeups,
+        gpu: GpuCounters::default(),
     };
     if s.kclock & kclock::EXEC != 0 {
         c.on_cpu_ns = s.exec_ns.saturating_sub(s.exec_base);
@@ -578,6 +643,9 @@ pub struct Snapshot {
     /// Whether the kernel side follows faults on mappings here (else
     /// `InodeSnap::mmap_bytes` stays 0 and means nothing).
     pub mmap_known: bool,
+    /// Per thread that called into the job's GPU libraries, by tid,
+    /// cumulative; kept after the thread ends, until its entry is freed.
+    pub gpu_calls: Vec<(u32, GpuCounters)>,
 }
 
 /// A file as the page cache knows it: the kernel's device number (major

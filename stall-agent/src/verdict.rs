@@ -102,6 +102,16 @@ pub mod rules {
     /// The share of its window a main thread waited for one thread, in
     /// waits that thread ended, from which the line says how long.
     pub const WAITED_NAMED: f64 = 0.1;
+    /// Share of the window a trainer's main thread spent inside CUDA's
+    /// synchronizations (uprobes) from which it waits for its GPU, on CPU
+    /// or not (CUDA's default schedule spins).
+    pub const GPU_SYNC_WAIT: f64 = 0.5;
+    /// Share of the window inside synchronous host↔device copies from
+    /// which they are what holds the trainer.
+    pub const GPU_COPY_SHARE: f64 = 0.3;
+    /// Kernel launches per second of a busy trainer from which its line
+    /// names them: a host that cannot launch fast enough.
+    pub const LAUNCHES_NAMED_PER_S: f64 = 1000.0;
 }
 
 /// `w`: the window judged (the last few seconds live, the whole run at the

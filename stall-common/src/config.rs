@@ -199,8 +199,10 @@ pub mod counter {
     /// An io_uring read of a tracked thread found `URING_PENDING` or
     /// `URING_READS` full.
     pub const LOST_URING_MAP: u32 = 6;
+    /// A hooked GPU library call of a tracked thread found `GPU_CALLS` full.
+    pub const LOST_GPU_MAP: u32 = 7;
     /// How many loss causes there are: `LOST_*` run from 0 to this.
-    pub const LOST_CAUSES: usize = 7;
+    pub const LOST_CAUSES: usize = 8;
     /// Events handled for tracked threads (all hooks): the agent's event rate.
     pub const EVENTS: u32 = 8;
     /// A switch that did not match the state seen before (switched in while
@@ -222,6 +224,7 @@ pub mod counter {
         "path_unreadable",
         "inode_map_full",
         "uring_map_full",
+        "gpu_map_full",
     ];
 }
 

@@ -12,6 +12,7 @@
 mod config;
 mod events;
 mod files;
+mod gpu;
 pub mod kfunc;
 pub mod names;
 mod pagecache;
@@ -23,6 +24,7 @@ pub use events::{
     event_kind, CloseEvent, EventHeader, ExecEvent, ExitEvent, NewTaskEvent, OpenEvent, SwitchEvent,
 };
 pub use files::{fd_kind, inflight, FdKey, FileStats, FileWindows, InodeBytes, InodeKey, FILE_WINDOW_SLOTS};
+pub use gpu::{gpu_call, gpu_symbols, GpuCalls};
 pub use pagecache::PageCacheOffsets;
 pub use sched::{
     kclock, reason, run_state, slot_state, store_apart, task_flags, zeroed_in, CpuSlot, Plain, Regs,

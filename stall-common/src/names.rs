@@ -25,6 +25,7 @@ pub const WAKES: &str = "WAKES";
 pub const WAKES_BY_PROC: &str = "WAKES_BY_PROC";
 pub const WAKE_CACHE: &str = "WAKE_CACHE";
 pub const FD_WAITS: &str = "FD_WAITS";
+pub const GPU_CALLS: &str = "GPU_CALLS";
 pub const CPU_SLOT: &str = "CPU_SLOT";
 /// The object's `.bss`, which holds the `TRACK_GEN` global alone.
 pub const TRACK_GEN: &str = ".bss";
@@ -123,9 +124,17 @@ pub const FEXIT_SENDMSG: &str = "fexit_sendmsg";
 pub const FEXIT_CONNECT: &str = "fexit_connect";
 
 /// Every map the object defines.
+// The GPU library family's uprobes (gpu.rs), attached per library.
+pub const GPU_SYNC_ENTER: &str = "gpu_sync_enter";
+pub const GPU_COPY_ENTER: &str = "gpu_copy_enter";
+/// The uretprobe on every timed call (synchronizations and copies).
+pub const GPU_CALL_RETURN: &str = "gpu_call_return";
+pub const GPU_LAUNCH: &str = "gpu_launch";
+
 pub const MAPS: &[&str] = &[
     THREADS,
     FD_WAITS,
+    GPU_CALLS,
     CGROUPS,
     FILES,
     INODE_BYTES,
@@ -209,6 +218,10 @@ pub const PROGRAMS: &[&str] = &[
     FEXIT_SENDTO,
     FEXIT_SENDMSG,
     FEXIT_CONNECT,
+    GPU_SYNC_ENTER,
+    GPU_COPY_ENTER,
+    GPU_CALL_RETURN,
+    GPU_LAUNCH,
 ];
 
 /// Every global the agent sets by name.

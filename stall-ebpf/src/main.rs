@@ -22,6 +22,7 @@
 // BPF inline asm (atomic add) is behind this gate; the build sets RUSTC_BOOTSTRAP.
 #![feature(asm_experimental_arch)]
 
+mod gpu;
 mod mapped;
 mod maps;
 mod pagecache;

@@ -5,8 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use stall_common::{
-    counter, CpuSlot, FdKey, FileStats, FileWindows, InodeBytes, InodeKey, ThreadStats, UringKey, UringRead,
-    UringReads, WakeCache, WakeKey, WakeStats, WAKE_CACHE_SLOTS,
+    counter, CpuSlot, FdKey, FileStats, FileWindows, GpuCalls, InodeBytes, InodeKey, ThreadStats, UringKey,
+    UringRead, UringReads, WakeCache, WakeKey, WakeStats, WAKE_CACHE_SLOTS,
 };
 
 /// Tracked threads by tid. Being here is what "tracked" means.
@@ -57,6 +57,12 @@ pub static WAKES: HashMap<WakeKey, WakeStats> = HashMap::with_max_entries(32768,
 /// `LOST_FD_MAP`.
 #[map]
 pub static FD_WAITS: HashMap<FdKey, u64> = HashMap::with_max_entries(16384, 0);
+
+/// Per tracked thread that called into a hooked GPU library: its time in
+/// the calls that wait for the GPU, and its launches (gpu.rs). Full:
+/// counted as `LOST_GPU_MAP`.
+#[map]
+pub static GPU_CALLS: HashMap<u32, GpuCalls> = HashMap::with_max_entries(4096, 0);
 
 /// What `WAKES` has no room for, per waking process (`WAKER_ANY_THREAD`).
 #[map]

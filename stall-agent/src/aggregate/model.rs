@@ -344,7 +344,11 @@ impl Model {
     /// A thread ended; its process too once no thread of it is alive.
     fn exit(&mut self, ts: u64, tid: u32, tgid: u32, comm: &str, counters: &ThreadCounters, other_nr: i32) {
         let t = self.thread_mut(tid, tgid);
+        // The exit record carries no GPU library counters: the last
+        // snapshot's stand.
+        let gpu = t.total.gpu;
         t.total = throttle::with_throttled(counters, t.throttled_ns);
+        t.total.gpu = gpu;
         t.alive = false;
         t.other_nr = other_nr;
         t.now = ThreadNow::default();
@@ -368,7 +372,10 @@ impl Model {
         for s in &snap.threads {
             let t = self.thread_mut(s.tid, s.tgid);
             if t.alive {
+                // Its GPU library counters come apart (`gpu_calls`).
+                let gpu = t.total.gpu;
                 t.total = throttle::with_throttled(&s.counters, t.throttled_ns);
+                t.total.gpu = gpu;
                 t.now = s.now;
                 t.other_nr = s.other_nr;
             }
@@ -395,6 +402,11 @@ impl Model {
             e.blocked.see(w.blocked_ns);
             e.waker_tgid = w.waker_tgid;
             e.waker_comm.clone_from(&w.waker_comm);
+        }
+        for (tid, g) in &snap.gpu_calls {
+            if let Some(t) = self.threads.get_mut(tid) {
+                t.total.gpu = *g;
+            }
         }
         self.lost = snap.lost;
         self.events = snap.events;

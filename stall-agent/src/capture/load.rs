@@ -118,6 +118,9 @@ pub struct CaptureOptions {
     /// [`Capture::set_sched_hooks`]; [`Capture::sample_sched`] keeps the
     /// threads' counters from /proc meanwhile (the daemon's cheap tier).
     pub sched_hooks_on_demand: bool,
+    /// Probe the CUDA libraries the job maps (uprobes, attached as they
+    /// are found).
+    pub gpu_probes: bool,
 }
 
 /// One read in 8 is timed unless asked otherwise: the two clock reads are
@@ -283,6 +286,12 @@ impl Capture {
             casts.is_some(),
             opts.syscall_hooks_on_demand,
         )?;
+        // Optional: a kernel without uprobes still runs the rest.
+        let (gpu, gpu_note) = match opts.gpu_probes.then(|| super::gpu::GpuProbes::load(&mut ebpf)) {
+            Some(Ok(g)) => (Some(g), None),
+            Some(Err(e)) => (None, Some(e.to_string())),
+            None => (None, None),
+        };
         let ring: RingBuf<MapData> = take(&mut ebpf, names::EVENTS)?;
         // SAFETY: the RingBuf owns its map fd for as long as the AsyncFd lives.
         let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| CaptureError::Ring(e.into_parts().1))?;
@@ -312,6 +321,8 @@ impl Capture {
             sched,
             task_flags: config.task.flags,
             switch_reads,
+            gpu,
+            gpu_note,
             ebpf,
         })
     }

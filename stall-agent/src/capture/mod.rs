@@ -11,6 +11,7 @@ pub mod btf;
 pub mod cgroup;
 pub mod environ;
 mod error;
+pub mod gpu;
 mod kfunc;
 mod load;
 pub mod mapped;
@@ -116,6 +117,10 @@ pub struct Capture {
     task_flags: u32,
     /// Which `sched_switch` program runs.
     switch_reads: load::SwitchReads,
+    /// The GPU library probes (None: not asked for, or refused here: see
+    /// `gpu_note`).
+    gpu: Option<gpu::GpuProbes>,
+    gpu_note: Option<String>,
     // Last: programs detach when this drops.
     /// The syscall hooks' backend and links (none: detached).
     hooks: backend::Hooks,
@@ -151,6 +156,41 @@ impl Capture {
             (false, true) => self.sched.detach(&mut self.ebpf),
             _ => Ok(()),
         }
+    }
+
+    /// Probes the job's GPU library at `path` (a CUDA runtime or driver,
+    /// as a process opens it), once per file; how many functions.
+    pub fn gpu_library(&mut self, path: &str) -> usize {
+        match self.gpu.as_mut() {
+            Some(g) if gpu::is_gpu_library(path) => {
+                g.attach_library(&mut self.ebpf, std::path::Path::new(path))
+            }
+            _ => 0,
+        }
+    }
+
+    /// Probes the GPU libraries a process running before stall maps now.
+    pub fn gpu_libraries_of(&mut self, pid: u32) {
+        if self.gpu.is_some() {
+            for path in gpu::mapped_gpu_libraries(pid) {
+                self.gpu_library(&path);
+            }
+        }
+    }
+
+    /// The GPU libraries probed so far, and how many functions of each;
+    /// or why there are no probes.
+    pub fn gpu_probes_line(&self) -> Option<String> {
+        if let Some(note) = &self.gpu_note {
+            return Some(format!("GPU library probes: none ({note})"));
+        }
+        let g = self.gpu.as_ref()?;
+        Some(if g.attached.is_empty() {
+            "GPU library probes: no CUDA library mapped by the job".to_string()
+        } else {
+            let libs: Vec<String> = g.attached.iter().map(|(p, n)| format!("{p} ({n} functions)")).collect();
+            format!("GPU library probes: {}", libs.join(", "))
+        })
     }
 
     /// The syscall hooks' backend (trampolines or raw tracepoints).

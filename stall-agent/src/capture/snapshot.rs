@@ -111,6 +111,11 @@ impl Capture {
                     .collect()
             }),
             mmap_known: self.mapped.is_some(),
+            // Threads that ended keep theirs here until retired: their exit
+            // record carries none.
+            gpu_calls: self.gpu.as_ref().map_or_else(Vec::new, |g| {
+                g.read().into_iter().map(|(tid, c)| (tid, decode::GpuCounters::of(&c, ts))).collect()
+            }),
         }
     }
 
@@ -189,6 +194,9 @@ impl Capture {
         remove_where(&mut self.fd_waits, |k, _| tgids.contains(&k.tgid));
         self.forget_wake_pairs(gone);
         remove_where(&mut self.uring_reads, |tid, _| tids.contains(tid));
+        if let Some(g) = self.gpu.as_mut() {
+            g.retire(tids);
+        }
         // Reads in flight when their process ended never complete for it.
         remove_where(&mut self.uring_pending, |_, r| tgids.contains(&r.tgid));
         out

@@ -94,6 +94,8 @@ impl Capture {
     /// open, so reads of descriptors opened before attach (or inherited
     /// over fork) are counted.
     pub fn seed_fds(&mut self, pid: u32, job: u32) -> Vec<JobEvent> {
+        // And the CUDA libraries it loaded before it was seen.
+        self.gpu_libraries_of(pid);
         let now = monotonic_ns();
         let mut out = Vec::new();
         let fds = procfs::open_fds(pid);

@@ -110,6 +110,11 @@ impl LiveHost {
 
 impl Host for LiveHost {
     fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<procfs::Opened> {
+        // A CUDA library opened (`dlopen` at first use, or at start): probed
+        // before the process can call into it.
+        if crate::capture::gpu::is_gpu_library(path) {
+            self.capture.gpu_library(path);
+        }
         self.capture.classify_open(tgid, fd, path)
     }
 

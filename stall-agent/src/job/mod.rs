@@ -414,7 +414,8 @@ impl Job {
     /// which every worker has read data or woken a trainer (a DataLoader
     /// queue delivering; a worker started by spawn or a forkserver imports
     /// its libraries first), or a trainer without workers is woken by its
-    /// own loader threads, or a GPU of the job runs kernels; in a run, once
+    /// own loader threads, or a GPU of the job runs kernels (NVML says so,
+    /// or a trainer launches or waits for them); in a run, once
     /// that holds for every rank; never while a spawned process may yet
     /// turn out to be a rank. The whole run up to the interval before the
     /// pipeline's first sign (a worker's data or delivery) is the baseline
@@ -450,7 +451,15 @@ impl Job {
             };
             return;
         }
-        let gpu_ran = gpus.iter().any(|g| g.samples > 0 && g.util_mean_pct > crate::gpu::IDLE_UTIL_PCT);
+        // The GPU works: NVML says so, or a trainer launches kernels or
+        // waits for them (the GPU library probes).
+        let launched = roles
+            .trainers
+            .iter()
+            .filter_map(|t| interval.proc(*t))
+            .any(|p| p.threads.iter().any(|t| t.delta.gpu.launches > 0 || t.delta.gpu.sync_calls > 0));
+        let gpu_ran =
+            launched || gpus.iter().any(|g| g.samples > 0 && g.util_mean_pct > crate::gpu::IDLE_UTIL_PCT);
         if self.identities.settling(interval.end_ns) && !gpu_ran {
             // Spawned processes that may be ranks still import: who is a
             // worker is not known yet.

@@ -140,6 +140,8 @@ struct Sim {
     /// Wakeups of the trainer by each worker (batches delivered).
     fed: HashMap<u32, u64>,
     alive: HashSet<u32>,
+    /// The trainer's calls into its CUDA library so far.
+    gpu_calls: crate::decode::GpuCounters,
 }
 
 impl Sim {
@@ -188,6 +190,7 @@ impl Sim {
             log: None,
             fed: HashMap::new(),
             alive,
+            gpu_calls: Default::default(),
         }
     }
 
@@ -304,6 +307,7 @@ impl Sim {
                     blocked_ns: 0,
                 })
                 .collect(),
+            gpu_calls: vec![(TRAINER, self.gpu_calls)],
             ..Default::default()
         };
         let warnings = self.gpus.poll();
@@ -570,6 +574,21 @@ fn imports_late_in_the_run_are_no_startup() {
     sim.feeding_second(0.9, 0.85, 8 << 20);
     let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
     assert_eq!(report.startup_s, Some(4.0), "the pipeline started at 4 s");
+}
+
+/// A trainer without workers that launches GPU kernels and waits for them
+/// (seen by the GPU library probes, with no NVML): its pipeline runs.
+#[test]
+fn a_trainer_launching_kernels_has_started() {
+    let mut sim = Sim::new(gpu_at(&[]));
+    for _ in 0..2 {
+        assert!(sim.importing_second().starting_up);
+    }
+    sim.gpu_calls.launches += 800;
+    sim.gpu_calls.sync_calls += 100;
+    assert!(!sim.importing_second().starting_up, "launching kernels: started");
+    let report = sim.job.finish(&mut sim.host, sim.now + S, &sim.gpus);
+    assert_eq!(report.startup_s, Some(2.0));
 }
 
 #[test]

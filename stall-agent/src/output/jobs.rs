@@ -47,6 +47,7 @@ pub fn job(j: &JobView) -> Value {
                 progress: &tick.progress,
                 startup_s: None,
                 syscall_backend: None,
+                gpu_probes: None,
                 mmap_hooks: None,
                 switch_reads: None,
                 exit_status: None,

@@ -56,6 +56,10 @@ pub struct Record<'a> {
     /// `bpf_probe_read_kernel`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub syscall_reads: Option<&'static str>,
+    /// Summary only: which CUDA libraries the GPU library probes went on,
+    /// in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_probes: Option<&'a str>,
     /// Summary only: how faults on file mappings were followed
     /// (`tracepoint`, `trampoline`, or `none`: `mmap_bytes` null).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -205,6 +209,22 @@ pub struct Thread {
     /// What it was last seen blocked on, where /proc could say (null: no
     /// object, or never seen blocked in a call that has one).
     pub waits_on: Option<WaitsOn>,
+    /// Its calls into the job's CUDA libraries (null: none seen).
+    pub gpu_calls: Option<GpuCalls>,
+}
+
+#[derive(Serialize)]
+pub struct GpuCalls {
+    /// Time inside the synchronizations (stream, device, event, context),
+    /// whether the thread spun, yielded or slept in them, and their count.
+    pub sync_s: f64,
+    pub sync_calls: u64,
+    /// Synchronous copies between host and device: time, count, bytes.
+    pub copy_s: f64,
+    pub copy_calls: u64,
+    pub copy_bytes: u64,
+    /// Kernel launches.
+    pub launches: u64,
 }
 
 #[derive(Serialize)]
@@ -293,6 +313,17 @@ fn thread(t: &ThreadWindow) -> Thread {
             reason: reason::name(*r),
             object: o.clone(),
             says: o.describe(),
+        }),
+        gpu_calls: t.delta.gpu.any().then(|| {
+            let g = &t.delta.gpu;
+            GpuCalls {
+                sync_s: g.sync_ns as f64 / 1e9,
+                sync_calls: g.sync_calls,
+                copy_s: g.copy_ns as f64 / 1e9,
+                copy_calls: g.copy_calls,
+                copy_bytes: g.copy_bytes,
+                launches: g.launches,
+            }
         }),
     }
 }
@@ -399,6 +430,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         startup_s: v.startup_s,
         syscall_backend: v.syscall_backend.map(|(name, _, _)| name),
         syscall_reads: v.syscall_backend.map(|(_, reads, _)| reads),
+        gpu_probes: v.gpu_probes,
         mmap_hooks: v.mmap_hooks,
         switch_reads: v.switch_reads,
         exit_status: v.syscall_backend.map(|_| v.exit_status),

@@ -29,6 +29,9 @@ pub struct View<'a> {
     /// `tracepoint`), how they read a returning call's registers (`cast`,
     /// `probe`) and the line that says so for people.
     pub syscall_backend: Option<(&'static str, &'static str, &'a str)>,
+    /// The final report: the CUDA libraries the GPU library probes went on,
+    /// in words (None: not asked for).
+    pub gpu_probes: Option<&'a str>,
     /// The final report: how faults on file mappings were followed
     /// (`tracepoint`, `trampoline`, `none`).
     pub mmap_hooks: Option<&'static str>,

@@ -127,6 +127,9 @@ pub fn render(v: &View) -> String {
     if let Some((_, _, line)) = v.syscall_backend {
         let _ = writeln!(out, "{line}");
     }
+    if let Some(line) = v.gpu_probes {
+        let _ = writeln!(out, "{line}");
+    }
     if let Some(note) = v.gpu_note {
         let _ = writeln!(out, "{note}");
     }
@@ -340,6 +343,7 @@ mod tests {
             progress: &progress,
             startup_s,
             syscall_backend: None,
+            gpu_probes: None,
             mmap_hooks: None,
             switch_reads: None,
             exit_status: None,

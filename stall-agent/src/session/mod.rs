@@ -182,6 +182,8 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         sched_hooks_on_demand: false,
         timeline: opts.timeline.is_some() || opts.timeline_svg.is_some(),
         syscall_hooks: opts.syscall_hooks,
+        // Whatever NVML says: the probes see the job's own CUDA calls.
+        gpu_probes: !opts.floor,
     })
     .map_err(Error::from)?;
     let mut live = LiveHost::new(capture);
@@ -304,6 +306,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
     let _ = interval(&mut job, &mut live, &mut feed, &mut gpus, timeline.as_mut())?;
     let end_ns = monotonic_ns();
     let report = job.finish(&mut live, end_ns, &gpus);
+    let gpu_probes = live.capture.gpu_probes_line();
     if let Some(t) = timeline {
         t.finish(&report, end_ns, &label)?;
     }
@@ -318,6 +321,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         progress: &report.progress,
         startup_s: report.startup_s,
         syscall_backend: Some((out.syscall_backend, out.syscall_reads, out.hooks_line)),
+        gpu_probes: gpu_probes.as_deref(),
         mmap_hooks: Some(out.mmap_hooks),
         switch_reads: Some(out.switch_reads),
         exit_status: child_status,
@@ -404,6 +408,7 @@ fn emit_interval(sinks: &mut Sinks, tick: &Tick, out: &Out) -> Result<()> {
         progress: &tick.progress,
         startup_s: None,
         syscall_backend: None,
+        gpu_probes: None,
         mmap_hooks: None,
         switch_reads: None,
         exit_status: None,

@@ -136,6 +136,17 @@ pub(super) enum Finding<'a> {
         /// ended, where the kernel timed them.
         waited: Option<f64>,
     },
+    /// The trainer's main thread spends its time inside CUDA's
+    /// synchronizations (seen by the GPU library probes): it waits for its
+    /// GPU, spinning or not.
+    GpuWait {
+        sync: f64,
+    },
+    /// The trainer's main thread spends its time in synchronous copies
+    /// between host and device memory.
+    GpuCopies {
+        copy: f64,
+    },
     /// The trainer's main thread is on CPU (or waiting for one).
     TrainerBusy {
         cpu: f64,
@@ -150,7 +161,8 @@ pub(super) enum Finding<'a> {
 impl Finding<'_> {
     pub fn kind(&self) -> Kind {
         match self {
-            Finding::GpuBusy(_) => Kind::GpuBusy,
+            Finding::GpuBusy(_) | Finding::GpuWait { .. } => Kind::GpuBusy,
+            Finding::GpuCopies { .. } => Kind::TrainerHostBound,
             Finding::NotEnoughData | Finding::TrainerUntraced | Finding::NoSingleBottleneck => Kind::Unknown,
             Finding::HangBehindBusyGpu(_) | Finding::HangNoProgress(_) => Kind::Hang,
             Finding::InputIo { .. } | Finding::InputNet { .. } | Finding::TrainerReads { .. } => {
@@ -205,6 +217,16 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
     }
     if let Some(h) = hang::no_progress(s.w, trainer, main, &tm, &s.workers, s.secs, s.progress) {
         return Finding::HangNoProgress(h);
+    }
+    // Inside the job's own CUDA calls: a thread spinning in a stream
+    // synchronization is on CPU, and waits for its GPU all the same.
+    let in_gpu = |ns: u64| ns as f64 / 1e9 / s.secs;
+    let (sync, copy) = (in_gpu(main.delta.gpu.sync_ns), in_gpu(main.delta.gpu.copy_ns));
+    if sync >= rules::GPU_SYNC_WAIT && sync >= copy {
+        return Finding::GpuWait { sync };
+    }
+    if copy >= rules::GPU_COPY_SHARE {
+        return Finding::GpuCopies { copy };
     }
 
     let waits = tm.r(reason::FUTEX) + tm.r(reason::POLL);

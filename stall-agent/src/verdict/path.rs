@@ -18,8 +18,10 @@ pub struct PathStep {
     pub who: &'static str,
     pub pids: Vec<u32>,
     pub tids: Vec<u32>,
-    /// Where its time goes: a reason (`futex`, `io`, `send`, …), or
-    /// `on-cpu` (wanting the CPU: on it, or runnable); empty for an object.
+    /// Where its time goes: a reason (`futex`, `io`, `send`, …), `on-cpu`
+    /// (wanting the CPU: on it, or runnable), `gpu-sync` or `gpu-copy`
+    /// (inside CUDA's synchronizations or synchronous copies, on CPU or
+    /// not); empty for an object.
     pub state: &'static str,
     /// Its share of the window in that state (null for an object).
     pub share: Option<f64>,
@@ -97,6 +99,12 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
             vec![start(out_reason, *out)]
         }
         Finding::TrainerReads { own_io } => vec![start(reason::IO, *own_io)],
+        Finding::GpuWait { sync } => {
+            vec![step("trainer main thread", vec![trainer.tgid], vec![main.tid], "gpu-sync", *sync)]
+        }
+        Finding::GpuCopies { copy } => {
+            vec![step("trainer main thread", vec![trainer.tgid], vec![main.tid], "gpu-copy", *copy)]
+        }
         Finding::TrainerBusy { cpu } => {
             vec![on_cpu("trainer main thread", trainer, vec![main.tid], *cpu)]
         }

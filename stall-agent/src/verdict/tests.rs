@@ -10,8 +10,8 @@ use crate::{
     aggregate::{is_code_file, Model},
     correlate,
     decode::{
-        Event, FileCounters, FileSnap, Inode, InodeSnap, Snapshot, ThreadCounters, ThreadNow, ThreadSnap,
-        WakeSnap,
+        Event, FileCounters, FileSnap, GpuCounters, Inode, InodeSnap, Snapshot, ThreadCounters, ThreadNow,
+        ThreadSnap, WakeSnap,
     },
     gpu::gpu_window,
 };
@@ -55,6 +55,8 @@ struct Job {
     cpu_limit: Option<crate::cpulimit::Reading>,
     /// What threads were seen blocked on, by tid (as the job places them).
     waits_on: Vec<(u32, u8, crate::wait::WaitObject)>,
+    /// Calls into the job's CUDA libraries, by tid.
+    gpu_calls: Vec<(u32, GpuCounters)>,
 }
 
 impl Job {
@@ -74,6 +76,7 @@ impl Job {
             progress: None,
             cpu_limit: None,
             waits_on: vec![],
+            gpu_calls: vec![],
         }
     }
 
@@ -182,6 +185,7 @@ impl Job {
             lost: self.lost,
             inode_bytes: self.inode_bytes.clone(),
             mmap_known: self.mmap_known,
+            gpu_calls: self.gpu_calls.clone(),
             ..Default::default()
         });
         if let Some(r) = &self.cpu_limit {
@@ -565,6 +569,75 @@ fn a_trainer_loading_its_modules_from_storage_is_not_input_bound() {
     assert_ne!(code.kind, Kind::InputIoBound, "{code:?}");
 }
 
+/// The trainer's main thread in the job's CUDA calls (the GPU library
+/// probes): `sync` and `copy` shares of the window, `launches` in all; it
+/// logs a line every step.
+fn trainer_in_cuda(on: f64, futex: f64, sync: f64, copy: f64, launches: u64) -> Verdict {
+    let mut job = Job::new(10).trainer(on, [futex], blocked(reason::FUTEX)).silent(
+        0.05,
+        Some(0.05),
+        Some(("/tmp/train.log", 0.05)),
+    );
+    let ns = |share: f64| (share * 10e9) as u64;
+    let gpu = GpuCounters {
+        sync_ns: ns(sync),
+        sync_calls: 400,
+        copy_ns: ns(copy),
+        copy_calls: 40,
+        copy_bytes: 40 * (64 << 20),
+        launches,
+    };
+    job.gpu_calls.push((100, gpu));
+    job.judge(&[])
+}
+
+#[test]
+fn a_trainer_spinning_in_cuda_synchronizations_is_gpu_busy() {
+    let v = trainer_in_cuda(0.97, 0.03, 0.9, 0.0, 3200);
+    assert_eq!(v.kind, Kind::GpuBusy, "{v:?}");
+    assert!(
+        v.summary.starts_with(
+            "Trainer main thread inside CUDA synchronizations 90% of 10.0s (400 calls, spinning: on CPU 97%)"
+        ),
+        "{}",
+        v.summary
+    );
+    assert_eq!(v.path[0].state, "gpu-sync");
+    // Blocked in them (the blocking schedule): the same verdict.
+    let v = trainer_in_cuda(0.05, 0.95, 0.9, 0.0, 3200);
+    assert_eq!(v.kind, Kind::GpuBusy, "{v:?}");
+    assert!(v.summary.contains("(400 calls, blocked 95%)"), "{}", v.summary);
+    // Under half the window in them: not what holds the trainer.
+    let v = trainer_in_cuda(0.97, 0.03, 0.3, 0.0, 3200);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+}
+
+#[test]
+fn a_busy_trainer_launching_thousands_of_kernels_is_named_launch_bound() {
+    let v = trainer_in_cuda(0.97, 0.03, 0.02, 0.0, 240_000);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    assert!(
+        v.summary.contains("launching 24,000 GPU kernels/s, inside CUDA synchronizations 2%: the host cannot launch kernels fast enough"),
+        "{}",
+        v.summary
+    );
+    // A few launches a second are nothing to name.
+    let v = trainer_in_cuda(0.97, 0.03, 0.02, 0.0, 500);
+    assert!(!v.summary.contains("kernels/s"), "{}", v.summary);
+}
+
+#[test]
+fn synchronous_copies_are_named_with_their_rate() {
+    let v = trainer_in_cuda(0.97, 0.03, 0.0, 0.6, 0);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    assert!(
+        v.summary.contains("inside synchronous CUDA copies 60% of 10.0s (40 copies, 2.7 GB at 447 MB/s)"),
+        "{}",
+        v.summary
+    );
+    assert_eq!(v.path[0].state, "gpu-copy");
+}
+
 #[test]
 fn hang_names_blocked_threads() {
     let mut job = Job::new(6).trainer(0.001, [0.999, 0.0, 0.0, 0.0, 0.0, 0.0], blocked(reason::FUTEX));
@@ -753,7 +826,7 @@ fn nvml_sample_gaps_are_reported_and_do_not_skew_idle() {
 #[test]
 fn lost_events_mark_the_verdict_partial() {
     let mut job = io_bound_job();
-    job.lost = [3, 0, 0, 0, 0, 0, 0];
+    job.lost = [3, 0, 0, 0, 0, 0, 0, 0];
     let v = job.judge(&[]);
     assert!(v.summary.contains("partial"), "{}", v.summary);
     assert!(v.evidence.iter().any(|e| e.contains("3 events lost")));

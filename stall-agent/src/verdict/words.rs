@@ -246,6 +246,42 @@ fn summary(s: &Scene, finding: &Finding) -> String {
                 units::pct(tm.r(reason::RUNQUEUE)),
             )
         }
+        Finding::GpuWait { sync } => {
+            let g = &main.delta.gpu;
+            let how = if tm.cpu() >= 0.5 * sync {
+                format!("spinning: on CPU {}", units::pct(tm.cpu()))
+            } else {
+                format!("blocked {}", units::pct(tm.blocked()))
+            };
+            format!(
+                "Trainer main thread inside CUDA synchronizations {} of {} ({} calls, {how}): it waits for its GPU, which is the bottleneck",
+                units::pct(*sync),
+                units::secs(secs),
+                g.sync_calls,
+            )
+        }
+        Finding::GpuCopies { copy } => {
+            let g = &main.delta.gpu;
+            format!(
+                "Trainer main thread inside synchronous CUDA copies {} of {} ({} copies, {} at {}): copies between host and device memory hold the trainer, and the GPU waits for them",
+                units::pct(*copy),
+                units::secs(secs),
+                g.copy_calls,
+                units::bytes(g.copy_bytes),
+                units::rate(g.copy_bytes, g.copy_ns as f64 / 1e9),
+            )
+        }
+        Finding::TrainerBusy { cpu } if launch_bound(main, secs).is_some() => {
+            let (rate, sync) = launch_bound(main, secs).unwrap_or_default();
+            format!(
+                "Trainer main thread on CPU {} of {} launching {} GPU kernels/s, inside CUDA synchronizations {}: the host cannot launch kernels fast enough, the GPU waits for them{}",
+                units::pct(*cpu),
+                units::secs(secs),
+                units::grouped(rate),
+                units::pct(sync),
+                workers_input(&s.workers)
+            )
+        }
         Finding::TrainerBusy { cpu } if s.host_only() => format!(
             "Trainer main thread on CPU {} of {}: it is busy on the host (input is not the bottleneck){}",
             units::pct(*cpu),
@@ -623,6 +659,14 @@ fn from_storage(procs: &[&ProcWindow], bytes: u64) -> String {
         None => "",
     };
     format!(" ({:.0} % from storage{cache})", share * 100.0)
+}
+
+/// A busy main thread's kernel launches per second and its share inside
+/// CUDA's synchronizations, where it launches enough to be named.
+fn launch_bound(main: &ThreadWindow, secs: f64) -> Option<(u64, f64)> {
+    let g = &main.delta.gpu;
+    let rate = g.launches as f64 / secs;
+    (rate >= rules::LAUNCHES_NAMED_PER_S).then(|| (rate.round() as u64, g.sync_ns as f64 / 1e9 / secs))
 }
 
 /// The files a process wrote in the window, most bytes first.
