@@ -662,7 +662,14 @@ impl FileWindow {
             Some(n) if n > 0 && !is_code_file(path) && !is_kernel_file(path) => n,
             _ => 0,
         };
-        (self.read_bytes + mapped).max(self.storage_bytes.unwrap_or(0))
+        // Where its faults are followed, what it mapped is exact: the
+        // read-ahead its faults set off is mapped by whoever touches it (a
+        // worker faulting a page still being read brings in megabytes its
+        // siblings then map from the page cache).
+        if mapped > 0 {
+            return self.read_bytes + mapped;
+        }
+        self.read_bytes.max(self.storage_bytes.unwrap_or(0))
     }
 
     /// How it was taken in: "in 12 reads", "mapped", "in 12 reads and

@@ -68,6 +68,11 @@ fn a_files_source_and_its_bytes() {
     assert_eq!(m(0, 10_000, 4000).source().as_deref(), Some("through a mapping, 40 % from storage"));
     assert_eq!(m(1000, 9000, 0).source().as_deref(), Some("from the page cache"));
     assert_eq!(m(1000, 9000, 0).bytes_in(), 10_000);
+    // A fault on a page still being read set off 16.8 MB of read-ahead,
+    // of which this process mapped 5.5 MB (its siblings map the rest from
+    // the page cache): what it took in is what it mapped.
+    assert_eq!(m(0, 5_500_000, 16_800_000).bytes_in(), 5_500_000);
+    assert_eq!(f(0, Some(16_800_000)).bytes_in(), 16_800_000, "faults not followed: storage says");
     assert_eq!(m(0, 0, 0).source(), None, "nothing taken, nothing to say");
     let calls = |read_calls, mmap_bytes| FileWindow { read_calls, mmap_bytes, ..Default::default() };
     assert_eq!(calls(3, None).taken_by(), "in 3 reads");
