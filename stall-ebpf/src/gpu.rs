@@ -38,9 +38,17 @@ fn calls() -> Option<&'static mut GpuCalls> {
     GPU_CALLS.get_ptr_mut(tid).map(|p| unsafe { &mut *p })
 }
 
+/// Deeper than the library's own calls go (runtime into driver): a
+/// thread this deep missed returns (a call left by `longjmp`, a thread
+/// cancelled inside one), and starts over.
+const MAX_DEPTH: u32 = 8;
+
 #[inline(always)]
 fn enter(kind: u8, bytes: u64) {
     let Some(c) = calls() else { return };
+    if c.depth >= MAX_DEPTH {
+        c.depth = 0;
+    }
     if c.depth == 0 {
         c.since = now();
         c.kind = kind;

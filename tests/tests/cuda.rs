@@ -24,7 +24,9 @@ fn library(tag: &str) -> (Scratch, String) {
 }
 
 /// cuda_job.py `mode` under `stall run` for 4 s, the library loaded 1 s
-/// after start: the run and the job's truth.
+/// after start and the steps begun once stall's probes are in it (so that
+/// the job's own counts are what stall could see; under TCG the probes
+/// take a while): the run and the job's truth.
 fn cuda_job(tag: &str, mode: &str, extra: &[&str]) -> (Run, Value) {
     require_root();
     let (dir, lib) = library(tag);
@@ -32,11 +34,13 @@ fn cuda_job(tag: &str, mode: &str, extra: &[&str]) -> (Run, Value) {
     let script = cuda_job_py();
     let mut argv = vec!["run", "-q", "--", python(), &script, mode, "--lib", &lib, "--seconds", "4"];
     let (truth_arg, log_arg) = (truth_path.display().to_string(), log.display().to_string());
-    argv.extend(["--truth", &truth_arg, "--log", &log_arg, "--load-after", "1"]);
+    argv.extend(["--truth", &truth_arg, "--log", &log_arg, "--load-after", "1", "--wait-probed", "60"]);
     argv.extend(extra);
-    let run = stall(&argv, &[], Duration::from_secs(90));
+    let run = stall(&argv, &[], Duration::from_secs(150));
     assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
-    (run, truth(&truth_path))
+    let t = truth(&truth_path);
+    assert_eq!(t["probed"], true, "stall never probed the library: {t}\n{}", run.stderr);
+    (run, t)
 }
 
 fn verdict(run: &Run) -> (&str, &str) {

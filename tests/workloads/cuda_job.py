@@ -183,6 +183,28 @@ class Job:
         check(rc, f"{how} synchronization")
 
 
+def probed_names(a):
+    """The functions the mode's steps call that a tracer would probe."""
+    sync = {"stream": "cudaStreamSynchronize", "device": "cudaDeviceSynchronize",
+            "event": "cudaEventSynchronize", "driver": "cuStreamSynchronize"}[a.sync]
+    launch = "cudaLaunchKernel" if a.launch == "runtime" else "cuLaunchKernel"
+    # stall probes the launches last: once they are in, so is the rest.
+    return {"sync": [sync, launch], "launch": [launch, sync], "copy": ["cudaMemcpy", launch]}[a.mode]
+
+
+def wait_probed(lib, names, limit):
+    """Waits until the first byte of each of `names` is an int3 (a uprobe
+    is in: the kernel wrote it into this process's copy of the page);
+    returns (all probed, seconds waited)."""
+    t = time.monotonic()
+    addrs = [ctypes.cast(getattr(lib, n), c_void_p).value for n in names]
+    while time.monotonic() - t < limit:
+        if all(ctypes.string_at(at, 1) == b"\xcc" for at in addrs):
+            return True, time.monotonic() - t
+        time.sleep(0.01)
+    return False, time.monotonic() - t
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=["sync", "launch", "copy"])
@@ -191,6 +213,10 @@ def main():
     p.add_argument("--seconds", type=float, required=True, help="how long the steps run")
     p.add_argument("--load-after", type=float, default=0.0, help="seconds to sleep before loading the library")
     p.add_argument("--log", help="a line per step is appended here")
+    p.add_argument("--wait-probed", type=float, default=0.0,
+                   help="after loading, wait up to this many seconds until a tracer's uprobes are in the "
+                        "functions the mode calls (their first byte an int3), so that the truth counts what a "
+                        "tracer could see; the truth says whether they were"),
     p.add_argument("--kernels", type=int, help="kernels per step (sync 8, launch 2000)")
     p.add_argument("--kernel-us", type=int, help="GPU time of a kernel, µs (sync 5000, launch 2)")
     p.add_argument("--sync", choices=["stream", "device", "event", "driver"], default="stream",
@@ -214,6 +240,9 @@ def main():
         time.sleep(a.load_after)
     lib, stub = load(a.lib)
     loaded_at = time.monotonic() - start
+    probed, probed_wait = None, 0.0
+    if a.wait_probed > 0:
+        probed, probed_wait = wait_probed(lib, probed_names(a), a.wait_probed)
 
     if a.schedule is not None:
         check(lib.cudaSetDeviceFlags(SCHEDULES[a.schedule]), "cudaSetDeviceFlags")
@@ -287,6 +316,8 @@ def main():
         **job.t,
         "lib": a.lib,
         "loaded_at_s": loaded_at,
+        "probed": probed,
+        "probed_wait_s": probed_wait,
         "sync": a.sync,
         "launch": a.launch,
         "kernels_per_step": a.kernels,

@@ -18,15 +18,10 @@ use super::{
     object::{program, take},
 };
 
-/// Which probe goes on which exported functions. The return probe ends
-/// every timed call.
-const PROBES: [(&str, &[&str]); 5] = [
-    (names::GPU_SYNC_ENTER, &gpu_symbols::SYNC),
-    (names::GPU_COPY_ENTER, &gpu_symbols::COPY),
-    (names::GPU_CALL_RETURN, &gpu_symbols::SYNC),
-    (names::GPU_CALL_RETURN, &gpu_symbols::COPY),
-    (names::GPU_LAUNCH, &gpu_symbols::LAUNCH),
-];
+/// The timed calls: the probe on each one's entry (the return probe ends
+/// them all).
+const TIMED: [(&str, &[&str]); 2] =
+    [(names::GPU_SYNC_ENTER, &gpu_symbols::SYNC), (names::GPU_COPY_ENTER, &gpu_symbols::COPY)];
 
 /// Whether a path names a library the probes go on (`libcudart.so.13`,
 /// `libcuda.so.1`).
@@ -63,16 +58,26 @@ impl GpuProbes {
             return 0;
         }
         let mut probed = HashSet::new();
-        for (name, symbols) in PROBES {
-            let Some(prog) = ebpf.program_mut(name).and_then(|p| <&mut UProbe>::try_from(p).ok()) else {
-                continue;
-            };
+        let attach = |ebpf: &mut Ebpf, name: &str, symbol: &str| {
+            let prog = ebpf.program_mut(name).and_then(|p| <&mut UProbe>::try_from(p).ok());
+            // A library lacks most of the names (the runtime has no `cu*`,
+            // the driver no `cuda*`): those are skipped.
+            prog.is_some_and(|p| p.attach(symbol, path, UProbeScope::AllProcesses).is_ok())
+        };
+        // Each timed call's return probe first, its entry only where that
+        // went in: a call entered with no return probe to end it would
+        // leave its thread "inside" for good (the job calls on meanwhile).
+        for (entry, symbols) in TIMED {
             for &symbol in symbols {
-                // A library lacks most of the names (the runtime has no
-                // `cu*`, the driver no `cuda*`): those are skipped.
-                if prog.attach(symbol, path, UProbeScope::AllProcesses).is_ok() {
+                if attach(ebpf, names::GPU_CALL_RETURN, symbol) && attach(ebpf, entry, symbol) {
                     probed.insert(symbol);
                 }
+            }
+        }
+        // Last (the tests wait for these to know the others are in).
+        for &symbol in &gpu_symbols::LAUNCH {
+            if attach(ebpf, names::GPU_LAUNCH, symbol) {
+                probed.insert(symbol);
             }
         }
         if !probed.is_empty() {
