@@ -10,6 +10,7 @@
 //!                    [--copy-to D]
 //! bench-wl openclose --file F --out O [--secs S] [--rate R]
 //! bench-wl getppid   --ops N --out O
+//! bench-wl cuda      --lib PATH --call launch|sync --out O [--ops N] [--secs S] [--stop-file P] [--settle S]
 //! bench-wl loader    --files A,B,C,D --passes P --out O
 //! bench-wl futex     --iters N --out O
 //! bench-wl fork      --n N --out O
@@ -43,7 +44,9 @@ type Res<T> = Result<T, String>;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = args.split_first() else {
-        eprintln!("usage: bench-wl pread|openclose|getppid|loader|futex|fork|rusage ... (see the source)");
+        eprintln!(
+            "usage: bench-wl pread|openclose|getppid|cuda|loader|futex|fork|rusage ... (see the source)"
+        );
         return ExitCode::from(2);
     };
     let r = match cmd.as_str() {
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
             let line = match cmd.as_str() {
                 "pread" => pread(&o),
                 "getppid" => getppid(&o),
+                "cuda" => cuda(&o),
                 "openclose" => openclose(&o),
                 "loader" => loader(&o),
                 "futex" => futex(&o),
@@ -183,6 +187,129 @@ fn getppid(o: &Opts) -> Res<String> {
         unsafe { libc::syscall(libc::SYS_getppid) };
     }
     Ok(result(ops, start.elapsed(), ""))
+}
+
+/// `cudaLaunchKernel`'s grid and block sizes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Dim3 {
+    x: u32,
+    y: u32,
+    z: u32,
+}
+
+/// `cudaStream_t`; null is the legacy default stream.
+type CudaStream = *mut libc::c_void;
+type LaunchKernel = unsafe extern "C" fn(
+    *const libc::c_void,
+    Dim3,
+    Dim3,
+    *mut *mut libc::c_void,
+    usize,
+    CudaStream,
+) -> libc::c_int;
+type StreamSynchronize = unsafe extern "C" fn(CudaStream) -> libc::c_int;
+type SetKernelMicros = unsafe extern "C" fn(libc::c_uint);
+
+/// Launches between two synchronizations in `cuda --call launch`, as a
+/// training step would.
+const LAUNCHES_PER_SYNC: u64 = 1_000;
+
+/// Calls into a CUDA runtime library loaded from `--lib` (the stand-in
+/// `libstall_cuda_stub.so` under a real library's name, so that stall
+/// probes it): `launch` times `cudaLaunchKernel`s on the legacy stream with
+/// a `cudaStreamSynchronize` after every [`LAUNCHES_PER_SYNC`] (timed, not
+/// counted as ops); `sync` times `cudaStreamSynchronize`s of the idle
+/// legacy stream. The stub's kernels are set to take no time first.
+fn cuda(o: &Opts) -> Res<String> {
+    let lib = o.req("lib")?;
+    let call = o.req("call")?;
+    if call != "launch" && call != "sync" {
+        return Err(format!("--call: launch or sync, not {call:?}"));
+    }
+    let stop = Stop::from(o, 1)?;
+    let name = CString::new(lib.as_str()).map_err(|_| "--lib: a NUL in the path".to_string())?;
+    let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if handle.is_null() {
+        let why = unsafe { std::ffi::CStr::from_ptr(libc::dlerror()) };
+        return Err(format!("dlopen {lib}: {}", why.to_string_lossy()));
+    }
+    let sym = |s: &str| -> Res<*mut libc::c_void> {
+        let c = CString::new(s).expect("a symbol name");
+        let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+        if p.is_null() {
+            Err(format!("{lib} has no {s}"))
+        } else {
+            Ok(p)
+        }
+    };
+    // SAFETY: the symbols have these C signatures in libcudart (and the stub).
+    let launch: LaunchKernel = unsafe { std::mem::transmute(sym("cudaLaunchKernel")?) };
+    let sync: StreamSynchronize = unsafe { std::mem::transmute(sym("cudaStreamSynchronize")?) };
+    if let Ok(p) = sym("stallStubSetKernelMicros") {
+        let set: SetKernelMicros = unsafe { std::mem::transmute(p) };
+        unsafe { set(0) };
+    }
+    // A tracer attaches its probes once it sees the library opened, a little
+    // after `dlopen`: the clock starts once both calls carry one (or after
+    // --settle seconds, untraced).
+    let settle = Duration::from_secs_f64(o.num::<f64>("settle")?.unwrap_or(1.0));
+    let t0 = Instant::now();
+    let probed = wait_probed(&[launch as *const u8, sync as *const u8], settle);
+    let waited = t0.elapsed();
+    let (legacy, one) = (std::ptr::null_mut(), Dim3 { x: 1, y: 1, z: 1 });
+    let kernel = cuda as *const libc::c_void;
+    let check =
+        |what: &str, rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(format!("{what} returned {rc}")) };
+    // One call of each outside the clock: the library's setting up (the
+    // stub starts the legacy stream's worker thread) is not what is measured.
+    check("cudaLaunchKernel", unsafe { launch(kernel, one, one, std::ptr::null_mut(), 0, legacy) })?;
+    check("cudaStreamSynchronize", unsafe { sync(legacy) })?;
+    let mut ops = 0u64;
+    let start = Instant::now();
+    while !stop.done(ops, start) {
+        for _ in 0..LAUNCHES_PER_SYNC {
+            if call == "launch" {
+                check("cudaLaunchKernel", unsafe {
+                    launch(kernel, one, one, std::ptr::null_mut(), 0, legacy)
+                })?;
+            } else {
+                check("cudaStreamSynchronize", unsafe { sync(legacy) })?;
+            }
+        }
+        if call == "launch" {
+            check("cudaStreamSynchronize", unsafe { sync(legacy) })?;
+        }
+        ops += LAUNCHES_PER_SYNC;
+    }
+    Ok(result(
+        ops,
+        start.elapsed(),
+        &format!(
+            "probed={} wait_ms={}",
+            probed.map_or("unknown", |p| if p { "1" } else { "0" }),
+            waited.as_millis()
+        ),
+    ))
+}
+
+/// Waits up to `limit` until every function in `fns` starts with a
+/// breakpoint (a uprobe's int3, written into this process's copy of the
+/// page), polling each millisecond; whether they all did. Elsewhere than
+/// x86-64 it cannot tell (None), and waits the whole `limit`.
+fn wait_probed(fns: &[*const u8], limit: Duration) -> Option<bool> {
+    let t0 = Instant::now();
+    loop {
+        // SAFETY: each is the first byte of a function of a loaded library.
+        let all = cfg!(target_arch = "x86_64") && fns.iter().all(|f| unsafe { f.read_volatile() } == 0xCC);
+        if all {
+            return Some(true);
+        }
+        if t0.elapsed() >= limit {
+            return cfg!(target_arch = "x86_64").then_some(false);
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// 4 KiB `pread`s walking a (cached) file, optionally paced and threaded.
