@@ -214,17 +214,15 @@ pub fn run(opts: &Options) -> Result<()> {
     cmd::require_root("the bench loads stall's eBPF programs")?;
     let started = Instant::now();
     let target = cmd::target_dir();
-    let (stall, wl, nvml_lib) = if opts.no_build {
-        (
-            target.join("release/stall"),
-            target.join("release/bench-wl"),
-            build::nvml_script_next_to(&target.join("release/stall"))?,
-        )
+    let (stall, wl, nvml_lib, cuda_stub) = if opts.no_build {
+        let stall = target.join("release/stall");
+        let (nvml, cuda) = (build::nvml_script_next_to(&stall)?, build::cuda_stub_next_to(&stall)?);
+        (stall, target.join("release/bench-wl"), nvml, cuda)
     } else {
         setup::ensure()?;
         let stall = build::agent(true)?;
         cmd::run(cmd::cargo().args(["build", "--release", "-p", "bench-workloads"]))?;
-        (stall, target.join("release/bench-wl"), build::nvml_script(true)?)
+        (stall, target.join("release/bench-wl"), build::nvml_script(true)?, build::cuda_stub(true)?)
     };
     let dir = target.join("bench");
     let bin = dir.join("bin");
@@ -250,7 +248,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let runs = opts.runs.unwrap_or(if opts.quick { 3 } else { 5 });
     ensure!(runs >= 1, "--runs must be at least 1");
     let load_before = loadavg();
-    let files = prepare_files(&env.dir, opts.quick)?;
+    let files = prepare_files(&env.dir, &cuda_stub, opts.quick)?;
     if opts.daemon_only {
         let daemon = daemon::run(&env, &files.small, &env.nvml_lib, runs, opts.quick)?;
         print!("{}", report::daemon_text(&daemon, env.before.as_ref().map(|b| b.rev.as_str())));
@@ -323,10 +321,14 @@ struct Files {
     shards: Vec<PathBuf>,
     /// Where copy-4k writes.
     copy_to: PathBuf,
+    /// The stand-in CUDA library under the runtime's name, `cuda/libcudart.so.13`:
+    /// stall probes a library by its file name.
+    cudart: PathBuf,
 }
 
-/// Creates the files once (deterministic content) and leaves them cached.
-fn prepare_files(dir: &Path, quick: bool) -> Result<Files> {
+/// Creates the files once (deterministic content) and leaves them cached;
+/// copies the stand-in CUDA library (`cuda_stub`) in under the runtime's name.
+fn prepare_files(dir: &Path, cuda_stub: &Path, quick: bool) -> Result<Files> {
     let shard_mib = if quick { 64 } else { 128 };
     let small = dir.join("pread-64m");
     make_file(&small, 64 << 20, 1)?;
@@ -336,7 +338,13 @@ fn prepare_files(dir: &Path, quick: bool) -> Result<Files> {
             make_file(&p, shard_mib << 20, 2 + i as u64).map(|()| p)
         })
         .collect::<Result<_>>()?;
-    Ok(Files { small, shards, copy_to: dir.join("copy-1m") })
+    let cuda = dir.join("cuda");
+    fs::create_dir_all(&cuda).with_context(|| format!("creating {}", cuda.display()))?;
+    let cudart = cuda.join("libcudart.so.13");
+    let _ = fs::remove_file(&cudart);
+    fs::copy(cuda_stub, &cudart)
+        .with_context(|| format!("copying {} to {}", cuda_stub.display(), cudart.display()))?;
+    Ok(Files { small, shards, copy_to: dir.join("copy-1m"), cudart })
 }
 
 fn make_file(path: &Path, len: u64, seed: u64) -> Result<()> {
@@ -382,6 +390,13 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
         |p: u64| strs(&["loader", "--files", &shards.join(","), "--passes", &p.to_string(), "--mmap", "1"]);
     let futex = |n: u64| strs(&["futex", "--iters", &n.to_string(), "--cpu", "1"]);
     let fork = |n: u64| strs(&["fork", "--n", &n.to_string()]);
+    let cudart = files.cudart.display().to_string();
+    let cuda =
+        |call: &str, n: u64| strs(&["cuda", "--lib", &cudart, "--call", call, "--ops", &n.to_string()]);
+    // A few hundred ns per launch and tens per idle sync bare, but a
+    // uprobe's trap per call under stall: sized for the traced loop, which
+    // is tens of times the bare one, to stay near ten seconds.
+    let (launches, syncs) = if quick { (500_000u64, 2_000_000u64) } else { (1_000_000, 4_000_000) };
     let w = |key, title, what: String, unit, args, strace_args, neighbour| Workload {
         key,
         title,
@@ -489,6 +504,36 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
             false,
         ),
         w(
+            "cuda-launch",
+            "CUDA kernel launches through the job's libcudart (stand-in library)",
+            format!(
+                "{launches} `cudaLaunchKernel`s on the legacy stream, one thread, with a \
+                 `cudaStreamSynchronize` after every 1,000 (timed, not counted as launches), through the \
+                 stand-in CUDA library (`tests/cuda-stub`, kernels set to take no time) copied in as \
+                 `libcudart.so.13` and `dlopen`ed: under stall each launch hits an entry uprobe that counts it \
+                 (no clock read); the clock starts once the probes are in. The floor attaches no GPU probes: \
+                 its row is the cost of the rest of stall's programs, without the uprobe's trap"
+            ),
+            "launch",
+            cuda("launch", launches),
+            cuda("launch", launches),
+            false,
+        ),
+        w(
+            "cuda-sync",
+            "CUDA stream synchronizations, stream idle",
+            format!(
+                "{syncs} `cudaStreamSynchronize`s of the idle legacy stream, one thread, through the same \
+                 stand-in `libcudart.so.13`: under stall each hits an entry and a return uprobe, which time \
+                 it; the clock starts once the probes are in. The floor attaches no GPU probes: its row is the \
+                 cost of the rest of stall's programs, without the uprobes' traps"
+            ),
+            "sync",
+            cuda("sync", syncs),
+            cuda("sync", syncs),
+            false,
+        ),
+        w(
             "neighbour",
             "untraced neighbour",
             format!(
@@ -550,7 +595,14 @@ fn sample(env: &Env, mode: Mode, w: &Workload) -> Result<Sample> {
         return neighbour(env, mode, args, &out);
     }
     run_timed(env, wrap(env, mode, args, &out), RUN_TIMEOUT)?;
-    parse_sample(&out)
+    let s = parse_sample(&out)?;
+    // The cuda workloads say whether the library's calls carried probes
+    // when their clock started: under stall (as built now) they must.
+    if matches!(mode, Mode::Stall | Mode::Timeline) {
+        let line = fs::read_to_string(&out).unwrap_or_default();
+        ensure!(kv(&line, "probed") != Some("0"), "stall's uprobes were not in place when the loop started");
+    }
+    Ok(s)
 }
 
 /// The neighbour workload: the traced job runs under `mode` while `args` run untraced beside it.
