@@ -2,11 +2,15 @@
 //! incremental [`Model`] fed by decoded events and map snapshots, cut into
 //! [`Window`]s (an interval, the last few seconds, the whole run) for the
 //! correlation and the verdict. Pure: no kernel, no /proc.
+mod file_window;
+mod files;
 mod model;
 mod window;
 
+pub use file_window::FileWindow;
+pub use files::{is_code_file, is_kernel_file, storage_share, PageCache};
 pub use model::{File, Model, Proc, Thread, MAX_ENDED};
 pub use window::{
-    is_code_file, is_kernel_file, push_recent, storage_share, CpuLimitWindow, FdWait, FileWindow, PageCache,
-    ProcWindow, ThreadWindow, Waker, Window, DATA_MIN_BYTES, MAX_ENDED_PER_WINDOW, MAX_WAKERS, RECENT_NS,
+    push_recent, CpuLimitWindow, FdWait, ProcWindow, ThreadWindow, Waker, Window, DATA_MIN_BYTES,
+    MAX_ENDED_PER_WINDOW, MAX_WAKERS, RECENT_NS,
 };

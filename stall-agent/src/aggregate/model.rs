@@ -16,7 +16,7 @@ use stall_common::{counter::LOST_CAUSES, fd_kind};
 
 pub use self::ended::MAX_ENDED;
 use self::{ended::Folded, throttle::LimitTally};
-use super::window::FileWindow;
+use super::FileWindow;
 use crate::{
     decode::{Event, FileCounters, FileSnap, Inode, Snapshot, ThreadCounters, ThreadNow},
     rank::Rank,
