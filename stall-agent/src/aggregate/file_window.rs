@@ -1,10 +1,7 @@
 //! [`FileWindow`]: one file (or a socket's peer) as a window sees it,
 //! what a process read, wrote and mapped of it and where the bytes came
 //! from.
-use super::{
-    files::{is_code_file, is_kernel_file, storage_share, PageCache},
-    window::add_known,
-};
+use super::files::{add_known, is_code_file, is_kernel_file, storage_share, PageCache};
 use crate::decode::FileCounters;
 
 /// Regular files merged by path, or connected sockets merged by peer.

@@ -115,14 +115,6 @@ impl Window {
 /// Less than this read in a window is not reading data ([`ProcWindow::reads_data`]).
 pub const DATA_MIN_BYTES: u64 = 64 << 10;
 
-/// A sum of counts that some windows may not have (None + None is None).
-pub(super) fn add_known(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-    match (a, b) {
-        (None, None) => None,
-        _ => Some(a.unwrap_or(0) + b.unwrap_or(0)),
-    }
-}
-
 #[derive(Debug, Clone, Default)]
 pub struct ProcWindow {
     pub tgid: u32,

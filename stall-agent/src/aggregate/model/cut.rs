@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use stall_common::{counter::LOST_CAUSES, fd_kind, WAKER_ANY_THREAD};
 
 use super::{Model, Thread};
-use crate::aggregate::window::{add_known, fold_small_ended};
+use crate::aggregate::{files::add_known, window::fold_small_ended};
 use crate::aggregate::{CpuLimitWindow, FdWait, FileWindow, ProcWindow, ThreadWindow, Waker, Window};
 use crate::decode::ThreadCounters;
 

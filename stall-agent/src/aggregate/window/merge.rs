@@ -1,7 +1,8 @@
 //! [`Window::merge`]: consecutive windows summed into the longer one.
 use std::collections::HashMap;
 
-use super::{add_known, ProcWindow, ThreadWindow, Waker, Window};
+use super::{ProcWindow, ThreadWindow, Waker, Window};
+use crate::aggregate::files::add_known;
 
 impl Window {
     /// Consecutive windows as one (the verdict looks at the last few
