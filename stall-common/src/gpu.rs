@@ -91,6 +91,6 @@ mod tests {
 
     #[test]
     fn gpu_calls_have_no_hidden_padding() {
-        assert_eq!(core::mem::size_of::<GpuCalls>(), 4 + 4 + 8 + 8 + 8 + 6 * 8 + 8);
+        assert_eq!(core::mem::size_of::<GpuCalls>(), 4 + 4 + 8 + 8 + 8 + 6 * 8);
     }
 }
