@@ -180,7 +180,10 @@ fn waker_is_identified() {
 fn every_wakeup_of_a_ping_pong_is_counted() {
     let s = Scratch::new("pingpong");
     let truth_path = s.path("truth.json");
-    let run = run_job(&[], &["pingpong", "3000"], &truth_path);
+    // How often the ping blocks depends on whether the woken pong preempts
+    // it: a quarter of the rounds in a loaded TCG guest (681 of 3000 on
+    // 5.10), nearly all natively.
+    let run = run_job(&[], &["pingpong", "5000"], &truth_path);
     assert_eq!(run.status, 0, "{}", run.stderr);
     let t = truth(&truth_path);
     let blocked = t["blocked"].as_u64().unwrap();
@@ -196,7 +199,7 @@ fn every_wakeup_of_a_ping_pong_is_counted() {
     // Only the pong's write wakes the ping from a block in its loop (a
     // page fault's wait may add a few blocks that others end), and the
     // pong's exit once more, from its wait.
-    assert!(blocked >= 1000, "the ping blocked only {blocked} times: no test");
+    assert!(blocked >= 500, "the ping blocked only {blocked} times: no test");
     assert!(
         by_pong <= blocked + 1 && by_pong + 10 + blocked / 100 >= blocked,
         "the pong woke the ping {by_pong} times; it blocked {blocked} times in its loop: {ping}"

@@ -114,7 +114,7 @@ fn job(cg: &Cgroup, script: &str) -> (Child, u32) {
 /// Reads `path` over and over, with a pause: a job that moves.
 fn reader(path: &Path) -> String {
     format!(
-        "import os, time\nprint('PID', os.getpid(), flush=True)\nwhile True:\n    with open({:?}, 'rb') as f:\n        f.read()\n    time.sleep(0.05)\n",
+        "import os, time\nprint('PID', os.getpid(), flush=True)\nwhile True:\n    with open({:?}, 'rb') as f:\n        f.read()\n    time.sleep(0.2)\n",
         path.display().to_string()
     )
 }
