@@ -30,54 +30,52 @@ pub fn agent(release: bool) -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// File name of the scripted NVML library the GPU tests load (crate
-/// `tests/nvml-script`).
-pub const NVML_SCRIPT_LIB: &str = "libstall_nvml_script.so";
+/// A library the tests load in place of a GPU's own: its crate and the
+/// file it builds.
+struct StandIn {
+    package: &'static str,
+    file: &'static str,
+}
 
-/// Builds the scripted NVML library and returns its path: next to `stall`
-/// in the same profile's folder, where the tests look for it.
+/// The scripted NVML library the GPU tests load (`tests/nvml-script`).
+const NVML_SCRIPT: StandIn = StandIn { package: "stall-nvml-script", file: "libstall_nvml_script.so" };
+/// The stand-in CUDA library the CUDA tests load (`tests/cuda-stub`).
+const CUDA_STUB: StandIn = StandIn { package: "stall-cuda-stub", file: "libstall_cuda_stub.so" };
+
+/// Builds a stand-in library and returns its path: next to `stall` in the
+/// same profile's folder, where the tests look for it.
+fn build_stand_in(lib: &StandIn, release: bool) -> Result<PathBuf> {
+    let mut build = cmd::cargo();
+    build.args(["build", "-p", lib.package]);
+    if release {
+        build.arg("--release");
+    }
+    cmd::run(&mut build)?;
+    let profile = if release { "release" } else { "debug" };
+    let path = cmd::target_dir().join(profile).join(lib.file);
+    ensure!(path.is_file(), "the build succeeded but {} is missing", path.display());
+    Ok(path)
+}
+
+/// A stand-in library built next to `stall` by [`build_stand_in`].
+fn stand_in_next_to(lib: &StandIn, stall: &Path) -> Result<PathBuf> {
+    let path = stall.with_file_name(lib.file);
+    ensure!(path.is_file(), "{} is missing: `cargo build -p {}` builds it", path.display(), lib.package);
+    Ok(path)
+}
+
 pub fn nvml_script(release: bool) -> Result<PathBuf> {
-    let mut build = cmd::cargo();
-    build.args(["build", "-p", "stall-nvml-script"]);
-    if release {
-        build.arg("--release");
-    }
-    cmd::run(&mut build)?;
-    let profile = if release { "release" } else { "debug" };
-    let lib = cmd::target_dir().join(profile).join(NVML_SCRIPT_LIB);
-    ensure!(lib.is_file(), "the build succeeded but {} is missing", lib.display());
-    Ok(lib)
+    build_stand_in(&NVML_SCRIPT, release)
 }
 
-/// The scripted NVML library built next to `stall` by [`nvml_script`].
 pub fn nvml_script_next_to(stall: &Path) -> Result<PathBuf> {
-    let lib = stall.with_file_name(NVML_SCRIPT_LIB);
-    ensure!(lib.is_file(), "{} is missing: `cargo build -p stall-nvml-script` builds it", lib.display());
-    Ok(lib)
+    stand_in_next_to(&NVML_SCRIPT, stall)
 }
 
-/// File name of the stand-in CUDA library the CUDA tests load (crate
-/// `tests/cuda-stub`).
-pub const CUDA_STUB_LIB: &str = "libstall_cuda_stub.so";
-
-/// Builds the stand-in CUDA library and returns its path: next to `stall`
-/// in the same profile's folder, where the tests look for it.
 pub fn cuda_stub(release: bool) -> Result<PathBuf> {
-    let mut build = cmd::cargo();
-    build.args(["build", "-p", "stall-cuda-stub"]);
-    if release {
-        build.arg("--release");
-    }
-    cmd::run(&mut build)?;
-    let profile = if release { "release" } else { "debug" };
-    let lib = cmd::target_dir().join(profile).join(CUDA_STUB_LIB);
-    ensure!(lib.is_file(), "the build succeeded but {} is missing", lib.display());
-    Ok(lib)
+    build_stand_in(&CUDA_STUB, release)
 }
 
-/// The stand-in CUDA library built next to `stall` by [`cuda_stub`].
 pub fn cuda_stub_next_to(stall: &Path) -> Result<PathBuf> {
-    let lib = stall.with_file_name(CUDA_STUB_LIB);
-    ensure!(lib.is_file(), "{} is missing: `cargo build -p stall-cuda-stub` builds it", lib.display());
-    Ok(lib)
+    stand_in_next_to(&CUDA_STUB, stall)
 }
