@@ -555,55 +555,40 @@ pub fn remove_tree(dir: &Path) {
 /// File name of the scripted NVML library (crate `tests/nvml-script`).
 pub const NVML_SCRIPT_LIB: &str = "libstall_nvml_script.so";
 
-/// The scripted NVML library: $STALL_NVML_SCRIPT_LIB (set by `cargo xtask
-/// test` and by the test VMs' /init), else next to the stall binary (cargo
-/// builds both into target/PROFILE), else the workspace's release or debug
-/// build.
+/// The scripted NVML library: see [`stand_in_lib`].
 pub fn nvml_script_lib() -> PathBuf {
-    if let Some(p) = std::env::var_os("STALL_NVML_SCRIPT_LIB") {
-        return PathBuf::from(p);
-    }
-    let next_to_stall = stall_bin().with_file_name(NVML_SCRIPT_LIB);
-    if next_to_stall.exists() {
-        return next_to_stall;
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
-    for profile in ["release", "debug"] {
-        let p = root.join("target").join(profile).join(NVML_SCRIPT_LIB);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "no {NVML_SCRIPT_LIB}: run `cargo build -p stall-nvml-script` (`cargo xtask test` does) or set STALL_NVML_SCRIPT_LIB"
-    );
+    stand_in_lib(NVML_SCRIPT_LIB, "STALL_NVML_SCRIPT_LIB", "stall-nvml-script")
 }
 
 /// File name of the stand-in CUDA library (crate `tests/cuda-stub`).
 pub const CUDA_STUB_LIB: &str = "libstall_cuda_stub.so";
 
 /// The stand-in CUDA library the CUDA jobs load (tests/workloads/cuda_job.py
-/// `--lib`): $STALL_CUDA_STUB_LIB (set by `cargo xtask test` and by the
-/// test VMs' /init), else next to the stall binary (cargo builds both into
-/// target/PROFILE), else the workspace's release or debug build.
+/// `--lib`): see [`stand_in_lib`].
 pub fn cuda_stub_lib() -> PathBuf {
-    if let Some(p) = std::env::var_os("STALL_CUDA_STUB_LIB") {
+    stand_in_lib(CUDA_STUB_LIB, "STALL_CUDA_STUB_LIB", "stall-cuda-stub")
+}
+
+/// A library the tests load in place of a GPU's own (`file`, built by
+/// crate `package`): $`env` (set by `cargo xtask test` and by the test
+/// VMs' /init), else next to the stall binary (cargo builds both into
+/// target/PROFILE), else the workspace's release or debug build.
+fn stand_in_lib(file: &str, env: &str, package: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
         return PathBuf::from(p);
     }
-    let next_to_stall = stall_bin().with_file_name(CUDA_STUB_LIB);
+    let next_to_stall = stall_bin().with_file_name(file);
     if next_to_stall.exists() {
         return next_to_stall;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
     for profile in ["release", "debug"] {
-        let p = root.join("target").join(profile).join(CUDA_STUB_LIB);
+        let p = root.join("target").join(profile).join(file);
         if p.exists() {
             return p;
         }
     }
-    panic!(
-        "no {CUDA_STUB_LIB}: run `cargo build --release -p stall-cuda-stub` (`cargo xtask test` does) or set STALL_CUDA_STUB_LIB"
-    );
+    panic!("no {file}: run `cargo build --release -p {package}` (`cargo xtask test` does) or set {env}");
 }
 
 /// GPUs for stall to sample without a driver: a script for the scripted
