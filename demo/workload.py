@@ -440,6 +440,25 @@ def setup_v2(parent, name, back, major, minor, key, bps, description, controller
     return Throttle(file, path, back, f"{description} ({path}/{file})", undo)
 
 
+def cold_and_throttled(paths, cache_dir, mbps, name, read):
+    """Evicts `paths` from the page cache, caps the job's reads of
+    `cache_dir`'s disk at `mbps` (where the machine allows), runs `read`
+    and lifts the cap; returns (what `read` returned, the throttle's
+    description or why there is none)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    throttle, note = setup_throttle(cache_dir, mbps, name)
+    if throttle:
+        throttle.enter()
+    try:
+        return read(), throttle.description if throttle else note
+    finally:
+        if throttle:
+            throttle.remove()
+
+
 def setup_throttle(cache_dir, mbps, name, writes=False):
     """Returns (Throttle or None, a sentence saying what the job's reads, or
     with `writes` its writes, get)."""

@@ -66,25 +66,16 @@ def throttled(dir, truth_path, mbps, read):
     """Evicts the Arrow files from the page cache, caps the job's disk
     reads at MBPS, and runs `read`, which returns (its workers' pids, the
     rows read); writes the truth."""
-    for path in arrow_files(dir):
-        fd = os.open(path, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-    throttle, note = workload.setup_throttle(dir, mbps, f"stall-arrow-{os.getpid()}")
-    if throttle:
-        throttle.enter()
-    try:
-        pids, rows = read()
-    finally:
-        if throttle:
-            throttle.remove()
+    (pids, rows), throttle = workload.cold_and_throttled(
+        arrow_files(dir), dir, mbps, f"stall-arrow-{os.getpid()}", read
+    )
     with open(truth_path, "w") as f:
         json.dump({
             "trainer": os.getpid(),
             "workers": pids,
             "files": {p: os.path.getsize(p) for p in arrow_files(dir)},
             "rows": rows,
-            "throttle": throttle.description if throttle else note,
+            "throttle": throttle,
         }, f)
 
 

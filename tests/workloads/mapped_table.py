@@ -120,24 +120,16 @@ def main():
         return
     truth_path, workers, mbps = sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
     path = table_path(dir)
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-    throttle, note = workload.setup_throttle(dir, mbps, f"stall-mapped-{os.getpid()}")
-    if throttle:
-        throttle.enter()
-    try:
-        pids, rows = run(dir, workers)
-    finally:
-        if throttle:
-            throttle.remove()
+    (pids, rows), throttle = workload.cold_and_throttled(
+        [path], dir, mbps, f"stall-mapped-{os.getpid()}", lambda: run(dir, workers)
+    )
     with open(truth_path, "w") as f:
         json.dump({
             "trainer": os.getpid(),
             "workers": pids,
             "files": {path: os.path.getsize(path)},
             "rows": rows,
-            "throttle": throttle.description if throttle else note,
+            "throttle": throttle,
         }, f)
 
 
