@@ -110,11 +110,9 @@ impl LiveHost {
 
 impl Host for LiveHost {
     fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<procfs::Opened> {
-        // A CUDA library opened (`dlopen` at first use, or at start): probed
-        // before the process can call into it.
-        if crate::capture::gpu::is_gpu_library(path) {
-            self.capture.gpu_library(path);
-        }
+        // A CUDA library opened (`dlopen` at first use, or at start) is
+        // probed as soon as its open is read (anything else is skipped).
+        self.capture.gpu_library(path);
         self.capture.classify_open(tgid, fd, path)
     }
 
