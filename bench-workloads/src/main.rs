@@ -11,6 +11,7 @@
 //! bench-wl openclose --file F --out O [--secs S] [--rate R]
 //! bench-wl getppid   --ops N --out O
 //! bench-wl cuda      --lib PATH --call launch|sync --out O [--ops N] [--secs S] [--stop-file P] [--settle S]
+//! bench-wl nccl      --lib PATH --nccl-lib PATH --out O [--ops N] [--secs S] [--stop-file P] [--settle S]
 //! bench-wl loader    --files A,B,C,D --passes P --out O
 //! bench-wl futex     --iters N --out O
 //! bench-wl fork      --n N --out O
@@ -61,6 +62,7 @@ fn main() -> ExitCode {
                 "pread" => pread(&o),
                 "getppid" => getppid(&o),
                 "cuda" => cuda(&o),
+                "nccl" => nccl(&o),
                 "openclose" => openclose(&o),
                 "loader" => loader(&o),
                 "futex" => futex(&o),
@@ -221,20 +223,16 @@ const LAUNCHES_PER_SYNC: u64 = 1_000;
 /// a `cudaStreamSynchronize` after every [`LAUNCHES_PER_SYNC`] (timed, not
 /// counted as ops); `sync` times `cudaStreamSynchronize`s of the idle
 /// legacy stream. The stub's kernels are set to take no time first.
-fn cuda(o: &Opts) -> Res<String> {
-    let lib = o.req("lib")?;
-    let call = o.req("call")?;
-    if call != "launch" && call != "sync" {
-        return Err(format!("--call: launch or sync, not {call:?}"));
-    }
-    let stop = Stop::from(o, 1)?;
-    let name = CString::new(lib.as_str()).map_err(|_| "--lib: a NUL in the path".to_string())?;
+/// A library `dlopen`ed (RTLD_GLOBAL, as PyTorch loads libcudart) and a
+/// lookup of its symbols.
+fn open_library(lib: &str) -> Res<impl Fn(&str) -> Res<*mut libc::c_void> + '_> {
+    let name = CString::new(lib).map_err(|_| format!("{lib}: a NUL in the path"))?;
     let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
     if handle.is_null() {
         let why = unsafe { std::ffi::CStr::from_ptr(libc::dlerror()) };
         return Err(format!("dlopen {lib}: {}", why.to_string_lossy()));
     }
-    let sym = |s: &str| -> Res<*mut libc::c_void> {
+    Ok(move |s: &str| -> Res<*mut libc::c_void> {
         let c = CString::new(s).expect("a symbol name");
         let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
         if p.is_null() {
@@ -242,7 +240,17 @@ fn cuda(o: &Opts) -> Res<String> {
         } else {
             Ok(p)
         }
-    };
+    })
+}
+
+fn cuda(o: &Opts) -> Res<String> {
+    let lib = o.req("lib")?;
+    let call = o.req("call")?;
+    if call != "launch" && call != "sync" {
+        return Err(format!("--call: launch or sync, not {call:?}"));
+    }
+    let stop = Stop::from(o, 1)?;
+    let sym = open_library(&lib)?;
     // SAFETY: the symbols have these C signatures in libcudart (and the stub).
     let launch: LaunchKernel = unsafe { std::mem::transmute(sym("cudaLaunchKernel")?) };
     let sync: StreamSynchronize = unsafe { std::mem::transmute(sym("cudaStreamSynchronize")?) };
@@ -281,6 +289,80 @@ fn cuda(o: &Opts) -> Res<String> {
             check("cudaStreamSynchronize", unsafe { sync(legacy) })?;
         }
         ops += LAUNCHES_PER_SYNC;
+    }
+    Ok(result(
+        ops,
+        start.elapsed(),
+        &format!(
+            "probed={} wait_ms={}",
+            probed.map_or("unknown", |p| if p { "1" } else { "0" }),
+            waited.as_millis()
+        ),
+    ))
+}
+
+/// `ncclUniqueId`: 128 bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct NcclUniqueId([u8; 128]);
+type NcclComm = *mut libc::c_void;
+type NcclGetUniqueId = unsafe extern "C" fn(*mut NcclUniqueId) -> libc::c_int;
+type NcclCommInitRank =
+    unsafe extern "C" fn(*mut NcclComm, libc::c_int, NcclUniqueId, libc::c_int) -> libc::c_int;
+type NcclAllReduce = unsafe extern "C" fn(
+    *const libc::c_void,
+    *mut libc::c_void,
+    usize,
+    libc::c_int,
+    libc::c_int,
+    NcclComm,
+    CudaStream,
+) -> libc::c_int;
+const NCCL_FLOAT32: libc::c_int = 7;
+const NCCL_SUM: libc::c_int = 0;
+
+/// NCCL all-reduces of one float on a communicator of one rank, through
+/// `--nccl-lib` (the stand-in under libnccl's name) on the legacy stream of
+/// `--lib` (the CUDA stand-in, which completes them): each op is an
+/// `ncclAllReduce` and the `cudaStreamSynchronize` that waits for it, as a
+/// step ends.
+fn nccl(o: &Opts) -> Res<String> {
+    let (lib, nccl_lib) = (o.req("lib")?, o.req("nccl-lib")?);
+    let stop = Stop::from(o, 1)?;
+    let cuda = open_library(&lib)?;
+    let nccl = open_library(&nccl_lib)?;
+    // SAFETY: the symbols have these C signatures in libcudart and libnccl
+    // (and the stand-ins).
+    let sync: StreamSynchronize = unsafe { std::mem::transmute(cuda("cudaStreamSynchronize")?) };
+    let unique: NcclGetUniqueId = unsafe { std::mem::transmute(nccl("ncclGetUniqueId")?) };
+    let init: NcclCommInitRank = unsafe { std::mem::transmute(nccl("ncclCommInitRank")?) };
+    let all_reduce: NcclAllReduce = unsafe { std::mem::transmute(nccl("ncclAllReduce")?) };
+    let settle = Duration::from_secs_f64(o.num::<f64>("settle")?.unwrap_or(1.0));
+    let t0 = Instant::now();
+    let probed = wait_probed(&[all_reduce as *const u8, sync as *const u8, init as *const u8], settle);
+    let waited = t0.elapsed();
+    let check =
+        |what: &str, rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(format!("{what} returned {rc}")) };
+    let mut id = NcclUniqueId([0; 128]);
+    check("ncclGetUniqueId", unsafe { unique(&mut id) })?;
+    let mut comm: NcclComm = std::ptr::null_mut();
+    check("ncclCommInitRank", unsafe { init(&mut comm, 1, id, 0) })?;
+    let legacy: CudaStream = std::ptr::null_mut();
+    let mut value = [1.0f32];
+    let buf = value.as_mut_ptr().cast::<libc::c_void>();
+    let step = || -> Res<()> {
+        check("ncclAllReduce", unsafe { all_reduce(buf, buf, 1, NCCL_FLOAT32, NCCL_SUM, comm, legacy) })?;
+        check("cudaStreamSynchronize", unsafe { sync(legacy) })
+    };
+    // The first outside the clock: the stand-ins start their threads.
+    step()?;
+    let mut ops = 0u64;
+    let start = Instant::now();
+    while !stop.done(ops, start) {
+        for _ in 0..100 {
+            step()?;
+        }
+        ops += 100;
     }
     Ok(result(
         ops,

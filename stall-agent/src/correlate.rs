@@ -169,10 +169,21 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
         // Worker-like children first (a DataLoader's parent is the trainer
         // even when the trainer is the busy one and wakes its workers more
         // than they wake it), then who wakes it, then nearest the root.
+        // A shell or wrapper between (it only waits for its child) is no
+        // trainer: its busy child counts for the process above it.
+        let passes_on = |t: u32| {
+            !busy(t) && by_tgid.get(&t).and_then(|p| p.main_thread()).is_some_and(|m| m.mostly_child_wait())
+        };
         let mut kid_counts: HashMap<u32, usize> = HashMap::new();
         for c in &w.procs {
-            if let Some(pp) = c.ppid.filter(|pp| present.contains(pp)) {
+            if let Some(mut pp) = c.ppid.filter(|pp| present.contains(pp)) {
                 if worker_like(c.tgid, pp) {
+                    for _ in 0..8 {
+                        match parent.get(&pp).filter(|up| passes_on(pp) && present.contains(up)) {
+                            Some(&up) => pp = up,
+                            None => break,
+                        }
+                    }
                     *kid_counts.entry(pp).or_default() += 1;
                 }
             }
@@ -304,7 +315,7 @@ fn forked_worker(child: Option<&ProcWindow>, parent: Option<&ProcWindow>) -> boo
 /// Wakeups of the trainer that make a program it ran one of its feeders (a
 /// program's output read through a pipe and its exit wake the parent a few
 /// times; a feeder delivers batch after batch).
-const FEEDER_MIN_WAKES: u64 = 16;
+pub const FEEDER_MIN_WAKES: u64 = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Helper {

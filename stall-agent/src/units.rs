@@ -65,6 +65,15 @@ pub fn secs(s: f64) -> String {
     }
 }
 
+/// A short span: "201 ms", "1.5 s".
+pub fn millis(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1e3)
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
 /// A span people read at a glance: "12 s", "8 min", "2.5 h".
 pub fn span(s: f64) -> String {
     if s < 100.0 {

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::{aggregate::Window, correlate::Roles, gpu, progress::ProgressView, pystack::PyStack};
 
+mod child;
 mod classify;
 mod hang;
 mod kind;
@@ -19,7 +20,7 @@ mod words;
 
 pub use kind::Kind;
 pub use path::PathStep;
-pub use run::{collective_waits, RankVerdict, RunVerdict, Straggler};
+pub use run::{collective_waits, Collectives, RankVerdict, RunVerdict, Straggler};
 // Until every user imports it from `gpu`.
 pub use gpu::GpuWindow;
 
@@ -112,6 +113,14 @@ pub mod rules {
     /// Kernel launches per second of a busy trainer from which its line
     /// names them: a host that cannot launch fast enough.
     pub const LAUNCHES_NAMED_PER_S: f64 = 1000.0;
+    /// NCCL collectives a rank must have made (compared with other ranks'
+    /// where their arrivals were) before its lateness says anything.
+    pub const COLLECTIVES_COMPARED: u64 = 3;
+    /// A rank calling the collectives this much later than the first rank
+    /// on average (or waiting this much less than the others)...
+    pub const COLLECTIVE_LATE_S: f64 = 0.02;
+    /// ...and last at this share of them holds the run.
+    pub const COLLECTIVE_LAST_SHARE: f64 = 0.5;
 }
 
 /// `w`: the window judged (the last few seconds live, the whole run at the

@@ -1,8 +1,8 @@
-//! What the agent sets for the programs: the load-time `Config` global with
-//! its per-syscall tables (`SyscallTables`), the `TRACK_GEN` value, and the
-//! indices of the `COUNTERS` array.
+//! What the agent sets for the programs: the load-time `Config` global
+//! (with the syscalls family's `SyscallTables`), the `TRACK_GEN` value,
+//! and the indices of the `COUNTERS` array.
 
-use crate::{inflight, PageCacheOffsets, Regs, TaskOffsets, UringLayout};
+use crate::{PageCacheOffsets, Regs, SyscallTables, TaskOffsets, UringLayout};
 
 /// Load-time configuration, written into the object's `CONFIG` global.
 #[repr(C)]
@@ -32,52 +32,6 @@ pub struct Config {
     pub tables: SyscallTables,
 }
 
-/// Per syscall number, what the programs do with it: read-only data beside
-/// the rest of the configuration, so that a lookup is one load from memory
-/// the programs touch anyway (as a map, each syscall of the machine paid a
-/// lookup's instructions twice, at its entry and its return).
-#[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct SyscallTables {
-    /// What the raw syscall programs do (`hook`).
-    pub hooks: [u8; syscall_class::TABLE_LEN as usize],
-    /// What a thread blocked in it waits for (`syscall_class`).
-    pub classes: [u8; syscall_class::TABLE_LEN as usize],
-}
-
-impl SyscallTables {
-    /// The `hook` kind of syscall `nr` (`hook::NONE` out of the table).
-    #[inline(always)]
-    pub fn hook(&self, nr: i64) -> u8 {
-        usize::try_from(nr).ok().and_then(|i| self.hooks.get(i)).copied().unwrap_or(hook::NONE)
-    }
-
-    /// The `syscall_class` of syscall `nr` (`OTHER` out of the table).
-    #[inline(always)]
-    pub fn class(&self, nr: i64) -> u8 {
-        usize::try_from(nr).ok().and_then(|i| self.classes.get(i)).copied().unwrap_or(syscall_class::OTHER)
-    }
-}
-
-impl Default for SyscallTables {
-    fn default() -> Self {
-        Self {
-            hooks: [hook::NONE; syscall_class::TABLE_LEN as usize],
-            classes: [syscall_class::OTHER; syscall_class::TABLE_LEN as usize],
-        }
-    }
-}
-
-impl core::fmt::Debug for SyscallTables {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let set = |t: &[u8]| t.iter().filter(|&&v| v != 0).count();
-        f.debug_struct("SyscallTables")
-            .field("hooked", &set(&self.hooks))
-            .field("classified", &set(&self.classes))
-            .finish()
-    }
-}
-
 /// Hooked calls (entries and returns, `CpuSlot::events`) since a thread came
 /// on-CPU after which its reads are sampled by `latency_run_mask`: a thread
 /// that reads this often without blocking loops on cached data, where a
@@ -101,71 +55,10 @@ impl Config {
     }
 }
 
-/// How a syscall number maps to a wait reason; the values of
-/// `SyscallTables::classes`, filled by the agent for its architecture.
-pub mod syscall_class {
-    pub const OTHER: u8 = 0;
-    pub const FUTEX: u8 = 1;
-    /// read-family: refined to IO or POLL by the descriptor's kind.
-    pub const READ: u8 = 2;
-    pub const POLL: u8 = 3;
-    pub const SLEEP: u8 = 4;
-    /// write-family: refined to WRITE (a file) or SEND (a pipe or socket,
-    /// waiting for its reader) by the descriptor's kind.
-    pub const WRITE: u8 = 5;
-    /// The sync family: always SYNC.
-    pub const SYNC: u8 = 6;
-    pub const TABLE_LEN: u32 = 1024;
-}
-
-/// What the raw syscall programs do for a syscall number; the values of
-/// `SyscallTables::hooks`, filled by the agent for its architecture.
-pub mod hook {
-    pub const NONE: u8 = 0;
-    /// read, pread64, readv, preadv, preadv2 (fd is argument 0 of each).
-    pub const READ: u8 = 1;
-    pub const OPENAT: u8 = 2;
-    pub const CLOSE: u8 = 3;
-    /// write, pwrite64, writev, pwritev, pwritev2 (fd is argument 0 of each).
-    pub const WRITE: u8 = 4;
-    /// open(path, flags): openat without the dirfd.
-    pub const OPEN: u8 = 5;
-    /// creat(path, mode): open(path, O_CREAT | O_WRONLY | O_TRUNC).
-    pub const CREAT: u8 = 10;
-    /// openat2(dfd, path, how, size): the flags are in `how`.
-    pub const OPENAT2: u8 = 6;
-    /// dup, dup2, dup3 (the old descriptor is argument 0).
-    pub const DUP: u8 = 7;
-    /// fcntl: a dup for `F_DUPFD` and `F_DUPFD_CLOEXEC`.
-    pub const FCNTL: u8 = 8;
-    /// sendfile(out_fd, in_fd, ...): a read of argument 1 and a write of
-    /// argument 0.
-    pub const SENDFILE: u8 = 9;
-    /// splice(fd_in, off_in, fd_out, ...), copy_file_range(fd_in, off_in,
-    /// fd_out, ...): a read of argument 0 and a write of argument 2.
-    pub const COPY: u8 = 11;
-    /// connect(fd, addr, len): an inet socket connected to the peer `addr`
-    /// names (followed per descriptor from then on).
-    pub const CONNECT: u8 = 12;
-
-    /// The hooks whose exit completes what `inflight` kind `k` began.
-    #[inline(always)]
-    pub fn completes(hooked: u8, k: u32) -> bool {
-        match k {
-            super::inflight::READ => matches!(hooked, READ | SENDFILE | COPY),
-            super::inflight::WRITE => hooked == WRITE,
-            super::inflight::OPEN => matches!(hooked, OPENAT | OPEN | CREAT | OPENAT2),
-            super::inflight::DUP => hooked == DUP || hooked == FCNTL,
-            super::inflight::CONNECT => hooked == CONNECT,
-            _ => false,
-        }
-    }
-}
-
 /// The `TRACK_GEN` value: the low 24 bits change whenever the agent changes
 /// what is tracked (every CPU slot is looked up again), the top 8 bits
 /// whenever it attaches the syscall hooks (entries in flight from before
-/// are stale; see [`inflight`]).
+/// are stale; see [`crate::inflight`]).
 pub mod track_gen {
     const EPOCH_SHIFT: u32 = 24;
     const TRACK_MASK: u32 = (1 << EPOCH_SHIFT) - 1;
@@ -199,7 +92,8 @@ pub mod counter {
     /// An io_uring read of a tracked thread found `URING_PENDING` or
     /// `URING_READS` full.
     pub const LOST_URING_MAP: u32 = 6;
-    /// A hooked GPU library call of a tracked thread found `GPU_CALLS` full.
+    /// A hooked GPU library call of a tracked thread found `GPU_CALLS` (or
+    /// a communicator `NCCL_COMMS`) full.
     pub const LOST_GPU_MAP: u32 = 7;
     /// How many loss causes there are: `LOST_*` run from 0 to this.
     pub const LOST_CAUSES: usize = 8;
@@ -238,6 +132,7 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::syscall_class;
     use core::mem::size_of;
 
     // Sizes are fixed so a change on one side cannot silently desync the other.

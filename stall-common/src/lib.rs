@@ -17,20 +17,25 @@ pub mod kfunc;
 pub mod names;
 mod pagecache;
 mod sched;
+mod syscalls;
 mod uring;
 
-pub use config::{counter, hook, syscall_class, track_gen, Config, SyscallTables, LATENCY_RUN_EVENTS};
+pub use config::{counter, track_gen, Config, LATENCY_RUN_EVENTS};
 pub use events::{
     event_kind, CloseEvent, EventHeader, ExecEvent, ExitEvent, NewTaskEvent, OpenEvent, SwitchEvent,
 };
 pub use files::{fd_kind, inflight, FdKey, FileStats, FileWindows, InodeBytes, InodeKey, FILE_WINDOW_SLOTS};
-pub use gpu::{gpu_call, gpu_symbols, GpuCalls};
+pub use gpu::{
+    fnv_words, gpu_call, gpu_symbols, CommInit, CommKey, Communicator, GpuCalls, COLLECTIVE_RING,
+    NCCL_UNIQUE_ID_WORDS,
+};
 pub use pagecache::PageCacheOffsets;
 pub use sched::{
-    kclock, reason, run_state, slot_state, store_apart, task_flags, zeroed_in, CpuSlot, Plain, Regs,
-    TaskOffsets, ThreadStats, WakeCache, WakeKey, WakeStats, WAIT_NOTED, WAKER_ANY_THREAD, WAKE_CACHE_SLOTS,
-    WOKEN_UNTIMED,
+    kclock, reason, run_state, sleep, slot_state, store_apart, task_flags, zeroed_in, CpuSlot, Plain, Regs,
+    SwitchReads, TaskOffsets, ThreadStats, WakeCache, WakeKey, WakeStats, WAIT_NOTED, WAKER_ANY_THREAD,
+    WAKE_CACHE_SLOTS, WOKEN_UNTIMED,
 };
+pub use syscalls::{hook, syscall_class, SyscallTables};
 pub use uring::{uring_op, UringKey, UringLayout, UringRead, UringReads};
 
 pub const COMM_LEN: usize = 16;

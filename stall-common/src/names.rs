@@ -26,6 +26,9 @@ pub const WAKES_BY_PROC: &str = "WAKES_BY_PROC";
 pub const WAKE_CACHE: &str = "WAKE_CACHE";
 pub const FD_WAITS: &str = "FD_WAITS";
 pub const GPU_CALLS: &str = "GPU_CALLS";
+pub const NCCL_COMMS: &str = "NCCL_COMMS";
+pub const NCCL_INITS: &str = "NCCL_INITS";
+pub const NCCL_SCRATCH: &str = "NCCL_SCRATCH";
 pub const CPU_SLOT: &str = "CPU_SLOT";
 /// The object's `.bss`, which holds the `TRACK_GEN` global alone.
 pub const TRACK_GEN: &str = ".bss";
@@ -42,7 +45,7 @@ pub const COUNTERS: &str = "COUNTERS";
 /// Kernel-side only: the agent never opens it.
 pub const FILE_SEQ: &str = "FILE_SEQ";
 
-// Scheduler and task programs (sched.rs, task.rs). `*_STACK`: the variant
+// Scheduler and task programs (stall-ebpf's sched/). `*_STACK`: the variant
 // for kernels without `bpf_task_pt_regs`; `SCHED_SWITCH_DIRECT`: the one
 // that loads the current task's fields directly, where the verifier takes
 // it; `SCHED_SWITCH_QUEUED`: that one, taking a woken task's wait for a CPU
@@ -64,7 +67,7 @@ pub const SCHED_PROCESS_EXIT: &str = "sched_process_exit";
 /// Cgroup mode only.
 pub const CGROUP_ATTACH_TASK: &str = "cgroup_attach_task";
 
-// Page cache and mappings (pagecache.rs, mapped.rs).
+// Page cache and mappings (pagecache/).
 pub const PAGE_CACHE_FILL: &str = "page_cache_fill";
 pub const PAGE_CACHE_FILL_STACK: &str = "page_cache_fill_stack";
 pub const MAPPED_WINDOW: &str = "mapped_window";
@@ -72,7 +75,7 @@ pub const MAPPED_PAGE: &str = "mapped_page";
 pub const FENTRY_MAP_PAGES: &str = "fentry_map_pages";
 pub const FENTRY_FILEMAP_FAULT: &str = "fentry_filemap_fault";
 
-// io_uring (uring.rs).
+// io_uring (uring/).
 pub const URING_SUBMIT: &str = "uring_submit";
 pub const URING_FILE_GET: &str = "uring_file_get";
 pub const URING_COMPLETE: &str = "uring_complete";
@@ -83,7 +86,7 @@ pub const SYS_EXIT: &str = "sys_exit";
 /// `sys_exit` reading the registers through `bpf_rdonly_cast` (`kfunc`).
 pub const SYS_EXIT_CAST: &str = "sys_exit_cast";
 
-// Syscall hooks as trampolines (trampoline.rs): one per hooked function and
+// Syscall hooks as trampolines (syscalls/trampoline.rs): one per hooked function and
 // side (copy_file_range is "cfr").
 pub const FENTRY_READ: &str = "fentry_read";
 pub const FENTRY_PREAD64: &str = "fentry_pread64";
@@ -124,17 +127,29 @@ pub const FEXIT_SENDMSG: &str = "fexit_sendmsg";
 pub const FEXIT_CONNECT: &str = "fexit_connect";
 
 /// Every map the object defines.
-// The GPU library family's uprobes (gpu.rs), attached per library.
+// The GPU library family's uprobes (gpu/), attached per library.
 pub const GPU_SYNC_ENTER: &str = "gpu_sync_enter";
 pub const GPU_COPY_ENTER: &str = "gpu_copy_enter";
 /// The uretprobe on every timed call (synchronizations and copies).
 pub const GPU_CALL_RETURN: &str = "gpu_call_return";
 pub const GPU_LAUNCH: &str = "gpu_launch";
+// Its NCCL probes: communicators as they are made, collectives as ranks
+// call them (by where the communicator argument is).
+pub const NCCL_INIT_ENTER: &str = "nccl_init_enter";
+pub const NCCL_SPLIT_ENTER: &str = "nccl_split_enter";
+pub const NCCL_INIT_RETURN: &str = "nccl_init_return";
+pub const NCCL_COLLECTIVE_COMM4: &str = "nccl_collective_comm4";
+pub const NCCL_COLLECTIVE_COMM5: &str = "nccl_collective_comm5";
+pub const NCCL_COLLECTIVE_COMM6: &str = "nccl_collective_comm6";
+pub const NCCL_P2P: &str = "nccl_p2p";
 
 pub const MAPS: &[&str] = &[
     THREADS,
     FD_WAITS,
     GPU_CALLS,
+    NCCL_COMMS,
+    NCCL_INITS,
+    NCCL_SCRATCH,
     CGROUPS,
     FILES,
     INODE_BYTES,
@@ -222,6 +237,13 @@ pub const PROGRAMS: &[&str] = &[
     GPU_COPY_ENTER,
     GPU_CALL_RETURN,
     GPU_LAUNCH,
+    NCCL_INIT_ENTER,
+    NCCL_SPLIT_ENTER,
+    NCCL_INIT_RETURN,
+    NCCL_COLLECTIVE_COMM4,
+    NCCL_COLLECTIVE_COMM5,
+    NCCL_COLLECTIVE_COMM6,
+    NCCL_P2P,
 ];
 
 /// Every global the agent sets by name.

@@ -39,14 +39,19 @@ pub mod reason {
         ["futex", "io", "poll", "sleep", "runqueue", "other", "write", "sync", "throttled", "send"];
 
     /// The reason a thread blocked in a syscall of `class` (a
-    /// [`crate::syscall_class`]) waits for; the one rule both sides apply.
-    /// `on_file`, asked only for the read and write families: whether the
-    /// call's descriptor is a regular file (a file's read is input, its
-    /// write output; a pipe's or socket's read waits for another party, its
-    /// write for the party that takes the data).
+    /// [`crate::syscall_class`]) waits for, as it sleeps (a [`super::sleep`]
+    /// value): the one rule the kernel's `sched_switch` and the agent's
+    /// /proc seeding both apply. `on_file`, asked only for the read and
+    /// write families: whether the call's descriptor is a regular file (a
+    /// file's read is input, its write output; a pipe's or socket's read
+    /// waits for another party, its write for the party that takes the
+    /// data); `None` where that is unknown, and then a file is what blocks
+    /// uninterruptibly, as pipes and sockets do not.
     #[inline(always)]
-    pub fn for_class(class: u8, uninterruptible: bool, on_file: impl FnOnce() -> bool) -> u8 {
+    pub fn reason_for(class: u8, sleep: u8, on_file: impl FnOnce() -> Option<bool>) -> u8 {
         use crate::syscall_class as c;
+        let uninterruptible = sleep == super::sleep::UNINTERRUPTIBLE;
+        let on_file = || on_file().unwrap_or(uninterruptible);
         match class {
             c::FUTEX => FUTEX,
             c::POLL => POLL,
@@ -80,6 +85,113 @@ pub mod reason {
 }
 
 /// Scheduling state of a tracked thread as the kernel side last saw it.
+/// How a task going off-CPU sleeps: the kernel side reads it from
+/// `preempt` and the task's state, the agent from the state letter /proc
+/// shows; [`reason::reason_for`] takes it from either.
+pub mod sleep {
+    /// Preempted, or still running (a signal cancelled its sleep).
+    pub const RUNNABLE: u8 = 0;
+    pub const SLEEPING: u8 = 1;
+    /// `TASK_UNINTERRUPTIBLE` without `TASK_NOLOAD` (`TASK_IDLE` is not I/O).
+    pub const UNINTERRUPTIBLE: u8 = 2;
+    pub const EXITING: u8 = 3;
+
+    /// From a /proc `stat` state letter.
+    pub fn from_proc(state: char) -> u8 {
+        match state {
+            'R' => RUNNABLE,
+            'D' => UNINTERRUPTIBLE,
+            'Z' | 'X' | 'x' => EXITING,
+            _ => SLEEPING,
+        }
+    }
+}
+
+/// How the loaded `sched_switch` program reads the task going off-CPU:
+/// the one definition of the ladder. The kernel side instantiates its
+/// switch program once per variant, with [`SwitchReads::how`] as its
+/// `HOW`; the agent loads the variant's [`SwitchReads::program`] and
+/// reports its [`SwitchReads::name`]. Cheapest first, as the agent tries
+/// them where the kernel allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SwitchReads {
+    /// `Queued` where EEVDF delays dequeues (`task_flags::DELAYED_DEQUEUE`):
+    /// a wakeup reads the clock only where the wakee was enqueued before
+    /// it (`sched_waking_checked`), and the switch finds the task going
+    /// off-CPU and its registers by `bpf_rdonly_cast`, not by helper calls:
+    /// both need the kfunc rewrite.
+    QueuedChecked = 4,
+    /// `Direct`, and a woken task's wait for a CPU from the kernel's
+    /// enqueue time (`task_flags::QUEUED_AT`): its wakeup reads no clock.
+    Queued = 3,
+    /// Plain loads through its BTF pointer: no helper call per field.
+    Direct = 2,
+    /// `bpf_probe_read_kernel` per field, registers from `bpf_task_pt_regs`.
+    Probe = 1,
+    /// The same, registers found from `task->stack` (before 5.15).
+    ProbeStack = 0,
+}
+
+impl SwitchReads {
+    pub const ALL: [SwitchReads; 5] = [
+        SwitchReads::QueuedChecked,
+        SwitchReads::Queued,
+        SwitchReads::Direct,
+        SwitchReads::Probe,
+        SwitchReads::ProbeStack,
+    ];
+
+    /// The kernel program's `const HOW: u8`.
+    pub const fn how(self) -> u8 {
+        self as u8
+    }
+
+    /// The variant whose `how` is `how` (`ProbeStack` for no variant's).
+    pub const fn from_how(how: u8) -> Self {
+        match how {
+            4 => SwitchReads::QueuedChecked,
+            3 => SwitchReads::Queued,
+            2 => SwitchReads::Direct,
+            1 => SwitchReads::Probe,
+            _ => SwitchReads::ProbeStack,
+        }
+    }
+
+    /// Whether it reads the current task by plain loads.
+    pub const fn direct(self) -> bool {
+        matches!(self, SwitchReads::Direct | SwitchReads::Queued | SwitchReads::QueuedChecked)
+    }
+
+    /// Whether it takes a woken task's wait for a CPU from the kernel.
+    pub const fn queued(self) -> bool {
+        matches!(self, SwitchReads::Queued | SwitchReads::QueuedChecked)
+    }
+
+    /// As the JSON summary (`switch_reads`) names it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            SwitchReads::QueuedChecked => "queued-checked",
+            SwitchReads::Queued => "queued",
+            SwitchReads::Direct => "direct",
+            SwitchReads::Probe => "probe",
+            SwitchReads::ProbeStack => "probe-stack",
+        }
+    }
+
+    /// Its program in the kernel object.
+    pub const fn program(self) -> &'static str {
+        use crate::names;
+        match self {
+            SwitchReads::QueuedChecked => names::SCHED_SWITCH_QUEUED_CAST,
+            SwitchReads::Queued => names::SCHED_SWITCH_QUEUED,
+            SwitchReads::Direct => names::SCHED_SWITCH_DIRECT,
+            SwitchReads::Probe => names::SCHED_SWITCH,
+            SwitchReads::ProbeStack => names::SCHED_SWITCH_STACK,
+        }
+    }
+}
+
 pub mod run_state {
     /// Tracked, but no switch seen yet and nothing seeded.
     pub const UNKNOWN: u8 = 0;
@@ -569,7 +681,40 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::syscall_class as class;
     use core::mem::size_of;
+
+    /// The blocked-reason rule, as both sides apply it.
+    #[test]
+    fn a_blocked_reason_by_class_and_sleep() {
+        let none = || None;
+        assert_eq!(reason::reason_for(class::FUTEX, sleep::SLEEPING, none), reason::FUTEX);
+        assert_eq!(reason::reason_for(class::READ, sleep::SLEEPING, || Some(false)), reason::POLL);
+        assert_eq!(reason::reason_for(class::READ, sleep::UNINTERRUPTIBLE, || Some(true)), reason::IO);
+        assert_eq!(reason::reason_for(class::POLL, sleep::SLEEPING, none), reason::POLL);
+        assert_eq!(reason::reason_for(class::SLEEP, sleep::SLEEPING, none), reason::SLEEP);
+        assert_eq!(reason::reason_for(class::OTHER, sleep::UNINTERRUPTIBLE, none), reason::IO);
+        assert_eq!(reason::reason_for(class::OTHER, sleep::SLEEPING, none), reason::OTHER);
+        assert_eq!(reason::reason_for(class::WRITE, sleep::UNINTERRUPTIBLE, || Some(true)), reason::WRITE);
+        assert_eq!(reason::reason_for(class::WRITE, sleep::SLEEPING, || Some(false)), reason::SEND);
+        // Descriptor unknown: a file blocks uninterruptibly, a pipe does not.
+        assert_eq!(reason::reason_for(class::WRITE, sleep::UNINTERRUPTIBLE, none), reason::WRITE);
+        assert_eq!(reason::reason_for(class::WRITE, sleep::SLEEPING, none), reason::SEND);
+        assert_eq!(reason::reason_for(class::SYNC, sleep::SLEEPING, none), reason::SYNC);
+        assert_eq!(sleep::from_proc('D'), sleep::UNINTERRUPTIBLE);
+        assert_eq!(sleep::from_proc('S'), sleep::SLEEPING);
+        assert_eq!(sleep::from_proc('I'), sleep::SLEEPING);
+    }
+
+    /// Each variant's kernel value gives it back, and names are distinct.
+    #[test]
+    fn the_switch_variants_round_trip() {
+        for v in SwitchReads::ALL {
+            assert_eq!(SwitchReads::from_how(v.how()), v);
+            assert_eq!(SwitchReads::ALL.iter().filter(|w| w.name() == v.name()).count(), 1);
+            assert_eq!(SwitchReads::ALL.iter().filter(|w| w.program() == v.program()).count(), 1);
+        }
+    }
 
     #[test]
     fn slot_thread_counts_add_and_clear() {

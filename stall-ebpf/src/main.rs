@@ -10,7 +10,7 @@
 //! switches and wakeups cost array reads only. The syscall programs (raw tracepoints
 //! that run for every syscall of the machine, or fentry/fexit trampolines
 //! on the hooked syscalls' functions, whichever the kernel allows: see
-//! trampoline.rs), check the per-CPU slot (`CPU_SLOT`) that
+//! syscalls/trampoline.rs), check the per-CPU slot (`CPU_SLOT`) that
 //! `sched_switch` filled for the task it switched in (see running.rs): no
 //! hash lookup per syscall. Tracked threads are aggregated in place
 //! (per-thread counters in `THREADS`, per-descriptor counters in `FILES`,
@@ -22,16 +22,15 @@
 // BPF inline asm (atomic add) is behind this gate; the build sets RUSTC_BOOTSTRAP.
 #![feature(asm_experimental_arch)]
 
+mod diag;
 mod gpu;
-mod mapped;
+mod kread;
 mod maps;
 mod pagecache;
 mod running;
 mod sched;
 mod syscalls;
-mod task;
 mod timeline;
-mod trampoline;
 mod untracked;
 mod uring;
 
@@ -135,6 +134,7 @@ pub(crate) fn bump_by(idx: u32, n: u64) {
 
 /// Map update flag: insert only if the key is not there yet.
 pub(crate) const BPF_NOEXIST: u64 = 1;
+pub(crate) const BPF_ANY: u64 = 0;
 
 /// `lock *(u64 *)(p) += v`: core's atomics are not available on the BPF
 /// target, and counters shared by threads of one process need this.

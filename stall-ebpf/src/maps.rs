@@ -5,8 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use stall_common::{
-    counter, CpuSlot, FdKey, FileStats, FileWindows, GpuCalls, InodeBytes, InodeKey, ThreadStats, UringKey,
-    UringRead, UringReads, WakeCache, WakeKey, WakeStats, WAKE_CACHE_SLOTS,
+    counter, CommInit, CommKey, Communicator, CpuSlot, FdKey, FileStats, FileWindows, GpuCalls, InodeBytes,
+    InodeKey, ThreadStats, UringKey, UringRead, UringReads, WakeCache, WakeKey, WakeStats, WAKE_CACHE_SLOTS,
 };
 
 /// Tracked threads by tid. Being here is what "tracked" means.
@@ -59,10 +59,24 @@ pub static WAKES: HashMap<WakeKey, WakeStats> = HashMap::with_max_entries(32768,
 pub static FD_WAITS: HashMap<FdKey, u64> = HashMap::with_max_entries(16384, 0);
 
 /// Per tracked thread that called into a hooked GPU library: its time in
-/// the calls that wait for the GPU, and its launches (gpu.rs). Full:
+/// the calls that wait for the GPU, and its launches (gpu/). Full:
 /// counted as `LOST_GPU_MAP`.
 #[map]
 pub static GPU_CALLS: HashMap<u32, GpuCalls> = HashMap::with_max_entries(4096, 0);
+
+/// The NCCL communicators of tracked processes, with their ranks' last
+/// arrival times (nccl.rs). Full: counted as `LOST_GPU_MAP`.
+#[map]
+pub static NCCL_COMMS: HashMap<CommKey, Communicator> = HashMap::with_max_entries(1024, 0);
+
+/// Communicators being created, by the creating thread.
+#[map]
+pub static NCCL_INITS: HashMap<u32, CommInit> = HashMap::with_max_entries(1024, 0);
+
+/// Room to build a `Communicator` (over a kilobyte: more than a program's
+/// stack) before it goes into `NCCL_COMMS`.
+#[map]
+pub static NCCL_SCRATCH: PerCpuArray<Communicator> = PerCpuArray::with_max_entries(1, 0);
 
 /// What `WAKES` has no room for, per waking process (`WAKER_ANY_THREAD`).
 #[map]

@@ -9,7 +9,11 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use serde_json::Value;
-use stall_tests::*;
+use stall_tests::procs::{run_with_timeout, stop, wait_child, wait_until, Killer};
+use stall_tests::scratch::{disk_scratch, Scratch};
+use stall_tests::stall::{require_root, stall, Attached, Run};
+use stall_tests::torch::{torch_and_datasets_path, torch_path};
+use stall_tests::workload::{python, secs, truth};
 
 fn workload(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads").join(name).display().to_string()

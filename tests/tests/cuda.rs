@@ -7,7 +7,12 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use serde_json::Value;
-use stall_tests::*;
+use stall_tests::assert::assert_close;
+use stall_tests::gpu::cuda_stub_lib;
+use stall_tests::procs::{wait_child, wait_until};
+use stall_tests::scratch::Scratch;
+use stall_tests::stall::{bpf_programs_of, require_root, stall, still_loaded, Background, Run};
+use stall_tests::workload::{python, secs, truth};
 
 fn cuda_job_py() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/cuda_job.py").display().to_string()

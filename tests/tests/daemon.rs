@@ -11,7 +11,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use stall_tests::*;
+use stall_tests::assert::assert_close;
+use stall_tests::cgroup::{cgroup2_mount, holds_tasks, remove_tree, Cgroup};
+use stall_tests::gpu::ScriptedGpu;
+use stall_tests::http::{free_port, http_get, query, start_prometheus};
+use stall_tests::procs::{spawn_announcing, wait_until, Killer};
+use stall_tests::scratch::{disk_scratch, Scratch};
+use stall_tests::stall::{bpf_programs_of, require_root, stall_bin, still_loaded, STALL_PROGRAMS};
+use stall_tests::workload::{jobs_py, python, shards, truth, workload};
 
 #[test]
 fn prometheus_scrapes_the_daemon() {

@@ -2,7 +2,9 @@
 //! crashes.
 use std::{process::Command, time::Duration};
 
-use stall_tests::*;
+use stall_tests::procs::run_with_timeout;
+use stall_tests::scratch::Scratch;
+use stall_tests::stall::{require_root, stall_bin};
 
 fn stall_raw(args: &[&str]) -> (i32, String) {
     require_root();

@@ -11,7 +11,10 @@ use std::{
 };
 
 use serde_json::Value;
-use stall_tests::*;
+use stall_tests::procs::{spawn_announcing, wait_until};
+use stall_tests::scratch::Scratch;
+use stall_tests::stall::{bpf_programs_of, require_root, stall, stall_bin, Run, STALL_PROGRAMS};
+use stall_tests::workload::{jobs_py, python, truth};
 
 const T: Duration = Duration::from_secs(120);
 

@@ -5,7 +5,10 @@ use std::{process::Command, time::Duration};
 
 use serde_json::{json, Value};
 use stall_agent::gpu::{open_with_library, GpuSelect};
-use stall_tests::*;
+use stall_tests::assert::assert_close;
+use stall_tests::gpu::{nvml_script_lib, ScriptedGpu};
+use stall_tests::procs::run_with_timeout;
+use stall_tests::stall::{require_root, stall_bin};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -15,7 +15,10 @@ use std::{
     time::Duration,
 };
 
-use stall_tests::*;
+use stall_tests::procs::wait_until;
+use stall_tests::scratch::Scratch;
+use stall_tests::stall::{require_root, stall, stall_bin};
+use stall_tests::workload::python;
 
 /// `bpf_prog_type` values (uapi/linux/bpf.h).
 const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
@@ -155,7 +158,7 @@ fn untraced_getpid_runs_no_trampoline_but_every_raw_tracepoint() {
             let fault_trampolines = if summary["mmap_hooks"] == "trampoline" { 2 } else { 0 };
             let programs = after.get(&BPF_PROG_TYPE_TRACING).map_or(0, |v| v.1);
             // 37: the read, write, open, dup, close and socket families'
-            // functions, per side (capture/backend.rs).
+            // functions, per side (capture/hooks/syscalls.rs).
             assert_eq!(programs, 37 + fault_trampolines, "stall holds its 37 syscall trampolines: {after:?}");
             // Only the hooked syscalls of the machine run them (the agent's
             // own reads, the test harness): not one per getpid.

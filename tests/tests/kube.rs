@@ -20,7 +20,13 @@ use k8s_cri::v1::{
     StartContainerRequest, StopPodSandboxRequest,
 };
 use serde_json::{json, Value};
-use stall_tests::*;
+use stall_tests::cgroup::{cgroup2_mount, holds_tasks, remove_tree};
+use stall_tests::gpu::ScriptedGpu;
+use stall_tests::http::{free_port, http_get};
+use stall_tests::procs::{drain, wait_until, Killer};
+use stall_tests::scratch::Scratch;
+use stall_tests::stall::require_root;
+use stall_tests::workload::python;
 use tonic::transport::Channel;
 
 const UID: &str = "5f0c7e9a-1b2c-4d3e-8f40-a1b2c3d4e5f6";

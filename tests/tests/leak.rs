@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use stall_tests::*;
+use stall_tests::stall::{bpf_programs_of, require_root, stall_bin, still_loaded, STALL_PROGRAMS};
 
 #[test]
 fn nothing_is_left_behind() {

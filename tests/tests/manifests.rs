@@ -17,7 +17,8 @@ use std::{
 };
 
 use serde_json::Value;
-use stall_tests::{run_with_timeout, Scratch};
+use stall_tests::procs::run_with_timeout;
+use stall_tests::scratch::Scratch;
 
 /// The objects `kubectl apply` takes, in deploy/.
 const KUBERNETES_OBJECTS: [&str; 4] =

@@ -4,7 +4,9 @@
 //! (see docs/KERNELS.md, "Known problems").
 use std::time::Duration;
 
-use stall_tests::*;
+use stall_tests::scratch::Scratch;
+use stall_tests::stall::stall;
+use stall_tests::workload::{jobs_py, python};
 
 #[test]
 fn tiny_ring_buffer_loses_events_and_says_so() {

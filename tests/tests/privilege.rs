@@ -8,7 +8,11 @@ use std::{
     time::Duration,
 };
 
-use stall_tests::*;
+use stall_tests::cgroup::Cgroup;
+use stall_tests::procs::{run_with_timeout, spawn_announcing, wait_until};
+use stall_tests::scratch::Scratch;
+use stall_tests::stall::{require_root, stall_bin, Run};
+use stall_tests::workload::{jobs_py, python, truth};
 
 const T: Duration = Duration::from_secs(60);
 

@@ -9,7 +9,11 @@ use std::{
 };
 
 use serde_json::{json, Value};
-use stall_tests::*;
+use stall_tests::gpu::ScriptedGpu;
+use stall_tests::procs::{run_with_timeout, spawn_announcing, wait_until};
+use stall_tests::scratch::Scratch;
+use stall_tests::stall::require_root;
+use stall_tests::workload::{jobs_py, python, secs, truth};
 
 /// One 700 W device at `util` % drawing `power_mw`, held by the process
 /// whose pid is in `pid_file`.

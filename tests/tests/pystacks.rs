@@ -7,7 +7,10 @@ use std::{
 };
 
 use serde_json::Value;
-use stall_tests::*;
+use stall_tests::procs::{run_with_timeout, spawn_announcing, wait_until};
+use stall_tests::scratch::{disk_scratch, Scratch};
+use stall_tests::stall::{require_root, stall, stall_bin};
+use stall_tests::workload::{jobs_py, python, shards, workload, workload_py};
 
 const T: Duration = Duration::from_secs(120);
 

@@ -14,7 +14,13 @@ use std::{
 };
 
 use serde_json::Value;
-use stall_tests::*;
+use stall_tests::cgroup::Cgroup;
+use stall_tests::http::{encode, free_port, http_get, query, start_prometheus};
+use stall_tests::procs::{wait_until, Killer};
+use stall_tests::scratch::{disk_scratch, Scratch};
+use stall_tests::stall::{require_root, stall, stall_bin, Run};
+use stall_tests::torch::torch_path;
+use stall_tests::workload::{python, truth};
 
 /// One run at a time: a straggler is a matter of CPU shares, which another
 /// run beside it would change.
@@ -563,6 +569,123 @@ impl TwoNodes {
             assert_eq!(query(self.prom_port, &verdict), Some(1.0), "{verdict}");
         }
     }
+
+    /// Waits until `StallLateRank` names `late` of `run_id` on its node
+    /// (`node_of`), valued within `late_s()`, the bounds of the lateness
+    /// the ranks measured themselves meanwhile; then checks no other rank
+    /// is.
+    fn late_rank_alerted(
+        &self,
+        run_id: &str,
+        late: u32,
+        late_s: impl Fn() -> (f64, f64),
+        node_of: impl Fn(u32) -> usize,
+    ) {
+        let alert = |rank: u32| {
+            format!(
+                r#"ALERTS{{alertname="StallLateRank",run_id="{run_id}",rank="{rank}",instance="127.0.0.1:{}"}}"#,
+                self.ports[node_of(rank)]
+            )
+        };
+        let waits = || {
+            http_get(
+                self.prom_port,
+                &format!("/api/v1/query?query={}", encode("stall_rank_collective_wait_seconds")),
+            )
+        };
+        let others: Vec<u32> = (0..4).filter(|r| *r != late).collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline
+            && (query(self.prom_port, &alert(late)).is_none()
+                || others.iter().any(|r| query(self.prom_port, &alert(*r)).is_some()))
+        {
+            sleep(Duration::from_millis(500));
+        }
+        assert_eq!(
+            query(self.prom_port, &alert(late)),
+            Some(1.0),
+            "no StallLateRank for rank {late}: {:?}",
+            waits()
+        );
+        for other in others {
+            assert_eq!(query(self.prom_port, &alert(other)), None, "rank {other} is not late: {:?}", waits());
+        }
+        // The alert's value: how much more the others wait for each.
+        let lateness = format!(
+            r#"max by (run_id) (stall_rank_collective_wait_seconds{{run_id="{run_id}"}}) - on (run_id) stall_rank_collective_wait_seconds{{run_id="{run_id}",rank="{late}"}}"#
+        );
+        let got = query(self.prom_port, &lateness).expect("the late rank's lateness");
+        // Python's side of each call and the windows' edges: a few ms.
+        let (lo, hi) = late_s();
+        eprintln!("lateness {got:.3} s; the ranks' own between {lo:.3} and {hi:.3} s");
+        assert!(
+            lo - 0.02 <= got && got <= hi + 0.02,
+            "lateness {got} s, the ranks' own between {lo:.3} and {hi:.3} s: {:?}",
+            waits()
+        );
+    }
+}
+
+/// An NCCL run over the two "nodes" (the stand-in libraries, ranks 0 and 1
+/// on node a, 2 and 3 on node b), rank 2 calling each all-reduce 200 ms
+/// late, the others blocked in their synchronizations meanwhile:
+/// `StallLateRank` names rank 2 on node b from the ranks' waits alone (no
+/// clocks compared across the nodes), valued at its lateness.
+#[test]
+fn prometheus_names_the_late_nccl_rank_across_two_nodes() {
+    use stall_tests::gpu::{cuda_stub_lib, nccl_stub_lib};
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Scratch::new("nccl-nodes");
+    let mut nodes = TwoNodes::start(&dir);
+    let p = &nodes.pods;
+    let cgroups = [&p[0], &p[0], &p[1], &p[1]].map(|c| c.dir.display().to_string()).join(",");
+    let (cuda, nccl) = (dir.path("libcudart.so.13"), dir.path("libnccl.so.2"));
+    std::fs::copy(cuda_stub_lib(), &cuda).unwrap();
+    std::fs::copy(nccl_stub_lib(), &nccl).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/nccl_job.py");
+    let job = Command::new(python())
+        .arg(&script)
+        .args(["launch", "--ranks", "4", "--dir"])
+        .arg(&dir.0)
+        .arg("--cuda-lib")
+        .arg(&cuda)
+        .arg("--nccl-lib")
+        .arg(&nccl)
+        .args(["--late-rank", "2", "--late-ms", "200", "--schedule", "block", "--seconds", "60"])
+        .args(["--port", "29543", "--cgroups", &cgroups])
+        .arg("--log")
+        .arg(dir.path("rank_{rank}.log"))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let run_id = format!("stall-nccl-{}", job.id());
+    nodes.guard.0.insert(0, job);
+    // What the ranks measured of their last all-reduces (the last 5 s of
+    // each rank's log, which hold the daemons' last windows), from the call
+    // to the return of the synchronization after it: the least and the
+    // most the one waiting most can have waited more than rank 2 on
+    // average over any of them. Natively a few ms apart around 200 ms; a
+    // slow VM stretches the late rank's sleep and spreads the waits.
+    let measured = || {
+        let waits = |rank: u32| {
+            let text = std::fs::read_to_string(dir.path(&format!("rank_{rank}.log"))).unwrap_or_default();
+            let field = |l: &str, name: &str| -> Option<f64> {
+                l.split(name).nth(1)?.split_whitespace().next()?.parse().ok()
+            };
+            let steps: Vec<(f64, f64)> =
+                text.lines().filter_map(|l| Some((field(l, "t=")?, field(l, "wait_ms=")? / 1e3))).collect();
+            let last_t = steps.last().map_or(0.0, |s| s.0);
+            let recent: Vec<f64> = steps.iter().filter(|s| s.0 >= last_t - 5.0).map(|s| s.1).collect();
+            let least = recent.iter().copied().fold(f64::INFINITY, f64::min);
+            (least, recent.iter().copied().fold(0.0, f64::max))
+        };
+        let late = waits(2);
+        let others = [0, 1, 3].map(waits);
+        let lo = others.iter().map(|w| w.0).fold(f64::NEG_INFINITY, f64::max) - late.1;
+        let hi = others.iter().map(|w| w.1).fold(0.0, f64::max) - late.0;
+        (lo, hi)
+    };
+    nodes.late_rank_alerted(&run_id, 2, measured, |rank| rank as usize / 2);
 }
 
 /// Two daemons, each watching its own cgroup root as if it were a node,

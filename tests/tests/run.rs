@@ -1,7 +1,10 @@
 //! `stall run`: trace a command from its first instruction, on the real kernel.
 use std::time::Duration;
 
-use stall_tests::*;
+use stall_tests::procs::{drain, on_new_terminal, wait_child};
+use stall_tests::scratch::Scratch;
+use stall_tests::stall::{require_root, stall, stall_bin, Background};
+use stall_tests::workload::{jobs_py, python, truth};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -93,7 +96,9 @@ fn json_to_stdout_keeps_the_commands_output_out_of_it() {
     require_root();
     let out = std::process::Command::new(stall_bin())
         .args(["run", "--gpu", "off", "--interval", "0.2", "--json", "-", "--"])
-        .args(["sh", "-c", "for i in 1 2 3 4 5; do echo training step $i; sleep 0.1; done"])
+        // 2 s: intervals of 0.2 s come while it runs, even where loading
+        // stall's programs takes most of a second (a VM without KVM).
+        .args(["sh", "-c", "for i in 1 2 3 4 5; do echo training step $i; sleep 0.4; done"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -25,7 +25,13 @@ use nix::{
     time::{clock_gettime, ClockId},
 };
 use serde_json::Value;
-use stall_tests::*;
+use stall_tests::assert::assert_close;
+use stall_tests::cgroup::Cgroup;
+use stall_tests::gpu::ScriptedGpu;
+use stall_tests::procs::{drain, stop, wait_child, wait_until};
+use stall_tests::scratch::disk_scratch;
+use stall_tests::stall::{stall, Attached, Run};
+use stall_tests::workload::{secs, shards, truth, workload};
 
 const T: Duration = Duration::from_secs(60);
 

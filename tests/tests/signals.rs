@@ -11,7 +11,10 @@ use std::{
 };
 
 use nix::{sys::signal::Signal, unistd::Pid};
-use stall_tests::*;
+use stall_tests::procs::{on_new_terminal, wait_until};
+use stall_tests::scratch::Scratch;
+use stall_tests::stall::{require_root, stall_bin};
+use stall_tests::workload::{jobs_py, python};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -47,7 +50,7 @@ fn finish(mut child: Child) -> i32 {
 }
 
 fn counts(truth: &Path) -> (u64, u64, u64, serde_json::Value) {
-    let t = stall_tests::truth(truth);
+    let t = stall_tests::workload::truth(truth);
     let c = &t["counts"];
     (c["INT"].as_u64().unwrap(), c["TERM"].as_u64().unwrap(), c["HUP"].as_u64().unwrap(), t)
 }

@@ -2,7 +2,12 @@
 use std::{path::Path, time::Duration};
 
 use serde_json::{json, Value};
-use stall_tests::*;
+use stall_tests::assert::assert_close;
+use stall_tests::gpu::ScriptedGpu;
+use stall_tests::procs::run_with_timeout;
+use stall_tests::scratch::Scratch;
+use stall_tests::stall::{require_root, stall, Run};
+use stall_tests::workload::{jobs_py, python, secs, truth};
 
 const T: Duration = Duration::from_secs(120);
 

@@ -2,7 +2,8 @@
 //! waits on and who ends its waits (tests/workloads/waits.py): loader
 //! threads instead of worker processes, a thread holding the GIL, workers
 //! that sleep, stdout into a slow pipe, an upload to a slow peer, a lock
-//! another program holds, an evaluation subprocess. Each workload writes
+//! another program holds, an evaluation subprocess (through a shell, too),
+//! an upload by a subprocess. Each workload writes
 //! what it did; the verdict must name the other party and the bytes.
 //!
 //! Needs root.
@@ -14,7 +15,10 @@ use std::{
 };
 
 use serde_json::Value;
-use stall_tests::*;
+use stall_tests::procs::{run_with_timeout_as_is, spawn_announcing, stop, wait_until};
+use stall_tests::scratch::{disk_scratch, tempfile_path, Scratch};
+use stall_tests::stall::{stall, stall_bin, Attached, Run};
+use stall_tests::workload::{python, secs, shards, truth};
 
 fn waits_py() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/waits.py")
@@ -184,27 +188,76 @@ fn stdout_into_a_slow_pipe_names_its_reader() {
     assert!(line.contains(&format!("writing stdout, a pipe read by pid {r} (")), "{line}");
 }
 
+/// A server outside the job, started with `args` (its mode and rate),
+/// and the port its truth names.
+fn outside_server(s: &Scratch, args: &[&str]) -> (Outside, String) {
+    let truth_path = s.path(&format!("{}.json", args[0]));
+    let child = Command::new(python())
+        .arg(waits_py())
+        .args(args)
+        .args(["--truth", truth_path.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("the server outside the job");
+    let server = Outside(child);
+    let port = truth_of(&truth_path)["port"].as_u64().unwrap().to_string();
+    (server, port)
+}
+
+/// The main thread joins a thread that PUTs a 12 MiB checkpoint to an
+/// object store outside the job taking 4 MB/s: the trainer's own waits are
+/// futex ones, and following them leads to the thread's sends, so the job
+/// is output-io-bound, naming the thread and the peer.
+#[test]
+fn a_checkpoint_uploaded_by_a_thread_the_trainer_joins_is_output_bound() {
+    let s = Scratch::new("upload-thread");
+    let (_server, port) = outside_server(&s, &["slow-server", "--kbps", "4000"]);
+    let t_path = s.path("truth.json");
+    let (run, t) = run(&["upload-thread", "--port", &port, "--mb", "12"], &t_path, Duration::from_secs(120));
+    let (kind, line) = verdict(&run);
+    eprintln!("upload thread: {kind}: {line}; truth {t}");
+    let uploader = t["uploader"].as_u64().unwrap();
+    let send = secs(&run.thread(uploader)["off_cpu_by_reason"]["send"]);
+    assert!(send >= 0.6 * secs(&t["upload_s"]), "the uploader blocked sending {send:.2}s: {t}");
+    assert_eq!(kind, "output-io-bound", "{line}");
+    let want = format!("thread {uploader} (");
+    assert!(line.contains(&want) && line.contains("of the trainer, which is blocked"), "{line}");
+    assert!(line.contains(&format!("writing the socket to 127.0.0.1:{port}")), "{line}");
+}
+
+/// No workers: the trainer reads its samples from a socket that a source
+/// outside the job feeds at 2 MB/s. Its main thread waits in `poll`
+/// (its receives), woken by the network: input-io-bound, naming the peer,
+/// with the bytes received.
+#[test]
+fn a_trainer_streaming_from_a_slow_source_is_input_bound_naming_it() {
+    let s = Scratch::new("stream");
+    let (_source, port) = outside_server(&s, &["slow-source", "--kbps", "2000", "--chunks", "60"]);
+    let t_path = s.path("truth.json");
+    let (run, t) = run(&["stream-reader", "--port", &port], &t_path, Duration::from_secs(120));
+    let (kind, line) = verdict(&run);
+    eprintln!("stream: {kind}: {line}; truth {t}");
+    let trainer = t["trainer"].as_u64().unwrap();
+    let peer = format!("127.0.0.1:{port}");
+    let received: u64 = run.process(trainer)["sockets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["peer"] == peer.as_str())
+        .map(|p| p["read_bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(received, t["bytes"].as_u64().unwrap(), "bytes received from {peer}");
+    assert_eq!(kind, "input-io-bound", "{line}");
+    assert!(line.contains(&format!("reading the socket to {peer} (")), "{line}");
+}
+
 /// Every 4th step the trainer PUTs 8 MiB to an object store outside the
 /// job that takes 4 MB/s: output-io-bound naming the peer; never a hang,
 /// though each upload is one call that blocks for seconds.
 #[test]
 fn an_upload_to_a_slow_peer_names_it_and_is_no_hang() {
     let s = Scratch::new("upload");
-    let srv_truth = s.path("server.json");
-    let server = Command::new(python())
-        .args([
-            waits_py().to_str().unwrap(),
-            "slow-server",
-            "--kbps",
-            "4000",
-            "--truth",
-            srv_truth.to_str().unwrap(),
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("the slow server");
-    let _server = Outside(server);
-    let port = truth_of(&srv_truth)["port"].as_u64().unwrap().to_string();
+    let (_server, port) = outside_server(&s, &["slow-server", "--kbps", "4000"]);
     let t_path = s.path("truth.json");
     let log = s.path("train.log");
     let (run, t) = run(
@@ -245,6 +298,44 @@ fn an_upload_to_a_slow_peer_names_it_and_is_no_hang() {
     assert!(line.contains(&format!("writing the socket to {peer}")), "{line}");
 }
 
+/// Every 4th step the trainer uploads 16 MiB with a subprocess it waits
+/// for (a CLI uploader), to a store outside the job that takes 4 MB/s: the
+/// wait is followed into the child, output-io-bound, naming the child and
+/// the peer; never a hang.
+#[test]
+fn a_checkpoint_uploaded_by_a_subprocess_is_output_bound_naming_it() {
+    let s = Scratch::new("upload-child");
+    let (_server, port) = outside_server(&s, &["slow-server", "--kbps", "4000"]);
+    let t_path = s.path("truth.json");
+    let log = s.path("train.log");
+    // 16 MiB each: a slow VM spends seconds starting Python in the child,
+    // which the upload must outlast to be the child's largest state.
+    let args =
+        ["upload-child", "--port", &port, "--log", log.to_str().unwrap(), "--mb", "16", "--steps", "8"];
+    let (run, t) = run(&args, &t_path, Duration::from_secs(120));
+    let (kind, line) = verdict(&run);
+    eprintln!("upload child: {kind}: {line}; truth {t}");
+    for r in &run.records {
+        assert_ne!(r["verdict"]["kind"], "hang", "an upload moves data: {r}");
+    }
+    let children: Vec<u64> = t["children"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
+    assert_eq!(children.len(), 2, "{t}");
+    let peer = format!("127.0.0.1:{port}");
+    let sent: u64 = children
+        .iter()
+        .flat_map(|c| run.process(*c)["sockets"].as_array().unwrap().clone())
+        .filter(|p| p["peer"] == peer.as_str())
+        .map(|p| p["write_bytes"].as_u64().unwrap())
+        .sum();
+    let body = t["bytes"].as_u64().unwrap();
+    assert!(sent >= body && sent <= body + 8192, "the children sent {sent} to {peer}, bodies {body}");
+    assert_eq!(kind, "output-io-bound", "{line}");
+    assert!(children.iter().any(|c| line.contains(&format!("pid {c} ("))), "{line}");
+    assert!(line.contains(&format!("writing the socket to {peer}")), "{line}");
+    let last = run.summary()["verdict"]["path"].as_array().unwrap().last().cloned().unwrap();
+    assert_eq!((last["who"].as_str(), last["state"].as_str()), (Some("children"), Some("send")), "{last}");
+}
+
 /// The trainer waits in `flock` on a lock another program holds (a build
 /// lock): a hang, naming the call, the lock file and its holder.
 #[test]
@@ -278,7 +369,7 @@ fn a_lock_held_by_another_program_is_named_with_its_holder() {
 }
 
 /// Every 4th step the trainer runs a 1 s CPU-bound evaluation as a
-/// subprocess and waits for it: trainer-host-bound, naming the child.
+/// subprocess and waits for it: trainer-host-bound, naming the children.
 #[test]
 fn an_evaluation_subprocess_the_trainer_waits_for_is_named() {
     let s = Scratch::new("eval");
@@ -292,9 +383,46 @@ fn an_evaluation_subprocess_the_trainer_waits_for_is_named() {
     eprintln!("eval child: {kind}: {line}; truth {t}");
     assert_eq!(t["children"].as_array().unwrap().len(), 3, "{t}");
     assert_eq!(kind, "trainer-host-bound", "{line}");
-    let named =
-        t["children"].as_array().unwrap().iter().any(|c| line.contains(&format!("its child pid {c} (")));
+    let named = t["children"].as_array().unwrap().iter().any(|c| line.contains(&format!("pid {c} (")));
     assert!(named, "{line}");
+}
+
+/// The same evaluations started through `/bin/sh -c` (as `os.system` or a
+/// launcher script runs them): each shell only waits for its evaluation.
+/// The trainer is still the trainer, and its wait is followed through the
+/// shells to the evaluations, on CPU.
+#[test]
+fn an_evaluation_run_through_a_shell_is_followed_through_it() {
+    let s = Scratch::new("eval-shell");
+    let t_path = s.path("truth.json");
+    let (run, t) = run(
+        &["eval-child", "--steps", "12", "--every", "4", "--step-ms", "50", "--eval-s", "1", "--shell"],
+        &t_path,
+        Duration::from_secs(120),
+    );
+    let (kind, line) = verdict(&run);
+    eprintln!("eval through a shell: {kind}: {line}; truth {t}");
+    let shells: Vec<u64> = t["children"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
+    assert_eq!(shells.len(), 3, "{t}");
+    let trainer = t["trainer"].as_u64().unwrap();
+    assert_eq!(run.process(trainer)["role"], "trainer", "{line}");
+    assert_eq!(kind, "trainer-host-bound", "{line}");
+    assert!(line.contains("its 3 children, one after another (the longest pid "), "{line}");
+    assert!(shells.iter().any(|c| line.contains(&format!("pid {c} (/bin/sh -c"))), "{line}");
+    assert!(line.contains("), which wait for their 3 children, one after another"), "{line}");
+    let path = run.summary()["verdict"]["path"].as_array().unwrap().clone();
+    let steps: Vec<(&str, &str)> =
+        path.iter().map(|p| (p["who"].as_str().unwrap(), p["state"].as_str().unwrap())).collect();
+    assert_eq!(
+        steps,
+        [("trainer main thread", "other"), ("children", "other"), ("children", "on-cpu")],
+        "{path:?}"
+    );
+    // The evaluations are the shells' children.
+    for pid in path[2]["pids"].as_array().unwrap() {
+        let ppid = run.process(pid.as_u64().unwrap())["ppid"].as_u64().unwrap();
+        assert!(shells.contains(&ppid), "pid {pid}'s parent {ppid} is no shell of {shells:?}");
+    }
 }
 
 /// A thread that sleeps 2 ms at a time is woken by a timer interrupt,

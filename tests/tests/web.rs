@@ -16,7 +16,14 @@ use std::{
 };
 
 use serde_json::Value;
-use stall_tests::*;
+use stall_tests::cgroup::Cgroup;
+use stall_tests::gpu::ScriptedGpu;
+use stall_tests::http::{free_port, http_get};
+use stall_tests::kernel::{schedstat_tolerance, thread_schedstat};
+use stall_tests::procs::{spawn_announcing, wait_until, Killer};
+use stall_tests::scratch::Scratch;
+use stall_tests::stall::{require_root, stall_bin};
+use stall_tests::workload::python;
 
 /// A test CA and a certificate for 127.0.0.1 signed by it, in `dir`.
 fn make_certificates(dir: &Scratch) {

@@ -16,8 +16,15 @@ JSON (--truth): pids, tids, bytes, what it waited on.
                   slowly with slow-reader)
   upload          every few steps PUTs a checkpoint over HTTP to
                   slow-server, which takes the body at a set rate
+  upload-thread   a thread PUTs a checkpoint to slow-server while the main
+                  thread, done with its step, joins it
+  stream-reader   no workers: the trainer reads its samples from a socket
+                  that slow-source (outside the job) feeds at a set rate
   flock           logs a line, then waits in flock on a lock hold-lock holds
   eval-child      runs a CPU-bound evaluation subprocess every few steps
+                  (--shell: through /bin/sh -c, which waits for it)
+  upload-child    every few steps uploads a checkpoint to slow-server
+                  with a subprocess (put) and waits for it
   timer-sleeper   sleeps 2 ms at a time while spinning processes keep the
                   CPUs busy (wakeups made in timer interrupts)
 """
@@ -247,10 +254,10 @@ def serve_slowly(conn, chunk):
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
 
 
-def upload(a):
-    body = os.urandom(a.mb * MIB)
-    conn = http.client.HTTPConnection("127.0.0.1", a.port)
-    uploads, waited = 0, 0.0
+def steps_with_uploads(a, upload_one):
+    """--steps steps of 20 ms, each logged; every --every steps,
+    upload_one(step) while the trainer waits. Returns the time waited."""
+    waited = 0.0
     with open(a.log, "a") as log:
         for step in range(a.steps):
             spin(20)
@@ -258,12 +265,80 @@ def upload(a):
             log.flush()
             if step % a.every == a.every - 1:
                 t0 = time.monotonic()
-                conn.request("PUT", f"/ckpt/{step}", body=body)
-                conn.getresponse().read()
+                upload_one(step)
                 waited += time.monotonic() - t0
-                uploads += 1
-    write_truth(a.truth, {"trainer": os.getpid(), "uploads": uploads, "bytes": uploads * len(body),
+    return waited
+
+
+def upload(a):
+    body = os.urandom(a.mb * MIB)
+    conn = http.client.HTTPConnection("127.0.0.1", a.port)
+    uploads = []
+
+    def put_one(step):
+        conn.request("PUT", f"/ckpt/{step}", body=body)
+        conn.getresponse().read()
+        uploads.append(step)
+
+    waited = steps_with_uploads(a, put_one)
+    write_truth(a.truth, {"trainer": os.getpid(), "uploads": len(uploads), "bytes": len(uploads) * len(body),
                           "upload_s": waited, "port": a.port})
+
+
+def upload_thread(a):
+    body = os.urandom(a.mb * MIB)
+    done = {}
+
+    def put():
+        name_thread("ckpt-upload")
+        done["tid"] = gettid()
+        conn = http.client.HTTPConnection("127.0.0.1", a.port)
+        conn.request("PUT", "/ckpt/last", body=body)
+        conn.getresponse().read()
+
+    spin(200)
+    t0 = time.monotonic()
+    uploader = threading.Thread(target=put)
+    uploader.start()
+    uploader.join()
+    write_truth(a.truth, {"trainer": os.getpid(), "uploader": done["tid"], "bytes": len(body),
+                          "upload_s": time.monotonic() - t0, "port": a.port})
+
+
+# ------------------------------------------------------------------- stream
+
+def slow_source(a):
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    write_truth(a.truth, {"source": os.getpid(), "port": srv.getsockname()[1]})
+    # 20 chunks a second: few enough that a slow machine's Python keeps up.
+    chunk = max(1, int(a.kbps * 1000 / 20))
+    while True:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(16)
+            try:
+                for _ in range(a.chunks):
+                    conn.sendall(b"s" * chunk)
+                    time.sleep(0.05)
+            except OSError:
+                pass
+
+
+def stream_reader(a):
+    sock = socket.create_connection(("127.0.0.1", a.port))
+    sock.sendall(b"GO\n")
+    got, start = 0, time.monotonic()
+    while True:
+        more = sock.recv(64 * 1024)
+        if not more:
+            break
+        got += len(more)
+        spin(1)
+    write_truth(a.truth, {"trainer": os.getpid(), "bytes": got, "secs": time.monotonic() - start,
+                          "port": a.port})
 
 
 # --------------------------------------------------------------------- flock
@@ -293,15 +368,44 @@ EVAL = "import time\nend = time.perf_counter() + {s}\nx = 0\nwhile time.perf_cou
 
 def eval_child(a):
     children, waited = [], 0.0
+    cmd = [sys.executable, "-c", EVAL.format(s=a.eval_s)]
+    if a.shell:
+        # As `os.system` or a launcher script runs it: a shell that waits
+        # for the evaluation (the `; exit` keeps it from exec'ing it).
+        cmd = ["/bin/sh", "-c", " ".join(f"'{x}'" for x in cmd) + '; exit "$?"']
     for step in range(a.steps):
         spin(a.step_ms)
         if step % a.every == a.every - 1:
             t0 = time.monotonic()
-            p = subprocess.Popen([sys.executable, "-c", EVAL.format(s=a.eval_s)])
+            p = subprocess.Popen(cmd)
             children.append(p.pid)
             p.wait()
             waited += time.monotonic() - t0
     write_truth(a.truth, {"trainer": os.getpid(), "children": children, "wait_s": waited})
+
+
+def upload_child(a):
+    """Every --every steps, uploads a checkpoint with a subprocess (`put`)
+    and waits for it, as a trainer calling a CLI uploader does."""
+    children = []
+
+    def run_put(_step):
+        p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "put",
+                              "--port", str(a.port), "--mb", str(a.mb)])
+        children.append(p.pid)
+        if p.wait() != 0:
+            raise SystemExit("waits: the upload failed")
+
+    waited = steps_with_uploads(a, run_put)
+    write_truth(a.truth, {"trainer": os.getpid(), "children": children, "bytes": len(children) * a.mb * MIB,
+                          "upload_s": waited, "port": a.port})
+
+
+def put(a):
+    name_thread("ckpt-put")
+    conn = http.client.HTTPConnection("127.0.0.1", a.port)
+    conn.request("PUT", "/ckpt/last", body=os.urandom(a.mb * MIB))
+    conn.getresponse().read()
 
 
 # ------------------------------------------------------------- timer wakeups
@@ -372,6 +476,17 @@ def main():
     s.add_argument("--every", type=int, default=4)
     s.set_defaults(fn=upload)
 
+    s = sub.add_parser("upload-thread")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--mb", type=int, default=16)
+    s.set_defaults(fn=upload_thread)
+    s = sub.add_parser("slow-source")
+    s.add_argument("--kbps", type=float, required=True)
+    s.add_argument("--chunks", type=int, default=80)
+    s.set_defaults(fn=slow_source)
+    s = sub.add_parser("stream-reader")
+    s.add_argument("--port", type=int, required=True)
+    s.set_defaults(fn=stream_reader)
     s = sub.add_parser("hold-lock")
     s.add_argument("--lock", required=True)
     s.set_defaults(fn=hold_lock)
@@ -386,7 +501,21 @@ def main():
     s.add_argument("--every", type=int, default=4)
     s.add_argument("--step-ms", type=float, default=50)
     s.add_argument("--eval-s", type=float, default=1.5)
+    s.add_argument("--shell", action="store_true", help="run the evaluation through /bin/sh -c")
     s.set_defaults(fn=eval_child)
+
+    s = sub.add_parser("upload-child")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--log", required=True)
+    s.add_argument("--mb", type=int, default=8)
+    s.add_argument("--steps", type=int, default=8)
+    s.add_argument("--every", type=int, default=4)
+    s.set_defaults(fn=upload_child)
+
+    s = sub.add_parser("put")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--mb", type=int, default=8)
+    s.set_defaults(fn=put)
 
     s = sub.add_parser("timer-sleeper")
     s.add_argument("--sleeps", type=int, default=500)
@@ -394,7 +523,7 @@ def main():
     s.set_defaults(fn=timer_sleeper)
 
     for s in sub.choices.values():
-        s.add_argument("--truth", required=s.prog.split()[-1] not in ("flock",))
+        s.add_argument("--truth", required=s.prog.split()[-1] not in ("flock", "put"))
     a = p.parse_args()
     a.fn(a)
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The one command for a machine with an NVIDIA GPU (as root): trains a small
 # model fed by a slow DataLoader, attaches stall to it, samples nvidia-smi
-# meanwhile, and prints stall's verdict next to what nvidia-smi saw.
+# meanwhile, and prints stall's verdict next to what nvidia-smi saw; then the
+# CUDA cases (train_cuda.py): a job that synchronizes every step (GPU-bound)
+# and one that launches tiny kernels (launch-bound), each under `stall run`,
+# whose probes on PyTorch's own libcudart are what is checked.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$here/out}
@@ -43,3 +46,31 @@ for g in summary["gpus"]:
 trainers = [p for p in summary["processes"] if p["role"] == "trainer"]
 print("stall trainer(s):", [(p["pid"], p["comm"]) for p in trainers], "verdict:", summary["verdict"]["kind"])
 PY
+
+# The CUDA cases: stall starts each job, so it sees PyTorch load libcudart.
+cuda_secs=${CUDA_SECONDS:-20}
+for mode in sync launch; do
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 200 >"$out/nvidia-smi-$mode.csv" &
+    smi=$!
+    "$here/stall" run --json "$out/stall-$mode.jsonl" -q -- python3 -u "$here/train_cuda.py" "$mode" --seconds "$cuda_secs" \
+        >"$out/stall-$mode.txt" 2>"$out/stall-$mode.err" || true
+    kill $smi 2>/dev/null || true
+    echo "== CUDA case: $mode"
+    grep -m1 'GPU library probes' "$out/stall-$mode.txt" "$out/stall-$mode.err" || echo "(no probe line)"
+    sed -n '/^verdict:/,/^$/p' "$out/stall-$mode.txt"
+    python3 - "$out" "$mode" <<'PY'
+import csv, json, sys
+out, mode = sys.argv[1], sys.argv[2]
+rows = [r for r in csv.reader(open(f"{out}/nvidia-smi-{mode}.csv")) if len(r) >= 4]
+u = [float(r[2]) for r in rows]
+if u:
+    print(f"nvidia-smi mean util {sum(u)/len(u):.0f}% over {len(u)} samples")
+summary = [json.loads(l) for l in open(f"{out}/stall-{mode}.jsonl")][-1]
+v = summary["verdict"]
+print("stall verdict:", v["kind"], "|", summary.get("gpu_probes"))
+for p in summary["processes"]:
+    for t in p["threads"]:
+        if t.get("gpu_calls"):
+            print(f"  tid {t['tid']} ({t['comm']}): {t['gpu_calls']}")
+PY
+done

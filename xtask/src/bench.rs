@@ -214,15 +214,17 @@ pub fn run(opts: &Options) -> Result<()> {
     cmd::require_root("the bench loads stall's eBPF programs")?;
     let started = Instant::now();
     let target = cmd::target_dir();
-    let (stall, wl, nvml_lib, cuda_stub) = if opts.no_build {
+    let (stall, wl, nvml_lib, stand_ins) = if opts.no_build {
         let stall = target.join("release/stall");
-        let (nvml, cuda) = (build::nvml_script_next_to(&stall)?, build::cuda_stub_next_to(&stall)?);
-        (stall, target.join("release/bench-wl"), nvml, cuda)
+        let nvml = build::nvml_script_next_to(&stall)?;
+        let gpu = (build::cuda_stub_next_to(&stall)?, build::nccl_stub_next_to(&stall)?);
+        (stall, target.join("release/bench-wl"), nvml, gpu)
     } else {
         setup::ensure()?;
         let stall = build::agent(true)?;
         cmd::run(cmd::cargo().args(["build", "--release", "-p", "bench-workloads"]))?;
-        (stall, target.join("release/bench-wl"), build::nvml_script(true)?, build::cuda_stub(true)?)
+        let gpu = (build::cuda_stub(true)?, build::nccl_stub(true)?);
+        (stall, target.join("release/bench-wl"), build::nvml_script(true)?, gpu)
     };
     let dir = target.join("bench");
     let bin = dir.join("bin");
@@ -248,7 +250,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let runs = opts.runs.unwrap_or(if opts.quick { 3 } else { 5 });
     ensure!(runs >= 1, "--runs must be at least 1");
     let load_before = loadavg();
-    let files = prepare_files(&env.dir, &cuda_stub, opts.quick)?;
+    let files = prepare_files(&env.dir, &stand_ins, opts.quick)?;
     if opts.daemon_only {
         let daemon = daemon::run(&env, &files.small, &env.nvml_lib, runs, opts.quick)?;
         print!("{}", report::daemon_text(&daemon, env.before.as_ref().map(|b| b.rev.as_str())));
@@ -324,11 +326,14 @@ struct Files {
     /// The stand-in CUDA library under the runtime's name, `cuda/libcudart.so.13`:
     /// stall probes a library by its file name.
     cudart: PathBuf,
+    /// The stand-in NCCL, `cuda/libnccl.so.2`.
+    nccl: PathBuf,
 }
 
 /// Creates the files once (deterministic content) and leaves them cached;
-/// copies the stand-in CUDA library (`cuda_stub`) in under the runtime's name.
-fn prepare_files(dir: &Path, cuda_stub: &Path, quick: bool) -> Result<Files> {
+/// copies the stand-in CUDA and NCCL libraries (`stand_ins`) in under the
+/// real libraries' names.
+fn prepare_files(dir: &Path, stand_ins: &(PathBuf, PathBuf), quick: bool) -> Result<Files> {
     let shard_mib = if quick { 64 } else { 128 };
     let small = dir.join("pread-64m");
     make_file(&small, 64 << 20, 1)?;
@@ -340,11 +345,12 @@ fn prepare_files(dir: &Path, cuda_stub: &Path, quick: bool) -> Result<Files> {
         .collect::<Result<_>>()?;
     let cuda = dir.join("cuda");
     fs::create_dir_all(&cuda).with_context(|| format!("creating {}", cuda.display()))?;
-    let cudart = cuda.join("libcudart.so.13");
-    let _ = fs::remove_file(&cudart);
-    fs::copy(cuda_stub, &cudart)
-        .with_context(|| format!("copying {} to {}", cuda_stub.display(), cudart.display()))?;
-    Ok(Files { small, shards, copy_to: dir.join("copy-1m"), cudart })
+    let (cudart, nccl) = (cuda.join("libcudart.so.13"), cuda.join("libnccl.so.2"));
+    for (from, to) in [(&stand_ins.0, &cudart), (&stand_ins.1, &nccl)] {
+        let _ = fs::remove_file(to);
+        fs::copy(from, to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    }
+    Ok(Files { small, shards, copy_to: dir.join("copy-1m"), cudart, nccl })
 }
 
 fn make_file(path: &Path, len: u64, seed: u64) -> Result<()> {
@@ -393,6 +399,11 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
     let cudart = files.cudart.display().to_string();
     let cuda =
         |call: &str, n: u64| strs(&["cuda", "--lib", &cudart, "--call", call, "--ops", &n.to_string()]);
+    let nccl_lib = files.nccl.display().to_string();
+    let nccl = |n: u64| strs(&["nccl", "--lib", &cudart, "--nccl-lib", &nccl_lib, "--ops", &n.to_string()]);
+    // Each op hands the all-reduce to the stand-ins' threads and back (some
+    // tens of µs bare): far fewer.
+    let all_reduces = if quick { 5_000u64 } else { 20_000 };
     // A few hundred ns per launch and tens per idle sync bare, but a
     // uprobe's trap per call under stall: sized for the traced loop, which
     // is tens of times the bare one, to stay near ten seconds.
@@ -531,6 +542,22 @@ fn workloads(files: &Files, quick: bool) -> Vec<Workload> {
             "sync",
             cuda("sync", syncs),
             cuda("sync", syncs),
+            false,
+        ),
+        w(
+            "nccl-allreduce",
+            "NCCL all-reduces through the job's libnccl (stand-in library)",
+            format!(
+                "{all_reduces} `ncclAllReduce`s of one float on a one-rank communicator, each followed by the \
+                 `cudaStreamSynchronize` that waits for it, one thread, through the stand-in NCCL \
+                 (`tests/nccl-stub`, completing on the stand-in CUDA stream) copied in as `libnccl.so.2`: under \
+                 stall each all-reduce hits an entry uprobe that stamps its arrival in the communicator's ring, \
+                 and the synchronization its two; the clock starts once the probes are in. The floor \
+                 attaches no GPU probes"
+            ),
+            "all-reduce",
+            nccl(all_reduces),
+            nccl(all_reduces / 10),
             false,
         ),
         w(

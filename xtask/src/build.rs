@@ -41,6 +41,8 @@ struct StandIn {
 const NVML_SCRIPT: StandIn = StandIn { package: "stall-nvml-script", file: "libstall_nvml_script.so" };
 /// The stand-in CUDA library the CUDA tests load (`tests/cuda-stub`).
 const CUDA_STUB: StandIn = StandIn { package: "stall-cuda-stub", file: "libstall_cuda_stub.so" };
+/// The stand-in NCCL library the NCCL tests' jobs load (`tests/nccl-stub`).
+const NCCL_STUB: StandIn = StandIn { package: "stall-nccl-stub", file: "libstall_nccl_stub.so" };
 
 /// Builds a stand-in library and returns its path: next to `stall` in the
 /// same profile's folder, where the tests look for it.
@@ -78,4 +80,12 @@ pub fn cuda_stub(release: bool) -> Result<PathBuf> {
 
 pub fn cuda_stub_next_to(stall: &Path) -> Result<PathBuf> {
     stand_in_next_to(&CUDA_STUB, stall)
+}
+
+pub fn nccl_stub(release: bool) -> Result<PathBuf> {
+    build_stand_in(&NCCL_STUB, release)
+}
+
+pub fn nccl_stub_next_to(stall: &Path) -> Result<PathBuf> {
+    stand_in_next_to(&NCCL_STUB, stall)
 }

@@ -1,13 +1,15 @@
 //! `cargo xtask gpu-check`: everything a machine with an NVIDIA GPU needs to
-//! check stall against a real PyTorch DataLoader, in one folder: the stall
-//! binary, the training script and `run.sh`, the one command to run there.
+//! check stall against real PyTorch jobs, in one folder: the stall binary,
+//! the training scripts (a slow DataLoader; a GPU-bound and a launch-bound
+//! CUDA job for the probes on PyTorch's own libcudart) and `run.sh`, the one
+//! command to run there.
 use std::path::Path;
 
 use anyhow::{Context, Result};
 
 use crate::{build, cmd, setup};
 
-const FILES: [&str; 2] = ["train_dataloader.py", "run.sh"];
+const FILES: [&str; 3] = ["train_dataloader.py", "train_cuda.py", "run.sh"];
 
 pub fn run(out: Option<&Path>) -> Result<()> {
     setup::ensure()?;

@@ -31,6 +31,8 @@ pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
     let nvml = build::nvml_script(true)?;
     // The CUDA tests' jobs load it in place of libcudart (tests/cuda-stub).
     let cuda = build::cuda_stub(true)?;
+    // The NCCL tests' jobs load it in place of libnccl (tests/nccl-stub).
+    let nccl = build::nccl_stub(true)?;
     let mut test = cmd::cargo();
     test.arg("test")
         .args(EXCLUDE_EBPF)
@@ -38,6 +40,7 @@ pub fn run(extra: &[String], skip_lint: bool) -> Result<()> {
         .env("STALL_BIN", &stall)
         .env("STALL_NVML_SCRIPT_LIB", &nvml)
         .env("STALL_CUDA_STUB_LIB", &cuda)
+        .env("STALL_NCCL_STUB_LIB", &nccl)
         .env("STALL_TORCH_PATH", &torch)
         .env("STALL_DATASETS_PATH", &datasets)
         .env("STALL_SCHEMAS_PATH", &schemas);

@@ -3,14 +3,17 @@
 //! kernels by default, see docs/KERNELS.md) boots in QEMU with an initramfs
 //! holding stall, the test binaries, their workloads and the userland they
 //! need (busybox, Python); its /init runs the tests and prints one result
-//! line on the serial console. The host kernel runs the same binaries
-//! natively, so the table compares like with like.
+//! line on the serial console. Each kernel's runs are split into shards, one
+//! boot each, all boots sharing the host's CPUs longest first (shard.rs);
+//! a kernel's shards merge into its one row of the table. The host kernel
+//! runs the same binaries natively, so the table compares like with like.
 
 pub mod hooks_bench;
 mod initramfs;
 mod kernel;
 mod native;
 mod qemu;
+mod shard;
 
 use std::fmt::Write as _;
 use std::fs;
@@ -31,10 +34,11 @@ const PACKAGES: [&str; 3] = ["qemu-system-x86", "busybox-static", "cpio"];
 const TEST_BUILD_ARGS: [&str; 5] = ["--workspace", "--exclude", "stall-ebpf", "--release", "--no-run"];
 /// The crate holding the integration tests (its `tests/*.rs` targets).
 const TESTS_MANIFEST: &str = "tests/Cargo.toml";
-/// Per kernel, from boot to power-off. The slowest suite, 6.1's with its
-/// trampoline pass, takes about 22 minutes under TCG on a 2-CPU host
-/// (docs/KERNELS.md, "Measured times"): room for a host a third slower,
-/// without a hung guest holding CI long.
+/// Per boot (one shard of a kernel's runs), from boot to power-off. The
+/// slowest whole suite, 6.1's with its trampoline pass, takes about 19
+/// minutes under TCG on a 2-CPU host, a shard of two about half that
+/// (docs/KERNELS.md, "Measured times"): room for `--shards 1` on a host a
+/// little slower, without a hung guest holding CI long.
 const DEFAULT_TIMEOUT_SECS: u64 = 1800;
 /// Tests left out in the VMs, as (binary, test): their verdicts are
 /// calibrated on a real CPU. Under TCG the job's Python runs several times
@@ -102,9 +106,15 @@ pub struct VmArgs {
     /// package, or a vmlinuz path. Default: 5.10, 6.1 and 6.12
     #[arg(long = "kernel", value_name = "SPEC")]
     kernels: Vec<String>,
-    /// Seconds one kernel may take from boot to power-off
+    /// Seconds one boot (one shard of a kernel's runs) may take from boot
+    /// to power-off
     #[arg(long, default_value_t = DEFAULT_TIMEOUT_SECS)]
     timeout: u64,
+    /// Boots per kernel, each running a share of its test runs (the
+    /// expensive ones spread), so that the slots share out all kernels' work
+    #[arg(long, value_name = "N", default_value_t = shard::DEFAULT_SHARDS,
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    shards: u16,
     /// Do not run the tests natively on the running kernel
     #[arg(long)]
     no_host: bool,
@@ -139,6 +149,7 @@ pub fn run_cli(target: Target) -> Result<()> {
     let stall = build::agent(true)?;
     build::nvml_script(true)?;
     build::cuda_stub(true)?;
+    build::nccl_stub(true)?;
     let tests = test_binaries()?;
     let host = if opts.no_host { None } else { Some(native::run(&stall, &tests, &opts.args)?) };
     run_vms(&stall, &tests, &opts, host)
@@ -152,6 +163,7 @@ pub fn after_native_tests(stall: &Path, args: &[String]) -> Result<()> {
         kernels: Vec::new(),
         timeout: DEFAULT_TIMEOUT_SECS,
         no_host: true,
+        shards: shard::DEFAULT_SHARDS,
         jobs: None,
         args: args.to_vec(),
     };
@@ -178,24 +190,29 @@ fn run_vms(stall: &Path, tests: &[TestBin], opts: &VmArgs, host: Option<Row>) ->
     let kernels = kernel::resolve_all(&specs, &dir.join("kernels"))?;
     let nvml = build::nvml_script_next_to(stall)?;
     let cuda = build::cuda_stub_next_to(stall)?;
-    let gpu = initramfs::GpuLibs { nvml_script: &nvml, cuda_stub: &cuda };
+    let nccl = build::nccl_stub_next_to(stall)?;
+    let gpu = initramfs::GpuLibs { nvml_script: &nvml, cuda_stub: &cuda, nccl_stub: &nccl };
     let initramfs = initramfs::build(&dir, stall, &gpu, tests, &VM_SKIP, &kernels, &[])?;
     let harness = qemu::harness_args(&opts.args);
     let jobs = opts.jobs.unwrap_or_else(host_cpus);
     let mut rows: Vec<Row> = host.into_iter().collect();
-    for (k, outcome) in kernels.iter().zip(boot_all(&kernels, jobs, |k| {
-        let log = dir.join("logs").join(format!("{}.log", k.name));
-        qemu::boot(k, &initramfs, &harness, Duration::from_secs(opts.timeout), &log)
-    })) {
-        let outcome = outcome?;
-        rows.push(Row {
-            kernel: k.name.clone(),
-            place: "qemu",
-            boot: outcome.boot,
-            tests: outcome.tests,
-            passed: outcome.passed,
-            detail: outcome.detail,
-        });
+    let boots = shard::boots(kernels.len(), usize::from(opts.shards));
+    let outcomes = boot_all(&boots, jobs, |&(k, shard)| {
+        let k = &kernels[k];
+        let name = match shard.tag() {
+            Some(tag) => format!("{}-{tag}.log", k.name),
+            None => format!("{}.log", k.name),
+        };
+        let log = dir.join("logs").join(name);
+        qemu::boot(k, Some(shard), &initramfs, &harness, Duration::from_secs(opts.timeout), &log)
+    });
+    let mut per_kernel: Vec<Vec<(shard::Shard, qemu::Outcome)>> =
+        kernels.iter().map(|_| Vec::new()).collect();
+    for (&(k, shard), outcome) in boots.iter().zip(outcomes) {
+        per_kernel[k].push((shard, outcome?));
+    }
+    for (k, shards) in kernels.iter().zip(&per_kernel) {
+        rows.push(shard::merge(&k.name, shards));
     }
     print!("{}", table(&rows));
     let skipped: Vec<String> = VM_SKIP.iter().map(|(bin, test)| format!("{bin}::{test}")).collect();
@@ -219,25 +236,25 @@ fn host_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Runs `boot` for each kernel, `jobs` at a time (at least one), slowest
-/// first as listed; the results in the order of `kernels`. Under
-/// single-threaded TCG each guest is one busy host thread, so on a 2-CPU
-/// host two kernels side by side take the time of one each: the suite's
-/// wall time is the longest chain, not the sum.
-fn boot_all<T: Send>(
-    kernels: &[kernel::Kernel],
+/// Runs `boot` for each of `boots`, `jobs` at a time (at least one), in
+/// their order (longest first: shard::boots); the results in that order.
+/// Under single-threaded TCG each guest is one busy host thread, so on a
+/// 2-CPU host two boots side by side take the time of one each: the
+/// phase's wall time is the longest chain, which shards keep short.
+fn boot_all<B: Sync, T: Send>(
+    boots: &[B],
     jobs: usize,
-    boot: impl Fn(&kernel::Kernel) -> Result<T> + Sync,
+    boot: impl Fn(&B) -> Result<T> + Sync,
 ) -> Vec<Result<T>> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results: Vec<std::sync::Mutex<Option<Result<T>>>> =
-        kernels.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        boots.iter().map(|_| std::sync::Mutex::new(None)).collect();
     std::thread::scope(|s| {
-        for _ in 0..jobs.clamp(1, kernels.len().max(1)) {
+        for _ in 0..jobs.clamp(1, boots.len().max(1)) {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(k) = kernels.get(i) else { break };
-                let outcome = boot(k);
+                let Some(b) = boots.get(i) else { break };
+                let outcome = boot(b);
                 *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
             });
         }
@@ -378,6 +395,27 @@ mod tests {
         let names: Vec<&str> = bins.iter().map(|b| b.name.as_str()).collect();
         assert_eq!(names, ["capture", "run"]);
         assert_eq!(bins[1].path, Path::new("/w/target/release/deps/run-1"));
+    }
+
+    #[test]
+    fn boots_run_in_order_at_most_jobs_at_a_time() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        for jobs in [0, 1, 2, 3] {
+            let (running, most, started) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
+            let boots = [40u64, 30, 20, 10, 5];
+            let results = boot_all(&boots, jobs, |&w| {
+                let order = started.fetch_add(1, SeqCst);
+                most.fetch_max(running.fetch_add(1, SeqCst) + 1, SeqCst);
+                std::thread::sleep(Duration::from_millis(w));
+                running.fetch_sub(1, SeqCst);
+                Ok((w, order))
+            });
+            let results: Vec<(u64, usize)> = results.into_iter().map(Result::unwrap).collect();
+            // Results in the boots' order; each started no later than the next.
+            assert_eq!(results.iter().map(|r| r.0).collect::<Vec<_>>(), boots);
+            assert!(results.iter().map(|r| r.1).eq(0..boots.len()), "{results:?}");
+            assert_eq!(most.load(SeqCst), jobs.max(1), "{jobs} jobs");
+        }
     }
 
     #[test]

@@ -1,38 +1,44 @@
 //! [`FileWindow`]: one file (or a socket's peer) as a window sees it,
 //! what a process read, wrote and mapped of it and where the bytes came
 //! from.
-use super::files::{add_known, is_code_file, is_kernel_file, storage_share, PageCache};
-use crate::decode::FileCounters;
+use super::files::{is_code_file, is_kernel_file, storage_share, PageCache};
+use crate::decode::{counters, FileCounters};
 
-/// Regular files merged by path, or connected sockets merged by peer.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FileWindow {
-    /// The path, or a socket's peer ("10.0.0.5:443").
-    pub path: String,
-    /// A connected inet socket: network traffic, never file throughput
-    /// (in [`super::ProcWindow::sockets`], not `files`).
-    pub socket: bool,
-    /// A socket whose peer is a process of the job: IPC, not input.
-    pub ipc: bool,
-    pub resolved: Option<String>,
-    pub opens: u64,
-    pub read_calls: u64,
-    pub read_bytes: u64,
-    /// Time in the timed reads (one in `--latency-sample`), and how many.
-    pub read_ns: u64,
-    pub timed_calls: u64,
-    /// Successful writes to it (a log, a checkpoint).
-    pub write_bytes: u64,
-    pub write_calls: u64,
-    /// Time the file was open within the window, summed over its opens:
-    /// the per-file rate is over this, not over the whole window.
-    pub open_ns: u64,
-    /// Bytes of it this process caused to be read from storage (the rest of
-    /// what it read came from the page cache); None: not seen here.
-    pub storage_bytes: Option<u64>,
-    /// Bytes of it this process's faults mapped into it (its pages touched
-    /// through a mapping); None: not seen here.
-    pub mmap_bytes: Option<u64>,
+counters! {
+    /// Regular files merged by path, or connected sockets merged by peer.
+    #[derive(Debug, Clone, Default, PartialEq)]
+    pub struct FileWindow {
+        // What names it, carried along; the rest is counted: added in a
+        // merge, subtracted in `Window::since`.
+        keep {
+            /// The path, or a socket's peer ("10.0.0.5:443").
+            pub path: String,
+            /// A connected inet socket: network traffic, never file throughput
+            /// (in [`super::ProcWindow::sockets`], not `files`).
+            pub socket: bool,
+            /// A socket whose peer is a process of the job: IPC, not input.
+            pub ipc: bool,
+            pub resolved: Option<String>,
+        }
+        pub opens: u64,
+        pub read_calls: u64,
+        pub read_bytes: u64,
+        /// Time in the timed reads (one in `--latency-sample`), and how many.
+        pub read_ns: u64,
+        pub timed_calls: u64,
+        /// Successful writes to it (a log, a checkpoint).
+        pub write_bytes: u64,
+        pub write_calls: u64,
+        /// Time the file was open within the window, summed over its opens:
+        /// the per-file rate is over this, not over the whole window.
+        pub open_ns: u64,
+        /// Bytes of it this process caused to be read from storage (the rest of
+        /// what it read came from the page cache); None: not seen here.
+        pub storage_bytes: Option<u64>,
+        /// Bytes of it this process's faults mapped into it (its pages touched
+        /// through a mapping); None: not seen here.
+        pub mmap_bytes: Option<u64>,
+    }
 }
 
 impl FileWindow {
@@ -96,20 +102,6 @@ impl FileWindow {
             Some(PageCache::Cold) => format!("{how}from storage (page cache cold)"),
             None => format!("{how}{:.0} % from storage", share * 100.0),
         })
-    }
-
-    /// Adds another window's counts for the same path.
-    pub fn add(&mut self, o: &FileWindow) {
-        self.opens += o.opens;
-        self.read_calls += o.read_calls;
-        self.read_bytes += o.read_bytes;
-        self.read_ns += o.read_ns;
-        self.timed_calls += o.timed_calls;
-        self.write_bytes += o.write_bytes;
-        self.write_calls += o.write_calls;
-        self.open_ns += o.open_ns;
-        self.storage_bytes = add_known(self.storage_bytes, o.storage_bytes);
-        self.mmap_bytes = add_known(self.mmap_bytes, o.mmap_bytes);
     }
 
     /// Adds one descriptor's counters (an interval's delta, or its total).

@@ -65,11 +65,9 @@ impl PageCache {
 /// A sum of byte counts that some windows may not have, as where the
 /// kernel does not say what storage or mappings brought in (None + None
 /// is None).
-pub(super) fn add_known(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-    match (a, b) {
-        (None, None) => None,
-        _ => Some(a.unwrap_or(0) + b.unwrap_or(0)),
-    }
+pub(super) fn add_known(mut a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    crate::decode::Counter::add(&mut a, &b);
+    a
 }
 
 #[cfg(test)]

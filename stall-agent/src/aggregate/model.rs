@@ -165,6 +165,8 @@ pub struct Model {
     /// Opens seen since the last window, per file id (a file opened and
     /// read between two snapshots is still counted once).
     opened: HashSet<u64>,
+    /// The ranks' arrivals at their NCCL collectives, compared.
+    arrivals: super::Arrivals,
     lost: [u64; LOST_CAUSES],
     lost_mark: [u64; LOST_CAUSES],
     events: u64,
@@ -406,6 +408,14 @@ impl Model {
         for (tid, g) in &snap.gpu_calls {
             if let Some(t) = self.threads.get_mut(tid) {
                 t.total.gpu = *g;
+            }
+        }
+        self.arrivals.update(&snap.communicators);
+        for (tid, a) in self.arrivals.threads() {
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.total.gpu.arrivals_compared = a.compared;
+                t.total.gpu.arrivals_last = a.last;
+                t.total.gpu.arrival_late_ns = a.late_ns;
             }
         }
         self.lost = snap.lost;

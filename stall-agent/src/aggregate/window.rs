@@ -257,6 +257,23 @@ pub struct ThreadWindow {
     pub waits_on: Option<(u8, crate::wait::WaitObject)>,
 }
 
+impl ThreadWindow {
+    /// Whether its last call that is none of stall's reasons is a wait for
+    /// a child (`wait4`, `waitid`).
+    pub fn in_child_wait(&self) -> bool {
+        matches!(crate::syscalls::name(i64::from(self.other_nr)).as_str(), "wait4" | "waitid")
+    }
+
+    /// Whether it spent at least half its time in the window waiting for a
+    /// child: a shell, a wrapper script or a launcher, which passes the
+    /// wait on.
+    pub fn mostly_child_wait(&self) -> bool {
+        let other = self.delta.off_ns[usize::from(stall_common::reason::OTHER)];
+        let seen = self.delta.on_cpu_ns + self.delta.off_cpu_ns();
+        self.in_child_wait() && other > 0 && other * 2 >= seen
+    }
+}
+
 /// A thread that woke another, how often in the window, and how long
 /// the other had waited by then.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -2,83 +2,22 @@
 //! with them, and the programs attached. What fails says why in one line.
 use aya::{
     maps::{MapData, MapType, RingBuf},
-    programs::{raw_trace_point::RawTracePointLinkId, ProgramType, RawTracePoint},
+    programs::ProgramType,
     sys::BpfHelper,
-    Btf, EbpfLoader,
+    Btf, Ebpf, EbpfLoader,
 };
-use stall_common::{names, task_flags, Config, Regs};
+use stall_common::{names, Config, Regs};
 use tokio::io::unix::AsyncFd;
 
 use super::{
-    backend::{self, SyscallHooks},
-    btf,
+    btf::KernelBtf,
     error::load_err,
-    kfunc, mapped,
-    object::{attached_program, program, take, BPF_OBJECT},
-    tracefs, uring, Capture, CaptureError,
+    hooks::{gpu, pagecache, sched, syscalls, syscalls::SyscallHooks, uring},
+    kernel_log, kfunc,
+    object::{take, BPF_OBJECT},
+    tracefs::Tracefs,
+    Capture, CaptureError,
 };
-use crate::syscalls;
-
-/// (program, category, tracepoint) for the scheduler and task hooks, all
-/// raw tracepoints (never skipped while `bpf_prog_active` is held, unlike
-/// perf-event tracepoint programs). `sched_switch` is replaced by
-/// `sched_switch_stack` on kernels without `bpf_task_pt_regs`.
-const ATTACH: [(&str, &str, &str); 5] = [
-    (names::SCHED_SWITCH, "sched", "sched_switch"),
-    (names::SCHED_WAKING, "sched", "sched_waking"),
-    (names::TASK_NEWTASK, "task", "task_newtask"),
-    (names::SCHED_PROCESS_EXEC, "sched", "sched_process_exec"),
-    (names::SCHED_PROCESS_EXIT, "sched", "sched_process_exit"),
-];
-
-/// The tracepoints of [`ATTACH`] that run at every context switch or
-/// wakeup of the machine: what the daemon's cheap tier leaves detached.
-const SCHED_HOOKS: [&str; 2] = ["sched_switch", "sched_waking"];
-
-/// The scheduler hooks' programs (loaded) and links (while attached).
-#[derive(Default)]
-pub(super) struct SchedHooks {
-    programs: Vec<(&'static str, &'static str)>,
-    links: Vec<(&'static str, RawTracePointLinkId)>,
-}
-
-impl SchedHooks {
-    pub fn attached(&self) -> bool {
-        !self.links.is_empty()
-    }
-
-    /// All or none: a half-attached scheduler would count half the switches.
-    pub fn attach(&mut self, ebpf: &mut aya::Ebpf) -> Result<(), CaptureError> {
-        for &(prog, name) in &self.programs {
-            match attached_program::<RawTracePoint>(ebpf, prog).and_then(|p| p.attach(name).map_err(load_err))
-            {
-                Ok(link) => self.links.push((prog, link)),
-                Err(e) => {
-                    let _ = self.detach(ebpf);
-                    return Err(e);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    pub fn detach(&mut self, ebpf: &mut aya::Ebpf) -> Result<(), CaptureError> {
-        for (prog, link) in self.links.drain(..) {
-            attached_program::<RawTracePoint>(ebpf, prog)?.detach(link).map_err(load_err)?;
-        }
-        Ok(())
-    }
-}
-
-/// (program, category, tracepoint) attached in cgroup mode only: a task
-/// moved into a watched cgroup is no longer known to be outside them
-/// (stall-ebpf's untracked.rs).
-const CGROUP_ATTACH: (&str, &str, &str) = (names::CGROUP_ATTACH_TASK, "cgroup", "cgroup_attach_task");
-
-/// (program, category, tracepoint) for page-cache fills (storage bytes per
-/// file); attached where the kernel's BTF has the fields it reads.
-const PAGE_CACHE_FILL: (&str, &str, &str) =
-    (names::PAGE_CACHE_FILL, "filemap", "mm_filemap_add_to_page_cache");
 
 /// x86-64's `struct pt_regs`: `orig_ax` (the syscall a task is in), `di`,
 /// `si`, `dx` (arguments 0-2), `cs`. Native syscalls come from `__USER_CS`.
@@ -118,8 +57,9 @@ pub struct CaptureOptions {
     /// [`Capture::set_sched_hooks`]; [`Capture::sample_sched`] keeps the
     /// threads' counters from /proc meanwhile (the daemon's cheap tier).
     pub sched_hooks_on_demand: bool,
-    /// Probe the CUDA libraries the job maps (uprobes, attached as they
-    /// are found).
+    /// Probe the GPU libraries (CUDA, NCCL) the job maps (uprobes,
+    /// attached as they are found; with `syscall_hooks_on_demand`, only
+    /// while the syscall hooks are attached).
     pub gpu_probes: bool,
 }
 
@@ -166,135 +106,45 @@ impl Capture {
         if !missing.is_empty() {
             return Err(CaptureError::MissingCaps(missing));
         }
-        let tracefs = tracefs::Tracefs::open()?;
-        // The raw syscall tracepoints are checked when that backend is chosen.
-        if let Some((_, c, n)) = ATTACH.iter().find(|(_, c, n)| !tracefs.has(c, n)) {
-            return Err(CaptureError::MissingTracepoint { name: format!("{c}:{n}") });
-        }
+        let tracefs = Tracefs::open()?;
+        sched::check(&tracefs)?;
         let features = Features::probe()?;
-        // io_uring reads are followed where the tracepoints and their
-        // layout are known (docs/KERNELS.md).
-        let uring_submit = uring::SUBMIT.iter().copied().find(|e| tracefs.has("io_uring", e));
-        let kernel_btf = btf::KernelBtf::open()?;
-        let latency_mask = latency_mask(opts.latency_sample)?;
-        let config = Config {
-            task: kernel_btf.task_offsets(!features.task_pt_regs)?,
-            regs: REGS,
-            cgroup_filter: u8::from(opts.cgroup_mode),
-            floor: u8::from(opts.floor),
-            timeline: u8::from(opts.timeline),
-            latency_mask,
-            latency_run_mask: latency_run_mask(latency_mask),
-            _pad: [0; 3],
-            ringbuf_wake_bytes: opts.ringbuf_bytes.unwrap_or(DEFAULT_RINGBUF_BYTES) / 8,
-            page: if tracefs.has(PAGE_CACHE_FILL.1, PAGE_CACHE_FILL.2) {
-                kernel_btf.page_cache_offsets(mapped::whole_folios()).unwrap_or_default()
-            } else {
-                Default::default()
-            },
-            uring: uring_submit
-                .filter(|_| tracefs.has("io_uring", uring::COMPLETE))
-                .and_then(|submit| uring::layout(&kernel_btf, submit))
-                .unwrap_or_default(),
-            tables: syscalls::tables(),
-        };
-        // Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
-        let _ = nix::sys::resource::setrlimit(
-            nix::sys::resource::Resource::RLIMIT_MEMLOCK,
-            nix::sys::resource::RLIM_INFINITY,
-            nix::sys::resource::RLIM_INFINITY,
-        );
+        let kernel_btf = KernelBtf::open()?;
+        let config = config(opts, &features, &tracefs, &kernel_btf)?;
         // aya's own reading of the kernel's BTF: trampolines are loaded
         // against a function found in it.
         let btf = Btf::from_sys_fs().ok();
-        let mut loader = EbpfLoader::new();
-        loader.btf(btf.as_ref());
-        loader.override_global(names::CONFIG, &config, true);
-        if let Some(bytes) = opts.ringbuf_bytes {
-            loader.map_max_entries(names::EVENTS, bytes);
-        }
-        // The kfunc calls, where the kernel has them (else the programs
-        // that make them are not loaded, and their placeholders stay).
-        let casts = match kfunc::KfuncIds::find(&kernel_btf) {
-            Some(ids) if std::env::var_os(SYSCALL_READS_ENV).is_none_or(|v| v != "probe") => {
-                Some(kfunc::rewrite(BPF_OBJECT, ids).map_err(|e| CaptureError::Load(e.into()))?.0)
-            }
-            _ => None,
-        };
-        let object = casts.as_ref().map_or(BPF_OBJECT, |o| o.bytes());
-        let mut ebpf = loader.load(object).map_err(load_err)?;
-
-        let mut switch_reads = SwitchReads::ProbeStack;
-        let mut sched = SchedHooks::default();
-        for (prog, _, name) in ATTACH {
-            let prog = if prog == names::SCHED_SWITCH {
-                switch_reads = load_switch(&mut ebpf, &features, config.task.flags, casts.is_some())?;
-                switch_reads.program()
-            } else if prog == names::SCHED_WAKING && switch_reads == SwitchReads::Queued {
-                // The switch-in splits a woken task's span: the wakeup is only marked.
-                program(&mut ebpf, names::SCHED_WAKING_MARKED, RawTracePoint::load)?;
-                names::SCHED_WAKING_MARKED
-            } else if prog == names::SCHED_WAKING && switch_reads == SwitchReads::QueuedChecked {
-                // Loaded with the switch.
-                names::SCHED_WAKING_CHECKED
-            } else {
-                program(&mut ebpf, prog, RawTracePoint::load)?;
-                prog
-            };
-            if SCHED_HOOKS.contains(&name) {
-                sched.programs.push((prog, name));
-                continue;
-            }
-            attached_program::<RawTracePoint>(&mut ebpf, prog)?.attach(name).map_err(load_err)?;
-        }
-        if !opts.sched_hooks_on_demand {
-            sched.attach(&mut ebpf)?;
-        }
-        if opts.cgroup_mode {
-            let (prog, category, name) = CGROUP_ATTACH;
-            if !tracefs.has(category, name) {
-                return Err(CaptureError::MissingTracepoint { name: format!("{category}:{name}") });
-            }
-            program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
-        }
-        let storage_known = config.page.mapping != 0;
-        if storage_known {
-            let (prog, _, name) = PAGE_CACHE_FILL;
-            let prog = if features.task_pt_regs { prog } else { names::PAGE_CACHE_FILL_STACK };
-            program(&mut ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
-        }
-        // Needs the page-cache fields too: None where the fill program is not attached.
-        let mapped = mapped::attach(&mut ebpf, &tracefs, &config.page, btf.as_ref())?;
-        if config.uring.on != 0 {
-            let submit = uring_submit.unwrap_or(uring::SUBMIT[0]);
-            program(&mut ebpf, names::URING_SUBMIT, RawTracePoint::load)?.attach(submit).map_err(load_err)?;
-            program(&mut ebpf, names::URING_COMPLETE, RawTracePoint::load)?
-                .attach(uring::COMPLETE)
-                .map_err(load_err)?;
-            if config.uring.submit_req == 0 {
-                program(&mut ebpf, names::URING_FILE_GET, RawTracePoint::load)?
-                    .attach(uring::FILE_GET)
-                    .map_err(load_err)?;
-            }
-        }
-        let hooks = backend::Hooks::load(
+        let (mut ebpf, casts) = load_object(opts, &config, btf.as_ref(), &kernel_btf)?;
+        let (sched, switch_reads) =
+            sched::load(&mut ebpf, opts, &tracefs, &config, features.task_pt_regs, casts)?;
+        let mapped = pagecache::load(&mut ebpf, &tracefs, &config.page, features.task_pt_regs, btf.as_ref())?;
+        uring::load(&mut ebpf, &tracefs, &config.uring)?;
+        let hooks = syscalls::Hooks::load(
             &mut ebpf,
             opts.syscall_hooks,
             btf.as_ref(),
             &kernel_btf,
             &tracefs,
-            casts.is_some(),
+            casts,
             opts.syscall_hooks_on_demand,
         )?;
         // Optional: a kernel without uprobes still runs the rest.
-        let (gpu, gpu_note) = match opts.gpu_probes.then(|| super::gpu::GpuProbes::load(&mut ebpf)) {
+        let on_demand = opts.syscall_hooks_on_demand;
+        let (gpu, gpu_note) = match opts.gpu_probes.then(|| gpu::GpuProbes::load(&mut ebpf, on_demand)) {
             Some(Ok(g)) => (Some(g), None),
             Some(Err(e)) => (None, Some(e.to_string())),
             None => (None, None),
         };
+        let families = Families { sched, switch_reads, mapped, hooks, gpu, gpu_note };
+        Self::with_maps(ebpf, families, &config)
+    }
+
+    /// The capture of the loaded object `ebpf`: its maps taken out.
+    fn with_maps(mut ebpf: Ebpf, f: Families, config: &Config) -> Result<Self, CaptureError> {
         let ring: RingBuf<MapData> = take(&mut ebpf, names::EVENTS)?;
         // SAFETY: the RingBuf owns its map fd for as long as the AsyncFd lives.
         let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| CaptureError::Ring(e.into_parts().1))?;
+        let storage_known = config.page.mapping != 0;
         Ok(Self {
             threads: take(&mut ebpf, names::THREADS)?,
             files: take(&mut ebpf, names::FILES)?,
@@ -304,7 +154,7 @@ impl Capture {
             wake_cache: take(&mut ebpf, names::WAKE_CACHE)?,
             cgroups: take(&mut ebpf, names::CGROUPS)?,
             inode_bytes: if storage_known { Some(take(&mut ebpf, names::INODE_BYTES)?) } else { None },
-            mapped,
+            mapped: f.mapped,
             uring_reads: take(&mut ebpf, names::URING_READS)?,
             uring_pending: take(&mut ebpf, names::URING_PENDING)?,
             counters: take(&mut ebpf, names::COUNTERS)?,
@@ -317,109 +167,99 @@ impl Capture {
             unreadable_threads: 0,
             sampled: Default::default(),
             decode_errors: 0,
-            hooks,
-            sched,
+            hooks: f.hooks,
+            sched: f.sched,
             task_flags: config.task.flags,
-            switch_reads,
-            gpu,
-            gpu_note,
+            switch_reads: f.switch_reads,
+            gpu: f.gpu,
+            gpu_note: f.gpu_note,
+            kernel_log: kernel_log::reader(&mut ebpf),
             ebpf,
         })
     }
 }
 
-/// How the loaded `sched_switch` program reads the task going off-CPU
-/// (stall-ebpf's sched.rs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SwitchReads {
-    /// `Direct`, and a woken task's wait for a CPU from the kernel's
-    /// enqueue time (`task_flags::QUEUED_AT`): its wakeup reads no clock.
-    Queued,
-    /// `Queued` where EEVDF delays dequeues (`task_flags::DELAYED_DEQUEUE`):
-    /// a wakeup reads the clock only where the wakee was enqueued before
-    /// it (`sched_waking_checked`), and the switch finds the task going
-    /// off-CPU and its registers by `bpf_rdonly_cast`, not by helper calls
-    /// (`sched_switch_queued_cast`): both need the kfunc rewrite.
-    QueuedChecked,
-    /// Plain loads through its BTF pointer: no helper call per field.
-    Direct,
-    /// `bpf_probe_read_kernel` per field, registers from `bpf_task_pt_regs`.
-    Probe,
-    /// The same, registers found from `task->stack` (before 5.15).
-    ProbeStack,
+/// What each family's load leaves for the capture to hold.
+struct Families {
+    sched: sched::SchedHooks,
+    switch_reads: stall_common::SwitchReads,
+    mapped: Option<pagecache::Way>,
+    hooks: syscalls::Hooks,
+    gpu: Option<gpu::GpuProbes>,
+    gpu_note: Option<String>,
 }
 
-impl SwitchReads {
-    /// As the JSON summary (`switch_reads`) names it.
-    pub fn name(self) -> &'static str {
-        match self {
-            SwitchReads::Queued => "queued",
-            SwitchReads::QueuedChecked => "queued-checked",
-            SwitchReads::Direct => "direct",
-            SwitchReads::Probe => "probe",
-            SwitchReads::ProbeStack => "probe-stack",
-        }
-    }
-
-    fn program(self) -> &'static str {
-        match self {
-            SwitchReads::Queued => names::SCHED_SWITCH_QUEUED,
-            SwitchReads::QueuedChecked => names::SCHED_SWITCH_QUEUED_CAST,
-            SwitchReads::Direct => names::SCHED_SWITCH_DIRECT,
-            SwitchReads::Probe => names::SCHED_SWITCH,
-            SwitchReads::ProbeStack => names::SCHED_SWITCH_STACK,
-        }
-    }
+/// The config the programs are loaded with: this kernel's layouts, as
+/// each family finds them, and the options.
+fn config(
+    opts: &CaptureOptions,
+    features: &Features,
+    tracefs: &Tracefs,
+    kernel_btf: &KernelBtf,
+) -> Result<Config, CaptureError> {
+    let latency_mask = latency_mask(opts.latency_sample)?;
+    Ok(Config {
+        task: kernel_btf.task_offsets(!features.task_pt_regs)?,
+        regs: REGS,
+        cgroup_filter: u8::from(opts.cgroup_mode),
+        floor: u8::from(opts.floor),
+        timeline: u8::from(opts.timeline),
+        latency_mask,
+        latency_run_mask: latency_run_mask(latency_mask),
+        _pad: [0; 3],
+        ringbuf_wake_bytes: opts.ringbuf_bytes.unwrap_or(DEFAULT_RINGBUF_BYTES) / 8,
+        page: pagecache::offsets_here(tracefs, kernel_btf),
+        // io_uring reads are followed where the tracepoints and their
+        // layout are known (docs/KERNELS.md).
+        uring: uring::layout_here(tracefs, kernel_btf),
+        tables: crate::syscalls::tables(),
+    })
 }
+
+/// The object loaded with `config`, and whether its kfunc placeholders
+/// were rewritten (where the kernel has the kfuncs; else the programs
+/// that make the calls are not loaded, and their placeholders stay).
+fn load_object(
+    opts: &CaptureOptions,
+    config: &Config,
+    btf: Option<&Btf>,
+    kernel_btf: &KernelBtf,
+) -> Result<(Ebpf, bool), CaptureError> {
+    // Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
+    let _ = nix::sys::resource::setrlimit(
+        nix::sys::resource::Resource::RLIMIT_MEMLOCK,
+        nix::sys::resource::RLIM_INFINITY,
+        nix::sys::resource::RLIM_INFINITY,
+    );
+    let mut loader = EbpfLoader::new();
+    loader.btf(btf);
+    loader.override_global(names::CONFIG, config, true);
+    kernel_log::set_level(&mut loader);
+    if let Some(bytes) = opts.ringbuf_bytes {
+        loader.map_max_entries(names::EVENTS, bytes);
+    }
+    if let Some(n) = std::env::var(THREADS_MAX_ENV).ok().and_then(|v| v.parse().ok()) {
+        loader.map_max_entries(names::THREADS, n);
+    }
+    let casts = match kfunc::KfuncIds::find(kernel_btf) {
+        Some(ids) if std::env::var_os(SYSCALL_READS_ENV).is_none_or(|v| v != "probe") => {
+            Some(kfunc::rewrite(BPF_OBJECT, ids).map_err(|e| CaptureError::Load(e.into()))?.0)
+        }
+        _ => None,
+    };
+    let object = casts.as_ref().map_or(BPF_OBJECT, |o| o.bytes());
+    Ok((loader.load(object).map_err(load_err)?, casts.is_some()))
+}
+
+/// `STALL_THREADS_MAX=N` sizes `THREADS` for N threads: for tests of a
+/// full map (what the kernel side then loses, and says).
+const THREADS_MAX_ENV: &str = "STALL_THREADS_MAX";
 
 /// `STALL_SYSCALL_READS=probe` leaves the kfunc placeholders as they are,
 /// so the raw syscall return reads the registers with
 /// `bpf_probe_read_kernel` where it would load them through
 /// `bpf_rdonly_cast`: for tests and benchmarks of the fallback.
 const SYSCALL_READS_ENV: &str = "STALL_SYSCALL_READS";
-
-/// `STALL_SWITCH_READS=probe` loads the probing `sched_switch` where a
-/// direct one would load, `=direct` the direct one that times wakeups where
-/// the queued one would: for tests and benchmarks of the fallbacks.
-const SWITCH_READS_ENV: &str = "STALL_SWITCH_READS";
-
-/// Loads the cheapest `sched_switch` the kernel takes: whether plain loads
-/// through a BTF pointer are allowed in a raw tracepoint program is the
-/// verifier's to say, so its answer is the probe (a refused program is
-/// not loaded, and nothing of it stays). Where EEVDF delays dequeues, the
-/// queued one goes only with `sched_waking_checked`, loaded here too,
-/// which needs the kfunc placeholders rewritten (`casts`).
-fn load_switch(
-    ebpf: &mut aya::Ebpf,
-    features: &Features,
-    flags: u32,
-    casts: bool,
-) -> Result<SwitchReads, CaptureError> {
-    if !features.task_pt_regs {
-        program(ebpf, names::SCHED_SWITCH_STACK, RawTracePoint::load)?;
-        return Ok(SwitchReads::ProbeStack);
-    }
-    let asked = std::env::var_os(SWITCH_READS_ENV);
-    let probe_only = asked.as_ref().is_some_and(|v| v == "probe");
-    let queued = !probe_only && asked.as_ref().is_none_or(|v| v != "direct");
-    if queued && flags & task_flags::QUEUED_AT != 0 {
-        if flags & task_flags::DELAYED_DEQUEUE == 0 {
-            if program(ebpf, names::SCHED_SWITCH_QUEUED, RawTracePoint::load).is_ok() {
-                return Ok(SwitchReads::Queued);
-            }
-        } else if casts && program(ebpf, names::SCHED_WAKING_CHECKED, RawTracePoint::load).is_ok() {
-            if program(ebpf, names::SCHED_SWITCH_QUEUED_CAST, RawTracePoint::load).is_ok() {
-                return Ok(SwitchReads::QueuedChecked);
-            }
-            program(ebpf, names::SCHED_WAKING_CHECKED, RawTracePoint::unload)?;
-        }
-    }
-    if !probe_only && program(ebpf, names::SCHED_SWITCH_DIRECT, RawTracePoint::load).is_ok() {
-        return Ok(SwitchReads::Direct);
-    }
-    program(ebpf, names::SCHED_SWITCH, RawTracePoint::load)?;
-    Ok(SwitchReads::Probe)
-}
 
 /// What the kernel offers beyond the base stall needs, probed before
 /// loading: a missing must-have ends start-up with one line naming it.

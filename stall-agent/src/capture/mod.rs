@@ -1,20 +1,19 @@
 //! The kernel side, seen from the agent: load and attach the programs with
-//! this kernel's tracepoint layouts (`load`, `backend`, `mapped`), choose
+//! this kernel's tracepoint layouts (`load`, each family's in `hooks`), choose
 //! what is tracked, a PID tree or cgroups (`track`), and read back the
 //! ring buffer's events (`ring`) and the counter maps (`snapshot`); what a
 //! blocked thread waits on and who holds its other end (`waits_on`); the
 //! environment a process has now (`environ`).
 //! Dropping a [`Capture`] detaches and unloads everything; nothing is
 //! pinned, so nothing outlives the agent, even when it is killed.
-pub mod backend;
 pub mod btf;
 pub mod cgroup;
 pub mod environ;
 mod error;
-pub mod gpu;
+pub mod hooks;
+mod kernel_log;
 mod kfunc;
 mod load;
-pub mod mapped;
 mod object;
 pub mod procfs;
 mod ring;
@@ -22,7 +21,6 @@ mod schedstat;
 mod snapshot;
 pub mod tracefs;
 mod track;
-pub mod uring;
 pub mod waits_on;
 
 use aya::{
@@ -35,12 +33,12 @@ use stall_common::{
 };
 use tokio::io::unix::AsyncFd;
 
-pub use backend::{Backend, RegisterReads, SyscallHooks};
 use error::map_err;
 pub use error::CaptureError;
+pub use hooks::syscalls::{Backend, RegisterReads, SyscallHooks};
+use hooks::{gpu, pagecache::Way as MmapWay};
 pub use load::{CaptureOptions, DEFAULT_LATENCY_SAMPLE};
 pub use ring::DRAIN_EVERY;
-pub use schedstat::classify_blocked;
 
 /// What this machine's kernel offers stall, found without loading
 /// anything (`stall version`): (what, found).
@@ -95,7 +93,7 @@ pub struct Capture {
     /// hook here).
     inode_bytes: Option<HashMap<MapData, InodeKey, InodeBytes>>,
     /// How faults on mappings are followed (None: not on this kernel).
-    mapped: Option<mapped::Way>,
+    mapped: Option<MmapWay>,
     /// io_uring reads completed, by submitting thread, and those in flight.
     uring_reads: HashMap<MapData, u32, UringReads>,
     uring_pending: HashMap<MapData, UringKey, UringRead>,
@@ -116,16 +114,18 @@ pub struct Capture {
     /// `TaskOffsets::flags` as loaded.
     task_flags: u32,
     /// Which `sched_switch` program runs.
-    switch_reads: load::SwitchReads,
+    switch_reads: stall_common::SwitchReads,
     /// The GPU library probes (None: not asked for, or refused here: see
     /// `gpu_note`).
     gpu: Option<gpu::GpuProbes>,
     gpu_note: Option<String>,
+    /// The kernel side's diagnostics, read where the debug log is asked for.
+    kernel_log: Option<aya_log::EbpfLogger<kernel_log::KernelLog>>,
     // Last: programs detach when this drops.
     /// The syscall hooks' backend and links (none: detached).
-    hooks: backend::Hooks,
+    hooks: hooks::syscalls::Hooks,
     /// `sched_switch` and `sched_waking` (detached in the daemon's cheap tier).
-    sched: load::SchedHooks,
+    sched: hooks::sched::SchedHooks,
     ebpf: Ebpf,
 }
 
@@ -161,8 +161,9 @@ impl Capture {
     /// Probes the job's GPU library at `path` (a CUDA runtime or driver,
     /// as a process opens it), once per file; how many functions.
     pub fn gpu_library(&mut self, path: &str) -> usize {
+        let hooks_on = self.syscall_hooks();
         match self.gpu.as_mut() {
-            Some(g) if gpu::is_gpu_library(path) => {
+            Some(g) if gpu::is_gpu_library(path) && (hooks_on || !g.on_demand) => {
                 g.attach_library(&mut self.ebpf, std::path::Path::new(path))
             }
             _ => 0,
@@ -219,7 +220,7 @@ impl Capture {
     /// How faults on file mappings are followed: `tracepoint`,
     /// `trampoline` or `none`.
     pub fn mmap_hooks(&self) -> &'static str {
-        mapped::Way::name(self.mapped)
+        MmapWay::name(self.mapped)
     }
 
     /// Blocked threads whose /proc syscall file could not be read when
@@ -276,6 +277,9 @@ impl Capture {
             }
         } else {
             self.hooks.detach(&mut self.ebpf)?;
+            if let Some(g) = self.gpu.as_mut().filter(|g| g.on_demand) {
+                g.detach_all(&mut self.ebpf);
+            }
         }
         Ok(())
     }

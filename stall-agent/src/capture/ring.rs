@@ -19,6 +19,9 @@ impl Capture {
     /// [`MAX_BATCH`] (readiness stays set while more are waiting).
     pub async fn next_events(&mut self, out: &mut Vec<JobEvent>) -> std::io::Result<()> {
         let mut guard = self.ring.readable_mut().await?;
+        if let Some(l) = self.kernel_log.as_mut() {
+            l.flush();
+        }
         if !Self::decode_some(guard.get_inner_mut(), out, &mut self.decode_errors) {
             guard.clear_ready();
         }
@@ -28,6 +31,9 @@ impl Capture {
     /// Decodes what is in the ring buffer now, at most [`MAX_BATCH`] records,
     /// without waiting; whether more are left.
     pub fn drain_events(&mut self, out: &mut Vec<JobEvent>) -> bool {
+        if let Some(l) = self.kernel_log.as_mut() {
+            l.flush();
+        }
         Self::decode_some(self.ring.get_mut(), out, &mut self.decode_errors)
     }
 

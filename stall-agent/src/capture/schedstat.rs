@@ -12,7 +12,7 @@
 //! switch once they are detached.
 use std::collections::HashSet;
 
-use stall_common::{kclock, reason, run_state, task_flags, ThreadStats};
+use stall_common::{kclock, reason, run_state, sleep, task_flags, ThreadStats};
 
 use super::{procfs, Capture};
 use crate::clock::monotonic_ns;
@@ -52,11 +52,11 @@ fn read_with(tgid: u32, tid: u32, totals: Option<procfs::Schedstat>, run_delay: 
             // such, in no known syscall, rather than as on-CPU all along.
             Err(_) => {
                 unreadable = true;
-                Some((classify_blocked(-1, state, || None), -1))
+                Some((blocked_reason(-1, state, || None), -1))
             }
             Ok(text) => procfs::parse_syscall(&text).map(|call| {
                 let fd_regular = || procfs::fd_info(tgid, call.arg0? as i32).map(|o| o.regular);
-                (classify_blocked(call.nr, state, fd_regular), call.nr as i32)
+                (blocked_reason(call.nr, state, fd_regular), call.nr as i32)
             }),
         },
     };
@@ -201,10 +201,11 @@ impl Capture {
 }
 
 /// The wait reason of a thread found blocked, from what /proc shows: the
-/// syscall it is in, its state letter, and (for reads and writes) whether
-/// the descriptor is a regular file; the kernel side's own rule.
-pub fn classify_blocked(nr: i64, state: char, fd_regular: impl FnOnce() -> Option<bool>) -> u8 {
-    reason::for_class(crate::syscalls::class(nr), state == 'D', || fd_regular().unwrap_or(state == 'D'))
+/// syscall it is in (classed by the table the kernel side is loaded
+/// with), its state letter, and (for reads and writes) whether the
+/// descriptor is a regular file; by the kernel side's own rule.
+fn blocked_reason(nr: i64, state: char, fd_regular: impl FnOnce() -> Option<bool>) -> u8 {
+    reason::reason_for(crate::syscalls::class(nr), sleep::from_proc(state), fd_regular)
 }
 
 #[cfg(test)]
@@ -213,21 +214,21 @@ mod tests {
 
     #[test]
     fn blocked_reasons_from_proc() {
-        assert_eq!(classify_blocked(202, 'S', || None), reason::FUTEX);
-        assert_eq!(classify_blocked(0, 'S', || Some(false)), reason::POLL);
-        assert_eq!(classify_blocked(0, 'D', || Some(true)), reason::IO);
-        assert_eq!(classify_blocked(7, 'S', || None), reason::POLL);
-        assert_eq!(classify_blocked(230, 'S', || None), reason::SLEEP);
-        assert_eq!(classify_blocked(-1, 'D', || None), reason::IO);
-        assert_eq!(classify_blocked(61, 'S', || None), reason::OTHER);
-        assert_eq!(classify_blocked(1, 'D', || Some(true)), reason::WRITE);
-        assert_eq!(classify_blocked(1, 'S', || Some(false)), reason::SEND);
+        assert_eq!(blocked_reason(202, 'S', || None), reason::FUTEX);
+        assert_eq!(blocked_reason(0, 'S', || Some(false)), reason::POLL);
+        assert_eq!(blocked_reason(0, 'D', || Some(true)), reason::IO);
+        assert_eq!(blocked_reason(7, 'S', || None), reason::POLL);
+        assert_eq!(blocked_reason(230, 'S', || None), reason::SLEEP);
+        assert_eq!(blocked_reason(-1, 'D', || None), reason::IO);
+        assert_eq!(blocked_reason(61, 'S', || None), reason::OTHER);
+        assert_eq!(blocked_reason(1, 'D', || Some(true)), reason::WRITE);
+        assert_eq!(blocked_reason(1, 'S', || Some(false)), reason::SEND);
         // Descriptor unknown: a file blocks uninterruptibly, a pipe does not.
-        assert_eq!(classify_blocked(18, 'D', || None), reason::WRITE);
-        assert_eq!(classify_blocked(1, 'S', || None), reason::SEND);
-        assert_eq!(classify_blocked(44, 'S', || None), reason::SEND, "sendto");
-        assert_eq!(classify_blocked(74, 'D', || None), reason::SYNC);
-        assert_eq!(classify_blocked(75, 'S', || None), reason::SYNC);
+        assert_eq!(blocked_reason(18, 'D', || None), reason::WRITE);
+        assert_eq!(blocked_reason(1, 'S', || None), reason::SEND);
+        assert_eq!(blocked_reason(44, 'S', || None), reason::SEND, "sendto");
+        assert_eq!(blocked_reason(74, 'D', || None), reason::SYNC);
+        assert_eq!(blocked_reason(75, 'S', || None), reason::SYNC);
     }
 
     const MS: u64 = 1_000_000;

@@ -116,6 +116,9 @@ impl Capture {
             gpu_calls: self.gpu.as_ref().map_or_else(Vec::new, |g| {
                 g.read().into_iter().map(|(tid, c)| (tid, decode::GpuCounters::of(&c, ts))).collect()
             }),
+            communicators: self.gpu.as_ref().map_or_else(Vec::new, |g| {
+                g.communicators().iter().map(|(k, c)| decode::CommSnap::of(k, c)).collect()
+            }),
         }
     }
 
@@ -196,6 +199,7 @@ impl Capture {
         remove_where(&mut self.uring_reads, |tid, _| tids.contains(tid));
         if let Some(g) = self.gpu.as_mut() {
             g.retire(tids);
+            g.retire_processes(tgids);
         }
         // Reads in flight when their process ended never complete for it.
         remove_where(&mut self.uring_pending, |_, r| tgids.contains(&r.tgid));

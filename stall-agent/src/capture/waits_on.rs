@@ -26,11 +26,12 @@ const PIPE_HOLDERS_FOR: Duration = Duration::from_secs(10);
 
 impl PipeHolders {
     /// The processes other than `tgid` holding the pipe `ino` at the end
-    /// that reads (`reading`) or at the end that writes.
-    fn others(&mut self, ino: u64, tgid: u32, reading: bool) -> Vec<Party> {
+    /// that reads (`reading`) or at the end that writes; `target` is what
+    /// a descriptor of it links to (`pipe:[ino]`, or a FIFO's path).
+    fn others(&mut self, ino: u64, target: &str, tgid: u32, reading: bool) -> Vec<Party> {
         let now = Instant::now();
         self.seen.retain(|_, (at, _)| now.duration_since(*at) < PIPE_HOLDERS_FOR);
-        let all = self.seen.entry(ino).or_insert_with(|| (now, holders_of(&format!("pipe:[{ino}]"))));
+        let all = self.seen.entry(ino).or_insert_with(|| (now, holders_of(target)));
         let mut out: Vec<Party> =
             all.1.iter().filter(|(p, r)| p.pid != tgid && *r == reading).map(|(p, _)| p.clone()).collect();
         out.dedup();
@@ -80,13 +81,19 @@ pub fn wait_object(tgid: u32, tid: u32, nr: i64, pipes: &mut PipeHolders) -> Opt
     }
 }
 
-fn descriptor(tgid: u32, fd: i32, writing: bool, pipes: &mut PipeHolders) -> Option<WaitObject> {
+/// What descriptor `fd` of `tgid` is: a pipe (and who holds its other
+/// end, read from where `writing` is false), a socket, or a file.
+pub fn descriptor(tgid: u32, fd: i32, writing: bool, pipes: &mut PipeHolders) -> Option<WaitObject> {
     let link = format!("/proc/{tgid}/fd/{fd}");
     let target = fs::read_link(&link).ok()?.to_string_lossy().into_owned();
     let meta = fs::metadata(&link).ok()?;
     let ft = meta.file_type();
     if ft.is_fifo() {
-        return Some(WaitObject::Pipe { fd, writing, others: pipes.others(meta.ino(), tgid, writing) });
+        return Some(WaitObject::Pipe {
+            fd,
+            writing,
+            others: pipes.others(meta.ino(), &target, tgid, writing),
+        });
     }
     if ft.is_socket() {
         let peer = procfs::socket_peers(tgid).remove(&meta.ino());
@@ -95,7 +102,8 @@ fn descriptor(tgid: u32, fd: i32, writing: bool, pipes: &mut PipeHolders) -> Opt
     Some(WaitObject::File { fd, path: target })
 }
 
-/// Every process holding a descriptor to `target` ("pipe:[123]"), and
+/// Every process holding a descriptor to `target` ("pipe:[123]", a FIFO's
+/// path), and
 /// whether that descriptor reads (its access mode, /proc/PID/fdinfo).
 fn holders_of(target: &str) -> Vec<(Party, bool)> {
     let Ok(rd) = fs::read_dir("/proc") else { return Vec::new() };

@@ -15,7 +15,12 @@ use stall_common::{
 };
 
 use super::identity::{self, Identity};
-use crate::{aggregate::Window, correlate::Roles, gpu::GpuWindow, verdict::Kind};
+use crate::{
+    aggregate::Window,
+    correlate::Roles,
+    gpu::GpuWindow,
+    verdict::{Collectives, Kind},
+};
 
 /// A job's series: its cgroup (unique on the node), and its names in the
 /// cluster where it has them (pod and container names; the pod's UID).
@@ -90,6 +95,15 @@ pub struct VerdictLabels {
     #[prometheus(flatten)]
     pub job: JobLabels,
     pub kind: String,
+}
+
+/// A rank as the metrics show it: its own verdict, its wait for its peers
+/// and its NCCL collectives.
+pub struct RankState {
+    pub labels: RankLabels,
+    pub kind: Kind,
+    pub peer_wait: f64,
+    pub collectives: Option<Collectives>,
 }
 
 /// One rank of a run: the series an alert joins across nodes by `run_id`.
@@ -181,6 +195,10 @@ metrics! {
         "A rank's own verdict, judged on its trainer and workers (1 for the current kind)";
     rank_peer_wait: Family<RankLabels, FloatGauge> = "rank_peer_wait_ratio",
         "Share of the last window a rank's trainer waited for its peers while its own pipeline kept up (0 where its own cause holds it)";
+    rank_collective_wait: Family<RankLabels, FloatGauge> = "rank_collective_wait" in Unit::Seconds,
+        "Mean time from a rank's NCCL collective call to the synchronization that saw it complete, over the last window: the last rank to call waits least";
+    rank_collective_lateness: Family<RankLabels, FloatGauge> = "rank_collective_lateness" in Unit::Seconds,
+        "Mean time a rank called its NCCL collectives after the first rank of its communicator on this node, over the last window";
     job_gpu_idle: Family<JobGpuLabels, FloatCounter> = "job_gpu_idle" in Unit::Seconds,
         "Time a GPU the job uses spent idle (utilization <= 5%)";
     job_gpu_util: Family<JobGpuLabels, FloatGauge> = "job_gpu_utilization_ratio",
@@ -270,20 +288,32 @@ impl Metrics {
         }
     }
 
-    /// The ranks of a run in the job, each with its own verdict and peer
-    /// wait; the ranks of `before` that are gone are dropped. Returns the
-    /// ranks set now.
-    pub fn set_ranks(&self, now: Vec<(RankLabels, Kind, f64)>, before: &[RankLabels]) -> Vec<RankLabels> {
+    /// The ranks of a run in the job, each with its own verdict, peer wait
+    /// and collectives; the ranks of `before` that are gone are dropped.
+    /// Returns the ranks set now.
+    pub fn set_ranks(&self, now: Vec<RankState>, before: &[RankLabels]) -> Vec<RankLabels> {
         let gone: Vec<RankLabels> =
-            before.iter().filter(|b| !now.iter().any(|(n, _, _)| n == *b)).cloned().collect();
+            before.iter().filter(|b| !now.iter().any(|n| n.labels == **b)).cloned().collect();
         self.remove_ranks(&gone);
-        for (l, kind, wait) in &now {
+        for r in &now {
             for k in Kind::ALL {
-                self.rank_verdict.get_or_create(&l.kind(k)).set(i64::from(k == *kind));
+                self.rank_verdict.get_or_create(&r.labels.kind(k)).set(i64::from(k == r.kind));
             }
-            self.rank_peer_wait.get_or_create(l).set(*wait);
+            self.rank_peer_wait.get_or_create(&r.labels).set(r.peer_wait);
+            match r.collectives {
+                Some(c) => {
+                    self.rank_collective_wait.get_or_create(&r.labels).set(c.wait_s);
+                    if c.compared > 0 {
+                        self.rank_collective_lateness.get_or_create(&r.labels).set(c.late_s);
+                    }
+                }
+                None => {
+                    self.rank_collective_wait.remove(&r.labels);
+                    self.rank_collective_lateness.remove(&r.labels);
+                }
+            }
         }
-        now.into_iter().map(|(l, _, _)| l).collect()
+        now.into_iter().map(|r| r.labels).collect()
     }
 
     pub fn remove_ranks(&self, ranks: &[RankLabels]) {
@@ -292,6 +322,8 @@ impl Metrics {
                 self.rank_verdict.remove(&l.kind(k));
             }
             self.rank_peer_wait.remove(l);
+            self.rank_collective_wait.remove(l);
+            self.rank_collective_lateness.remove(l);
         }
     }
 
@@ -496,8 +528,19 @@ mod tests {
     fn ranks_come_and_go_with_their_runs() {
         let m = Metrics::new();
         let (r0, r1) = (job().rank("run-7", 0), job().rank("run-7", 1));
-        let set =
-            m.set_ranks(vec![(r0.clone(), Kind::InputIoBound, 0.0), (r1.clone(), Kind::Unknown, 0.8)], &[]);
+        let nccl = Collectives { calls: 40, wait_s: 0.25, compared: 40, last: 0, late_s: 0.002 };
+        let set = m.set_ranks(
+            vec![
+                RankState { labels: r0.clone(), kind: Kind::InputIoBound, peer_wait: 0.0, collectives: None },
+                RankState {
+                    labels: r1.clone(),
+                    kind: Kind::Unknown,
+                    peer_wait: 0.8,
+                    collectives: Some(nccl),
+                },
+            ],
+            &[],
+        );
         let text = m.encode();
         let series = |rank: u32| {
             format!(
@@ -509,8 +552,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(&format!(r#"stall_rank_peer_wait_ratio{{{}}} 0.8"#, series(1))), "{text}");
+        assert!(
+            text.contains(&format!(r#"stall_rank_collective_wait_seconds{{{}}} 0.25"#, series(1))),
+            "{text}"
+        );
+        assert!(text.contains(&format!(r#"stall_rank_collective_lateness_seconds{{{}}} 0.002"#, series(1))));
+        assert!(!text.contains(&format!(r#"stall_rank_collective_wait_seconds{{{}}}"#, series(0))), "{text}");
         // Rank 1 leaves the job; then the job ends.
-        let set = m.set_ranks(vec![(r0, Kind::Hang, 0.0)], &set);
+        let set = m.set_ranks(
+            vec![RankState { labels: r0, kind: Kind::Hang, peer_wait: 0.0, collectives: None }],
+            &set,
+        );
         let text = m.encode();
         assert!(!text.contains(r#"rank="1""#), "{text}");
         assert!(

@@ -111,6 +111,8 @@ pub async fn run(opts: Options) -> Result<()> {
         syscall_hooks_on_demand: tiers.is_some(),
         sched_hooks_on_demand: sched_on_demand,
         syscall_hooks: opts.syscall_hooks,
+        // With the full capture only, where tiers run.
+        gpu_probes: true,
         ..Default::default()
     })
     .map_err(Error::from)?;

@@ -2,7 +2,11 @@
 //! the next, the verdict it may publish, and its series exported.
 use std::time::Duration;
 
-use super::{metrics::Metrics, node::Watched, tier};
+use super::{
+    metrics::{Metrics, RankState},
+    node::Watched,
+    tier,
+};
 use crate::{
     aggregate::RECENT_NS,
     decode::Snapshot,
@@ -51,7 +55,14 @@ pub(super) fn step(
     metrics.set_verdict(&w.labels, verdict.kind);
     let run_id = tick.roles.run_id.as_deref().unwrap_or("");
     let ranks = verdict.run.iter().flat_map(|r| &r.ranks);
-    let ranks = ranks.map(|r| (w.labels.rank(run_id, r.rank), r.kind, r.peer_wait)).collect();
+    let ranks = ranks
+        .map(|r| RankState {
+            labels: w.labels.rank(run_id, r.rank),
+            kind: r.kind,
+            peer_wait: r.peer_wait,
+            collectives: r.collectives,
+        })
+        .collect();
     w.ranks = metrics.set_ranks(ranks, &w.ranks);
     w.published = Some(verdict);
     w.last = Some(tick);

@@ -3,39 +3,148 @@
 //! progress at snapshot time to its kernel stats.
 use stall_common::{kclock, reason, run_state, FileStats, ThreadStats};
 
-/// Per-thread counters, cumulative since the thread became tracked, with the
-/// span in progress at snapshot time folded in.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ThreadCounters {
-    pub on_cpu_ns: u64,
-    pub off_ns: [u64; reason::COUNT],
-    pub file_read_bytes: u64,
-    pub file_read_calls: u64,
-    pub other_read_bytes: u64,
-    pub other_read_calls: u64,
-    /// Successful writes to files (logs, checkpoints), to anything else
-    /// (pipes, sockets, ttys), and to fd 1 or 2 whatever they are (these
-    /// are also in one of the two before): progress signals.
-    pub file_write_bytes: u64,
-    pub file_write_calls: u64,
-    pub other_write_bytes: u64,
-    pub other_write_calls: u64,
-    pub stdio_write_bytes: u64,
-    pub wakeups: u64,
-    /// Its calls into the job's GPU libraries.
-    pub gpu: GpuCounters,
+/// One counter of a set: added field by field, and subtracted (an earlier
+/// value of the same counter) without going below zero.
+pub trait Counter {
+    fn add(&mut self, o: &Self);
+    fn since(&self, earlier: &Self) -> Self;
 }
 
-/// A thread's calls into the job's GPU libraries (uprobes on CUDA): its
-/// time inside the calls that wait for the GPU, and its kernel launches.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GpuCounters {
-    pub sync_ns: u64,
-    pub sync_calls: u64,
-    pub copy_ns: u64,
-    pub copy_calls: u64,
-    pub copy_bytes: u64,
-    pub launches: u64,
+impl Counter for u64 {
+    fn add(&mut self, o: &Self) {
+        *self += o;
+    }
+    fn since(&self, earlier: &Self) -> Self {
+        self.saturating_sub(*earlier)
+    }
+}
+
+impl<const N: usize> Counter for [u64; N] {
+    fn add(&mut self, o: &Self) {
+        for (a, b) in self.iter_mut().zip(o) {
+            *a += b;
+        }
+    }
+    fn since(&self, earlier: &Self) -> Self {
+        std::array::from_fn(|i| self[i].saturating_sub(earlier[i]))
+    }
+}
+
+/// A count that may not have been seen (`None`): known if either side is;
+/// what was counted since stays unknown where it was.
+impl Counter for Option<u64> {
+    fn add(&mut self, o: &Self) {
+        if self.is_some() || o.is_some() {
+            *self = Some(self.unwrap_or(0) + o.unwrap_or(0));
+        }
+    }
+    fn since(&self, earlier: &Self) -> Self {
+        self.map(|a| a.saturating_sub(earlier.unwrap_or(0)))
+    }
+}
+
+/// Declares a set of counters once: the struct (fields under `keep` are
+/// carried along, not counted) and its field-wise [`Counter`] operations,
+/// `add` and `saturating_sub`, so that a new counter is its declaration
+/// and its use, nothing more.
+macro_rules! counters {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $(keep {
+                $($(#[$kmeta:meta])* pub $kfield:ident: $kty:ty,)*
+            })?
+            $($(#[$fmeta:meta])* pub $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $($($(#[$kmeta])* pub $kfield: $kty,)*)?
+            $($(#[$fmeta])* pub $field: $ty,)*
+        }
+
+        impl $crate::decode::Counter for $name {
+            fn add(&mut self, o: &Self) {
+                $($crate::decode::Counter::add(&mut self.$field, &o.$field);)*
+            }
+            fn since(&self, earlier: &Self) -> Self {
+                Self {
+                    $($($kfield: self.$kfield.clone(),)*)?
+                    $($field: $crate::decode::Counter::since(&self.$field, &earlier.$field),)*
+                }
+            }
+        }
+
+        impl $name {
+            /// Adds `o`'s counts to these.
+            pub fn add(&mut self, o: &Self) {
+                $crate::decode::Counter::add(self, o)
+            }
+            /// What was counted since `earlier` (an earlier value of the
+            /// same counters); what is kept, as it is now.
+            pub fn saturating_sub(&self, earlier: &Self) -> Self {
+                $crate::decode::Counter::since(self, earlier)
+            }
+        }
+    };
+}
+pub(crate) use counters;
+
+counters! {
+    /// Per-thread counters, cumulative since the thread became tracked, with the
+    /// span in progress at snapshot time folded in.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct ThreadCounters {
+        pub on_cpu_ns: u64,
+        pub off_ns: [u64; reason::COUNT],
+        pub file_read_bytes: u64,
+        pub file_read_calls: u64,
+        pub other_read_bytes: u64,
+        pub other_read_calls: u64,
+        /// Successful writes to files (logs, checkpoints), to anything else
+        /// (pipes, sockets, ttys), and to fd 1 or 2 whatever they are (these
+        /// are also in one of the two before): progress signals.
+        pub file_write_bytes: u64,
+        pub file_write_calls: u64,
+        pub other_write_bytes: u64,
+        pub other_write_calls: u64,
+        pub stdio_write_bytes: u64,
+        pub wakeups: u64,
+        /// Its calls into the job's GPU libraries.
+        pub gpu: GpuCounters,
+    }
+}
+
+counters! {
+    /// A thread's calls into the job's GPU libraries (uprobes on CUDA and
+    /// NCCL): its time inside the calls that wait for the GPU, its kernel
+    /// launches, its collectives and how late it came to them.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct GpuCounters {
+        pub sync_ns: u64,
+        pub sync_calls: u64,
+        pub copy_ns: u64,
+        pub copy_calls: u64,
+        pub copy_bytes: u64,
+        pub launches: u64,
+        /// NCCL collectives and point-to-point calls.
+        pub collectives: u64,
+        /// From a collective's call to the return of the synchronization
+        /// after it (the wait in progress counted so far), and how many
+        /// ended.
+        pub collective_wait_ns: u64,
+        pub collective_waits: u64,
+        /// The same time of the waits that ended only: what their mean is
+        /// taken over (a window that ends inside a wait would otherwise
+        /// lend it to the waits that ended, a short window most).
+        pub collective_waited_ns: u64,
+        /// Its collectives whose arrival was compared with the other ranks'
+        /// on this node, how often it came last, and how long after the
+        /// first rank in all (see `aggregate::collectives`).
+        pub arrivals_compared: u64,
+        pub arrivals_last: u64,
+        pub arrival_late_ns: u64,
+    }
 }
 
 impl GpuCounters {
@@ -49,7 +158,15 @@ impl GpuCounters {
             copy_calls: c.copy_calls,
             copy_bytes: c.copy_bytes,
             launches: c.launches,
+            collectives: c.collectives,
+            collective_wait_ns: c.collective_wait_ns,
+            collective_waits: c.collective_waits,
+            collective_waited_ns: c.collective_wait_ns,
+            ..Self::default()
         };
+        if c.collective_since != 0 {
+            g.collective_wait_ns += now.saturating_sub(c.collective_since);
+        }
         if c.depth > 0 && c.since != 0 {
             let so_far = now.saturating_sub(c.since);
             if c.kind == stall_common::gpu_call::COPY {
@@ -61,72 +178,12 @@ impl GpuCounters {
         g
     }
 
-    pub fn saturating_sub(&self, o: &Self) -> Self {
-        Self {
-            sync_ns: self.sync_ns.saturating_sub(o.sync_ns),
-            sync_calls: self.sync_calls.saturating_sub(o.sync_calls),
-            copy_ns: self.copy_ns.saturating_sub(o.copy_ns),
-            copy_calls: self.copy_calls.saturating_sub(o.copy_calls),
-            copy_bytes: self.copy_bytes.saturating_sub(o.copy_bytes),
-            launches: self.launches.saturating_sub(o.launches),
-        }
-    }
-
-    pub fn add(&mut self, o: &Self) {
-        self.sync_ns += o.sync_ns;
-        self.sync_calls += o.sync_calls;
-        self.copy_ns += o.copy_ns;
-        self.copy_calls += o.copy_calls;
-        self.copy_bytes += o.copy_bytes;
-        self.launches += o.launches;
-    }
-
     pub fn any(&self) -> bool {
         *self != Self::default()
     }
 }
 
 impl ThreadCounters {
-    pub fn saturating_sub(&self, o: &Self) -> Self {
-        let mut off = [0; reason::COUNT];
-        for (i, v) in off.iter_mut().enumerate() {
-            *v = self.off_ns[i].saturating_sub(o.off_ns[i]);
-        }
-        Self {
-            on_cpu_ns: self.on_cpu_ns.saturating_sub(o.on_cpu_ns),
-            off_ns: off,
-            file_read_bytes: self.file_read_bytes.saturating_sub(o.file_read_bytes),
-            file_read_calls: self.file_read_calls.saturating_sub(o.file_read_calls),
-            other_read_bytes: self.other_read_bytes.saturating_sub(o.other_read_bytes),
-            other_read_calls: self.other_read_calls.saturating_sub(o.other_read_calls),
-            file_write_bytes: self.file_write_bytes.saturating_sub(o.file_write_bytes),
-            file_write_calls: self.file_write_calls.saturating_sub(o.file_write_calls),
-            other_write_bytes: self.other_write_bytes.saturating_sub(o.other_write_bytes),
-            other_write_calls: self.other_write_calls.saturating_sub(o.other_write_calls),
-            stdio_write_bytes: self.stdio_write_bytes.saturating_sub(o.stdio_write_bytes),
-            wakeups: self.wakeups.saturating_sub(o.wakeups),
-            gpu: self.gpu.saturating_sub(&o.gpu),
-        }
-    }
-
-    pub fn add(&mut self, o: &Self) {
-        self.on_cpu_ns += o.on_cpu_ns;
-        for (a, b) in self.off_ns.iter_mut().zip(o.off_ns) {
-            *a += b;
-        }
-        self.file_read_bytes += o.file_read_bytes;
-        self.file_read_calls += o.file_read_calls;
-        self.other_read_bytes += o.other_read_bytes;
-        self.other_read_calls += o.other_read_calls;
-        self.file_write_bytes += o.file_write_bytes;
-        self.file_write_calls += o.file_write_calls;
-        self.other_write_bytes += o.other_write_bytes;
-        self.other_write_calls += o.other_write_calls;
-        self.stdio_write_bytes += o.stdio_write_bytes;
-        self.wakeups += o.wakeups;
-        self.gpu.add(&o.gpu);
-    }
-
     pub fn off_cpu_ns(&self) -> u64 {
         self.off_ns.iter().sum()
     }
@@ -144,29 +201,17 @@ pub struct ThreadNow {
     pub for_ns: u64,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FileCounters {
-    pub read_bytes: u64,
-    pub read_calls: u64,
-    /// Time in the timed reads, and how many were timed.
-    pub read_ns: u64,
-    pub timed_calls: u64,
-    /// Successful writes on this descriptor (a log, a checkpoint).
-    pub write_bytes: u64,
-    pub write_calls: u64,
-}
-
-impl FileCounters {
-    /// What was counted since `o` (an earlier value of the same counters).
-    pub fn saturating_sub(&self, o: &Self) -> Self {
-        Self {
-            read_bytes: self.read_bytes.saturating_sub(o.read_bytes),
-            read_calls: self.read_calls.saturating_sub(o.read_calls),
-            read_ns: self.read_ns.saturating_sub(o.read_ns),
-            timed_calls: self.timed_calls.saturating_sub(o.timed_calls),
-            write_bytes: self.write_bytes.saturating_sub(o.write_bytes),
-            write_calls: self.write_calls.saturating_sub(o.write_calls),
-        }
+counters! {
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct FileCounters {
+        pub read_bytes: u64,
+        pub read_calls: u64,
+        /// Time in the timed reads, and how many were timed.
+        pub read_ns: u64,
+        pub timed_calls: u64,
+        /// Successful writes on this descriptor (a log, a checkpoint).
+        pub write_bytes: u64,
+        pub write_calls: u64,
     }
 }
 

@@ -10,8 +10,9 @@ use stall_common::{
 mod counters;
 mod snapshot;
 
-pub use counters::{fold, FileCounters, GpuCounters, ThreadCounters, ThreadNow};
-pub use snapshot::{FdWaitSnap, FileSnap, Inode, InodeSnap, Snapshot, ThreadSnap, WakeSnap};
+pub(crate) use counters::counters;
+pub use counters::{fold, Counter, FileCounters, GpuCounters, ThreadCounters, ThreadNow};
+pub use snapshot::{CommSnap, FdWaitSnap, FileSnap, Inode, InodeSnap, Snapshot, ThreadSnap, WakeSnap};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -54,7 +55,8 @@ pub enum Event {
         tid: u32,
         tgid: u32,
         comm: String,
-        counters: ThreadCounters,
+        /// Boxed: the largest variant by far, and one event per thread.
+        counters: Box<ThreadCounters>,
         other_nr: i32,
     },
     Close {
@@ -165,7 +167,7 @@ pub fn decode(buf: &[u8]) -> Result<JobEvent, DecodeError> {
                 tid: hdr.tid,
                 tgid: hdr.tgid,
                 comm: comm(&e.comm),
-                counters: fold(&e.stats, hdr.ts).0,
+                counters: Box::new(fold(&e.stats, hdr.ts).0),
                 other_nr: e.stats.other_nr,
             }
         }

@@ -36,6 +36,58 @@ pub struct Snapshot {
     /// Per thread that called into the job's GPU libraries, by tid,
     /// cumulative; kept after the thread ends, until its entry is freed.
     pub gpu_calls: Vec<(u32, GpuCounters)>,
+    /// The NCCL communicators of the job's processes, with their ranks'
+    /// last arrival times.
+    pub communicators: Vec<CommSnap>,
+}
+
+/// One process's NCCL communicator: what it is, its calls, and when its
+/// rank called each of its last collectives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommSnap {
+    pub tgid: u32,
+    /// The `ncclComm_t` handle.
+    pub comm: u64,
+    /// Shared by all ranks of the communicator; None where it was made
+    /// before stall's probes.
+    pub id: Option<u64>,
+    pub nranks: Option<u32>,
+    pub rank: Option<u32>,
+    /// The thread that called the last collective.
+    pub tid: u32,
+    pub collectives: u64,
+    pub p2p: u64,
+    /// The kernel's ring: `ring[seq % ring.len()]` is the arrival time of
+    /// collective `seq`, for the last `ring.len()` of them.
+    pub ring: Vec<u64>,
+}
+
+impl CommSnap {
+    pub fn of(k: &stall_common::CommKey, c: &stall_common::Communicator) -> Self {
+        Self {
+            tgid: k.tgid,
+            comm: k.comm,
+            id: (c.id_hash != 0).then_some(c.id_hash),
+            nranks: (c.nranks != 0).then_some(c.nranks),
+            rank: u32::try_from(c.rank).ok(),
+            tid: c.tid,
+            collectives: c.collectives,
+            p2p: c.p2p,
+            ring: c.arrivals.to_vec(),
+        }
+    }
+
+    /// When this rank called collective `seq`, if the ring still holds it.
+    pub fn arrival(&self, seq: u64) -> Option<u64> {
+        let kept = self.ring.len() as u64;
+        (seq < self.collectives && seq + kept >= self.collectives && kept > 0)
+            .then(|| self.ring[(seq % kept) as usize])
+    }
+
+    /// The oldest collective the ring still holds.
+    pub fn oldest_kept(&self) -> u64 {
+        self.collectives.saturating_sub(self.ring.len() as u64)
+    }
 }
 
 /// A file as the page cache knows it: the kernel's device number (major
@@ -112,7 +164,8 @@ pub struct FdWaitSnap {
 
 impl Snapshot {
     /// The part that belongs to one job (cgroup mode): its threads, their
-    /// processes' descriptors and the wakeups of its threads. Node-wide
+    /// processes' descriptors, page-cache and mapped bytes and NCCL
+    /// communicators, and its threads' wakeups and GPU calls. Node-wide
     /// totals (losses, events) stay with the whole snapshot.
     pub fn of_job(&self, job: u32) -> Snapshot {
         let threads: Vec<ThreadSnap> = self.threads.iter().filter(|t| t.job == job).copied().collect();
@@ -123,6 +176,13 @@ impl Snapshot {
             files: self.files.iter().filter(|f| tgids.contains(&f.tgid)).copied().collect(),
             wakes: self.wakes.iter().filter(|w| tids.contains(&w.wakee)).cloned().collect(),
             fd_waits: self.fd_waits.iter().filter(|f| tgids.contains(&f.tgid)).copied().collect(),
+            inode_bytes: self
+                .inode_bytes
+                .as_ref()
+                .map(|b| b.iter().filter(|b| tgids.contains(&b.tgid)).copied().collect()),
+            mmap_known: self.mmap_known,
+            gpu_calls: self.gpu_calls.iter().filter(|(tid, _)| tids.contains(tid)).copied().collect(),
+            communicators: self.communicators.iter().filter(|c| tgids.contains(&c.tgid)).cloned().collect(),
             threads,
             ..Default::default()
         }

@@ -106,3 +106,36 @@ fn rejects_short_and_unknown() {
     let h = EventHeader { kind: event_kind::EXIT, ..Default::default() };
     assert!(matches!(decode(&bytes(&h)), Err(DecodeError::Short(_))));
 }
+
+#[test]
+fn a_jobs_part_of_a_snapshot_keeps_its_own_bytes_gpu_calls_and_communicators() {
+    use super::{CommSnap, GpuCounters, Inode, InodeSnap, Snapshot, ThreadSnap};
+    let thread = |tid, tgid, job| ThreadSnap { tid, tgid, job, ..Default::default() };
+    let comm = |tgid| CommSnap {
+        tgid,
+        comm: 1,
+        id: Some(7),
+        nranks: Some(2),
+        rank: Some(0),
+        tid: tgid,
+        collectives: 3,
+        p2p: 0,
+        ring: vec![0; 4],
+    };
+    let bytes = |tgid| InodeSnap { tgid, inode: Inode { dev: 1, ino: 2 }, storage_bytes: 10, mmap_bytes: 20 };
+    let gpu = GpuCounters { collectives: 3, ..Default::default() };
+    let snap = Snapshot {
+        threads: vec![thread(10, 10, 1), thread(11, 10, 1), thread(20, 20, 2)],
+        inode_bytes: Some(vec![bytes(10), bytes(20)]),
+        mmap_known: true,
+        gpu_calls: vec![(11, gpu), (20, gpu)],
+        communicators: vec![comm(10), comm(20)],
+        ..Default::default()
+    };
+    let mine = snap.of_job(1);
+    assert_eq!(mine.threads.len(), 2);
+    assert_eq!(mine.inode_bytes, Some(vec![bytes(10)]));
+    assert!(mine.mmap_known);
+    assert_eq!(mine.gpu_calls, vec![(11, gpu)]);
+    assert_eq!(mine.communicators, vec![comm(10)]);
+}

@@ -82,6 +82,9 @@ pub trait Host {
     /// What thread `tid` of `tgid`, blocked in syscall `nr`, waits on, and
     /// who holds its other end (None: no object, or it woke meanwhile).
     fn waits_on(&mut self, tgid: u32, tid: u32, nr: i64) -> Option<WaitObject>;
+    /// What descriptor `fd` of `tgid` is, as an object waited on by
+    /// reading or `writing` it, and who holds its other end.
+    fn descriptor(&mut self, tgid: u32, fd: i32, writing: bool) -> Option<WaitObject>;
 }
 
 /// The machine as it is: the capture, and beside it the readers of the
@@ -207,6 +210,10 @@ impl Host for LiveHost {
 
     fn waits_on(&mut self, tgid: u32, tid: u32, nr: i64) -> Option<WaitObject> {
         waits_on::wait_object(tgid, tid, nr, &mut self.pipes)
+    }
+
+    fn descriptor(&mut self, tgid: u32, fd: i32, writing: bool) -> Option<WaitObject> {
+        waits_on::descriptor(tgid, fd, writing, &mut self.pipes)
     }
 
     fn outputs(&self, pid: u32) -> Vec<(String, u64)> {

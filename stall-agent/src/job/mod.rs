@@ -20,7 +20,7 @@ pub use self::{
     host::{Host, LiveHost, ProcInfo},
 };
 use crate::{
-    aggregate::{push_recent, Model, Window},
+    aggregate::{push_recent, Model, ProcWindow, ThreadWindow, Window},
     correlate::{self, Roles},
     decode::{Event, Inode, Snapshot},
     gpu::GpuWindow,
@@ -630,16 +630,60 @@ impl Job {
             for t in p.threads.iter().take(MAX_THREADS) {
                 // Kept for the report once the thread has ended.
                 live.insert(t.tid);
-                let nr = i64::from(t.now.syscall);
-                if !t.alive || t.now.running || crate::wait::subject_of(nr).is_none() {
+                if !t.alive {
                     continue;
                 }
-                if let Some(o) = host.waits_on(p.tgid, t.tid, nr) {
-                    self.waits.insert(t.tid, (t.now.reason, o));
+                let nr = i64::from(t.now.syscall);
+                if !t.now.running && crate::wait::subject_of(nr).is_some() {
+                    if let Some(o) = host.waits_on(p.tgid, t.tid, nr) {
+                        self.waits.insert(t.tid, (t.now.reason, o));
+                        continue;
+                    }
                 }
+                self.note_fd_wait(host, p, t);
             }
         }
         self.waits.retain(|tid, _| live.contains(tid));
+    }
+
+    /// For a thread not caught in its wait at this tick (a tick is a
+    /// sample; a thread blocked 70 % of the time escapes a few in a row):
+    /// what it blocked on longest, from the kernel's blocked time per
+    /// descriptor of its process in the window, where that descriptor is
+    /// the kind its longest descriptor wait blocks on (a pipe or socket for
+    /// `send` and `poll`, a file for `io`, `write` and `sync`).
+    fn note_fd_wait(&mut self, host: &mut dyn Host, p: &ProcWindow, t: &ThreadWindow) {
+        use stall_common::reason;
+        const FD_REASONS: [u8; 5] = [reason::SEND, reason::POLL, reason::IO, reason::WRITE, reason::SYNC];
+        let Some(&why) = FD_REASONS.iter().max_by_key(|r| t.delta.off_ns[usize::from(**r)]) else { return };
+        let blocked = t.delta.off_ns[usize::from(why)];
+        if blocked == 0 || p.fd_waits.is_empty() || self.waits.get(&t.tid).is_some_and(|(r, _)| *r == why) {
+            return;
+        }
+        // The descriptor waits are the process's: another thread blocked
+        // as long for the same reason could be the one that waited there.
+        let shared =
+            p.threads.iter().any(|o| o.tid != t.tid && o.delta.off_ns[usize::from(why)] >= blocked / 4);
+        if shared {
+            return;
+        }
+        let writing = matches!(why, reason::SEND | reason::WRITE | reason::SYNC);
+        let fits = |o: &WaitObject| match o {
+            WaitObject::Pipe { .. } | WaitObject::Socket { .. } => matches!(why, reason::SEND | reason::POLL),
+            WaitObject::File { .. } => !matches!(why, reason::SEND | reason::POLL),
+            WaitObject::Lock { .. } | WaitObject::Child { .. } => false,
+        };
+        // The few longest that fit its time: at least half of it in the
+        // reason, at most all of its time in descriptor waits (more, and
+        // other threads waited there too).
+        let on_fds: u64 = FD_REASONS.iter().map(|r| t.delta.off_ns[usize::from(*r)]).sum();
+        let fits_time = |ns: u64| ns >= blocked / 2 && ns <= on_fds + on_fds / 10 + 10_000_000;
+        for f in p.fd_waits.iter().take(3).filter(|f| fits_time(f.blocked_ns)) {
+            if let Some(o) = host.descriptor(p.tgid, f.fd, writing).filter(fits) {
+                self.waits.insert(t.tid, (why, o));
+                return;
+            }
+        }
     }
 
     /// Gives the threads of `w` what they were last seen waiting on.

@@ -46,6 +46,8 @@ struct ScriptedHost {
     job_peers: HashSet<String>,
     /// What a thread blocked in a syscall waits on, by (tid, syscall).
     waits_on: HashMap<(u32, i64), crate::wait::WaitObject>,
+    /// What each process's descriptors are, as objects waited on.
+    descriptors: HashMap<(u32, i32), crate::wait::WaitObject>,
 }
 
 impl Host for ScriptedHost {
@@ -125,6 +127,9 @@ impl Host for ScriptedHost {
     fn waits_on(&mut self, _tgid: u32, tid: u32, nr: i64) -> Option<crate::wait::WaitObject> {
         self.waits_on.get(&(tid, nr)).cloned()
     }
+    fn descriptor(&mut self, tgid: u32, fd: i32, _writing: bool) -> Option<crate::wait::WaitObject> {
+        self.descriptors.get(&(tgid, fd)).cloned()
+    }
 }
 
 /// A trainer on GPU 0 with two DataLoader workers, one second per tick.
@@ -142,6 +147,12 @@ struct Sim {
     alive: HashSet<u32>,
     /// The trainer's calls into its CUDA library so far.
     gpu_calls: crate::decode::GpuCounters,
+    /// The trainer's state at each tick, where not blocked in futex.
+    trainer_now: Option<ThreadNow>,
+    /// Blocked time so far on each descriptor, by process.
+    fd_waits: HashMap<(u32, i32), u64>,
+    /// Threads other than processes' main ones, with their process.
+    helpers: HashMap<u32, u32>,
 }
 
 impl Sim {
@@ -191,6 +202,9 @@ impl Sim {
             fed: HashMap::new(),
             alive,
             gpu_calls: Default::default(),
+            trainer_now: None,
+            fd_waits: HashMap::new(),
+            helpers: HashMap::new(),
         }
     }
 
@@ -274,7 +288,16 @@ impl Sim {
                 .threads
                 .iter()
                 .filter(|(tid, _)| self.alive.contains(tid))
-                .map(|(&tid, &counters)| ThreadSnap { tid, tgid: tid, job: 1, counters, now, other_nr: -1 })
+                .map(|(&tid, &counters)| {
+                    let now = self.trainer_now.filter(|_| tid == TRAINER).unwrap_or(now);
+                    let tgid = self.helpers.get(&tid).copied().unwrap_or(tid);
+                    ThreadSnap { tid, tgid, job: 1, counters, now, other_nr: -1 }
+                })
+                .collect(),
+            fd_waits: self
+                .fd_waits
+                .iter()
+                .map(|(&(tgid, fd), &blocked_ns)| crate::decode::FdWaitSnap { tgid, fd, blocked_ns })
                 .collect(),
             files: self
                 .files
@@ -319,8 +342,14 @@ impl Sim {
         self.alive.remove(&pid);
         self.host.procs.remove(&pid);
         let counters = self.threads.get(&pid).copied().unwrap_or_default();
-        let exit =
-            Event::Exit { ts: self.now, tid: pid, tgid: pid, comm: "x".into(), counters, other_nr: -1 };
+        let exit = Event::Exit {
+            ts: self.now,
+            tid: pid,
+            tgid: pid,
+            comm: "x".into(),
+            counters: Box::new(counters),
+            other_nr: -1,
+        };
         self.job.observe(&mut self.host, [exit]);
     }
 }
@@ -458,6 +487,72 @@ fn non_files_are_told_to_the_kernel_side() {
     sim.job.observe(&mut sim.host, [pipe]);
     assert_eq!(sim.host.marked_not_file, vec![(TRAINER, 9)]);
     assert_eq!(sim.job.model.files[&77].kind, stall_common::fd_kind::OTHER);
+}
+
+/// A trainer blocked 70 % of each second writing stdout into a slow pipe,
+/// but on CPU whenever a tick looks: the kernel's blocked time per
+/// descriptor names the pipe and its reader all the same.
+#[test]
+fn a_wait_no_tick_catches_is_named_by_its_descriptor() {
+    let mut sim = Sim::new(gpu_at(&[0.0; 8]));
+    for w in WORKERS {
+        sim.exit(w);
+    }
+    let reader = crate::wait::Party { pid: 812, comm: "fluent-bit".into() };
+    let pipe = crate::wait::WaitObject::Pipe { fd: 1, writing: true, others: vec![reader] };
+    sim.host.descriptors.insert((TRAINER, 1), pipe);
+    sim.trainer_now = Some(ThreadNow { running: true, reason: 0, syscall: -1, for_ns: 0 });
+    let mut last = None;
+    for _ in 0..6 {
+        let t = sim.threads.entry(TRAINER).or_default();
+        t.on_cpu_ns += 3 * S / 10;
+        t.off_ns[usize::from(reason::SEND)] += 7 * S / 10;
+        t.other_write_bytes += 1 << 20;
+        t.stdio_write_bytes += 1 << 20;
+        *sim.fd_waits.entry((TRAINER, 1)).or_default() += 7 * S / 10;
+        sim.now += S;
+        last = Some(sim.tick());
+    }
+    let v = last.unwrap().verdict;
+    assert_eq!(v.kind, Kind::OutputIoBound, "{v:?}");
+    assert!(v.summary.contains("writing stdout, a pipe read by pid 812 (fluent-bit)"), "{}", v.summary);
+}
+
+/// Descriptor waits belong to the process: where two of its threads block
+/// as long for the same reason, neither is given the process's descriptor.
+#[test]
+fn a_descriptor_wait_shared_by_two_threads_names_neither() {
+    let mut sim = Sim::new(gpu_at(&[0.0; 8]));
+    sim.host
+        .descriptors
+        .insert((TRAINER, 9), crate::wait::WaitObject::File { fd: 9, path: "/ckpt/a.pt".into() });
+    sim.trainer_now = Some(ThreadNow { running: true, reason: 0, syscall: -1, for_ns: 0 });
+    let helper = TRAINER + 50;
+    let spawn = Event::NewTask {
+        ts: 0,
+        parent_tid: TRAINER,
+        parent_tgid: TRAINER,
+        child_tid: helper,
+        child_tgid: TRAINER,
+        comm: "pt_checkpoint".into(),
+    };
+    sim.job.observe(&mut sim.host, [spawn]);
+    sim.helpers.insert(helper, TRAINER);
+    sim.alive.insert(helper);
+    let mut last = None;
+    for _ in 0..6 {
+        for tid in [TRAINER, helper] {
+            let t = sim.threads.entry(tid).or_default();
+            t.on_cpu_ns += 4 * S / 10;
+            t.off_ns[usize::from(reason::WRITE)] += 6 * S / 10;
+        }
+        *sim.fd_waits.entry((TRAINER, 9)).or_default() += 12 * S / 10;
+        sim.now += S;
+        last = Some(sim.tick());
+    }
+    let tick = last.unwrap();
+    let named = tick.recent.procs.iter().flat_map(|p| &p.threads).filter(|t| t.waits_on.is_some()).count();
+    assert_eq!(named, 0, "{:?}", tick.recent.proc(TRAINER));
 }
 
 #[test]

@@ -225,6 +225,16 @@ pub struct GpuCalls {
     pub copy_bytes: u64,
     /// Kernel launches.
     pub launches: u64,
+    /// NCCL collectives and point-to-point calls; the time from each
+    /// collective to the synchronization after it, and how many such
+    /// waits; its collectives compared with other ranks' on this node, how
+    /// often it called last, and its time after the first rank in all.
+    pub collectives: u64,
+    pub collective_wait_s: f64,
+    pub collective_waits: u64,
+    pub arrivals_compared: u64,
+    pub arrivals_last: u64,
+    pub arrival_late_s: f64,
 }
 
 #[derive(Serialize)]
@@ -323,6 +333,12 @@ fn thread(t: &ThreadWindow) -> Thread {
                 copy_calls: g.copy_calls,
                 copy_bytes: g.copy_bytes,
                 launches: g.launches,
+                collectives: g.collectives,
+                collective_wait_s: g.collective_wait_ns as f64 / 1e9,
+                collective_waits: g.collective_waits,
+                arrivals_compared: g.arrivals_compared,
+                arrivals_last: g.arrivals_last,
+                arrival_late_s: g.arrival_late_ns as f64 / 1e9,
             }
         }),
     }

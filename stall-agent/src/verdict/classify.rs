@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use stall_common::reason;
 
 use super::{
+    child::{self, ChildWait},
     hang, rules,
     shares::{self, Shares},
     Kind,
@@ -93,16 +94,23 @@ pub(super) enum Finding<'a> {
         reason: u8,
         share: f64,
     },
-    /// The trainer waits for a child process (`wait4`, `waitid`) that is
-    /// on CPU: an evaluation, a conversion run as a subprocess.
-    ChildBusy {
-        waits: f64,
-        child: &'a ProcWindow,
-        cpu: f64,
-    },
+    /// The trainer waits for a child process (`wait4`, `waitid`), followed
+    /// to the children that do the work (`child::follow`).
+    Child(ChildWait<'a>),
     /// The trainer waits on its own file reads, without workers.
     TrainerReads {
         own_io: f64,
+    },
+    /// The trainer's main thread waits reading a socket or a pipe that
+    /// programs outside the job feed (a data server streaming samples, a
+    /// decoder writing into a pipe), woken by them or the network: its
+    /// input comes in slowly. `bytes` it read from it in the window.
+    TrainerStream {
+        wait: f64,
+        bytes: u64,
+        /// A socket's peer (input-io-bound), else a pipe's writers
+        /// (input-wait-bound: the writer's pace).
+        network: bool,
     },
     /// The trainer is blocked writing or syncing files (checkpoints, logs),
     /// or writing into a pipe or socket whose reader is slow (stdout into a
@@ -136,6 +144,22 @@ pub(super) enum Finding<'a> {
         /// ended, where the kernel timed them.
         waited: Option<f64>,
     },
+    /// The trainer waits on another thread of its own that is neither
+    /// busy nor reading input for it, nor woken by its workers: the
+    /// trainer waits on what that thread waits for. Writing (an upload, a
+    /// checkpoint saved in the background): output-bound; asleep (a rate
+    /// limit, a poll interval): a wait on its sleeps; else on something
+    /// outside the process (a peer's socket, a remote service), no input
+    /// stall, and in a run a wait for peers.
+    OwnThreadWaits {
+        waits: f64,
+        thread: &'a ThreadWindow,
+        /// The thread's longest wait and its share of the window.
+        state: u8,
+        share: f64,
+        /// As [`Finding::OwnThreadBusy`]'s.
+        waited: Option<f64>,
+    },
     /// The trainer's main thread spends its time inside CUDA's
     /// synchronizations (seen by the GPU library probes): it waits for its
     /// GPU, spinning or not.
@@ -164,13 +188,18 @@ impl Finding<'_> {
             Finding::GpuBusy(_) | Finding::GpuWait { .. } => Kind::GpuBusy,
             Finding::GpuCopies { .. } => Kind::TrainerHostBound,
             Finding::NotEnoughData | Finding::TrainerUntraced | Finding::NoSingleBottleneck => Kind::Unknown,
+            Finding::OwnThreadWaits { state, .. } | Finding::Child(ChildWait { state: Some(state), .. }) => {
+                followed_wait(*state)
+            }
+            Finding::Child(ChildWait { state: None, .. }) => Kind::TrainerHostBound,
+            Finding::TrainerStream { network: true, .. } => Kind::InputIoBound,
+            Finding::TrainerStream { network: false, .. } => Kind::InputWaitBound,
             Finding::HangBehindBusyGpu(_) | Finding::HangNoProgress(_) => Kind::Hang,
             Finding::InputIo { .. } | Finding::InputNet { .. } | Finding::TrainerReads { .. } => {
                 Kind::InputIoBound
             }
             Finding::InputCpu { .. } => Kind::InputCpuBound,
             Finding::InputWait { .. } => Kind::InputWaitBound,
-            Finding::ChildBusy { .. } => Kind::TrainerHostBound,
             Finding::LoaderThreads { io, cpu, .. } => {
                 if io >= cpu {
                     Kind::InputIoBound
@@ -184,19 +213,39 @@ impl Finding<'_> {
         }
     }
 
-    /// Threads of the trainer the finding names besides its main thread,
-    /// and as what.
-    pub fn named_threads(&self) -> Vec<(u32, &'static str)> {
+    /// Threads the finding names besides the trainer's main thread, by
+    /// process, and as what.
+    pub fn named_threads(&self, trainer: u32) -> Vec<(u32, u32, &'static str)> {
         match self {
             Finding::LoaderThreads { threads, .. } => {
-                threads.iter().map(|t| (t.tid, "loader thread")).collect()
+                threads.iter().map(|t| (trainer, t.tid, "loader thread")).collect()
             }
-            Finding::OwnThreadBusy { thread, .. } => vec![(thread.tid, "busy thread of the trainer")],
-            Finding::ChildBusy { child, .. } => {
-                child.main_thread().map(|t| vec![(t.tid, "child the trainer waits for")]).unwrap_or_default()
+            Finding::OwnThreadBusy { thread, .. } => {
+                vec![(trainer, thread.tid, "busy thread of the trainer")]
+            }
+            Finding::OwnThreadWaits { thread, .. } => {
+                vec![(trainer, thread.tid, "thread the trainer waits for")]
+            }
+            Finding::Child(c) => {
+                let via = c.via.iter().flatten().map(|p| (*p, "child the wait goes through"));
+                let end = c.children.iter().map(|p| (*p, "child the trainer waits for"));
+                via.chain(end).filter_map(|(p, what)| Some((p.tgid, p.main_thread()?.tid, what))).collect()
             }
             _ => Vec::new(),
         }
+    }
+}
+
+/// The kind of a wait the trainer's wait leads to, in a thread of its own
+/// or a child: writing (an upload, a checkpoint): output-bound; asleep (a
+/// rate limit, a poll interval): a wait on those sleeps; reading files:
+/// input-bound on storage; else outside the job (a peer, a service).
+fn followed_wait(state: u8) -> Kind {
+    match state {
+        reason::SEND | reason::WRITE | reason::SYNC => Kind::OutputIoBound,
+        reason::SLEEP => Kind::InputWaitBound,
+        reason::IO => Kind::InputIoBound,
+        _ => Kind::Unknown,
     }
 }
 
@@ -235,8 +284,8 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
     if out >= rules::TRAINER_OUTPUT && out >= waits + own_io {
         return Finding::OutputIo { out, sync: tm.r(reason::SYNC), send: tm.r(reason::SEND) };
     }
-    if let Some(f) = busy_child(s, trainer, main, &tm) {
-        return f;
+    if let Some(c) = child::follow(s.w, trainer, main, tm.r(reason::OTHER), s.secs) {
+        return Finding::Child(c);
     }
     let (worker_io, worker_cpu) = worker_shares(&s.workers, s.secs);
     // Of the time it could act (throttled by its CPU limit or waiting for
@@ -289,6 +338,9 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
         if own_input_io >= rules::WORKER_SHARE {
             return Finding::TrainerReads { own_io: own_input_io };
         }
+        if let Some(f) = streamed_in(s, trainer, main, &tm) {
+            return f;
+        }
     }
     if tm.cpu() >= rules::TRAINER_BUSY {
         return Finding::TrainerBusy { cpu: tm.cpu() };
@@ -299,6 +351,21 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
         return Finding::Idle { job_cpu };
     }
     Finding::NoSingleBottleneck
+}
+
+/// How much of `t`'s waiting a waker ended: the blocked time it ended
+/// where the kernel timed `t`'s waits, else how often it woke `t`.
+fn waker_weight(t: &ThreadWindow) -> impl Fn(&Waker) -> u64 {
+    let timed = t.woken_by.iter().any(|b| b.blocked_ns > 0);
+    move |b| if timed { b.blocked_ns } else { b.count }
+}
+
+/// The part of `t`'s waiting that the wakers `pick` chooses ended, and
+/// the whole, weighed by [`waker_weight`].
+fn ended_by(t: &ThreadWindow, pick: impl Fn(&Waker) -> bool) -> (u64, u64) {
+    let weight = waker_weight(t);
+    let all = t.woken_by.iter().map(&weight).sum();
+    (t.woken_by.iter().filter(|b| pick(b)).map(&weight).sum(), all)
 }
 
 /// The trainer's own threads as what its main thread waits for: they woke
@@ -316,8 +383,8 @@ fn own_threads<'a>(
     // Who ended more of its waiting: by the blocked time each ended where
     // the kernel timed it, else by how often each woke it.
     let timed = main.woken_by.iter().any(|b| b.blocked_ns > 0);
-    let weight = |b: &Waker| if timed { b.blocked_ns } else { b.count };
-    let by_workers: u64 = main.woken_by.iter().filter(|b| worker_tgids.contains(&b.tgid)).map(weight).sum();
+    let weight = waker_weight(main);
+    let (by_workers, _) = ended_by(main, |b| worker_tgids.contains(&b.tgid));
     let own: Vec<(&ThreadWindow, &Waker)> = main
         .woken_by
         .iter()
@@ -342,45 +409,69 @@ fn own_threads<'a>(
         if io.max(cpu) >= rules::WORKER_SHARE {
             return Some(Finding::LoaderThreads { waits, threads: readers, io, cpu });
         }
-        return None;
     }
     let (thread, by) = own.iter().max_by_key(|(t, b)| (weight(b), std::cmp::Reverse(t.tid)))?;
-    let cpu = Shares::of(thread, secs).cpu();
-    let all: u64 = main.woken_by.iter().map(|b| b.count).sum();
-    (cpu >= rules::TRAINER_BUSY).then(|| Finding::OwnThreadBusy {
-        waits,
-        thread,
-        cpu,
-        wakes: by.count as f64 / all.max(1) as f64,
-        waited: timed.then(|| Shares::part(main, secs, by.blocked_ns)),
-    })
+    let share = Shares::of(thread, secs);
+    let waited = timed.then(|| Shares::part(main, secs, by.blocked_ns));
+    if readers.is_empty() && share.cpu() >= rules::TRAINER_BUSY {
+        let all: u64 = main.woken_by.iter().map(|b| b.count).sum();
+        let wakes = by.count as f64 / all.max(1) as f64;
+        return Some(Finding::OwnThreadBusy { waits, thread, cpu: share.cpu(), wakes, waited });
+    }
+    // Follow the wait one more step: a thread the workers wake (PyTorch's
+    // pin-memory thread, a queue's feeder) hands on what they deliver, and
+    // they are what the trainer waits for.
+    let (fed, all) = ended_by(thread, |b| worker_tgids.contains(&b.tgid));
+    let (state, blocked) = share.top_wait();
+    if (all > 0 && fed * 2 >= all) || blocked < rules::WORKER_SHARE {
+        return None;
+    }
+    // A wait that leaves the trainer (a collective's thread on its peers'
+    // sockets) outweighs the workers only clearly: where they ended at
+    // least half as much of its waiting, they are a cause of their own,
+    // for the worker rules to judge (a rank whose input is slow waits on
+    // both).
+    if followed_wait(state) == Kind::Unknown && by_own < 2 * by_workers {
+        return None;
+    }
+    Some(Finding::OwnThreadWaits { waits, thread, state, share: blocked, waited })
 }
 
-/// The trainer's main thread waits for a child (`wait4`, `waitid`) most
-/// of the window, and the child it waits for is on CPU.
-fn busy_child<'a>(
+/// The trainer's main thread waits ≥ 30 % reading a socket or pipe that
+/// brought it ≥ [`crate::aggregate::DATA_MIN_BYTES`], and what ended most
+/// of its blocked time came from outside the job (the network's
+/// interrupts, the program writing the pipe): its input streams in.
+fn streamed_in<'a>(
     s: &Scene<'a>,
     trainer: &ProcWindow,
     main: &ThreadWindow,
     tm: &Shares,
 ) -> Option<Finding<'a>> {
-    let waits = tm.r(reason::OTHER);
-    let waiting = ["wait4", "waitid"].contains(&crate::syscalls::name(i64::from(main.other_nr)).as_str());
-    if !waiting || waits < rules::TRAINER_WAITS {
+    use crate::wait::WaitObject;
+    let wait = tm.r(reason::POLL);
+    if wait < rules::WORKER_SHARE {
         return None;
     }
-    // The one /proc named, else the busiest of its children in the window.
-    let named: Vec<u32> = match &main.waits_on {
-        Some((_, crate::wait::WaitObject::Child { children })) => children.iter().map(|c| c.pid).collect(),
-        _ => Vec::new(),
+    let job: HashSet<u32> = s.w.procs.iter().map(|p| p.tgid).collect();
+    let (network, bytes) = match main.waits_on.as_ref().filter(|(r, _)| *r == reason::POLL)? {
+        // From that peer, where it is outside the job (a job's peer is IPC).
+        (_, WaitObject::Socket { peer: Some(peer), .. }) => {
+            let from = trainer.sockets.iter().find(|x| x.path == *peer)?;
+            (true, if from.ipc { 0 } else { from.read_bytes })
+        }
+        (_, WaitObject::Pipe { writing: false, others, .. })
+            if others.iter().all(|p| !job.contains(&p.pid)) =>
+        {
+            (false, main.delta.other_read_bytes)
+        }
+        _ => return None,
     };
-    let (child, cpu) =
-        s.w.procs
-            .iter()
-            .filter(|p| p.ppid == Some(trainer.tgid) && (named.is_empty() || named.contains(&p.tgid)))
-            .filter_map(|p| Some((p, Shares::of(p.main_thread()?, s.secs).cpu())))
-            .max_by(|a, b| a.1.total_cmp(&b.1))?;
-    (cpu >= rules::TRAINER_BUSY).then_some(Finding::ChildBusy { waits, child, cpu })
+    let (outside, all) = ended_by(main, |b| !job.contains(&b.tgid));
+    (bytes >= crate::aggregate::DATA_MIN_BYTES && outside * 2 > all).then_some(Finding::TrainerStream {
+        wait,
+        bytes,
+        network,
+    })
 }
 
 /// A reason's share of the workers' main threads, averaged.

@@ -14,7 +14,9 @@ use crate::aggregate::{ProcWindow, ThreadWindow, Waker};
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PathStep {
     /// Who: `trainer main thread`, `workers`, `loader threads`, `thread`,
-    /// `child`, or what it waits on (`output`, `lock`).
+    /// `child` (a step each, through a shell that waits for its own),
+    /// `children` (run one after another), or what it waits on (`output`,
+    /// `lock`).
     pub who: &'static str,
     pub pids: Vec<u32>,
     pub tids: Vec<u32>,
@@ -87,9 +89,28 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
         Finding::OwnThreadBusy { thread, cpu, .. } => {
             vec![start(top.0, top.1), on_cpu("thread", trainer, vec![thread.tid], *cpu)]
         }
-        Finding::ChildBusy { waits, child, cpu } => {
-            let tids = child.main_thread().map(|t| vec![t.tid]).unwrap_or_default();
-            vec![start(reason::OTHER, *waits), on_cpu("child", child, tids, *cpu)]
+        Finding::OwnThreadWaits { thread, state, share, .. } => {
+            let mut t = step("thread", vec![trainer.tgid], vec![thread.tid], reason::name(*state), *share);
+            t.object = object_of(thread, *state);
+            vec![start(top.0, top.1), t]
+        }
+        Finding::Child(c) => {
+            let mut path = vec![start(reason::OTHER, c.waits)];
+            let group = |procs: &[&ProcWindow], state: Option<u8>, share: f64| {
+                let pids = procs.iter().map(|p| p.tgid).collect();
+                let tids = procs.iter().filter_map(|p| p.main_thread()).map(|t| t.tid).collect();
+                let who = if procs.len() > 1 { "children" } else { "child" };
+                let mut g = step(who, pids, tids, state.map_or("on-cpu", reason::name), share);
+                g.object = state.and_then(|r| object_of(procs.first()?.main_thread()?, r));
+                g
+            };
+            for level in &c.via {
+                let mains = level.iter().filter_map(|p| p.main_thread());
+                let share = Shares::of_all(mains, s.secs).r(reason::OTHER);
+                path.push(group(level, Some(reason::OTHER), share));
+            }
+            path.push(group(&c.children, c.state, c.share));
+            path
         }
         Finding::OutputIo { out, .. } => {
             let out_reason = [reason::SEND, reason::WRITE, reason::SYNC]
@@ -99,6 +120,7 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
             vec![start(out_reason, *out)]
         }
         Finding::TrainerReads { own_io } => vec![start(reason::IO, *own_io)],
+        Finding::TrainerStream { wait, .. } => vec![start(reason::POLL, *wait)],
         Finding::GpuWait { sync } => {
             vec![step("trainer main thread", vec![trainer.tgid], vec![main.tid], "gpu-sync", *sync)]
         }
@@ -118,7 +140,7 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
     if let Some(last) = path.get_mut(1) {
         let (pids, tids) = (last.pids.clone(), last.tids.clone());
         last.waited = match last.who {
-            "workers" | "child" => waited_for(main, s.secs, |b| pids.contains(&b.tgid)),
+            "workers" | "child" | "children" => waited_for(main, s.secs, |b| pids.contains(&b.tgid)),
             _ => waited_for(main, s.secs, |b| b.thread().is_some_and(|t| tids.contains(&t))),
         };
     }

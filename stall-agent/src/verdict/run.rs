@@ -2,7 +2,11 @@
 //! and the rank that holds the others back named. Ranks end each step in a
 //! collective, so one rank held by its own cause (its input, its host CPU,
 //! a hang) leaves every other rank waiting for it: their own pipelines are
-//! fine, their trainers blocked.
+//! fine, their trainers blocked. Under NCCL the waits hide on the GPU (a
+//! collective returns at once, the rank then spins in its next
+//! synchronization), so where the uprobes saw the ranks' collectives, the
+//! rank that calls them last is the straggler, whatever its host side
+//! looks like.
 use std::collections::HashMap;
 
 use serde::Serialize;
@@ -31,8 +35,29 @@ pub struct RankVerdict {
     pub summary: String,
     /// Share of the window its trainer's main thread was blocked while its
     /// own pipeline kept up: waiting for its peers (0 where its own cause
-    /// holds it).
+    /// holds it); under NCCL, its share from each collective's call to the
+    /// synchronization that saw it complete.
     pub peer_wait: f64,
+    /// Its NCCL collectives in the window (absent: none seen).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub collectives: Option<Collectives>,
+}
+
+/// A rank's NCCL collectives in a window: how long it waited for each,
+/// and, compared with the other ranks on this node, how late it called
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct Collectives {
+    pub calls: u64,
+    /// Mean time from a collective's call to the synchronization after it
+    /// (the rank waiting for its peers, and its GPU), seconds.
+    pub wait_s: f64,
+    /// Its collectives whose arrival was compared with other ranks'.
+    pub compared: u64,
+    /// How often it called last.
+    pub last: u64,
+    /// Mean time after the first rank's call, seconds.
+    pub late_s: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -43,6 +68,10 @@ pub struct Straggler {
     /// The ranks that wait for it, and their mean share waiting.
     pub waiting_ranks: Vec<u32>,
     pub peer_wait: f64,
+    /// Named by its arrivals at the NCCL collectives: how late it calls
+    /// each, on average, seconds (absent: named by its host side).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_s: Option<f64>,
 }
 
 /// Kinds that are a rank's own cause: what it waits for is on its side.
@@ -70,34 +99,41 @@ pub(super) fn judge(
     progress: &ProgressView,
     in_collective: &HashMap<u32, bool>,
 ) -> Verdict {
+    let secs = w.secs();
+    let collectives: HashMap<u32, Collectives> =
+        roles.ranks.iter().filter_map(|&(rank, _)| Some((rank, collectives_of(w, roles, rank)?))).collect();
+    if let Some(v) = late_at_collectives(w, roles, gpus, progress, &collectives) {
+        return v;
+    }
     // Busy GPUs answer for every rank the way they do for one trainer.
     if !gpus.is_empty() && gpus.iter().all(|g| g.util_mean_pct >= rules::GPU_BUSY_PCT) {
         return trainer::judge(w, roles, gpus, progress);
     }
-    let secs = w.secs();
     let judged: Vec<Judged> = roles
         .ranks
         .iter()
         .map(|&(rank, pid)| {
-            // Its own trainer and workers: their files, their CPU, and the
-            // GPUs NVML saw them on.
-            let own = w.only(|tgid| roles.rank_of(tgid) == Some(rank));
-            let own_gpus: Vec<GpuWindow> = gpus
-                .iter()
-                .filter(|g| g.pids.iter().any(|p| roles.rank_of(*p) == Some(rank)))
-                .cloned()
-                .collect();
-            let (verdict, summary) =
-                trainer::judge_with_line(&own, &roles.of_rank(rank), &own_gpus, progress);
-            let blocked =
-                w.proc(pid).and_then(|p| p.main_thread()).map_or(0.0, |m| Shares::of(m, secs).blocked());
+            let (verdict, summary) = judge_rank(w, roles, gpus, progress, rank);
+            let main = w.proc(pid).and_then(|p| p.main_thread()).map(|m| Shares::of(m, secs));
+            let blocked = main.map_or(0.0, |m| m.blocked());
+            // Of the time it could act: a trainer crowded off a busy host
+            // (waiting for a CPU, or held by its limit) still waits for
+            // its peers for most of what it was given.
+            let free = main.map_or(1.0, |m| (1.0 - m.runnable()).max(0.1));
             let peer_wait = match in_collective.get(&pid) {
                 Some(true) => blocked,
-                _ if holds(verdict.kind) || blocked < rules::TRAINER_WAITS => 0.0,
+                _ if holds(verdict.kind) || blocked / free < rules::TRAINER_WAITS => 0.0,
                 _ => blocked,
             };
             Judged {
-                rank: RankVerdict { rank, pid, kind: verdict.kind, summary, peer_wait },
+                rank: RankVerdict {
+                    rank,
+                    pid,
+                    kind: verdict.kind,
+                    summary,
+                    peer_wait,
+                    collectives: collectives.get(&rank).copied(),
+                },
                 verdict,
                 blocked,
             }
@@ -121,6 +157,7 @@ pub(super) fn judge(
                 kind: r.kind,
                 waiting_ranks: waiting.iter().map(|x| x.rank).collect(),
                 peer_wait: mean_wait,
+                late_s: None,
             };
             let mut v = v.clone();
             v.summary = format!(
@@ -217,6 +254,186 @@ pub fn collective_waits(
         })
         .collect();
     (map.values().any(|c| *c) && map.values().any(|c| !*c)).then_some(map)
+}
+
+/// One rank judged on its own trainer and workers (their files, their
+/// CPU) and the GPUs NVML saw them on: its verdict and its line.
+fn judge_rank(
+    w: &Window,
+    roles: &Roles,
+    gpus: &[GpuWindow],
+    progress: &ProgressView,
+    rank: u32,
+) -> (Verdict, String) {
+    let own = w.only(|tgid| roles.rank_of(tgid) == Some(rank));
+    let own_gpus: Vec<GpuWindow> =
+        gpus.iter().filter(|g| g.pids.iter().any(|p| roles.rank_of(*p) == Some(rank))).cloned().collect();
+    trainer::judge_with_line(&own, &roles.of_rank(rank), &own_gpus, progress)
+}
+
+/// A rank's NCCL collectives in the window, from the threads of its
+/// processes; None where it made none.
+fn collectives_of(w: &Window, roles: &Roles, rank: u32) -> Option<Collectives> {
+    let mut g = crate::decode::GpuCounters::default();
+    for p in w.procs.iter().filter(|p| roles.rank_of(p.tgid) == Some(rank)) {
+        g.add(&p.sum().gpu);
+    }
+    (g.collectives > 0).then(|| Collectives {
+        calls: g.collectives,
+        wait_s: mean_collective_wait(&g),
+        compared: g.arrivals_compared,
+        last: g.arrivals_last,
+        late_s: g.arrival_late_ns as f64 / 1e9 / g.arrivals_compared.max(1) as f64,
+    })
+}
+
+/// The mean of a rank's waits from a collective to the synchronization
+/// after it, over those that ended in the window; with none ended, the one
+/// in progress so far (a rank stuck in one).
+fn mean_collective_wait(g: &crate::decode::GpuCounters) -> f64 {
+    let ns = match g.collective_waits {
+        0 => g.collective_wait_ns,
+        n => g.collective_waited_ns / n,
+    };
+    ns as f64 / 1e9
+}
+
+/// The rank that calls the collectives last, and by how much on average:
+/// from the ranks' arrivals compared on this node where enough were, else
+/// from the waits (each collective completes when its last rank calls it,
+/// so the last rank waits least: its lateness is what the others wait
+/// more, which holds across nodes as well, without comparing clocks).
+fn late_rank(collectives: &HashMap<u32, Collectives>) -> Option<(u32, f64)> {
+    let compared = collectives.iter().filter(|(_, c)| c.compared >= rules::COLLECTIVES_COMPARED);
+    if let Some((&rank, c)) = compared.max_by(|a, b| a.1.late_s.total_cmp(&b.1.late_s).then(b.0.cmp(a.0))) {
+        let last_share = c.last as f64 / c.compared as f64;
+        return (c.late_s >= rules::COLLECTIVE_LATE_S && last_share >= rules::COLLECTIVE_LAST_SHARE)
+            .then_some((rank, c.late_s));
+    }
+    let waited: Vec<(u32, f64)> = collectives
+        .iter()
+        .filter(|(_, c)| c.calls >= rules::COLLECTIVES_COMPARED)
+        .map(|(&r, c)| (r, c.wait_s))
+        .collect();
+    if waited.len() < 2 {
+        return None;
+    }
+    let &(rank, least) = waited.iter().min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))?;
+    let mut others: Vec<f64> = waited.iter().filter(|(r, _)| *r != rank).map(|(_, w)| *w).collect();
+    others.sort_by(f64::total_cmp);
+    let median = others[others.len() / 2];
+    let late = median - least;
+    (late >= rules::COLLECTIVE_LATE_S && least <= median / 2.0).then_some((rank, late))
+}
+
+/// A run whose ranks' NCCL collectives name the one that calls them last:
+/// its own verdict (what its host side does meanwhile) says why, the
+/// others' waits from each collective to the synchronization after it are
+/// put on it.
+fn late_at_collectives(
+    w: &Window,
+    roles: &Roles,
+    gpus: &[GpuWindow],
+    progress: &ProgressView,
+    collectives: &HashMap<u32, Collectives>,
+) -> Option<Verdict> {
+    let (late, late_s) = late_rank(collectives)?;
+    let &(_, pid) = roles.ranks.iter().find(|(r, _)| *r == late)?;
+    let secs = w.secs();
+    let ranks: Vec<RankVerdict> = roles
+        .ranks
+        .iter()
+        .map(|&(rank, pid)| {
+            let (verdict, summary) = judge_rank(w, roles, gpus, progress, rank);
+            let c = collectives.get(&rank).copied();
+            let waited = w
+                .procs
+                .iter()
+                .filter(|p| roles.rank_of(p.tgid) == Some(rank))
+                .map(|p| p.sum().gpu.collective_wait_ns)
+                .sum::<u64>();
+            let peer_wait = if rank == late { 0.0 } else { (waited as f64 / 1e9 / secs).min(1.0) };
+            RankVerdict { rank, pid, kind: verdict.kind, summary, peer_wait, collectives: c }
+        })
+        .collect();
+    let r = ranks.iter().find(|r| r.rank == late)?;
+    let waiting: Vec<&RankVerdict> =
+        ranks.iter().filter(|r| r.rank != late && r.collectives.is_some()).collect();
+    let mean_wait = waiting.iter().map(|x| x.peer_wait).sum::<f64>() / waiting.len().max(1) as f64;
+    // What its host side does meanwhile is why it calls late; a rank that
+    // shows no cause of its own (asleep, idle) is late on its host side.
+    let kind = match r.kind {
+        Kind::Unknown | Kind::Idle => Kind::TrainerHostBound,
+        k => k,
+    };
+    let c = r.collectives.unwrap_or_default();
+    let how = if c.compared >= rules::COLLECTIVES_COMPARED {
+        format!(
+            "last at {} of {} NCCL collectives compared, {} after the first rank on average",
+            c.last,
+            c.compared,
+            units::millis(late_s)
+        )
+    } else {
+        format!(
+            "it waits {} per NCCL collective where the others wait {} more",
+            units::millis(c.wait_s),
+            units::millis(late_s)
+        )
+    };
+    let mut v = Verdict {
+        kind,
+        summary: format!(
+            "rank {late} (pid {pid}) calls the collectives late: {how}; {} wait for it {} of the time (from each \
+             collective to the synchronization that sees it done) — rank {late} itself: {} — {}",
+            ranks_word(&waiting.iter().map(|x| x.rank).collect::<Vec<_>>()),
+            units::pct(mean_wait),
+            r.kind,
+            r.summary
+        ),
+        blamed: vec![Blamed { pid, tid: pid, what: "late rank trainer main thread" }],
+        ..Verdict::default()
+    };
+    v.host_only = gpus.is_empty();
+    v.summary = words::with_gpus(&v.summary, gpus, secs);
+    if w.lost_total() > 0 {
+        v.summary.push_str(words::PARTIAL_NOTE);
+    }
+    v.evidence = ranks
+        .iter()
+        .map(|r| {
+            let c = r.collectives.unwrap_or_default();
+            format!(
+                "rank {} (pid {}): {} collectives, waits {} for each{}; {} — {}",
+                r.rank,
+                r.pid,
+                c.calls,
+                units::millis(c.wait_s),
+                if c.compared > 0 {
+                    format!(
+                        ", last at {} of {}, {} late on average",
+                        c.last,
+                        c.compared,
+                        units::millis(c.late_s)
+                    )
+                } else {
+                    String::new()
+                },
+                r.kind,
+                r.summary
+            )
+        })
+        .collect();
+    let straggler = Straggler {
+        rank: late,
+        pid,
+        kind,
+        waiting_ranks: waiting.iter().map(|x| x.rank).collect(),
+        peer_wait: mean_wait,
+        late_s: Some(late_s),
+    };
+    v.run = Some(RunVerdict { ranks, straggler: Some(straggler) });
+    Some(v)
 }
 
 /// No rank holds the others: what most ranks say, from the lowest of them.

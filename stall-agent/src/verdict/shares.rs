@@ -36,6 +36,22 @@ impl Shares {
         Self { on: t.delta.on_cpu_ns as f64 / wall, off }
     }
 
+    /// Shares of several threads' windows taken together, each over its own
+    /// time: children run one after another are judged on what they did
+    /// while they lived.
+    pub fn of_all<'a>(threads: impl IntoIterator<Item = &'a ThreadWindow>, secs: f64) -> Self {
+        let (mut wall, mut on, mut off) = (0.0, 0.0, [0.0; reason::COUNT]);
+        for t in threads {
+            wall += wall_ns(t, secs);
+            on += t.delta.on_cpu_ns as f64;
+            for (sum, ns) in off.iter_mut().zip(t.delta.off_ns) {
+                *sum += ns as f64;
+            }
+        }
+        let wall = if wall > 0.0 { wall } else { 1.0 };
+        Self { on: on / wall, off: off.map(|ns| ns / wall) }
+    }
+
     /// `ns` of the thread's time, as a share of it (as `of` counts it).
     pub fn part(t: &ThreadWindow, secs: f64, ns: u64) -> f64 {
         ns as f64 / wall_ns(t, secs)

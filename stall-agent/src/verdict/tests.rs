@@ -586,6 +586,7 @@ fn trainer_in_cuda(on: f64, futex: f64, sync: f64, copy: f64, launches: u64) -> 
         copy_calls: 40,
         copy_bytes: 40 * (64 << 20),
         launches,
+        ..Default::default()
     };
     job.gpu_calls.push((100, gpu));
     job.judge(&[])

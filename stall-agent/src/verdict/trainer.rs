@@ -25,9 +25,9 @@ pub(super) fn judge_with_line(
     let (mut v, line) = words::verdict(&scene, &finding);
     v.blamed = blamed(w, roles, v.kind);
     if let Some(trainer) = scene.trainer {
-        for (tid, what) in finding.named_threads() {
+        for (pid, tid, what) in finding.named_threads(trainer.tgid) {
             if !v.blamed.iter().any(|b| b.tid == tid) {
-                v.blamed.push(Blamed { pid: trainer.tgid, tid, what });
+                v.blamed.push(Blamed { pid, tid, what });
             }
         }
     }

@@ -2,9 +2,12 @@
 //! No rule here; `classify` decided.
 use stall_common::reason;
 
+mod child;
+mod hang;
+
+use self::hang::{behind_busy_gpu, no_progress};
 use super::{
     classify::{Finding, Scene},
-    hang::{BehindBusyGpu, NoProgress},
     rules,
     shares::Shares,
     Verdict, MAX_WORKER_LINES,
@@ -12,7 +15,6 @@ use super::{
 use crate::{
     aggregate::{is_code_file, storage_share, PageCache, ProcWindow, ThreadWindow, Waker, Window},
     gpu::GpuWindow,
-    progress::ProgressView,
     syscalls, units,
 };
 
@@ -133,7 +135,10 @@ fn summary(s: &Scene, finding: &Finding) -> String {
                 "asleep".to_string()
             } else {
                 let named = s.workers.iter().filter_map(|p| p.main_thread()).find(|t| t.other_nr >= 0);
-                named.map_or_else(|| "in other calls".into(), |t| format!("in {}", syscalls::name(i64::from(t.other_nr))))
+                named.map_or_else(
+                    || "in other calls".into(),
+                    |t| format!("in {}", syscalls::name(i64::from(t.other_nr))),
+                )
             };
             format!(
                 "{}; {} spend {} of their time {what}, neither reading nor computing (read {} at {}): input pipeline waits on its workers' own waits (a rate limit, a back-off, a lock)",
@@ -144,14 +149,7 @@ fn summary(s: &Scene, finding: &Finding) -> String {
                 units::rate(reader_bytes, secs)
             )
         }
-        Finding::ChildBusy { waits, child, cpu } => format!(
-            "Trainer main thread blocked {} of {} waiting for its child pid {} ({}), on CPU {}: the trainer waits for work the host does in a subprocess",
-            units::pct(*waits),
-            units::secs(secs),
-            child.tgid,
-            child.cmdline.as_deref().map(|c| c.chars().take(60).collect::<String>()).unwrap_or_else(|| child.comm.clone()),
-            units::pct(*cpu),
-        ),
+        Finding::Child(c) => child::waits_for_children(c, secs),
         Finding::TrainerReads { own_io } => {
             let own = trainer.input_bytes();
             format!(
@@ -204,19 +202,66 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             // A wait with a timeout (CPython's GIL: 5 ms, then it asks the
             // holder to drop it) is ended by the timer, not by the thread
             // it waits for: a small timed share says little then.
-            let ended = match waited {
-                Some(w) if *w >= rules::WAITED_NAMED => format!("waits {} of the time for", units::pct(*w)),
-                _ => "waiting for".into(),
-            };
             format!(
-                "Trainer main thread blocked {} of {} ({}), {ended} thread {} ({}) of the trainer, which ended {} of its waits and is on CPU {} without reading input (it holds the CPU or Python's GIL): trainer is host-bound",
-                units::pct(*waits),
-                units::secs(secs),
-                wait_breakdown(main, tm),
-                thread.tid,
-                thread.comm,
+                "{}, which ended {} of its waits and is on CPU {} without reading input (it holds the CPU or Python's GIL): trainer is host-bound",
+                waits_for_thread(main, tm, secs, *waits, thread, waits_for(*waited, "waiting for")),
                 units::pct(*wakes),
                 units::pct(*cpu),
+            )
+        }
+        Finding::OwnThreadWaits { waits, thread, state, share, waited } => {
+            let on = thread.waits_on.as_ref().filter(|(r, _)| r == state).map(|(_, o)| o.describe());
+            let head = waits_for_thread(main, tm, secs, *waits, thread, waits_for(*waited, "waits for"));
+            match *state {
+                reason::SEND | reason::WRITE | reason::SYNC => {
+                    let (bytes, what) = if *state == reason::SEND {
+                        let peer = || top_sent_peer(trainer).map(|p| format!("the socket to {p}"));
+                        (thread.delta.other_write_bytes, on.or_else(peer).unwrap_or_else(|| "a pipe or socket".into()))
+                    } else {
+                        (thread.delta.file_write_bytes, on.unwrap_or_else(|| "files".into()))
+                    };
+                    let verb = if *state == reason::SYNC { "syncing" } else { "writing" };
+                    format!(
+                        "{head}, which is blocked {} {verb} {what} ({} at {}): whoever takes its output is slow, and the trainer waits for it",
+                        units::pct(*share),
+                        units::bytes(bytes),
+                        units::rate(bytes, secs),
+                    )
+                }
+                reason::SLEEP => format!(
+                    "{head}, which spends {} of its time asleep (a rate limit, a back-off, a poll interval): the trainer waits on its sleeps",
+                    units::pct(*share),
+                ),
+                reason::IO => format!(
+                    "{head}, which is blocked {} in file reads{}: the trainer waits on its reads",
+                    units::pct(*share),
+                    on.map(|o| format!(" of {o}")).unwrap_or_default(),
+                ),
+                _ => format!(
+                    "{head}, which is itself blocked {} ({}{}) and woken by no worker: the wait leaves the trainer (a peer, a remote service), not an input stall",
+                    units::pct(*share),
+                    reason_name(*state, thread),
+                    on.map(|o| format!(" on {o}")).unwrap_or_default(),
+                ),
+            }
+        }
+        Finding::TrainerStream { wait, bytes, network } => {
+            let from = main
+                .waits_on
+                .as_ref()
+                .filter(|(r, _)| *r == reason::POLL)
+                .map_or_else(|| "a socket or pipe".into(), |(_, o)| o.describe());
+            let how = if *network {
+                "its input streams in over the network, and the trainer waits for it"
+            } else {
+                "its input comes from another program through a pipe, and the trainer waits for it"
+            };
+            format!(
+                "Trainer main thread blocked {} of {} reading {from} ({} at {}), woken from outside the job: {how}",
+                units::pct(*wait),
+                units::secs(secs),
+                units::bytes(*bytes),
+                units::rate(*bytes, secs),
             )
         }
         Finding::OutputIo { out, sync, .. } => {
@@ -297,19 +342,23 @@ fn summary(s: &Scene, finding: &Finding) -> String {
         Finding::Idle { job_cpu } => {
             let (r, share) = tm.top_wait();
             format!(
-                "Nothing is happening: the job used {:.1}% of a CPU and read no files in {}; trainer main thread mostly in {} ({})",
+                "Nothing is happening: the job used {:.1}% of a CPU and read no files in {}; trainer main thread mostly in {} ({}){}",
                 job_cpu * 100.0,
                 units::secs(secs),
                 reason_name(r, main),
-                units::pct(share)
+                units::pct(share),
+                waiting_on(main, r)
             )
         }
-        Finding::NoSingleBottleneck | Finding::NotEnoughData | Finding::TrainerUntraced => format!(
-            "No single bottleneck: trainer main thread on CPU {}, blocked {} ({})",
-            units::pct(tm.cpu()),
-            units::pct(tm.blocked()),
-            wait_breakdown(main, tm)
-        ),
+        Finding::NoSingleBottleneck | Finding::NotEnoughData | Finding::TrainerUntraced => {
+            format!(
+                "No single bottleneck: trainer main thread on CPU {}, blocked {} ({}){}",
+                units::pct(tm.cpu()),
+                units::pct(tm.blocked()),
+                wait_breakdown(main, tm),
+                waiting_on(main, tm.top_wait().0)
+            )
+        }
     }
 }
 
@@ -428,80 +477,6 @@ fn job_evidence(s: &Scene) -> Vec<String> {
     evidence
 }
 
-fn behind_busy_gpu(
-    h: &BehindBusyGpu,
-    trainer: &ProcWindow,
-    main: &ThreadWindow,
-    progress: &ProgressView,
-) -> String {
-    let g = h.gpu;
-    let (r, share) = h.wait;
-    let rhythm = match progress.rhythm_s {
-        Some(r) => format!(" (it used to move at least every {})", units::span(r)),
-        None => String::new(),
-    };
-    format!(
-        "GPU{} reports {:.0}% busy{}, but nothing progressed for {}{rhythm}{}; trainer main thread (pid {}) blocked in {} {}: utilization is not progress, the job is hung (a kernel spinning or wedged, or a collective waiting for a peer)",
-        g.index,
-        g.util_mean_pct,
-        power_words(g),
-        units::span(progress.silent_s),
-        stale_output(progress),
-        trainer.tgid,
-        reason_name(r, main),
-        units::pct(share),
-    )
-}
-
-fn no_progress(
-    h: &NoProgress,
-    trainer: &ProcWindow,
-    workers: usize,
-    secs: f64,
-    progress: &ProgressView,
-) -> String {
-    let blocked: Vec<String> = h
-        .blocked
-        .iter()
-        .map(|t| {
-            let r = t.reason;
-            let what = if r == reason::OTHER || t.syscall >= 0 && r != reason::IO {
-                format!("{} in {}", reason::name(r), syscalls::name(i64::from(t.syscall)))
-            } else {
-                reason::name(r).to_string()
-            };
-            let since = if t.for_s >= 1.0 { format!(" for {}", units::span(t.for_s)) } else { String::new() };
-            match &t.object {
-                Some(o) => format!("{} {} ({what}{since}: {})", t.comm, t.tid, o.describe()),
-                None => format!("{} {} ({what}{since})", t.comm, t.tid),
-            }
-        })
-        .collect();
-    let shown = blocked.len().min(8);
-    let more =
-        if blocked.len() > shown { format!(" and {} more", blocked.len() - shown) } else { String::new() };
-    let silent = if progress.known && progress.silent_s > secs {
-        format!("for {}", units::span(progress.silent_s))
-    } else {
-        format!("in the last {}", units::secs(secs))
-    };
-    format!(
-        "No progress {silent}: trainer (pid {}) and {} blocked, no file reads, nobody wakes the trainer{}: the job is hung. Blocked: {}{more}",
-        trainer.tgid,
-        workers_word(workers),
-        stale_output(progress),
-        blocked[..shown].join(", ")
-    )
-}
-
-/// ": train.log last written 8 min ago", when an output is known.
-fn stale_output(progress: &ProgressView) -> String {
-    match &progress.last_output {
-        Some(o) => format!(": {} last written {} ago", o.path, units::span(o.ago_s)),
-        None => String::new(),
-    }
-}
-
 fn reason_name(r: u8, t: &ThreadWindow) -> String {
     if r == reason::OTHER && t.other_nr >= 0 {
         format!("other ({})", syscalls::name(i64::from(t.other_nr)))
@@ -582,6 +557,47 @@ fn wait_breakdown(t: &ThreadWindow, s: &Shares) -> String {
         .map(|(r, v)| format!("{} {}", reason_name(*r, t), units::pct(*v)))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// "waits 94% of the time for" a thread, where the kernel timed the waits
+/// it ended and they are a share worth naming; else `otherwise`.
+fn waits_for(waited: Option<f64>, otherwise: &str) -> String {
+    match waited {
+        Some(w) if w >= rules::WAITED_NAMED => format!("waits {} of the time for", units::pct(w)),
+        _ => otherwise.into(),
+    }
+}
+
+/// "Trainer main thread blocked 95% of 10.0s (futex 94%), waits 94% of the
+/// time for thread 709 (python3) of the trainer": the head of the findings
+/// that follow the main thread's wait to another thread of its own.
+fn waits_for_thread(
+    main: &ThreadWindow,
+    tm: &Shares,
+    secs: f64,
+    waits: f64,
+    thread: &ThreadWindow,
+    ended: String,
+) -> String {
+    format!(
+        "Trainer main thread blocked {} of {} ({}), {ended} thread {} ({}) of the trainer",
+        units::pct(waits),
+        units::secs(secs),
+        wait_breakdown(main, tm),
+        thread.tid,
+        thread.comm,
+    )
+}
+
+/// ", waiting on the lock on /tmp/build.lock, held by pid 459 (python3)":
+/// what `t` was seen blocked on in `state`, where /proc or the kernel
+/// named it; empty otherwise.
+fn waiting_on(t: &ThreadWindow, state: u8) -> String {
+    t.waits_on
+        .as_ref()
+        .filter(|(r, _)| *r == state)
+        .map(|(_, o)| format!(", waiting on {}", o.describe()))
+        .unwrap_or_default()
 }
 
 fn workers_word(n: usize) -> String {

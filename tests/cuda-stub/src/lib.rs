@@ -44,18 +44,27 @@
 //! that duration on the stream and return; the worker copies the bytes when
 //! the item starts.
 //!
+//! # Host functions
+//!
+//! `cudaLaunchHostFunc` enqueues a host function: the stream's worker calls
+//! it when the stream reaches it, and the stream's later work waits until it
+//! returns (its kernels then take their GPU time from that moment on), as
+//! CUDA does. NCCL couples a collective's completion to the caller's stream
+//! this way (tests/nccl-stub).
+//!
 //! Not simulated: the legacy stream's implicit synchronization with other
 //! streams, per-thread default streams, events' timing, kernels' arguments.
 #![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
 
+use stall_stub_calls::Calls;
 use std::collections::{HashMap, VecDeque};
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Every function this library exports.
-pub const EXPORTED: [&str; 31] = [
+pub const EXPORTED: [&str; 32] = [
     "cudaSetDeviceFlags",
     "cudaGetDeviceFlags",
     "cudaSetDevice",
@@ -74,6 +83,7 @@ pub const EXPORTED: [&str; 31] = [
     "cudaMemcpyAsync",
     "cudaMalloc",
     "cudaFree",
+    "cudaLaunchHostFunc",
     "cuInit",
     "cuLaunchKernel",
     "cuStreamSynchronize",
@@ -90,35 +100,12 @@ pub const EXPORTED: [&str; 31] = [
 ];
 
 /// Calls of each exported function so far, in the order of [`EXPORTED`].
-/// Counting also keeps functions with the same body apart: rustc merges
-/// identical functions into aliases of one address (`cuStreamSynchronize`
-/// would be `cudaStreamSynchronize`), and a uprobe on one would then fire
-/// for calls of both.
-static CALLS: [AtomicU64; EXPORTED.len()] = [const { AtomicU64::new(0) }; EXPORTED.len()];
-
-/// The index of `name` in [`EXPORTED`]; fails the build if absent.
-const fn api(name: &str) -> usize {
-    let mut i = 0;
-    while i < EXPORTED.len() {
-        let (a, b) = (EXPORTED[i].as_bytes(), name.as_bytes());
-        if a.len() == b.len() {
-            let mut j = 0;
-            while j < a.len() && a[j] == b[j] {
-                j += 1;
-            }
-            if j == a.len() {
-                return i;
-            }
-        }
-        i += 1;
-    }
-    panic!("not in EXPORTED")
-}
+static CALLS: Calls<{ EXPORTED.len() }> = Calls::new();
 
 /// Counts a call of the exported function `name`.
 macro_rules! count {
     ($name:literal) => {
-        CALLS[const { api($name) }].fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        stall_stub_calls::count!(CALLS, EXPORTED, $name)
     };
 }
 
@@ -231,10 +218,23 @@ struct Copy {
 // stay valid until the stream has passed the copy.
 unsafe impl Send for Copy {}
 
+/// A host function a stream calls (`cudaLaunchHostFunc`).
+struct HostFn {
+    f: unsafe extern "C" fn(*mut c_void),
+    data: *mut c_void,
+}
+
+// SAFETY: CUDA calls a host function on a thread of its own; whoever
+// enqueued it made `data` fit for that.
+unsafe impl Send for HostFn {}
+
 struct Item {
     /// When the item leaves the stream.
     end: Instant,
+    /// Its GPU time: `end` less this is when it was planned to start.
+    gpu: Duration,
     copy: Option<Copy>,
+    host: Option<HostFn>,
 }
 
 struct Queue {
@@ -302,6 +302,10 @@ impl Stream {
 
     /// Enqueues an item of `gpu` time; `Err` once destroyed.
     fn enqueue(&self, gpu: Duration, copy: Option<Copy>) -> Result<(), c_int> {
+        self.enqueue_item(gpu, copy, None)
+    }
+
+    fn enqueue_item(&self, gpu: Duration, copy: Option<Copy>, host: Option<HostFn>) -> Result<(), c_int> {
         let now = Instant::now();
         let mut q = lock(&self.q);
         if q.destroyed {
@@ -309,7 +313,7 @@ impl Stream {
         }
         let end = q.tail.max(now) + gpu;
         q.tail = end;
-        q.items.push_back(Item { end, copy });
+        q.items.push_back(Item { end, gpu, copy, host });
         self.enqueued.fetch_add(1, SeqCst);
         // A condvar's notify is a futex syscall: only when the worker sleeps,
         // and after unlocking, lest the woken worker wait for the lock.
@@ -367,6 +371,12 @@ impl Stream {
                 // was checked against the stub's allocations.
                 unsafe { std::ptr::copy(c.src, c.dst, c.len) };
             }
+            if let Some(h) = item.host {
+                // SAFETY: the caller of cudaLaunchHostFunc passed a function
+                // and the data it expects.
+                unsafe { (h.f)(h.data) };
+                self.delay_queued();
+            }
             let now = Instant::now();
             if item.end > now {
                 std::thread::sleep(item.end - now);
@@ -379,6 +389,20 @@ impl Stream {
                 self.done_cv.notify_all();
             }
         }
+    }
+
+    /// After a host function returned: the items queued behind it start
+    /// no earlier than now, as a GPU's would (their ends were planned at
+    /// launch, before anyone knew how long the function would take).
+    fn delay_queued(&self) {
+        let mut q = lock(&self.q);
+        let mut t = Instant::now();
+        for it in q.items.iter_mut() {
+            let start = (it.end - it.gpu).max(t);
+            it.end = start + it.gpu;
+            t = it.end;
+        }
+        q.tail = q.tail.max(t);
     }
 
     /// The current end of the stream, as a position to wait for.
@@ -800,6 +824,20 @@ pub unsafe extern "C" fn cudaFree(dev_ptr: *mut c_void) -> c_int {
     SUCCESS
 }
 
+/// Enqueues `host_fn(user_data)` on the stream: called by its worker in
+/// stream order; the stream's later work waits until it returns.
+#[no_mangle]
+pub extern "C" fn cudaLaunchHostFunc(
+    stream_handle: cudaStream_t,
+    host_fn: Option<unsafe extern "C" fn(*mut c_void)>,
+    user_data: *mut c_void,
+) -> c_int {
+    count!("cudaLaunchHostFunc");
+    let Some(f) = host_fn else { return ERROR_INVALID_VALUE };
+    let h = HostFn { f, data: user_data };
+    result(stream(stream_handle).and_then(|s| s.enqueue_item(Duration::ZERO, None, Some(h))))
+}
+
 // ---- Exported driver API ----
 
 #[no_mangle]
@@ -899,15 +937,8 @@ pub extern "C" fn stallStubCopyMBps() -> c_uint {
 #[no_mangle]
 pub unsafe extern "C" fn stallStubCallCount(name: *const c_char) -> u64 {
     count!("stallStubCallCount");
-    if name.is_null() {
-        return u64::MAX;
-    }
-    // SAFETY: checked non-null; the caller passes a NUL-terminated string.
-    let name = unsafe { CStr::from_ptr(name) };
-    match EXPORTED.iter().position(|e| e.as_bytes() == name.to_bytes()) {
-        Some(i) => CALLS[i].load(SeqCst),
-        None => u64::MAX,
-    }
+    // SAFETY: as the caller promises, null or a NUL-terminated string.
+    unsafe { CALLS.of_c_name(&EXPORTED, name) }
 }
 
 /// The schedule synchronizations follow now (0, 1, 2 or 4).

@@ -41,7 +41,8 @@ pub fn run(specs: &[String], rounds: usize, ops: u64) -> Result<()> {
     let stall = build::agent(true)?;
     let nvml = build::nvml_script(true)?;
     let cuda = build::cuda_stub(true)?;
-    let gpu = initramfs::GpuLibs { nvml_script: &nvml, cuda_stub: &cuda };
+    let nccl = build::nccl_stub(true)?;
+    let gpu = initramfs::GpuLibs { nvml_script: &nvml, cuda_stub: &cuda, nccl_stub: &nccl };
     cmd::run(cmd::cargo().args(["build", "--release", "-p", "bench-workloads"]))?;
     let wl = cmd::target_dir().join("release/bench-wl");
     let dir = vm_dir();
@@ -53,7 +54,7 @@ pub fn run(specs: &[String], rounds: usize, ops: u64) -> Result<()> {
     for k in &kernels {
         let log = dir.join("logs").join(format!("{}-bench.log", k.name));
         let timeout = Duration::from_secs(120 + rounds as u64 * 240);
-        let outcome = qemu::boot(k, &initramfs, &args, timeout, &log)?;
+        let outcome = qemu::boot(k, None, &initramfs, &args, timeout, &log)?;
         let text = fs::read_to_string(&log).with_context(|| format!("reading {}", log.display()))?;
         let failures: Vec<&str> = text.lines().filter(|l| l.contains("STALL-BENCH-FAIL:")).collect();
         ensure!(

@@ -3,9 +3,10 @@
 # need, runs each integration test binary in /stall/tests with our arguments
 # (the kernel passes what follows `--` on its command line) — the hooks'
 # tests on the trampoline backend where the kernel allows it, the rest and
-# capture and hooks again on the tracepoint backend —, prints ONE
-# `STALL-VM-RESULT: PASS|FAIL ...` line and powers off. qemu exits 0 whatever
-# happened, so that line is the only verdict xtask trusts.
+# capture and hooks again on the tracepoint backend —, or only its shard's
+# share of those runs (`stall.shard=K/N` on the kernel command line), prints
+# ONE `STALL-VM-RESULT: PASS|FAIL ...` line and powers off. qemu exits 0
+# whatever happened, so that line is the only verdict xtask trusts.
 
 export PATH=/usr/bin:/usr/sbin:/bin:/sbin HOME=/root
 set -o pipefail
@@ -45,6 +46,8 @@ chmod 1777 /tmp
 [ -f "$STALL_NVML_SCRIPT_LIB" ] || finish "FAIL no scripted NVML library at $STALL_NVML_SCRIPT_LIB"
 # The CUDA tests' jobs load a stand-in CUDA library.
 [ -f "$STALL_CUDA_STUB_LIB" ] || finish "FAIL no stand-in CUDA library at $STALL_CUDA_STUB_LIB"
+# The NCCL tests' jobs load a stand-in NCCL library.
+[ -f "$STALL_NCCL_STUB_LIB" ] || finish "FAIL no stand-in NCCL library at $STALL_NCCL_STUB_LIB"
 
 # The scenario tests throttle their reads with the io cgroup controller,
 # which needs a block device under /var/tmp: a RAM disk (brd), if xtask
@@ -105,27 +108,44 @@ case $(uname -r) in
 5.*) trampolines=no ;;
 *) trampolines=yes; [ -e /sys/kernel/btf/vmlinux ] || trampolines=no ;;
 esac
+# The runs, `LABEL BINARY BACKEND` a line, in the order they run.
+runs=/tmp/runs
+: >"$runs"
 if [ "$trampolines" = yes ]; then
-    export STALL_SYSCALL_HOOKS=trampoline
     for name in $on_trampolines; do
-        [ -x "/stall/tests/$name" ] && run_test "/stall/tests/$name" "$name[trampoline]" "$@"
+        [ -x "/stall/tests/$name" ] && echo "$name[trampoline] /stall/tests/$name trampoline" >>"$runs"
     done
-    export STALL_SYSCALL_HOOKS=tracepoint
     for t in /stall/tests/*; do
         name=${t##*/}
         case "$on_trampolines" in *" $name "*) case "$on_both" in *" $name "*) ;; *) continue ;; esac ;; esac
-        run_test "$t" "$name[tracepoint]" "$@"
+        echo "$name[tracepoint] $t tracepoint" >>"$runs"
     done
 else
-    export STALL_SYSCALL_HOOKS=auto
     for t in /stall/tests/*; do
-        run_test "$t" "${t##*/}" "$@"
+        echo "${t##*/} $t auto" >>"$runs"
     done
 fi
+# A shard runs its share, as shard.awk assigns it from the runs' weights
+# (xtask/src/vm/shard.rs): each shard's boot computes the same split.
+shard=$(sed -n 's/.*stall\.shard=\([0-9]*\/[0-9]*\).*/\1/p' /proc/cmdline)
+if [ -n "$shard" ]; then
+    awk -v shard="$shard" -f /stall/shard.awk /stall/weights "$runs" >/tmp/mine ||
+        finish "FAIL cannot take shard $shard of the runs"
+    echo "STALL-VM: shard $shard runs $(tr '\n' ' ' </tmp/mine)"
+else
+    cut -d' ' -f1 "$runs" >/tmp/mine
+fi
+# fd 3: the tests' stdin stays /dev/console, as before.
+while read -r label t backend <&3; do
+    grep -qxF "$label" /tmp/mine || continue
+    export STALL_SYSCALL_HOOKS=$backend
+    run_test "$t" "$label" "$@"
+done 3<"$runs"
 
 if [ -n "$failing" ]; then
     finish "FAIL $passed passed, $failed failed; failing:$failing"
-elif [ "$passed" -eq 0 ]; then
+elif [ "$passed" -eq 0 ] && [ -z "$shard" ]; then
+    # A shard's filter may match nothing of its share: xtask judges the sum.
     finish "FAIL no test ran (does the filter match any?)"
 else
     finish "PASS $passed passed"

@@ -21,6 +21,7 @@ use std::time::Instant;
 use anyhow::{bail, ensure, Context, Result};
 
 use super::kernel::Kernel;
+use super::shard;
 use super::{create_parent, require_file, TestBin};
 use crate::cmd;
 
@@ -55,6 +56,8 @@ const GUEST_STALL: &str = "stall/bin/stall";
 const GUEST_NVML_SCRIPT: &str = "stall/bin/libstall_nvml_script.so";
 /// The stand-in CUDA library the CUDA tests' jobs load (`STALL_CUDA_STUB_LIB`).
 const GUEST_CUDA_STUB: &str = "stall/bin/libstall_cuda_stub.so";
+/// The stand-in NCCL library the NCCL tests' jobs load (`STALL_NCCL_STUB_LIB`).
+const GUEST_NCCL_STUB: &str = "stall/bin/libstall_nccl_stub.so";
 const GUEST_TESTS: &str = "stall/tests";
 const GUEST_ENV: &str = "stall/env.sh";
 const GUEST_SKIP: &str = "stall/skip";
@@ -102,6 +105,8 @@ pub struct GpuLibs<'a> {
     pub nvml_script: &'a Path,
     /// libstall_cuda_stub.so, for the jobs (`STALL_CUDA_STUB_LIB`).
     pub cuda_stub: &'a Path,
+    /// libstall_nccl_stub.so, for the jobs (`STALL_NCCL_STUB_LIB`).
+    pub nccl_stub: &'a Path,
 }
 
 /// Writes target/vm/initramfs.cpio from a staging tree in target/vm/root
@@ -122,6 +127,7 @@ pub fn build(
     let mut elves = stage.stall_and_tests(stall, tests, skip)?;
     elves.push(stage.program(gpu.nvml_script, GUEST_NVML_SCRIPT, true)?);
     elves.push(stage.program(gpu.cuda_stub, GUEST_CUDA_STUB, true)?);
+    elves.push(stage.program(gpu.nccl_stub, GUEST_NCCL_STUB, true)?);
     for (host, guest) in extra {
         elves.push(stage.program(host, guest, true)?);
     }
@@ -144,6 +150,8 @@ pub fn build(
     }
     stage.write("init", INIT.to_string(), true)?;
     stage.write(GUEST_BENCH_HOOKS, BENCH_HOOKS.to_string(), true)?;
+    stage.write(shard::GUEST_SHARD_AWK, shard::SHARD_AWK.to_string(), false)?;
+    stage.write(shard::GUEST_WEIGHTS, shard::weights(), false)?;
     let cpio = vm_dir.join("initramfs.cpio");
     write_cpio(&stage.root, &cpio)?;
     let size = fs::metadata(&cpio).with_context(|| format!("reading {}", cpio.display()))?.len();
@@ -164,7 +172,8 @@ fn env_script(host_stall: &Path) -> String {
     format!(
         "# written by xtask/src/vm/initramfs.rs for {}\nexport STALL_BIN=/{GUEST_STALL}\n\
          export STALL_NVML_SCRIPT_LIB=/{GUEST_NVML_SCRIPT}\n\
-         export STALL_CUDA_STUB_LIB=/{GUEST_CUDA_STUB}\nSTALL_TEST_DIR={}\n",
+         export STALL_CUDA_STUB_LIB=/{GUEST_CUDA_STUB}\n\
+         export STALL_NCCL_STUB_LIB=/{GUEST_NCCL_STUB}\nSTALL_TEST_DIR={}\n",
         host_stall.display(),
         shell_quote(&tests_dir.to_string_lossy())
     )

@@ -27,6 +27,7 @@ pub fn run(stall: &Path, tests: &[TestBin], args: &[String]) -> Result<Row> {
             .env("STALL_BIN", stall)
             .env("STALL_NVML_SCRIPT_LIB", crate::build::nvml_script_next_to(stall)?)
             .env("STALL_CUDA_STUB_LIB", crate::build::cuda_stub_next_to(stall)?)
+            .env("STALL_NCCL_STUB_LIB", crate::build::nccl_stub_next_to(stall)?)
             .env("STALL_TORCH_PATH", &torch)
             .env("STALL_DATASETS_PATH", &datasets)
             .env("STALL_SCHEMAS_PATH", &schemas)

@@ -78,11 +78,37 @@ pub fn harness_args(user: &[String]) -> Vec<String> {
     args
 }
 
-/// The kernel command line: what follows `--` becomes /init's arguments,
-/// double quotes keeping an argument with spaces whole.
-fn kernel_cmdline(args: &[String]) -> Result<String> {
+/// One of a kernel's shards: `index` of `count`, from 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Shard {
+    /// What /init reads from /proc/cmdline; none for a single shard, which
+    /// runs everything.
+    pub fn kernel_arg(self) -> Option<String> {
+        (self.count > 1).then(|| format!("stall.shard={}/{}", self.index, self.count))
+    }
+
+    /// The suffix of its console log's name and of its console lines.
+    pub fn tag(self) -> Option<String> {
+        (self.count > 1).then(|| format!("{}of{}", self.index, self.count))
+    }
+}
+
+/// The kernel command line: the shard /init reads from /proc/cmdline, then
+/// what follows `--`, which becomes /init's arguments, double quotes keeping
+/// an argument with spaces whole.
+fn kernel_cmdline(args: &[String], shard: Option<Shard>) -> Result<String> {
     ensure!(args.len() <= MAX_INIT_ARGS, "at most {MAX_INIT_ARGS} test harness arguments fit the kernel's");
-    let mut line = format!("{KERNEL_ARGS} --");
+    let mut line = KERNEL_ARGS.to_string();
+    if let Some(arg) = shard.and_then(Shard::kernel_arg) {
+        line.push(' ');
+        line.push_str(&arg);
+    }
+    line.push_str(" --");
     for arg in args {
         ensure!(
             !arg.contains('"') && !arg.chars().any(char::is_control) && !arg.is_empty(),
@@ -99,9 +125,11 @@ fn kernel_cmdline(args: &[String]) -> Result<String> {
     Ok(line)
 }
 
-/// Boots `kernel`, runs the tests, and gives up (killing QEMU) after `timeout`.
+/// Boots `kernel`, runs the tests (`shard`'s share of them, if given), and
+/// gives up (killing QEMU) after `timeout`.
 pub fn boot(
     kernel: &Kernel,
+    shard: Option<Shard>,
     initramfs: &Path,
     args: &[String],
     timeout: Duration,
@@ -116,7 +144,11 @@ pub fn boot(
         .arg("-initrd")
         .arg(initramfs)
         .arg("-append")
-        .arg(kernel_cmdline(args)?);
+        .arg(kernel_cmdline(args, shard)?);
+    let name = match shard.and_then(Shard::tag) {
+        Some(tag) => format!("{} {tag}", kernel.name),
+        None => kernel.name.clone(),
+    };
     println!("xtask: $ {}", cmd::describe(&qemu));
     qemu.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let start = Instant::now();
@@ -136,7 +168,7 @@ pub fn boot(
                     let _ = child.wait();
                     return Err(e).with_context(|| format!("writing {}", log.display()));
                 }
-                println!("[{}] {line}", kernel.name);
+                println!("[{name}] {line}");
                 console.see(&line, start.elapsed());
             }
             Err(RecvTimeoutError::Disconnected) => break false,
@@ -286,9 +318,16 @@ mod tests {
 
     #[test]
     fn harness_arguments_follow_the_double_dash() {
-        let line = kernel_cmdline(&["--test-threads=1".into(), "--skip".into(), "a b".into()]).unwrap();
+        let line = kernel_cmdline(&["--test-threads=1".into(), "--skip".into(), "a b".into()], None).unwrap();
         assert_eq!(line, "console=ttyS0 panic=-1 quiet -- --test-threads=1 --skip \"a b\"");
-        assert!(kernel_cmdline(&["say \"hi\"".into()]).is_err());
+        assert!(kernel_cmdline(&["say \"hi\"".into()], None).is_err());
+        let shard = Some(Shard { index: 2, count: 3 });
+        assert_eq!(
+            kernel_cmdline(&["leak".into()], shard).unwrap(),
+            "console=ttyS0 panic=-1 quiet stall.shard=2/3 -- leak"
+        );
+        let whole = Some(Shard { index: 1, count: 1 });
+        assert_eq!(kernel_cmdline(&[], whole).unwrap(), "console=ttyS0 panic=-1 quiet --");
     }
 
     #[test]

@@ -295,7 +295,14 @@ fn forks_exec_exit_build_the_tree() {
     assert_eq!(m.procs[&20].comm, "worker");
     assert_eq!(m.threads[&11].tgid, 10);
     let counters = ThreadCounters { file_read_bytes: 9, ..Default::default() };
-    m.apply(&Event::Exit { ts: 4, tid: 20, tgid: 20, comm: "worker".into(), counters, other_nr: -1 });
+    m.apply(&Event::Exit {
+        ts: 4,
+        tid: 20,
+        tgid: 20,
+        comm: "worker".into(),
+        counters: Box::new(counters),
+        other_nr: -1,
+    });
     assert!(!m.procs[&20].alive);
     assert!(m.procs[&10].alive);
     let (tgids, tids) = m.dead();
@@ -326,7 +333,7 @@ fn a_reused_id_is_a_new_task() {
         tid,
         tgid,
         comm: "worker".into(),
-        counters: ThreadCounters { file_read_bytes, ..Default::default() },
+        counters: Box::new(ThreadCounters { file_read_bytes, ..Default::default() }),
         other_nr: -1,
     };
     // A worker process 20 and a thread 11 of the trainer 10 end.
@@ -430,7 +437,14 @@ fn ended_processes_beyond_the_cap_are_summed() {
             FileCounters { read_bytes: 7, read_calls: 1, read_ns: 1, timed_calls: 1, ..Default::default() };
         m.apply(&Event::Close { ts: 2, tgid: pid, fd: 3, file_id: u64::from(pid), counters: fc });
         let counters = ThreadCounters { file_read_bytes: 7, on_cpu_ns: 3, ..Default::default() };
-        m.apply(&Event::Exit { ts: 3, tid: pid, tgid: pid, comm: "w".into(), counters, other_nr: -1 });
+        m.apply(&Event::Exit {
+            ts: 3,
+            tid: pid,
+            tgid: pid,
+            comm: "w".into(),
+            counters: Box::new(counters),
+            other_nr: -1,
+        });
     }
     let first = m.interval(10);
     // One thread each, held at its size (a fork storm's window holds thousands).
@@ -471,7 +485,14 @@ fn prune_keeps_only_the_live_job() {
         comm: "w".into(),
     });
     let counters = ThreadCounters::default();
-    m.apply(&Event::Exit { ts: 2, tid: 20, tgid: 20, comm: "w".into(), counters, other_nr: -1 });
+    m.apply(&Event::Exit {
+        ts: 2,
+        tid: 20,
+        tgid: 20,
+        comm: "w".into(),
+        counters: Box::new(counters),
+        other_nr: -1,
+    });
     m.apply(&Event::Close { ts: 2, tgid: 10, fd: 3, file_id: 1, counters: FileCounters::default() });
     prune_with_alive(&mut m, 10, 3);
     assert_eq!(m.threads.keys().copied().collect::<Vec<_>>(), vec![10]);

@@ -4,7 +4,7 @@ use super::{CpuLimitWindow, FdWait, FileWindow, ProcWindow, ThreadWindow, Waker,
 use crate::decode::ThreadCounters;
 
 fn sub_known(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-    a.map(|a| a.saturating_sub(b.unwrap_or(0)))
+    crate::decode::Counter::since(&a, &b)
 }
 
 impl Window {
@@ -107,19 +107,7 @@ fn files_since(now: &[FileWindow], before: &[FileWindow]) -> Vec<FileWindow> {
             out.push(f.clone());
             continue;
         };
-        let d = FileWindow {
-            opens: f.opens.saturating_sub(bf.opens),
-            read_calls: f.read_calls.saturating_sub(bf.read_calls),
-            read_bytes: f.read_bytes.saturating_sub(bf.read_bytes),
-            read_ns: f.read_ns.saturating_sub(bf.read_ns),
-            timed_calls: f.timed_calls.saturating_sub(bf.timed_calls),
-            write_bytes: f.write_bytes.saturating_sub(bf.write_bytes),
-            write_calls: f.write_calls.saturating_sub(bf.write_calls),
-            open_ns: f.open_ns.saturating_sub(bf.open_ns),
-            storage_bytes: sub_known(f.storage_bytes, bf.storage_bytes),
-            mmap_bytes: sub_known(f.mmap_bytes, bf.mmap_bytes),
-            ..f.clone()
-        };
+        let d = f.saturating_sub(bf);
         if d.read_calls + d.write_calls + d.opens > 0
             || d.open_ns > 0
             || d.storage_bytes > Some(0)

@@ -9,7 +9,10 @@ use super::*;
 use crate::{
     aggregate::Model,
     correlate::{self, Role},
-    decode::{Event, FileCounters, FileSnap, Snapshot, ThreadCounters, ThreadNow, ThreadSnap, WakeSnap},
+    decode::{
+        CommSnap, Event, FileCounters, FileSnap, GpuCounters, Snapshot, ThreadCounters, ThreadNow,
+        ThreadSnap, WakeSnap,
+    },
     gpu::gpu_window,
     rank::Rank,
     wait::WaitObject,
@@ -49,6 +52,8 @@ struct Run {
     threads: Vec<ThreadSnap>,
     files: Vec<FileSnap>,
     wakes: Vec<WakeSnap>,
+    gpu_calls: Vec<(u32, GpuCounters)>,
+    communicators: Vec<CommSnap>,
 }
 
 impl Run {
@@ -143,6 +148,8 @@ impl Run {
             threads: self.threads.clone(),
             files: self.files.clone(),
             wakes: self.wakes.clone(),
+            gpu_calls: self.gpu_calls.clone(),
+            communicators: self.communicators.clone(),
             ..Default::default()
         });
         self.model.summary(end)
@@ -211,6 +218,33 @@ fn a_rank_blocked_saving_a_checkpoint_holds_the_run() {
     assert_eq!((s.rank, s.pid, s.kind), (1, 200, Kind::OutputIoBound), "{v:?}");
     assert_eq!(s.waiting_ranks, vec![0, 2, 3]);
     assert!(v.summary.starts_with("rank 1 (pid 200) holds the run: output-io-bound — "), "{}", v.summary);
+}
+
+/// A crowded host: the waiting ranks' trainers wait for a CPU 30 % of the
+/// window, so they are blocked in their collective thread's waits only
+/// 45 % of it, but 64 % of the time they could act: they still wait for
+/// the slow rank.
+#[test]
+fn ranks_crowded_off_the_cpus_still_wait_for_the_slow_rank() {
+    let mut run = Run::new().rank(0, false).rank(1, false).rank(2, true).rank(3, false);
+    for pid in [100, 200, 400] {
+        let t = run.threads.iter_mut().find(|t| t.tid == pid).unwrap();
+        t.counters = counters(0.2, [0.45, 0.0, 0.0, 0.0, 0.3, 0.0], 0);
+        run.thread(pid + 5, pid, counters(0.02, [0.0, 0.0, 0.95], 0));
+        let woke = |wakee, waker, waker_tgid| WakeSnap {
+            wakee,
+            waker,
+            waker_tgid,
+            waker_comm: "pt_gloo_runloop".into(),
+            count: 300,
+            blocked_ns: 4 * S,
+        };
+        run.wakes.push(woke(pid, pid + 5, pid));
+        run.wakes.push(woke(pid + 5, 0, 0));
+    }
+    let (v, _) = run.judged();
+    let s = v.run.as_ref().and_then(|r| r.straggler.as_ref()).expect("a straggler");
+    assert_eq!((s.rank, s.waiting_ranks.as_slice()), (2, &[0, 1, 3][..]), "{v:?}");
 }
 
 #[test]
@@ -384,4 +418,97 @@ fn a_futex_wait_is_placed_by_the_stack() {
     // All inside, or none: nothing to tell apart.
     v.python_stacks.retain(|st| st.pid != 300);
     assert_eq!(super::collective_waits(&v, &w, none), None);
+}
+
+/// NCCL ranks: each trainer made `n` all-reduces, one every 300 ms, rank
+/// `late` `late_ms` after the others, and waited from each to the
+/// synchronization after it (the late rank barely). `known`: the
+/// communicators were seen made, so the arrivals can be compared.
+fn nccl_run(late: u32, late_ms: u64, known: bool) -> Run {
+    let mut run = Run::new();
+    let n: u64 = 20;
+    for r in 0..4 {
+        run = run.rank(r, false);
+        let pid = 100 + r * 100;
+        let lateness = if r == late { late_ms } else { 0 };
+        let wait_ms = if r == late { 5 } else { 5 + late_ms };
+        run.gpu_calls.push((
+            pid,
+            GpuCounters {
+                collectives: n,
+                collective_waits: n,
+                collective_wait_ns: n * wait_ms * 1_000_000,
+                collective_waited_ns: n * wait_ms * 1_000_000,
+                sync_calls: n,
+                sync_ns: n * wait_ms * 1_000_000,
+                ..Default::default()
+            },
+        ));
+        let ring: Vec<u64> = (0..128u64)
+            .map(|slot| if slot < n { (1000 + slot * 300 + lateness + u64::from(r)) * 1_000_000 } else { 0 })
+            .collect();
+        run.communicators.push(CommSnap {
+            tgid: pid,
+            comm: 0xc0de,
+            id: known.then_some(42),
+            nranks: Some(4),
+            rank: Some(r),
+            tid: pid,
+            collectives: n,
+            p2p: 0,
+            ring,
+        });
+    }
+    run
+}
+
+#[test]
+fn the_rank_calling_the_collectives_last_is_named_by_its_lateness() {
+    let (v, _) = nccl_run(2, 200, true).judged();
+    let s = v.run.as_ref().and_then(|r| r.straggler.as_ref()).expect("a straggler");
+    assert_eq!((s.rank, s.pid, &s.waiting_ranks[..]), (2, 300, &[0, 1, 3][..]), "{}", v.summary);
+    let late = s.late_s.expect("named by its arrivals");
+    assert!((late - 0.2).abs() < 0.005, "{late}");
+    assert!(v.summary.contains("last at 20 of 20 NCCL collectives compared, 202 ms after"), "{}", v.summary);
+    // The others' waits are put on it: 20 × 205 ms of 10 s.
+    assert!((s.peer_wait - 0.41).abs() < 0.01, "{}", s.peer_wait);
+    let r0 = &v.run.as_ref().unwrap().ranks[0];
+    assert_eq!(r0.collectives.map(|c| (c.calls, c.compared, c.last)), Some((20, 20, 0)));
+}
+
+#[test]
+fn without_the_communicators_identity_the_waits_name_the_late_rank() {
+    let (v, _) = nccl_run(1, 200, false).judged();
+    let s = v.run.as_ref().and_then(|r| r.straggler.as_ref()).expect("a straggler");
+    assert_eq!(s.rank, 1, "{}", v.summary);
+    assert!((s.late_s.unwrap() - 0.2).abs() < 0.001);
+    assert!(
+        v.summary.contains("it waits 5 ms per NCCL collective where the others wait 200 ms more"),
+        "{}",
+        v.summary
+    );
+}
+
+#[test]
+fn ranks_at_the_collectives_together_name_no_late_rank() {
+    let (v, _) = nccl_run(2, 0, true).judged();
+    assert!(v.run.as_ref().is_some_and(|r| r.straggler.is_none()), "{}", v.summary);
+}
+
+#[test]
+fn a_window_ending_inside_the_waits_keeps_their_mean() {
+    let mut run = nccl_run(1, 200, false);
+    // Each rank but the late one is 150 ms into its next wait when the
+    // window ends: time waited, not a longer wait of those that ended.
+    for (pid, g) in &mut run.gpu_calls {
+        if *pid != 200 {
+            g.collective_wait_ns += 150_000_000;
+        }
+    }
+    let (v, _) = run.judged();
+    let s = v.run.as_ref().and_then(|r| r.straggler.as_ref()).expect("a straggler");
+    assert_eq!(s.rank, 1, "{}", v.summary);
+    assert!((s.late_s.unwrap() - 0.2).abs() < 0.001, "{:?}", s.late_s);
+    let r0 = &v.run.as_ref().unwrap().ranks[0];
+    assert!(r0.collectives.is_some_and(|c| (c.wait_s - 0.205).abs() < 0.001), "{:?}", r0.collectives);
 }

@@ -266,23 +266,362 @@ fn a_lock_held_elsewhere_names_the_file_and_its_holder() {
     );
 }
 
+/// A trainer waiting in `wait4` for its child `cmdline`, on CPU.
+fn waiting_for_child_on_cpu(cmdline: &str) -> Job {
+    let mut job = Job::new(10);
+    job.model.note_process(300, Some(100), "python3", Some(cmdline.into()));
+    let c = counters(10, 0.01, [0.0, 0.0, 0.0, 0.0, 0.0, 0.98], 0);
+    let child = counters(10, 0.95, [0.0, 0.02, 0.0, 0.0, 0.02, 0.0], 1_000_000);
+    job.thread_of(100, 100, c, waiting(reason::OTHER, 61), 61).thread_of(300, 300, child, RUNNING, -1)
+}
+
 /// An evaluation run as a subprocess: the trainer waits in `wait4`, the
 /// child is on CPU.
 #[test]
 fn a_child_on_cpu_that_the_trainer_waits_for_is_named() {
-    let mut job = Job::new(10);
-    job.model.note_process(300, Some(100), "python3", Some("python3 eval.py --split val".into()));
-    let c = counters(10, 0.01, [0.0, 0.0, 0.0, 0.0, 0.0, 0.98], 0);
-    let child = counters(10, 0.95, [0.0, 0.02, 0.0, 0.0, 0.02, 0.0], 1_000_000);
-    let v = job
-        .thread_of(100, 100, c, waiting(reason::OTHER, 61), 61)
-        .thread_of(300, 300, child, RUNNING, -1)
-        .judge(&[]);
+    let v = waiting_for_child_on_cpu("python3 eval.py --split val").judge(&[]);
     assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
     assert!(
         v.summary.contains("waiting for its child pid 300 (python3 eval.py --split val), on CPU 98%"),
         "{}",
         v.summary
     );
-    assert!(v.blamed.iter().any(|b| b.tid == 300), "{:?}", v.blamed);
+    assert!(v.blamed.iter().any(|b| (b.pid, b.tid) == (300, 300)), "{:?}", v.blamed);
+}
+
+/// A trainer with two DataLoader workers (which woke it 200 times each
+/// before the evaluation began, idle since) runs an evaluation subprocess:
+/// the evaluation is what it waits for, the workers are no part of it.
+#[test]
+fn dataloader_workers_are_not_the_children_a_trainer_waits_for() {
+    let mut job =
+        waiting_for_child_on_cpu("python3 eval.py --split val").woken_by_thread(100, 300, 300, "python3", 1);
+    for pid in [101, 102] {
+        job = job.worker(pid, 0.01, [0.0, 0.0, 0.95], 20_000_000).woken_by_thread(
+            100,
+            pid,
+            pid,
+            "pt_data_worker",
+            200,
+        );
+    }
+    let v = job.judge(&[]);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    assert!(
+        v.summary.contains("waiting for its child pid 300 (python3 eval.py --split val), on CPU 98%"),
+        "{}",
+        v.summary
+    );
+}
+
+/// A child's command line of several lines (`python3 -c` and a script) is
+/// told on one line, cut short.
+#[test]
+fn a_childs_command_line_is_told_on_one_line() {
+    let script =
+        "python3 -c import time\nend = time.perf_counter() + 1.5\nwhile time.perf_counter() < end: pass";
+    let v = waiting_for_child_on_cpu(script).judge(&[]);
+    let want = "its child pid 300 (python3 -c import time end = time.perf_counter() + 1.5 while…), on CPU";
+    assert!(v.summary.contains(want), "{}", v.summary);
+}
+
+/// The evaluation started through a shell (`sh -c "python3 eval.py; …"`):
+/// the shell only waits for its own child, which is on CPU. The wait is
+/// followed through the shell, and both are named as what they are.
+#[test]
+fn a_child_started_through_a_shell_is_followed_through_it() {
+    let mut job = Job::new(10);
+    job.model.note_process(300, Some(100), "sh", Some("sh -c python3 eval.py; echo done".into()));
+    job.model.note_process(301, Some(300), "python3", Some("python3 eval.py".into()));
+    let c = counters(10, 0.01, [0.0, 0.0, 0.0, 0.0, 0.0, 0.98], 0);
+    let shell = counters(10, 0.01, [0.0, 0.0, 0.0, 0.0, 0.0, 0.97], 0);
+    let eval = counters(10, 0.95, [0.0, 0.02, 0.0, 0.0, 0.02, 0.0], 1_000_000);
+    let v = job
+        .thread_of(100, 100, c, waiting(reason::OTHER, 61), 61)
+        .thread_of(300, 300, shell, waiting(reason::OTHER, 61), 61)
+        .thread_of(301, 301, eval, RUNNING, -1)
+        .judge(&[]);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    let want = "waiting for its child pid 300 (sh -c python3 eval.py; echo done), which waits for its child pid 301 (python3 eval.py), on CPU 98%";
+    assert!(v.summary.contains(want), "{}", v.summary);
+    let named: Vec<(u32, u32, &str)> =
+        v.blamed.iter().filter(|b| b.pid != 100).map(|b| (b.pid, b.tid, b.what)).collect();
+    assert_eq!(
+        named,
+        [(300, 300, "child the wait goes through"), (301, 301, "child the trainer waits for")],
+        "{:?}",
+        v.blamed
+    );
+    let steps: Vec<(&str, &str)> = v.path.iter().map(|p| (p.who, p.state)).collect();
+    assert_eq!(steps, [("trainer main thread", "other"), ("child", "other"), ("child", "on-cpu")]);
+}
+
+/// A checkpoint uploaded by a subprocess the trainer waits for: the child
+/// is blocked sending to the store, so the trainer is output-bound.
+#[test]
+fn a_child_uploading_what_the_trainer_waits_for_is_output_bound() {
+    let mut job = Job::new(10);
+    job.model.note_process(300, Some(100), "python3", Some("python3 upload.py ckpt.pt".into()));
+    let c = counters(10, 0.01, [0.0, 0.0, 0.0, 0.0, 0.0, 0.97], 0);
+    let mut up = counters(10, 0.05, [0.0, 0.0, 0.05, 0.0, 0.0, 0.0], 0);
+    up.off_ns[usize::from(reason::SEND)] = 85 * S / 10;
+    up.other_write_bytes = 20_000_000;
+    let peer = WaitObject::Socket { fd: 3, peer: Some("10.0.0.5:9000".into()) };
+    let v = job
+        .thread_of(100, 100, c, waiting(reason::OTHER, 61), 61)
+        .thread_of(300, 300, up, waiting(reason::SEND, 44), -1)
+        .waiting_on(300, reason::SEND, peer)
+        .judge(&[]);
+    assert_eq!(v.kind, Kind::OutputIoBound, "{v:?}");
+    let want = "waiting for its child pid 300 (python3 upload.py ckpt.pt), blocked 89% writing the socket to 10.0.0.5:9000 (20.0 MB at 2.0 MB/s)";
+    assert!(v.summary.contains(want), "{}", v.summary);
+    let last = v.path.last().unwrap();
+    assert_eq!(
+        (last.who, last.state, last.object.as_deref()),
+        ("child", "send", Some("the socket to 10.0.0.5:9000"))
+    );
+}
+
+/// Three evaluations, one after another, each 2 s of a 10 s window on CPU;
+/// a helper child (a metrics server) asleep all along ended none of the
+/// trainer's waits: the evaluations are judged over their own lifetimes,
+/// the helper left out.
+#[test]
+fn children_run_one_after_another_are_judged_over_their_lives() {
+    let mut job = Job::new(10);
+    job.model.note_process(400, Some(100), "python3", Some("python3 -m metrics_server".into()));
+    let c = counters(10, 0.05, [0.0, 0.0, 0.0, 0.0, 0.0, 0.9], 0);
+    job = job.thread_of(100, 100, c, waiting(reason::OTHER, 61), 61).thread_of(
+        400,
+        400,
+        counters(10, 0.0, [0.0, 0.0, 0.0, 1.0], 0),
+        waiting(reason::SLEEP, 230),
+        -1,
+    );
+    for (pid, life) in [(301, 0.2), (302, 0.2), (303, 0.15)] {
+        job.model.note_process(pid, Some(100), "python3", Some(format!("python3 eval.py --round {pid}")));
+        let c = counters(10, life * 0.9, [0.0, life * 0.05, 0.0, 0.0, life * 0.05], 0);
+        job = job.thread_of(pid, pid, c, RUNNING, -1).woken_by_thread(100, pid, pid, "python3", 1);
+    }
+    let v = job.judge(&[]);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    let want = "waiting for its 3 children, one after another (the longest pid 301 (python3 eval.py --round 301)), on CPU 95%";
+    assert!(v.summary.contains(want), "{}", v.summary);
+    assert!(!v.blamed.iter().any(|b| b.pid == 400), "{:?}", v.blamed);
+    let last = v.path.last().unwrap();
+    assert_eq!((last.who, &last.pids[..]), ("children", &[301, 302, 303][..]), "{:?}", v.path);
+}
+
+/// A child that sleeps between retries (a back-off against a busy
+/// service): the trainer waits on its sleeps.
+#[test]
+fn a_child_that_sleeps_makes_the_trainer_wait_on_its_sleeps() {
+    let mut job = Job::new(10);
+    job.model.note_process(300, Some(100), "python3", Some("python3 fetch_eval_set.py".into()));
+    let c = counters(10, 0.01, [0.0, 0.0, 0.0, 0.0, 0.0, 0.97], 0);
+    let child = counters(10, 0.02, [0.0, 0.0, 0.1, 0.85], 0);
+    let v = job
+        .thread_of(100, 100, c, waiting(reason::OTHER, 61), 61)
+        .thread_of(300, 300, child, waiting(reason::SLEEP, 230), -1)
+        .silent(2.0, Some(1.0), Some(("/runs/fetch.log", 2.0)))
+        .judge(&[]);
+    assert_eq!(v.kind, Kind::InputWaitBound, "{v:?}");
+    assert!(v.summary.contains("(python3 fetch_eval_set.py), asleep 88% of its time"), "{}", v.summary);
+}
+
+/// A gloo rank on a crowded host: its main thread waits in futex for its
+/// collective thread, which waits on the peers' sockets (woken by the
+/// network, not by the workers); its workers, CPU-starved, want the CPU.
+/// The trainer waits on what its thread waits for, not on its input.
+#[test]
+fn a_thread_that_waits_on_peers_is_no_input_stall_though_the_workers_want_cpu() {
+    let gloo = counters(10, 0.03, [0.0, 0.0, 0.95, 0.0, 0.02, 0.0], 0);
+    let mut job = Job::new(10)
+        .trainer(0.1, [0.46, 0.0, 0.09, 0.0, 0.35, 0.0], blocked(reason::FUTEX))
+        .thread_of(105, 100, gloo, waiting(reason::POLL, 7), -1)
+        .woken_after(100, (105, 100, "python"), 300, 4.0)
+        .woken_after(105, (0, 0, "[interrupt]"), 320, 8.0);
+    for pid in 101..=102 {
+        job = job.worker(pid, 0.08, [0.0, 0.05, 0.48, 0.0, 0.39, 0.0], 30_000_000);
+        job = job.woken_after(100, (pid, pid, "pt_data_worker"), 60, 0.4);
+    }
+    let peer = WaitObject::Socket { fd: 7, peer: Some("127.0.0.1:29622".into()) };
+    let v = job.waiting_on(105, reason::POLL, peer).judge(&[]);
+    assert_eq!(v.kind, Kind::Unknown, "{v:?}");
+    for want in
+        ["waits 40% of the time for thread 105", "blocked 95% (poll on the socket to 127.0.0.1:29622)"]
+    {
+        assert!(v.summary.contains(want), "{want:?} not in {}", v.summary);
+    }
+    let steps: Vec<(&str, &str)> = v.path.iter().map(|p| (p.who, p.state)).collect();
+    assert_eq!(steps, [("trainer main thread", "futex"), ("thread", "poll")], "{:?}", v.path);
+}
+
+/// The slow rank of a gloo run on a crowded host: its main thread waits on
+/// its collective threads (5.8 s) and on its CPU-bound workers (5.3 s)
+/// alike: its input is a cause of its own, not a wait for its peers.
+#[test]
+fn a_rank_waiting_on_its_peers_and_its_busy_workers_alike_is_input_bound() {
+    let gloo = counters(14, 0.05, [0.9, 0.0, 0.0, 0.0, 0.03, 0.0], 0);
+    let mut job = Job::new(14)
+        .trainer(0.3, [0.4, 0.0, 0.38, 0.0, 0.2, 0.0], blocked(reason::POLL))
+        .thread_of(105, 100, gloo, waiting(reason::FUTEX, 202), -1)
+        .thread_of(106, 100, gloo, waiting(reason::FUTEX, 202), -1)
+        .woken_after(100, (105, 100, "pt_gloo_runloop"), 254, 3.2)
+        .woken_after(100, (106, 100, "pt_gloo_runloop"), 244, 2.56);
+    for (pid, ended) in [(101, 3.4), (102, 1.9)] {
+        job = job.worker(pid, 0.6, [0.0, 0.0, 0.05, 0.0, 0.3, 0.0], 25_000_000);
+        job = job.woken_after(100, (pid, pid, "pt_data_worker"), 470, ended);
+    }
+    let v = job.judge(&[]);
+    assert_eq!(v.kind, Kind::InputCpuBound, "{v:?}");
+}
+
+/// PyTorch's pin-memory thread: it ends the main thread's waits, but the
+/// workers end its own: the wait goes on to them, CPU-bound as they are.
+#[test]
+fn a_thread_the_workers_wake_hands_the_wait_on_to_them() {
+    let pin = counters(10, 0.05, [0.0, 0.0, 0.85, 0.0, 0.02, 0.0], 0);
+    let mut job = Job::new(10)
+        .trainer(0.1, [0.8, 0.0, 0.0, 0.0, 0.05, 0.0], blocked(reason::FUTEX))
+        .thread_of(105, 100, pin, waiting(reason::POLL, 7), -1)
+        .woken_after(100, (105, 100, "pt_pin_memory"), 300, 7.5);
+    for pid in 101..=102 {
+        job = job.worker(pid, 0.6, [0.0, 0.05, 0.0, 0.0, 0.3, 0.0], 30_000_000).woken_after(
+            105,
+            (pid, pid, "pt_data_worker"),
+            150,
+            4.0,
+        );
+    }
+    let v = job.judge(&[]);
+    assert_eq!(v.kind, Kind::InputCpuBound, "{v:?}");
+}
+
+impl Job {
+    /// Process `tgid` connected `fd` to `peer` and read `bytes` from it.
+    fn connected(mut self, tgid: u32, fd: i32, peer: &str, bytes: u64) -> Self {
+        let file_id = 900 + u64::from(fd as u32);
+        self.model.apply(&Event::Connect { ts: 0, tgid, fd, file_id, peer: peer.into() });
+        self.files.push(FileSnap {
+            tgid,
+            fd,
+            file_id,
+            kind: fd_kind::SOCKET,
+            counters: FileCounters { read_bytes: bytes, read_calls: bytes / 65536 + 1, ..Default::default() },
+        });
+        self
+    }
+}
+
+/// The main thread joins a thread that uploads a checkpoint to a slow
+/// object store: the wait ends in that thread's sends, output-bound.
+#[test]
+fn a_thread_uploading_what_the_trainer_waits_for_is_output_bound() {
+    let mut up = counters(10, 0.02, [0.0, 0.0, 0.15, 0.0, 0.0, 0.0], 0);
+    up.off_ns[usize::from(reason::SEND)] = 83 * S / 10;
+    up.other_write_bytes = 25_200_000;
+    let peer = WaitObject::Socket { fd: 3, peer: Some("127.0.0.1:40985".into()) };
+    let v = Job::new(10)
+        .trainer(0.05, [0.94, 0.0, 0.01, 0.0, 0.0, 0.0], blocked(reason::FUTEX))
+        .thread_of(709, 100, up, waiting(reason::SEND, 44), -1)
+        .woken_after(100, (709, 100, "python3"), 3, 9.4)
+        .woken_after(709, (0, 0, "[interrupt]"), 20, 9.7)
+        .waiting_on(709, reason::SEND, peer)
+        .judge(&[]);
+    assert_eq!(v.kind, Kind::OutputIoBound, "{v:?}");
+    let want = "thread 709 (python) of the trainer, which is blocked 83% writing the socket to 127.0.0.1:40985 (25.2 MB at 2.5 MB/s)";
+    assert!(v.summary.contains(want), "{}", v.summary);
+}
+
+/// The main thread waits on an event a thread sets between sleeps (a
+/// rate-limited API): a wait on those sleeps.
+#[test]
+fn a_thread_that_sleeps_between_batches_makes_the_trainer_wait() {
+    let loader = counters(10, 0.0, [0.0, 0.0, 0.0, 1.0, 0.0, 0.0], 0);
+    let v = Job::new(10)
+        .trainer(0.04, [0.95, 0.0, 0.01, 0.0, 0.0, 0.0], blocked(reason::FUTEX))
+        .thread_of(1006, 100, loader, waiting(reason::SLEEP, 230), -1)
+        .woken_after(100, (1006, 100, "python3"), 31, 9.5)
+        .woken_after(1006, (0, 0, "[interrupt]"), 30, 10.0)
+        .printed(4096)
+        .judge(&[]);
+    assert_eq!(v.kind, Kind::InputWaitBound, "{v:?}");
+    assert!(
+        v.summary.contains("thread 1006 (python) of the trainer, which spends 100% of its time asleep"),
+        "{}",
+        v.summary
+    );
+}
+
+/// No workers: the trainer reads its samples from a data server over a
+/// socket, woken by the network: its input streams in, slowly.
+#[test]
+fn a_trainer_streaming_its_input_from_a_slow_server_is_input_bound() {
+    let peer = WaitObject::Socket { fd: 3, peer: Some("10.1.2.3:8000".into()) };
+    let v = Job::new(10)
+        .trainer(0.11, [0.0, 0.0, 0.88, 0.0, 0.01, 0.0], waiting(reason::POLL, 45))
+        .connected(100, 3, "10.1.2.3:8000", 20_000_000)
+        .woken_after(100, (0, 0, "[interrupt]"), 600, 8.7)
+        .waiting_on(100, reason::POLL, peer)
+        .judge(&[]);
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    let want = "blocked 88% of 10.0s reading the socket to 10.1.2.3:8000 (20.0 MB at 2.0 MB/s), woken from outside the job";
+    assert!(v.summary.contains(want), "{}", v.summary);
+    assert_eq!(v.path[0].object.as_deref(), Some("the socket to 10.1.2.3:8000"), "{:?}", v.path);
+}
+
+/// The same through a pipe (a decoder writing into the trainer's stdin or
+/// a FIFO): the writer's pace; but a pipe the job's own workers write
+/// (a multiprocessing queue) is no such input.
+#[test]
+fn a_trainer_fed_through_a_pipe_waits_on_its_writer_unless_a_worker_writes_it() {
+    let fed = |writer: u32| {
+        let mut c = counters(10, 0.2, [0.0, 0.0, 0.78, 0.0, 0.02, 0.0], 0);
+        c.other_read_bytes = 12_000_000;
+        let pipe = WaitObject::Pipe { fd: 0, writing: false, others: vec![party(writer, "ffmpeg")] };
+        Job::new(10)
+            .thread_of(100, 100, c, waiting(reason::POLL, 0), -1)
+            .woken_after(100, (writer, writer, "ffmpeg"), 600, 7.6)
+            .waiting_on(100, reason::POLL, pipe)
+    };
+    let v = fed(840).judge(&[]);
+    assert_eq!(v.kind, Kind::InputWaitBound, "{v:?}");
+    assert!(
+        v.summary.contains("reading stdin, a pipe written by pid 840 (ffmpeg) (12.0 MB at 1.2 MB/s)"),
+        "{}",
+        v.summary
+    );
+    let mut job = fed(101);
+    job = job.worker(101, 0.2, [0.0, 0.0, 0.7, 0.0, 0.0, 0.0], 0);
+    assert_ne!(job.judge(&[]).kind, Kind::InputWaitBound);
+}
+
+/// A lock another program holds, before the job has been silent long
+/// enough to hang: nothing else at work, but the lock and its holder are
+/// named; and so is a child that sleeps, where no rule fits.
+#[test]
+fn idle_and_unknown_still_name_what_the_main_thread_waits_on() {
+    let c = counters(5, 0.01, [0.0, 0.0, 0.01, 0.0, 0.0, 0.98], 0);
+    let lock = WaitObject::Lock { path: "/tmp/build.lock".into(), holders: vec![party(459, "python3")] };
+    let v = Job::new(5)
+        .thread_of(100, 100, c, waiting(reason::OTHER, 72), 72)
+        .waiting_on(100, reason::OTHER, lock)
+        .printed(1024)
+        .judge(&[]);
+    assert_eq!(v.kind, Kind::Idle, "{v:?}");
+    assert!(
+        v.summary.contains(", waiting on the lock on /tmp/build.lock, held by pid 459 (python3)"),
+        "{}",
+        v.summary
+    );
+    let c = counters(5, 0.1, [0.0, 0.0, 0.01, 0.0, 0.0, 0.88], 0);
+    let child = WaitObject::Child { children: vec![party(796, "python3")] };
+    let v = Job::new(5)
+        .thread_of(100, 100, c, waiting(reason::OTHER, 61), 61)
+        .waiting_on(100, reason::OTHER, child)
+        .printed(1024)
+        .judge(&[]);
+    assert_eq!(v.kind, Kind::Unknown, "{v:?}");
+    assert!(v.summary.contains("(other (wait4) 89%), waiting on child pid 796 (python3)"), "{}", v.summary);
 }

@@ -39,11 +39,11 @@ use core::mem::MaybeUninit;
 
 use stall_common::{zeroed_in, FileWindows, InodeBytes, InodeKey, PageCacheOffsets};
 
+use super::{folio_pages, inode_entry, inode_key, MAPPING_ANON, PAGE_BYTES};
 use crate::{
     atomic_add, config, current,
+    kread::{read_u64, read_u8},
     maps::FILE_WINDOWS,
-    pagecache::{folio_pages, inode_entry, inode_key, MAPPING_ANON, PAGE_BYTES},
-    sched::{read_u64, read_u8},
 };
 
 /// `mm_filemap_map_pages(mapping, start_index, last_index)`.

@@ -1,7 +1,7 @@
-//! The syscall hooks' two backends, chosen at start-up.
+//! The syscalls family: the syscall hooks' two backends, chosen at start-up.
 //!
 //! - **trampoline**: fentry/fexit programs on the hooked syscalls' entry
-//!   functions (`__x64_sys_read`...; stall-ebpf's trampoline.rs). Only
+//!   functions (`__x64_sys_read`...; stall-ebpf's syscalls/trampoline.rs). Only
 //!   callers of these syscalls run a program; nothing else of the machine
 //!   changes. Needs BTF and BPF trampolines (the kernel may refuse with
 //!   EPERM, e.g. under lockdown or in some VMs).
@@ -22,7 +22,7 @@ use aya::{
 
 use stall_common::names;
 
-use super::{
+use crate::capture::{
     btf::KernelBtf,
     error::{load_err, verifier_reason},
     object::{attached_program, program},

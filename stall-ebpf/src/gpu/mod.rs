@@ -13,10 +13,12 @@ use stall_common::{counter, gpu_call, zeroed_in, GpuCalls};
 
 use crate::{bump, config, current, ids, maps::GPU_CALLS, now, BPF_NOEXIST};
 
+mod nccl;
+
 /// The current thread's entry in `GPU_CALLS`, made on its first call; None
 /// where the thread is not tracked (or the map is full: counted).
 #[inline(always)]
-fn calls() -> Option<&'static mut GpuCalls> {
+pub(crate) fn calls() -> Option<&'static mut GpuCalls> {
     let (tid, _) = ids();
     if let Some(p) = GPU_CALLS.get_ptr_mut(tid) {
         // SAFETY: `p` is the non-null value pointer of this thread's entry;
@@ -32,6 +34,7 @@ fn calls() -> Option<&'static mut GpuCalls> {
     fresh.tgid = c.tgid;
     if GPU_CALLS.insert(tid, &*fresh, BPF_NOEXIST).is_err() && GPU_CALLS.get_ptr(tid).is_none() {
         bump(counter::LOST_GPU_MAP);
+        crate::diag::map_full(counter::LOST_GPU_MAP);
         return None;
     }
     // SAFETY: as above, for the entry just inserted.
@@ -71,8 +74,16 @@ fn leave() {
     if c.depth > 0 || c.since == 0 {
         return;
     }
-    let spent = now().saturating_sub(c.since);
+    let at = now();
+    let spent = at.saturating_sub(c.since);
     c.since = 0;
+    // The first wait after a collective is where the rank learns it
+    // completed: for its peers and its GPU.
+    if c.collective_since != 0 {
+        c.collective_wait_ns += at.saturating_sub(c.collective_since);
+        c.collective_waits += 1;
+        c.collective_since = 0;
+    }
     if c.kind == gpu_call::COPY {
         c.copy_ns += spent;
         c.copy_calls += 1;

@@ -1,15 +1,23 @@
-//! Where this kernel's io_uring tracepoints keep a read's ring, user data,
-//! opcode, descriptor and result (`UringLayout` for stall-ebpf's uring.rs),
-//! from the tracepoints' BTF typedefs and `struct io_kiocb`:
+//! The io_uring family: its programs loaded and attached where this
+//! kernel's tracepoints are known, and where they keep a read's ring, user
+//! data, opcode, descriptor and result (`UringLayout` for stall-ebpf's
+//! uring/), from the tracepoints' BTF typedefs and `struct io_kiocb`:
 //! - 5.10: `io_uring_submit_sqe(ctx, opcode, user_data, ...)`, the
 //!   descriptor traced just before by `io_uring_file_get(ctx, fd)`,
 //!   `io_uring_complete(ctx, user_data, res, cflags)`;
 //! - 6.1: `io_uring_submit_sqe(req, ...)` (the descriptor in `req->cqe.fd`),
 //!   `io_uring_complete(ctx, req, user_data, res, cflags, ...)`;
 //! - 6.3 on: `io_uring_submit_req(req)`, `io_uring_complete(ctx, req, cqe)`.
-use stall_common::UringLayout;
+use aya::{programs::RawTracePoint, Ebpf};
+use stall_common::{names, UringLayout};
 
-use super::btf::{KernelBtf, TpArg};
+use crate::capture::{
+    btf::{KernelBtf, TpArg},
+    error::load_err,
+    object::program,
+    tracefs::Tracefs,
+    CaptureError,
+};
 
 /// The submission's tracepoint: 6.3 renamed `io_uring_submit_sqe`.
 pub const SUBMIT: [&str; 2] = ["io_uring_submit_req", "io_uring_submit_sqe"];
@@ -97,6 +105,34 @@ pub fn from_args(
             find(complete, usize::from(l.complete_user_data) + 1, |a| matches!(a, TpArg::Int(4 | 8)))?;
     }
     Some(l)
+}
+
+/// The layout for this kernel's tracepoints, where it has them and their
+/// layout is known (docs/KERNELS.md); the default (`on == 0`) else.
+pub fn layout_here(tracefs: &Tracefs, btf: &KernelBtf) -> UringLayout {
+    submit_here(tracefs)
+        .filter(|_| tracefs.has("io_uring", COMPLETE))
+        .and_then(|submit| layout(btf, submit))
+        .unwrap_or_default()
+}
+
+/// The submission tracepoint this kernel has.
+fn submit_here(tracefs: &Tracefs) -> Option<&'static str> {
+    SUBMIT.iter().copied().find(|e| tracefs.has("io_uring", e))
+}
+
+/// Loads and attaches the family where `layout` is on.
+pub fn load(ebpf: &mut Ebpf, tracefs: &Tracefs, layout: &UringLayout) -> Result<(), CaptureError> {
+    if layout.on == 0 {
+        return Ok(());
+    }
+    let submit = submit_here(tracefs).unwrap_or(SUBMIT[0]);
+    program(ebpf, names::URING_SUBMIT, RawTracePoint::load)?.attach(submit).map_err(load_err)?;
+    program(ebpf, names::URING_COMPLETE, RawTracePoint::load)?.attach(COMPLETE).map_err(load_err)?;
+    if layout.submit_req == 0 {
+        program(ebpf, names::URING_FILE_GET, RawTracePoint::load)?.attach(FILE_GET).map_err(load_err)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

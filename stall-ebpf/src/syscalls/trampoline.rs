@@ -5,7 +5,7 @@
 //! them: no other syscall of the machine goes through a slow path or a
 //! program. The agent loads each program against its function
 //! (`FEntry::load(function, btf)`) and falls back to the raw tracepoints
-//! of syscalls.rs where the kernel refuses.
+//! of this family's raw tracepoints (mod.rs) where the kernel refuses.
 //!
 //! What a call does to the slot and the maps is `syscalls::enter`/`exit`,
 //! as for the raw tracepoints; only where `what`, the registers and the
@@ -24,18 +24,15 @@
 //! - close: fentry alone (the descriptor is retired before the number can
 //!   be reused).
 //!
-//! Program names are what the agent's table (capture/backend.rs) names.
+//! Program names are what the agent's table (capture/hooks/syscalls.rs) names.
 use aya_ebpf::{
     macros::{fentry, fexit},
     programs::{FEntryContext, FExitContext},
 };
 use stall_common::{hook, Config, CpuSlot};
 
-use crate::{
-    config,
-    running::tracked_slot,
-    syscalls::{enter, exit},
-};
+use super::{enter, exit};
+use crate::{config, running::tracked_slot};
 
 /// Runs `f` on the current task's slot when the task is tracked; `regs` is
 /// the hooked function's `struct pt_regs *` argument.

@@ -1,11 +1,13 @@
-//! Which way the kernel side follows faults on file mappings (bytes a
+//! The page cache and mappings family: page-cache fills (storage bytes
+//! per file), and which way the kernel side follows faults on file mappings (bytes a
 //! process takes in through `mmap`): the `mm_filemap_*` fault tracepoints
 //! (6.11 on), else trampolines on the two functions they sit in, where BTF
 //! and the kernel allow them, else not at all (`mmap_bytes` unknown).
 use aya::{programs::RawTracePoint, Btf, Ebpf};
 use stall_common::{names, PageCacheOffsets};
 
-use super::{backend, error::load_err, object::program, tracefs::Tracefs, CaptureError};
+use super::syscalls;
+use crate::capture::{btf::KernelBtf, error::load_err, object::program, tracefs::Tracefs, CaptureError};
 
 /// (program, tracepoint), in the `filemap` category.
 const TRACEPOINTS: [(&str, &str); 2] =
@@ -14,6 +16,40 @@ const TRACEPOINTS: [(&str, &str); 2] =
 /// (program, kernel function), the same places as the tracepoints.
 const TRAMPOLINES: [(&str, &str); 2] =
     [(names::FENTRY_MAP_PAGES, "filemap_map_pages"), (names::FENTRY_FILEMAP_FAULT, "filemap_fault")];
+
+/// (program, category, tracepoint) for page-cache fills (storage bytes per
+/// file); attached where the kernel's BTF has the fields it reads.
+const PAGE_CACHE_FILL: (&str, &str, &str) =
+    (names::PAGE_CACHE_FILL, "filemap", "mm_filemap_add_to_page_cache");
+
+/// The page-cache fields the family reads, where the fill tracepoint is
+/// there and BTF has them; the default (`mapping == 0`: not loaded) else.
+pub fn offsets_here(tracefs: &Tracefs, btf: &KernelBtf) -> PageCacheOffsets {
+    if tracefs.has(PAGE_CACHE_FILL.1, PAGE_CACHE_FILL.2) {
+        btf.page_cache_offsets(whole_folios()).unwrap_or_default()
+    } else {
+        Default::default()
+    }
+}
+
+/// Loads and attaches the fill program (`task_pt_regs`: the kernel has
+/// `bpf_task_pt_regs`, else the variant that finds registers from the
+/// stack), then the mapping faults the best way this kernel offers.
+pub fn load(
+    ebpf: &mut Ebpf,
+    tracefs: &Tracefs,
+    off: &PageCacheOffsets,
+    task_pt_regs: bool,
+    btf: Option<&Btf>,
+) -> Result<Option<Way>, CaptureError> {
+    if off.mapping != 0 {
+        let (prog, _, name) = PAGE_CACHE_FILL;
+        let prog = if task_pt_regs { prog } else { names::PAGE_CACHE_FILL_STACK };
+        program(ebpf, prog, RawTracePoint::load)?.attach(name).map_err(load_err)?;
+    }
+    // Needs the page-cache fields too: None where the fill program is not attached.
+    attach(ebpf, tracefs, off, btf)
+}
 
 /// How the mapping faults are followed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +92,7 @@ pub fn attach(
     };
     // A refusal (no trampolines on this kernel, or a function traced
     // another way) leaves the counts unknown rather than ending start-up.
-    Ok(backend::fentries(ebpf, btf, &TRAMPOLINES).ok().map(|()| Way::Trampolines))
+    Ok(syscalls::fentries(ebpf, btf, &TRAMPOLINES).ok().map(|()| Way::Trampolines))
 }
 
 /// Whether this kernel maps each large folio a fault reaches whole (where

@@ -6,6 +6,8 @@
 //! syscall, from its saved registers, says whether it is writing, whichever
 //! syscall hooks are attached (none in the daemon's cheap tier). Costs a
 //! lookup per filled folio of any process, nothing per read from cache.
+mod mapped;
+
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
@@ -13,8 +15,8 @@ use stall_common::{counter, hook, zeroed_in, InodeBytes, InodeKey, PageCacheOffs
 
 use crate::{
     atomic_add, bump, config, current, current_task,
+    kread::{read_u32, read_u64, read_u8, syscall_nr},
     maps::INODE_BYTES,
-    sched::{read_u32, read_u64, read_u8, syscall_nr},
     BPF_NOEXIST,
 };
 
@@ -102,6 +104,7 @@ pub(crate) fn inode_entry(key: &InodeKey) -> Option<*mut InodeBytes> {
     let p = INODE_BYTES.get_ptr_mut(key);
     if p.is_none() {
         bump(counter::LOST_INODE_MAP);
+        crate::diag::map_full(counter::LOST_INODE_MAP);
     }
     p
 }

@@ -89,6 +89,7 @@ pub fn uring_submit(ctx: RawTracePointContext) -> i32 {
     let read = UringRead { tgid: cur.tgid, tid: cur.tid, fd, _pad: 0 };
     if URING_PENDING.insert(key, read, 0).is_err() {
         bump(counter::LOST_URING_MAP);
+        crate::diag::map_full(counter::LOST_URING_MAP);
     }
     0
 }
@@ -149,6 +150,7 @@ pub fn uring_complete(ctx: RawTracePointContext) -> i32 {
         && URING_READS.get_ptr_mut(read.tid).is_none()
     {
         bump(counter::LOST_URING_MAP);
+        crate::diag::map_full(counter::LOST_URING_MAP);
         return 0;
     }
     if let Some(t) = URING_READS.get_ptr_mut(read.tid) {

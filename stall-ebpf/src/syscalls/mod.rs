@@ -21,6 +21,8 @@
 //! check is the number's entry in the configuration's table (one load;
 //! the plain exit looks at the per-CPU slot first), then the slot: an
 //! untracked task never reaches a hash map.
+mod trampoline;
+
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
@@ -349,6 +351,7 @@ fn new_entry(cfg: &Config, s: &mut CpuSlot, fd: i32, kind: u32) -> u64 {
     (stats.file_id, stats.kind) = (file_id, kind);
     if FILES.insert(key, &*stats, 0).is_err() {
         bump(counter::LOST_FD_MAP);
+        crate::diag::map_full(counter::LOST_FD_MAP);
     }
     file_id
 }

@@ -1,6 +1,6 @@
 //! Following the job's tasks: creation (`task_newtask`, in the parent's
 //! context, before the child can run, so no fork escapes), exec and exit.
-//! Raw tracepoints, like the scheduler's (see sched.rs): never skipped
+//! Raw tracepoints, like the scheduler's (see mod.rs): never skipped
 //! while another tracing program or a `bpf()` syscall runs on the CPU.
 use core::mem::MaybeUninit;
 
@@ -10,12 +10,12 @@ use stall_common::{
     NewTaskEvent, ThreadStats,
 };
 
+use super::{kclock_flags, kernel_totals, split_by_totals};
 use crate::{
     bump, config, current, current_task, header,
+    kread::read_u32,
     maps::{EVENTS, THREADS, URING_READS},
-    now, running,
-    sched::{kclock_flags, kernel_totals, read_u32, split_by_totals},
-    submit_flags, untracked,
+    now, running, submit_flags, untracked,
 };
 
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -60,6 +60,7 @@ pub fn task_newtask(ctx: RawTracePointContext) -> i32 {
     (fresh.delay_base, fresh.delay_ns) = (delay, delay);
     if THREADS.insert(child, &*fresh, 0).is_err() {
         bump(counter::LOST_THREAD_MAP);
+        crate::diag::map_full(counter::LOST_THREAD_MAP);
     }
     match EVENTS.reserve::<NewTaskEvent>(0) {
         Some(mut e) => {
@@ -140,8 +141,8 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
         t.tgid = cur.tgid;
     }
     // Its last waker's share of its waits, which only the entry holds.
-    crate::sched::flush_waited(t, cur.tid);
-    crate::sched::flush_fd_waited(t);
+    super::flush_waited(t, cur.tid);
+    super::flush_fd_waited(t);
     // Its io_uring reads, counted apart where they completed, are part of
     // its last counts (added in the entry itself, which goes below: a copy
     // would not fit the stack beside the event).

@@ -1,0 +1,86 @@
+//! How a hang is told: the GPU busy while nothing progresses, or every
+//! thread of the job blocked with nobody waking the trainer, naming the
+//! blocked threads, what they wait on and the stale output.
+use stall_common::reason;
+
+use super::{power_words, reason_name, workers_word};
+use crate::{
+    aggregate::{ProcWindow, ThreadWindow},
+    progress::ProgressView,
+    syscalls, units,
+    verdict::hang::{BehindBusyGpu, NoProgress},
+};
+
+pub(super) fn behind_busy_gpu(
+    h: &BehindBusyGpu,
+    trainer: &ProcWindow,
+    main: &ThreadWindow,
+    progress: &ProgressView,
+) -> String {
+    let g = h.gpu;
+    let (r, share) = h.wait;
+    let rhythm = match progress.rhythm_s {
+        Some(r) => format!(" (it used to move at least every {})", units::span(r)),
+        None => String::new(),
+    };
+    format!(
+        "GPU{} reports {:.0}% busy{}, but nothing progressed for {}{rhythm}{}; trainer main thread (pid {}) blocked in {} {}: utilization is not progress, the job is hung (a kernel spinning or wedged, or a collective waiting for a peer)",
+        g.index,
+        g.util_mean_pct,
+        power_words(g),
+        units::span(progress.silent_s),
+        stale_output(progress),
+        trainer.tgid,
+        reason_name(r, main),
+        units::pct(share),
+    )
+}
+
+pub(super) fn no_progress(
+    h: &NoProgress,
+    trainer: &ProcWindow,
+    workers: usize,
+    secs: f64,
+    progress: &ProgressView,
+) -> String {
+    let blocked: Vec<String> = h
+        .blocked
+        .iter()
+        .map(|t| {
+            let r = t.reason;
+            let what = if r == reason::OTHER || t.syscall >= 0 && r != reason::IO {
+                format!("{} in {}", reason::name(r), syscalls::name(i64::from(t.syscall)))
+            } else {
+                reason::name(r).to_string()
+            };
+            let since = if t.for_s >= 1.0 { format!(" for {}", units::span(t.for_s)) } else { String::new() };
+            match &t.object {
+                Some(o) => format!("{} {} ({what}{since}: {})", t.comm, t.tid, o.describe()),
+                None => format!("{} {} ({what}{since})", t.comm, t.tid),
+            }
+        })
+        .collect();
+    let shown = blocked.len().min(8);
+    let more =
+        if blocked.len() > shown { format!(" and {} more", blocked.len() - shown) } else { String::new() };
+    let silent = if progress.known && progress.silent_s > secs {
+        format!("for {}", units::span(progress.silent_s))
+    } else {
+        format!("in the last {}", units::secs(secs))
+    };
+    format!(
+        "No progress {silent}: trainer (pid {}) and {} blocked, no file reads, nobody wakes the trainer{}: the job is hung. Blocked: {}{more}",
+        trainer.tgid,
+        workers_word(workers),
+        stale_output(progress),
+        blocked[..shown].join(", ")
+    )
+}
+
+/// ": train.log last written 8 min ago", when an output is known.
+fn stale_output(progress: &ProgressView) -> String {
+    match &progress.last_output {
+        Some(o) => format!(": {} last written {} ago", o.path, units::span(o.ago_s)),
+        None => String::new(),
+    }
+}
