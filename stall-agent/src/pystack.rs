@@ -58,19 +58,37 @@ const COLLECTIVES: [&str; 9] = [
     "all_to_all",
 ];
 
+/// The main thread of a process multiprocessing spawned, as read to tell
+/// what it runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MainThread {
+    /// Innermost first.
+    pub frames: Vec<PyFrame>,
+    /// The index `torch.multiprocessing.spawn`'s wrapper was given (its
+    /// argument `i`), where a frame is the wrapper and its arguments could
+    /// be read.
+    pub spawn_index: Option<u32>,
+}
+
 /// Whether a process multiprocessing spawned runs
 /// `torch.multiprocessing.spawn`'s wrapper (`_wrap(fn, i, ...)`): Some(true)
 /// when a frame is the wrapper, Some(false) when the process runs another
 /// target (its `BaseProcess._bootstrap` has started one), None while it is
 /// still unpickling its target.
 pub fn runs_torch_spawn(frames: &[PyFrame]) -> Option<bool> {
-    let named = |f: &PyFrame, file: &str, name: &str| {
-        f.file.contains(file) && f.function.rsplit('.').next() == Some(name)
-    };
-    if frames.iter().any(|f| named(f, "torch/multiprocessing/spawn.py", "_wrap")) {
+    let named = |f: &PyFrame, in_file: &str, name: &str| named(&f.file, &f.function, in_file, name);
+    if frames.iter().any(|f| is_torch_spawn_wrapper(&f.file, &f.function)) {
         return Some(true);
     }
     frames.iter().any(|f| named(f, "multiprocessing/process.py", "_bootstrap")).then_some(false)
+}
+
+fn named(file: &str, function: &str, in_file: &str, name: &str) -> bool {
+    file.contains(in_file) && function.rsplit('.').next() == Some(name)
+}
+
+fn is_torch_spawn_wrapper(file: &str, function: &str) -> bool {
+    named(file, function, "torch/multiprocessing/spawn.py", "_wrap")
 }
 
 impl PyStack {
@@ -172,21 +190,32 @@ impl PyStacks {
         (stacks, notes)
     }
 
-    /// The main thread's frames, innermost first, to tell what a process
-    /// runs. A failure is not remembered: a process just started may not
-    /// show its interpreter yet.
-    pub fn main_frames(&mut self, pid: u32) -> Option<Vec<PyFrame>> {
-        let traces = self.traces(pid);
+    /// The main thread, to tell what a process runs. A failure is not
+    /// remembered: a process just started may not show its interpreter yet.
+    pub fn main_thread(&mut self, pid: u32) -> Option<MainThread> {
+        // The frames' arguments are read for the wrapper's index; every
+        // other value read is dropped here, never kept nor shown
+        // (arguments can hold secrets).
+        let traces = self.traces_with(pid, true);
         self.notes.remove(&pid);
         let traces = traces.ok()?;
         let main = traces
             .iter()
             .find(|t| t.os_thread_id == Some(u64::from(pid)))
             .or_else(|| (traces.len() == 1).then(|| &traces[0]))?;
-        Some(frames(main))
+        let spawn_index =
+            main.frames.iter().find(|f| is_torch_spawn_wrapper(&f.filename, &f.name)).and_then(|f| {
+                f.locals.as_ref()?.iter().find(|l| l.arg && l.name == "i")?.repr.as_ref()?.parse().ok()
+            });
+        Some(MainThread { frames: frames(main), spawn_index })
     }
 
     fn traces(&mut self, pid: u32) -> Result<Vec<py_spy::StackTrace>, String> {
+        self.traces_with(pid, false)
+    }
+
+    /// `arguments`: with each frame's arguments and locals, formatted.
+    fn traces_with(&mut self, pid: u32, arguments: bool) -> Result<Vec<py_spy::StackTrace>, String> {
         if let Some(n) = self.notes.get(&pid) {
             return Err(n.clone());
         }
@@ -204,6 +233,7 @@ impl PyStacks {
             }
         }
         let spy = self.spies.get_mut(&pid).expect("inserted above");
+        spy.config.dump_locals = u64::from(arguments);
         spy.get_stack_traces().map_err(|e| e.to_string()).map_err(|e| {
             self.spies.remove(&pid);
             self.note(pid, &e)

@@ -4,8 +4,9 @@
 //!   (torchrun, `torch.distributed` users, Slurm, Open MPI, PMI): the
 //!   environment it has now, read from its memory, else the one it was
 //!   exec'd with (`/proc/PID/environ`);
-//! - the index `torch.multiprocessing.spawn` gave it, which is its place
-//!   among the processes its launcher spawned, in the order they started.
+//! - the index `torch.multiprocessing.spawn` (or `start_processes`) gave
+//!   it: the argument its wrapper was called with, else its place among
+//!   the processes its launcher started, in the order they started.
 //!
 //! Only the variables named here are ever kept: environments hold secrets.
 //! Pure.
@@ -61,7 +62,9 @@ pub enum Found {
     /// does).
     #[serde(rename = "live-environ")]
     LiveEnviron,
-    /// Its index among the processes `torch.multiprocessing.spawn` started.
+    /// The index `torch.multiprocessing.spawn` gave it: read from its
+    /// wrapper's arguments, else its place among its launcher's processes
+    /// in the order they started.
     #[serde(rename = "spawn-index")]
     SpawnIndex,
 }
@@ -191,28 +194,32 @@ impl Rank {
     }
 }
 
-/// A process that multiprocessing's `spawn` started (its command line runs
-/// `spawn_main`), as [`spawn_ranks`] needs it.
+/// A process multiprocessing started to run a target (by `spawn`, or
+/// forked by a fork server), as [`spawn_ranks`] needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpawnChild {
     pub tgid: u32,
-    /// Its launcher.
+    /// Its launcher (or the launcher's fork server).
     pub ppid: u32,
     /// Sorts the launcher's children in the order they started.
     pub started: (u64, u32),
     /// Whether its Python stack runs `torch.multiprocessing.spawn`'s
     /// wrapper (None: not read yet, or still unpickling its target).
     pub torch_spawned: Option<bool>,
+    /// The index the wrapper was given, where its arguments were read.
+    pub index: Option<u32>,
     /// The run its environment (now, else at exec) names.
     pub run_id: Option<String>,
 }
 
 /// The ranks `torch.multiprocessing.spawn` gave: it starts process `i` of
-/// `nprocs` with `_wrap(fn, i, ...)`, one after another, so a launcher's
-/// spawned children in the order they started are its ranks. Children of a
-/// launcher count once any of them runs the wrapper (a DataLoader's spawned
-/// workers run another target). `node_rank(launcher)`: the launcher's node
-/// of a multi-node run (its ranks are offset by that × nprocs).
+/// `nprocs` with `_wrap(fn, i, ...)`. The index read from that call is the
+/// rank; a child whose index is not known takes the lowest one not taken,
+/// in the order the children started (spawn starts them one after
+/// another). Children of a launcher count once any of them runs the
+/// wrapper (a DataLoader's spawned workers run another target).
+/// `node_rank(launcher)`: the launcher's node of a multi-node run (its
+/// ranks are offset by that × nprocs).
 pub fn spawn_ranks(children: &[SpawnChild], node_rank: impl Fn(u32) -> Option<u32>) -> Vec<(u32, Rank)> {
     let mut launchers: Vec<u32> =
         children.iter().filter(|c| c.torch_spawned == Some(true)).map(|c| c.ppid).collect();
@@ -223,12 +230,14 @@ pub fn spawn_ranks(children: &[SpawnChild], node_rank: impl Fn(u32) -> Option<u3
         let mut group: Vec<&SpawnChild> =
             children.iter().filter(|c| c.ppid == launcher && c.torch_spawned != Some(false)).collect();
         group.sort_by_key(|c| c.started);
-        let nprocs = group.len() as u32;
+        let taken: Vec<u32> = group.iter().filter_map(|c| c.index).collect();
+        let mut free = (0u32..).filter(|i| !taken.contains(i));
+        let nprocs = taken.iter().map(|i| i + 1).fold(group.len() as u32, u32::max);
         let node = node_rank(launcher);
         let run_id =
             group.iter().find_map(|c| c.run_id.clone()).unwrap_or_else(|| format!("spawn-{launcher}"));
-        for (i, c) in group.iter().enumerate() {
-            let i = i as u32;
+        for c in group {
+            let i = c.index.unwrap_or_else(|| free.next().expect("endless"));
             out.push((
                 c.tgid,
                 Rank {
@@ -348,7 +357,37 @@ mod tests {
     }
 
     fn child(tgid: u32, ppid: u32, started: u64, torch_spawned: Option<bool>) -> SpawnChild {
-        SpawnChild { tgid, ppid, started: (started, tgid), torch_spawned, run_id: None }
+        SpawnChild { tgid, ppid, started: (started, tgid), torch_spawned, index: None, run_id: None }
+    }
+
+    #[test]
+    fn an_index_read_from_the_wrapper_wins_over_the_start_order() {
+        // Started in reverse (as a launcher starting its ranks in parallel
+        // may): the indices read decide; one not read yet takes the index
+        // left free.
+        let mut kids = [
+            child(100, 10, 1, Some(true)),
+            child(101, 10, 2, Some(true)),
+            child(102, 10, 3, None),
+            child(103, 10, 4, Some(true)),
+        ];
+        for (k, index) in kids.iter_mut().zip([Some(3), Some(2), None, Some(0)]) {
+            k.index = index;
+        }
+        let mut got = spawn_ranks(&kids, |_| None);
+        got.sort_unstable_by_key(|(t, _)| *t);
+        let ranks: Vec<(u32, u32, Option<u32>)> =
+            got.iter().map(|(t, r)| (*t, r.rank, r.world_size)).collect();
+        assert_eq!(ranks, [(100, 3, Some(4)), (101, 2, Some(4)), (102, 1, Some(4)), (103, 0, Some(4))]);
+        // Ranks that ended before they were seen still count in the size.
+        let kids = [child(100, 10, 1, Some(true)), child(101, 10, 2, Some(true))];
+        let kids = kids.map(|mut k| {
+            k.index = Some(k.tgid - 100 + 2);
+            k
+        });
+        let sizes: Vec<Option<u32>> =
+            spawn_ranks(&kids, |_| None).iter().map(|(_, r)| r.world_size).collect();
+        assert_eq!(sizes, [Some(4), Some(4)]);
     }
 
     #[test]

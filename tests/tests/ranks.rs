@@ -344,18 +344,42 @@ fn torch_spawn_names_the_slow_rank(launch: &str, worker_start: &str, port: &str,
 /// An mp.spawn run whose ranks keep pace: every rank found, none named.
 #[test]
 fn mp_spawn_ranks_that_keep_pace_name_no_straggler() {
+    ranks_that_keep_pace_are_found("spawn", "29626", "spawn-even");
+}
+
+/// A launcher that starts its ranks last first (as one starting them in
+/// parallel may), with torch's own wrapper: the index each was given is
+/// read from the wrapper's arguments, not taken from the start order.
+#[test]
+fn ranks_started_last_first_are_the_index_they_were_given() {
+    ranks_that_keep_pace_are_found("spawn-reversed", "29627", "spawn-reversed");
+}
+
+/// `start_processes(start_method="forkserver")` with
+/// `TORCH_MP_PARALLEL_START=1`: a fork server forks the ranks from a pool
+/// of threads.
+#[test]
+fn ranks_a_fork_server_started_in_parallel_are_found() {
+    ranks_that_keep_pace_are_found("forkserver-parallel", "29628", "forkserver-parallel");
+}
+
+fn ranks_that_keep_pace_are_found(launch: &str, port: &str, scratch: &str) {
     let torch = torch_path();
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = Scratch::new("spawn-even");
+    let dir = Scratch::new(scratch);
     let dir_arg = dir.0.display().to_string();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/torch_ranks.py").display().to_string();
-    let argv = ["run", "-q", "--", python(), &script, "--dir", &dir_arg, "--launch", "spawn"];
-    let argv: Vec<&str> = argv.into_iter().chain(["--port", "29626", "--seconds", "8"]).collect();
+    let argv = ["run", "-q", "--", python(), &script, "--dir", &dir_arg, "--launch", launch];
+    let argv: Vec<&str> = argv.into_iter().chain(["--port", port, "--seconds", "8"]).collect();
     let run = stall(&argv, &[("PYTHONPATH", &torch)], Duration::from_secs(240));
     assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
     for r in 0..4 {
         let trainer = run.process(pid(&rank_report(&dir, r)["pid"]));
-        assert_eq!((&trainer["role"], &trainer["rank"]), (&Value::from("trainer"), &Value::from(r)));
+        assert_eq!(
+            (&trainer["role"], &trainer["rank"], &trainer["rank_from"]),
+            (&Value::from("trainer"), &Value::from(r), &Value::from("spawn-index")),
+            "rank {r}"
+        );
     }
     let v = &run.summary()["verdict"];
     assert!(v["straggler"].is_null(), "{v:#}");

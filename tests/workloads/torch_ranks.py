@@ -15,6 +15,13 @@ every step, and stops when the run does (an all-reduced flag). Launches:
 - spawn-environ: the same, but each rank puts RANK, WORLD_SIZE,
   MASTER_ADDR and MASTER_PORT into os.environ after it started and joins
   with init_process_group("gloo") from the environment.
+- spawn-reversed: as spawn, but the launcher starts the ranks with torch's
+  own wrapper from the last index to the first, 50 ms apart (as a launcher
+  starting them in parallel may): their start order is not their rank.
+- forkserver-parallel: as spawn, through
+  torch.multiprocessing.start_processes(start_method="forkserver") with
+  TORCH_MP_PARALLEL_START=1: a fork server forks the ranks, from a pool of
+  threads, in any order.
 
 The slow rank (--slow-rank) is held by its input: its workers spend
 --slow-ms of CPU per sample, or with --slow-mbps read from storage throttled
@@ -82,10 +89,32 @@ def throttled(args):
     return throttle
 
 
+RANK_AS_ARGUMENT = ("spawn", "spawn-reversed", "forkserver-parallel")
+
+
+def start_reversed(args):
+    """torch.multiprocessing.spawn's work, its ranks started last first."""
+    import multiprocessing
+
+    from torch.multiprocessing.spawn import _wrap
+
+    ctx = multiprocessing.get_context("spawn")
+    ranks = [ctx.Process(target=_wrap, args=(train, i, (args,), os.path.join(args.dir, f"error_{i}")))
+             for i in range(args.nprocs)]
+    for p in reversed(ranks):
+        p.start()
+        time.sleep(0.05)
+    for p in ranks:
+        p.join()
+    failed = [i for i, p in enumerate(ranks) if p.exitcode != 0]
+    if failed:
+        raise SystemExit(f"ranks {failed} failed")
+
+
 def train(index, args):
     """One rank: `index` is mp.spawn's argument (None under torchrun)."""
     torch.set_num_threads(1)
-    if args.launch == "spawn":
+    if args.launch in RANK_AS_ARGUMENT:
         rank = args.node_rank * args.nprocs + index
         dist.init_process_group("gloo", rank=rank, world_size=args.world)
     elif args.launch == "spawn-environ":
@@ -136,7 +165,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
     p.add_argument("--data-dir", default=None, help="where the shards are (default: --dir)")
-    p.add_argument("--launch", choices=["torchrun", "spawn", "spawn-environ"], default="torchrun")
+    p.add_argument("--launch", choices=["torchrun", "spawn-environ", *RANK_AS_ARGUMENT], default="torchrun")
     p.add_argument("--nprocs", type=int, default=4, help="ranks this launcher spawns")
     p.add_argument("--world", type=int, default=None, help="ranks of the run (default: --nprocs)")
     p.add_argument("--node-rank", type=int, default=int(os.environ.get("NODE_RANK", "0")))
@@ -160,10 +189,16 @@ def main():
             write_shard(path)
     with open(os.path.join(args.dir, f"launcher_{args.node_rank}.json"), "w") as f:
         json.dump({"pid": os.getpid()}, f)
-    if args.launch == "spawn":
+    if args.launch in RANK_AS_ARGUMENT:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(args.port)
-    torch.multiprocessing.spawn(train, args=(args,), nprocs=args.nprocs)
+    if args.launch == "spawn-reversed":
+        start_reversed(args)
+    elif args.launch == "forkserver-parallel":
+        os.environ["TORCH_MP_PARALLEL_START"] = "1"
+        torch.multiprocessing.start_processes(train, args=(args,), nprocs=args.nprocs, start_method="forkserver")
+    else:
+        torch.multiprocessing.spawn(train, args=(args,), nprocs=args.nprocs)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ use crate::{
     clock::ClockSnapshot,
     cpulimit::{self, Hierarchy, Reading},
     decode::{FileSnap, Inode, JobEvent},
-    pystack::{PyFrame, PyStack, PyStacks},
+    pystack::{MainThread, PyStack, PyStacks},
     rank::Env,
     wait::WaitObject,
 };
@@ -52,7 +52,7 @@ pub trait Host {
     fn live_environ(&mut self, tgid: u32) -> Option<Env>;
     /// Its main thread's Python stack, innermost frame first (None: not
     /// Python, or not readable now).
-    fn main_python_frames(&mut self, tgid: u32) -> Option<Vec<PyFrame>>;
+    fn main_python_thread(&mut self, tgid: u32) -> Option<MainThread>;
     fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String>;
     /// The outputs a process has open (regular files open for writing, and
     /// stdout/stderr when they are files): path and last write, in
@@ -160,8 +160,8 @@ impl Host for LiveHost {
         Some(Env::from_environ(&self.environ.read(tgid)?))
     }
 
-    fn main_python_frames(&mut self, tgid: u32) -> Option<Vec<PyFrame>> {
-        self.stacks.main_frames(tgid)
+    fn main_python_thread(&mut self, tgid: u32) -> Option<MainThread> {
+        self.stacks.main_thread(tgid)
     }
 
     fn thread_comm(&self, tgid: u32, tid: u32) -> Option<String> {

@@ -6,7 +6,7 @@
 //! first child and its first connection (a rank that sets its rank in
 //! `os.environ` does so before it joins the rendezvous and before it starts
 //! its DataLoader workers); a child forked while traced inherits its
-//! parent's. A process multiprocessing spawned is asked what it runs (its
+//! parent's. A process multiprocessing started is asked what it runs (its
 //! main thread's Python stack) at those moments, and until it tells, at
 //! most every [`LOOK_EVERY_NS`] during its first [`LOOK_FOR_NS`].
 use std::collections::HashMap;
@@ -30,15 +30,17 @@ struct Known {
     /// Those of the environment it has now, when read or inherited since
     /// (None: as at exec).
     live: Option<Env>,
-    /// multiprocessing's `spawn` started it: it exec'd an interpreter to
-    /// run `spawn_main` (a fork of such a process, as a rank's DataLoader
-    /// worker is, has the same command line and is not spawned).
+    /// multiprocessing started it to run a target ([`started_how`]).
     spawned: bool,
+    /// It is multiprocessing's fork server.
+    fork_server: bool,
     /// Its command line, hashed (to tell a fork from a spawned child).
     cmdline: u64,
     /// What its stack showed: it runs `torch.multiprocessing.spawn`'s
     /// wrapper (None: not known yet).
     torch_spawned: Option<bool>,
+    /// The index the wrapper was given, where its arguments were read.
+    spawn_index: Option<u32>,
     started: (u64, u32),
     first_seen_ns: u64,
     last_look_ns: u64,
@@ -68,7 +70,8 @@ pub struct Sighting<'a> {
     pub tgid: u32,
     pub ppid: u32,
     pub cmdline: Option<&'a str>,
-    /// When it started (ns since boot): sorts siblings.
+    /// When it started, as /proc tells it (ns since boot, in 10 ms
+    /// ticks): sorts siblings, ties by pid.
     pub started_ns: u64,
     /// It was forked while traced: its parent's environment is its own.
     pub forked_while_traced: bool,
@@ -76,6 +79,46 @@ pub struct Sighting<'a> {
 
 fn is_spawn_child(cmdline: &str) -> bool {
     cmdline.contains("multiprocessing.spawn import spawn_main")
+}
+
+/// multiprocessing's fork server (it forks each process the `forkserver`
+/// start method starts, and those run its command line).
+fn is_forkserver(cmdline: &str) -> bool {
+    cmdline.contains("multiprocessing.forkserver import main")
+}
+
+/// How multiprocessing started a process, from its command line and its
+/// parent's (None: parent not known).
+fn started_how(cmdline: Option<&str>, parent: Option<&Known>) -> Started {
+    let Some(cmdline) = cmdline else { return Started::Other };
+    let same_as_parent = parent.map(|p| p.cmdline) == Some(hash_of(cmdline));
+    if is_spawn_child(cmdline) {
+        // A fork of a spawned process (a rank's DataLoader worker) runs the
+        // same command line, from inside its parent's target.
+        if same_as_parent {
+            Started::Other
+        } else {
+            Started::Spawned
+        }
+    } else if is_forkserver(cmdline) && !same_as_parent {
+        Started::ForkServer
+    } else if is_forkserver(cmdline) && parent.is_some_and(|p| p.fork_server) {
+        // Only the server's own forks: a fork of one of those (a rank's
+        // forked worker) is inside its parent's target.
+        Started::Spawned
+    } else {
+        Started::Other
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Started {
+    /// To run a target of its own: exec'd to run `spawn_main`, or forked
+    /// by a fork server.
+    Spawned,
+    /// A fork server.
+    ForkServer,
+    Other,
 }
 
 fn hash_of(cmdline: &str) -> u64 {
@@ -100,8 +143,8 @@ impl Identities {
             None => None,
         };
         let hash = cmdline.map_or(0, hash_of);
-        let parents = self.known.get(&ppid).map(|p| p.cmdline);
-        let spawned = cmdline.is_some_and(is_spawn_child) && parents != Some(hash);
+        let started = started_how(cmdline, self.known.get(&ppid));
+        let spawned = started == Started::Spawned;
         self.known.insert(
             tgid,
             Known {
@@ -109,6 +152,7 @@ impl Identities {
                 exec,
                 live,
                 spawned,
+                fork_server: started == Started::ForkServer,
                 cmdline: hash,
                 started: (started_ns, tgid),
                 first_seen_ns: now,
@@ -131,9 +175,11 @@ impl Identities {
         let Some(k) = self.known.get_mut(&tgid) else { return };
         k.exec = host.exec_environ(tgid).unwrap_or_default();
         k.live = None;
-        k.spawned = cmdline.is_some_and(is_spawn_child);
+        // Exec'd by its parent: not a fork of it, whatever it runs.
+        let started = started_how(cmdline, None);
+        (k.spawned, k.fork_server) = (started == Started::Spawned, started == Started::ForkServer);
         k.cmdline = cmdline.map_or(0, hash_of);
-        k.torch_spawned = None;
+        (k.torch_spawned, k.spawn_index) = (None, None);
         (k.forked, k.connected) = (false, false);
         k.first_seen_ns = now;
         self.changed = true;
@@ -218,11 +264,13 @@ impl Identities {
     }
 
     fn look(&mut self, host: &mut dyn Host, tgid: u32, now: u64) {
-        let seen = host.main_python_frames(tgid).and_then(|f| pystack::runs_torch_spawn(&f));
+        let main = host.main_python_thread(tgid);
+        let seen = main.as_ref().and_then(|m| pystack::runs_torch_spawn(&m.frames));
         let Some(k) = self.known.get_mut(&tgid) else { return };
         k.last_look_ns = now;
         if seen.is_some() {
             k.torch_spawned = seen;
+            k.spawn_index = main.and_then(|m| m.spawn_index).filter(|_| seen == Some(true));
             self.changed = true;
         }
     }
@@ -244,6 +292,7 @@ impl Identities {
                 ppid: k.ppid,
                 started: k.started,
                 torch_spawned: k.torch_spawned,
+                index: k.spawn_index,
                 run_id: k.env_now().run_id(),
             })
             .collect();

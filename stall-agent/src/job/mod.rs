@@ -8,16 +8,20 @@ mod feed;
 pub mod gpu;
 mod host;
 mod identity;
+mod startup;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use stall_common::fd_kind;
 
-use self::identity::{Identities, Sighting};
 pub use self::{
     feed::{Feed, Received, Wake},
     gpu::{GpuFleet, GpuTrack},
     host::{Host, LiveHost, ProcInfo},
+};
+use self::{
+    identity::{Identities, Sighting},
+    startup::{past_imports, Startup, MIN_STEADY_NS},
 };
 use crate::{
     aggregate::{push_recent, Model, ProcWindow, ThreadWindow, Window},
@@ -29,15 +33,6 @@ use crate::{
     verdict::{self, Kind, Verdict},
     wait::WaitObject,
 };
-
-/// The shortest steady state the final verdict is given alone.
-const MIN_STEADY_NS: u64 = 1_000_000_000;
-/// Stretches of imports after the pipeline started that are kept.
-const IMPORT_PHASES: usize = 4;
-/// Code a trainer loads in one interval that marks an `import` at work
-/// (PyTorch's first optimizer step imports some 100 MB of modules); a
-/// steady training step loads none.
-const IMPORT_BURST_BYTES: u64 = 4 << 20;
 
 /// Every this many snapshots, which cgroup caps each live process's CPU is
 /// looked up again (processes move between cgroups; each lookup reads
@@ -97,21 +92,6 @@ pub struct Job {
     waits: HashMap<u32, (u8, WaitObject)>,
     /// Which rank each process is, as its sources tell.
     identities: Identities,
-}
-
-/// Where the job is in its startup (imports, spawning workers) before its
-/// input pipeline runs.
-#[derive(Debug)]
-enum Startup {
-    /// The pipeline has not run everywhere yet; the whole run as of the
-    /// last tick before any of it ran.
-    Watching { before: Window },
-    /// The pipeline started after `before` (the whole run until then).
-    /// `imports`: the whole run at the end of each stretch of intervals in
-    /// which a trainer loaded code after that (the lazy imports of its
-    /// first steps; the modules a job's teardown or evaluation imports
-    /// later), the first [`IMPORT_PHASES`] of them.
-    Done { before: Window, imports: Vec<Window>, importing: bool },
 }
 
 /// What the outputs need after one interval.
@@ -358,7 +338,11 @@ impl Job {
                 tgid,
                 ppid: i.ppid,
                 cmdline: cmdline.as_deref(),
-                started_ns: if born_ns > 0 { born_ns } else { i.started_ns },
+                // /proc's time for every process, not the fork event's: a
+                // process can be met in a map snapshot before its fork event
+                // is read, and siblings are ordered on one clock (ties go to
+                // the pid).
+                started_ns: i.started_ns,
                 forked_while_traced: born_ns > 0,
             };
             self.identities.first_sight(host, seen, now);
@@ -408,138 +392,6 @@ impl Job {
             verdict,
             starting_up: matches!(self.startup, Startup::Watching { .. }),
         }
-    }
-
-    /// Startup ends when the input pipeline runs: the first interval by
-    /// which every worker has read data or woken a trainer (a DataLoader
-    /// queue delivering; a worker started by spawn or a forkserver imports
-    /// its libraries first), or a trainer without workers is woken by its
-    /// own loader threads, or a GPU of the job runs kernels (NVML says so,
-    /// or a trainer launches or waits for them); in a run, once
-    /// that holds for every rank; never while a spawned process may yet
-    /// turn out to be a rank. The whole run up to the interval before the
-    /// pipeline's first sign (a worker's data or delivery) is the baseline
-    /// the final verdict subtracts (`import torch` and friends are not the
-    /// job's steady state); until then, the last tick's whole-run window is
-    /// kept for that purpose. After it, an interval in which a trainer
-    /// loads [`IMPORT_BURST_BYTES`] of code (modules read, libraries faulted
-    /// in: the lazy imports of its first steps) may move that baseline on
-    /// ([`past_imports`]).
-    fn watch_startup(&mut self, summary: Window, interval: &Window, roles: &Roles, gpus: &[GpuWindow]) {
-        if let Startup::Done { imports, importing: was, .. } = &mut self.startup {
-            // A trainer that ended is no longer importing (its mappings are
-            // counted as it exits).
-            let alive = |t: &u32| self.model.procs.get(t).is_some_and(|p| p.alive);
-            let importing = roles
-                .trainers
-                .iter()
-                .filter(|t| alive(t))
-                .any(|t| interval.proc(*t).is_some_and(|p| p.code_bytes() >= IMPORT_BURST_BYTES));
-            *was = match (importing, *was) {
-                // The same stretch goes on: its end moves.
-                (true, true) => {
-                    if let Some(last) = imports.last_mut() {
-                        *last = summary;
-                    }
-                    true
-                }
-                (true, false) if imports.len() < IMPORT_PHASES => {
-                    imports.push(summary);
-                    true
-                }
-                _ => false,
-            };
-            return;
-        }
-        // The GPU works: NVML says so, or a trainer launches kernels or
-        // waits for them (the GPU library probes).
-        let launched = roles
-            .trainers
-            .iter()
-            .filter_map(|t| interval.proc(*t))
-            .any(|p| p.threads.iter().any(|t| t.delta.gpu.launches > 0 || t.delta.gpu.sync_calls > 0));
-        let gpu_ran =
-            launched || gpus.iter().any(|g| g.samples > 0 && g.util_mean_pct > crate::gpu::IDLE_UTIL_PCT);
-        if self.identities.settling(interval.end_ns) && !gpu_ran {
-            // Spawned processes that may be ranks still import: who is a
-            // worker is not known yet.
-            self.startup = Startup::Watching { before: summary };
-            return;
-        }
-        let woke_a_trainer = |w: u32| {
-            roles.trainers.iter().any(|t| {
-                interval.proc(*t).is_some_and(|p| {
-                    p.threads.iter().any(|th| th.woken_by.iter().any(|b| b.count > 0 && b.tgid == w))
-                })
-            })
-        };
-        for &w in &roles.workers {
-            if interval.proc(w).is_some_and(|p| p.reads_data()) || woke_a_trainer(w) {
-                self.workers_ran.insert(w);
-            }
-        }
-        // Woken by a thread of its own that read input (loader threads; not
-        // the few bytes a collective library's thread reads as it joins).
-        let fed_by_threads = |t: u32| {
-            interval.proc(t).is_some_and(|p| {
-                let loaders: HashSet<u32> = p
-                    .threads
-                    .iter()
-                    .filter(|t| {
-                        t.tid != p.tgid
-                            && t.delta.file_read_bytes + t.delta.other_read_bytes
-                                >= crate::aggregate::DATA_MIN_BYTES
-                    })
-                    .map(|t| t.tid)
-                    .collect();
-                p.threads.iter().any(|t| {
-                    t.woken_by
-                        .iter()
-                        .any(|w| w.count > 0 && w.thread().is_some_and(|tid| loaders.contains(&tid)))
-                })
-            })
-        };
-        let alive = |w: &u32| self.model.procs.get(w).is_some_and(|p| p.alive);
-        // The pipeline of these trainers and workers has run.
-        let ran = |trainers: &[u32], workers: &[u32]| {
-            if workers.iter().any(alive) {
-                workers.iter().filter(|w| alive(w)).all(|w| self.workers_ran.contains(w))
-            } else {
-                trainers.iter().any(|t| fed_by_threads(*t))
-            }
-        };
-        let started = if roles.ranks.len() > 1 {
-            // A run's ranks import and start at their own pace.
-            gpu_ran
-                || roles.ranks.iter().all(|&(rank, trainer)| {
-                    let workers: Vec<u32> =
-                        roles.workers.iter().copied().filter(|w| roles.rank_of(*w) == Some(rank)).collect();
-                    ran(&[trainer], &workers)
-                })
-        } else {
-            gpu_ran || ran(&roles.trainers, &roles.workers)
-        };
-        if !started {
-            // The baseline stops at the first sign of the pipeline: what
-            // the first workers read while the others still start is the
-            // job's input, not its startup.
-            let began = !self.workers_ran.is_empty() || roles.trainers.iter().any(|t| fed_by_threads(*t));
-            if !began {
-                self.startup = Startup::Watching { before: summary };
-            }
-            return;
-        }
-        let before =
-            match std::mem::replace(&mut self.startup, Startup::Watching { before: Window::default() }) {
-                Startup::Watching { before } if before.end_ns > 0 => before,
-                // The first interval already delivered: no startup to set apart.
-                _ => Window {
-                    start_ns: self.model.start_ns,
-                    end_ns: self.model.start_ns,
-                    ..Default::default()
-                },
-            };
-        self.startup = Startup::Done { before, imports: Vec::new(), importing: false };
     }
 
     /// The whole run up to `end_ns`, and the verdict on its steady state
@@ -780,20 +632,3 @@ fn placed(
 
 #[cfg(test)]
 mod tests;
-
-/// Where the steady state starts: after the last stretch of the trainers'
-/// imports (`imports`, each the whole run at its end) that ended in the
-/// first half of the time since the pipeline started (`before`), with at
-/// least [`MIN_STEADY_NS`] after it; imports later than that (a teardown,
-/// an evaluation) are part of the job's run, not of its start.
-fn past_imports<'a>(before: &'a Window, imports: &'a [Window], end_ns: u64) -> &'a Window {
-    let since_pipeline = end_ns.saturating_sub(before.end_ns);
-    imports
-        .iter()
-        .rev()
-        .find(|i| {
-            let after = end_ns.saturating_sub(i.end_ns);
-            after >= MIN_STEADY_NS && after.saturating_mul(2) >= since_pipeline
-        })
-        .unwrap_or(before)
-}

@@ -34,7 +34,7 @@ struct ScriptedHost {
     exec_env: HashMap<u32, crate::rank::Env>,
     live_env: HashMap<u32, crate::rank::Env>,
     /// Each process's main Python stack.
-    main_frames: HashMap<u32, Vec<crate::pystack::PyFrame>>,
+    main_threads: HashMap<u32, crate::pystack::MainThread>,
     /// Command lines, where not the trainer's.
     cmdlines: HashMap<u32, String>,
     /// The cgroup capping each process's CPU, and each such cgroup now.
@@ -97,8 +97,8 @@ impl Host for ScriptedHost {
     fn live_environ(&mut self, tgid: u32) -> Option<crate::rank::Env> {
         self.live_env.get(&tgid).or(self.exec_env.get(&tgid)).cloned()
     }
-    fn main_python_frames(&mut self, tgid: u32) -> Option<Vec<crate::pystack::PyFrame>> {
-        self.main_frames.get(&tgid).cloned()
+    fn main_python_thread(&mut self, tgid: u32) -> Option<crate::pystack::MainThread> {
+        self.main_threads.get(&tgid).cloned()
     }
     fn thread_comm(&self, tgid: u32, _tid: u32) -> Option<String> {
         self.procs.get(&tgid).map(|p| p.comm.clone())
@@ -750,10 +750,25 @@ impl Launch {
     /// `parent` forks `child`, which execs `cmdline` with `exec_env` when
     /// given (else stays a fork).
     fn start(&mut self, parent: u32, child: u32, exec: Option<(&str, &[(&str, &str)])>) {
+        self.start_seen(parent, child, exec, false);
+    }
+
+    /// As [`Launch::start`]; `snapshot_first`: a map snapshot holds the
+    /// child's thread before its fork event is read (the ring buffer and
+    /// the maps are read apart).
+    fn start_seen(
+        &mut self,
+        parent: u32,
+        child: u32,
+        exec: Option<(&str, &[(&str, &str)])>,
+        snapshot_first: bool,
+    ) {
         self.now += 1_000_000;
+        // /proc tells a start in clock ticks (10 ms), cut down.
+        let started_ns = self.now / 10_000_000 * 10_000_000;
         self.host
             .procs
-            .insert(child, ProcInfo { ppid: parent, comm: "python3".into(), state: 'S', started_ns: 0 });
+            .insert(child, ProcInfo { ppid: parent, comm: "python3".into(), state: 'S', started_ns });
         let inherited = self.host.live_env.get(&parent).or(self.host.exec_env.get(&parent)).cloned();
         self.host.exec_env.insert(child, self.host.exec_env.get(&parent).cloned().unwrap_or_default());
         if let Some(live) = inherited {
@@ -772,8 +787,8 @@ impl Launch {
             if let Some(c) = self.host.cmdlines.get(&parent).cloned() {
                 self.host.cmdlines.insert(child, c);
             }
-            if let Some(f) = self.host.main_frames.get(&parent).cloned() {
-                self.host.main_frames.insert(child, f);
+            if let Some(m) = self.host.main_threads.get(&parent).cloned() {
+                self.host.main_threads.insert(child, m);
             }
         }
         if let Some((cmdline, vars)) = exec {
@@ -786,6 +801,11 @@ impl Launch {
             self.host.exec_env.insert(child, passed);
             self.host.live_env.remove(&child);
             events.push(Event::Exec { ts: self.now, tid: child, tgid: child, comm: "python3".into() });
+        }
+        if snapshot_first {
+            let thread = ThreadSnap { tid: child, tgid: child, job: 1, ..Default::default() };
+            let snap = Snapshot { ts: self.now, threads: vec![thread], ..Default::default() };
+            self.job.absorb(&mut self.host, &snap);
         }
         self.job.observe(&mut self.host, events);
     }
@@ -816,14 +836,20 @@ impl Launch {
         self.job.observe(&mut self.host, [ev]);
     }
 
-    /// The process now runs `torch.multiprocessing.spawn`'s wrapper.
+    /// The process now runs `torch.multiprocessing.spawn`'s wrapper, whose
+    /// arguments could not be read.
     fn runs_wrapper(&mut self, tgid: u32) {
+        self.runs_wrapper_given(tgid, None);
+    }
+
+    /// ... given index `index` (read from its arguments).
+    fn runs_wrapper_given(&mut self, tgid: u32, index: Option<u32>) {
         let frames = vec![
             frame("train", "/job/train.py"),
             frame("_wrap", "torch/multiprocessing/spawn.py"),
             frame("BaseProcess._bootstrap", "multiprocessing/process.py"),
         ];
-        self.host.main_frames.insert(tgid, frames);
+        self.host.main_threads.insert(tgid, crate::pystack::MainThread { frames, spawn_index: index });
     }
 
     fn runs_worker_loop(&mut self, tgid: u32) {
@@ -831,7 +857,7 @@ impl Launch {
             frame("_worker_loop", "torch/utils/data/_utils/worker.py"),
             frame("BaseProcess._bootstrap", "multiprocessing/process.py"),
         ];
-        self.host.main_frames.insert(tgid, frames);
+        self.host.main_threads.insert(tgid, crate::pystack::MainThread { frames, spawn_index: None });
     }
 
     fn rank(&self, tgid: u32) -> Option<(u32, crate::rank::Found)> {
@@ -873,6 +899,74 @@ fn mp_spawn_ranks_are_the_launchers_children_in_start_order() {
         assert_eq!(l.rank(worker_pid(r, 0)), None);
     }
     assert_eq!(l.rank(LAUNCHER), None);
+}
+
+/// A rank first seen in a map snapshot, before its fork event, is dated
+/// by /proc (10 ms ticks) as its siblings are: on one clock their order
+/// holds (a fork event's exact time beside a tick cut down put rank 1
+/// before rank 0).
+#[test]
+fn mp_spawn_ranks_keep_their_order_whichever_way_they_are_first_seen() {
+    use crate::rank::Found;
+    let mut l = Launch::new(&[("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]);
+    for r in 0..4 {
+        l.start_seen(LAUNCHER, rank_pid(r), Some((SPAWN_MAIN, &[])), r == 1);
+    }
+    for r in 0..4 {
+        l.runs_wrapper(rank_pid(r));
+        l.connects(rank_pid(r));
+    }
+    for r in 0..4 {
+        assert_eq!(l.rank(rank_pid(r)), Some((r, Found::SpawnIndex)), "rank {r}");
+    }
+}
+
+/// A launcher that starts its ranks in parallel starts them in any order:
+/// the index each was given, read from its wrapper's arguments, is its
+/// rank.
+#[test]
+fn mp_spawn_ranks_started_out_of_order_are_the_index_they_were_given() {
+    use crate::rank::Found;
+    let mut l = Launch::new(&[("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]);
+    for r in (0..4).rev() {
+        l.start(LAUNCHER, rank_pid(r), Some((SPAWN_MAIN, &[])));
+    }
+    for r in 0..4 {
+        l.runs_wrapper_given(rank_pid(r), Some(r));
+        l.connects(rank_pid(r));
+    }
+    for r in 0..4 {
+        assert_eq!(l.rank(rank_pid(r)), Some((r, Found::SpawnIndex)), "rank {r}");
+    }
+}
+
+/// `start_processes(start_method="forkserver")`: a fork server forks the
+/// ranks (in any order, from a pool of threads); the ranks' own forked
+/// workers run the same command line from inside the wrapper and are no
+/// ranks, nor is the server.
+#[test]
+fn ranks_a_fork_server_forked_are_the_index_they_were_given() {
+    use crate::rank::Found;
+    const SERVER: u32 = 50;
+    const FORKSERVER_MAIN: &str =
+        "python3 -c from multiprocessing.forkserver import main; main(8, 9, ['__main__'], **{})";
+    let mut l = Launch::new(&[("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]);
+    l.start(LAUNCHER, SERVER, Some((FORKSERVER_MAIN, &[])));
+    for r in [2, 0, 3, 1] {
+        l.start(SERVER, rank_pid(r), None);
+    }
+    for r in 0..4 {
+        l.runs_wrapper_given(rank_pid(r), Some(r));
+        l.connects(rank_pid(r));
+        for w in 0..2 {
+            l.start(rank_pid(r), worker_pid(r, w), None);
+        }
+    }
+    for r in 0..4 {
+        assert_eq!(l.rank(rank_pid(r)), Some((r, Found::SpawnIndex)), "rank {r}");
+        assert_eq!(l.rank(worker_pid(r, 0)), None);
+    }
+    assert_eq!((l.rank(SERVER), l.rank(LAUNCHER)), (None, None));
 }
 
 #[test]
