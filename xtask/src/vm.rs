@@ -64,7 +64,7 @@ const DEFAULT_TIMEOUT_SECS: u64 = 1800;
 /// nothing of what they check (names from the runtime) varies by kernel.
 /// The SVG's folded helpers: the image's busybox shell runs `sh -c` in
 /// its own process, so there are no helper processes to fold.
-const VM_SKIP: [(&str, &str); 25] = [
+const VM_SKIP: [(&str, &str); 27] = [
     ("scenarios", "cpu_bound_transforms"),
     ("scenarios", "a_short_run_is_judged_after_its_startup"),
     ("scenarios", "attach_to_cgroup"),
@@ -83,6 +83,8 @@ const VM_SKIP: [(&str, &str); 25] = [
     ("ranks", "prometheus_names_the_straggler_of_an_mp_spawn_run_across_two_nodes"),
     ("ranks", "prometheus_names_the_straggler_of_an_mpirun_run_across_two_nodes"),
     ("ranks", "mp_spawn_ranks_that_keep_pace_name_no_straggler"),
+    ("ranks", "ranks_started_last_first_are_the_index_they_were_given"),
+    ("ranks", "ranks_a_fork_server_started_in_parallel_are_found"),
     ("causes", "torch_save_checkpoints_to_slow_storage_are_output_io_bound"),
     ("causes", "pages_of_a_dataset_mapped_before_fork_are_named_in_each_worker"),
     ("causes", "a_datasets_table_under_a_dataloader_names_what_the_workers_read"),
