@@ -24,7 +24,8 @@ JSON (--truth): pids, tids, bytes, what it waited on.
   eval-child      runs a CPU-bound evaluation subprocess every few steps
                   (--shell: through /bin/sh -c, which waits for it)
   upload-child    every few steps uploads a checkpoint to slow-server
-                  with a subprocess (put) and waits for it
+                  with a subprocess (put) and waits for it (--parts N: the
+                  subprocess sends N parts from N threads and joins them)
   timer-sleeper   sleeps 2 ms at a time while spinning processes keep the
                   CPUs busy (wakeups made in timer interrupts)
 """
@@ -391,7 +392,7 @@ def upload_child(a):
 
     def run_put(_step):
         p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "put",
-                              "--port", str(a.port), "--mb", str(a.mb)])
+                              "--port", str(a.port), "--mb", str(a.mb), "--parts", str(a.parts)])
         children.append(p.pid)
         if p.wait() != 0:
             raise SystemExit("waits: the upload failed")
@@ -402,10 +403,25 @@ def upload_child(a):
 
 
 def put(a):
+    """PUTs --mb MiB: in one request, or --parts requests from as many
+    threads that the main thread joins (a multipart upload)."""
     name_thread("ckpt-put")
-    conn = http.client.HTTPConnection("127.0.0.1", a.port)
-    conn.request("PUT", "/ckpt/last", body=os.urandom(a.mb * MIB))
-    conn.getresponse().read()
+    body = os.urandom(a.mb * MIB)
+
+    def put_part(k):
+        conn = http.client.HTTPConnection("127.0.0.1", a.port)
+        part = len(body) // a.parts
+        end = len(body) if k == a.parts - 1 else (k + 1) * part
+        conn.request("PUT", f"/ckpt/last.part{k}", body=body[k * part:end])
+        conn.getresponse().read()
+
+    if a.parts == 1:
+        return put_part(0)
+    parts = [threading.Thread(target=put_part, args=(k,)) for k in range(a.parts)]
+    for t in parts:
+        t.start()
+    for t in parts:
+        t.join()
 
 
 # ------------------------------------------------------------- timer wakeups
@@ -510,11 +526,13 @@ def main():
     s.add_argument("--mb", type=int, default=8)
     s.add_argument("--steps", type=int, default=8)
     s.add_argument("--every", type=int, default=4)
+    s.add_argument("--parts", type=int, default=1)
     s.set_defaults(fn=upload_child)
 
     s = sub.add_parser("put")
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--mb", type=int, default=8)
+    s.add_argument("--parts", type=int, default=1)
     s.set_defaults(fn=put)
 
     s = sub.add_parser("timer-sleeper")

@@ -252,12 +252,24 @@ pub struct ThreadWindow {
     /// Who woke this thread, those who ended most of its blocked time
     /// first.
     pub woken_by: Vec<Waker>,
-    /// What it was last seen blocked on (the reason it waited for, and the
-    /// object), where /proc could say; set by the job before a verdict.
-    pub waits_on: Option<(u8, crate::wait::WaitObject)>,
+    /// What it was last seen blocked on for each reason (the reason, and
+    /// the object), the latest first, where /proc could say; set by the
+    /// job before a verdict. Per reason: a thread that streamed its input
+    /// and then wrote a file still names the socket it waited on.
+    pub waits_on: Vec<(u8, crate::wait::WaitObject)>,
 }
 
 impl ThreadWindow {
+    /// What it was seen blocked on last, for whatever reason.
+    pub fn last_wait(&self) -> Option<&(u8, crate::wait::WaitObject)> {
+        self.waits_on.first()
+    }
+
+    /// What it was last seen blocked on for reason `r`.
+    pub fn wait_object(&self, r: u8) -> Option<&crate::wait::WaitObject> {
+        self.waits_on.iter().find(|(why, _)| *why == r).map(|(_, o)| o)
+    }
+
     /// Whether its last call that is none of stall's reasons is a wait for
     /// a child (`wait4`, `waitid`).
     pub fn in_child_wait(&self) -> bool {

@@ -25,6 +25,9 @@ pub const LOOK_FOR_NS: u64 = 60_000_000_000;
 #[derive(Debug, Default)]
 struct Known {
     ppid: u32,
+    /// Its parent was known when it was first seen (then its parent's end
+    /// is seen too).
+    parent_known: bool,
     /// The listed variables of the environment it was exec'd with.
     exec: Env,
     /// Those of the environment it has now, when read or inherited since
@@ -149,6 +152,7 @@ impl Identities {
             tgid,
             Known {
                 ppid,
+                parent_known: self.known.contains_key(&ppid),
                 exec,
                 live,
                 spawned,
@@ -237,17 +241,29 @@ impl Identities {
         })
     }
 
-    /// Processes that ended: only a spawned one is kept (its place among
-    /// its siblings is its rank).
+    /// Processes that ended. Only one that may be a spawned rank is kept,
+    /// until its launcher ends (its place among its siblings can be its
+    /// rank); a spawned process of another target (a DataLoader's spawned
+    /// worker, re-spawned every epoch) is not, or a daemon watching for
+    /// weeks would keep every worker that ever ran.
     pub fn ended(&mut self, tgids: impl IntoIterator<Item = u32>) {
         for t in tgids {
             match self.known.get_mut(&t) {
-                Some(k) if k.spawned => k.alive = false,
+                Some(k) if k.spawned && k.torch_spawned != Some(false) => k.alive = false,
                 Some(_) => {
                     self.known.remove(&t);
                 }
                 None => {}
             }
+        }
+        let known = &self.known;
+        let orphans: Vec<u32> = known
+            .iter()
+            .filter(|(_, k)| !k.alive && k.parent_known && !known.contains_key(&k.ppid))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in orphans {
+            self.known.remove(&t);
         }
     }
 

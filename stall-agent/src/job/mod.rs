@@ -86,10 +86,11 @@ pub struct Job {
     pub stacks: Stacks,
     /// The last Python stacks read, reused between live reads.
     last_stacks: Option<(Kind, Vec<PyStack>, Vec<String>)>,
-    /// What each trainer thread was last seen blocked on (the reason it
-    /// waited for, and the object), by tid: a thread blocked 70 % of the
-    /// time is found running at some ticks.
-    waits: HashMap<u32, (u8, WaitObject)>,
+    /// What each trainer thread was last seen blocked on for each reason
+    /// (the reason it waited for, and the object; the latest first), by
+    /// tid: a thread blocked 70 % of the time is found running at some
+    /// ticks.
+    waits: HashMap<u32, Vec<(u8, WaitObject)>>,
     /// Which rank each process is, as its sources tell.
     identities: Identities,
 }
@@ -488,7 +489,7 @@ impl Job {
                 let nr = i64::from(t.now.syscall);
                 if !t.now.running && crate::wait::subject_of(nr).is_some() {
                     if let Some(o) = host.waits_on(p.tgid, t.tid, nr) {
-                        self.waits.insert(t.tid, (t.now.reason, o));
+                        self.note_wait(t.tid, t.now.reason, o);
                         continue;
                     }
                 }
@@ -509,7 +510,10 @@ impl Job {
         const FD_REASONS: [u8; 5] = [reason::SEND, reason::POLL, reason::IO, reason::WRITE, reason::SYNC];
         let Some(&why) = FD_REASONS.iter().max_by_key(|r| t.delta.off_ns[usize::from(**r)]) else { return };
         let blocked = t.delta.off_ns[usize::from(why)];
-        if blocked == 0 || p.fd_waits.is_empty() || self.waits.get(&t.tid).is_some_and(|(r, _)| *r == why) {
+        if blocked == 0
+            || p.fd_waits.is_empty()
+            || self.waits.get(&t.tid).and_then(|w| w.first()).is_some_and(|(r, _)| *r == why)
+        {
             return;
         }
         // The descriptor waits are the process's: another thread blocked
@@ -532,16 +536,24 @@ impl Job {
         let fits_time = |ns: u64| ns >= blocked / 2 && ns <= on_fds + on_fds / 10 + 10_000_000;
         for f in p.fd_waits.iter().take(3).filter(|f| fits_time(f.blocked_ns)) {
             if let Some(o) = host.descriptor(p.tgid, f.fd, writing).filter(fits) {
-                self.waits.insert(t.tid, (why, o));
+                self.note_wait(t.tid, why, o);
                 return;
             }
         }
     }
 
+    /// `tid` was seen blocked on `o` for `why`: the latest object for that
+    /// reason, and the latest of all.
+    fn note_wait(&mut self, tid: u32, why: u8, o: WaitObject) {
+        let seen = self.waits.entry(tid).or_default();
+        seen.retain(|(r, _)| *r != why);
+        seen.insert(0, (why, o));
+    }
+
     /// Gives the threads of `w` what they were last seen waiting on.
     fn place_waits(&self, w: &mut Window) {
         for t in w.procs.iter_mut().flat_map(|p| p.threads.iter_mut()) {
-            t.waits_on = self.waits.get(&t.tid).cloned();
+            t.waits_on = self.waits.get(&t.tid).cloned().unwrap_or_default();
         }
     }
 

@@ -551,7 +551,7 @@ fn a_descriptor_wait_shared_by_two_threads_names_neither() {
         last = Some(sim.tick());
     }
     let tick = last.unwrap();
-    let named = tick.recent.procs.iter().flat_map(|p| &p.threads).filter(|t| t.waits_on.is_some()).count();
+    let named = tick.recent.procs.iter().flat_map(|p| &p.threads).filter(|t| !t.waits_on.is_empty()).count();
     assert_eq!(named, 0, "{:?}", tick.recent.proc(TRAINER));
 }
 
@@ -860,6 +860,22 @@ impl Launch {
         self.host.main_threads.insert(tgid, crate::pystack::MainThread { frames, spawn_index: None });
     }
 
+    /// The process exits, and the next snapshot takes its end.
+    fn ends(&mut self, tgid: u32) {
+        self.now += 1_000_000;
+        self.host.procs.remove(&tgid);
+        let exit = Event::Exit {
+            ts: self.now,
+            tid: tgid,
+            tgid,
+            comm: "python3".into(),
+            counters: Box::default(),
+            other_nr: -1,
+        };
+        self.job.observe(&mut self.host, [exit]);
+        self.job.absorb(&mut self.host, &Snapshot { ts: self.now, ..Default::default() });
+    }
+
     fn rank(&self, tgid: u32) -> Option<(u32, crate::rank::Found)> {
         self.job.model.procs.get(&tgid)?.rank.as_ref().map(|r| (r.rank, r.found))
     }
@@ -967,6 +983,33 @@ fn ranks_a_fork_server_forked_are_the_index_they_were_given() {
         assert_eq!(l.rank(worker_pid(r, 0)), None);
     }
     assert_eq!((l.rank(SERVER), l.rank(LAUNCHER)), (None, None));
+}
+
+/// A rank's DataLoader workers started by spawn run another target: once
+/// they end they are forgotten (re-spawned every epoch, a daemon would
+/// keep them all). A rank that ended is kept while its launcher lives (its
+/// place among its siblings may be a rank), and forgotten with it.
+#[test]
+fn ended_spawned_processes_are_kept_only_while_they_can_be_ranks() {
+    use crate::rank::Found;
+    let mut l = Launch::new(&[("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]);
+    for r in 0..2 {
+        l.start(LAUNCHER, rank_pid(r), Some((SPAWN_MAIN, &[])));
+        l.runs_wrapper(rank_pid(r));
+        l.connects(rank_pid(r));
+    }
+    let worker = worker_pid(1, 0);
+    l.start(rank_pid(1), worker, Some((SPAWN_MAIN, &[])));
+    l.runs_worker_loop(worker);
+    l.connects(worker);
+    l.ends(worker);
+    assert!(!l.job.identities.knows(worker));
+    l.ends(rank_pid(0));
+    assert!(l.job.identities.knows(rank_pid(0)));
+    assert_eq!(l.rank(rank_pid(1)), Some((1, Found::SpawnIndex)));
+    l.ends(rank_pid(1));
+    l.ends(LAUNCHER);
+    assert!(!(0..2).any(|r| l.job.identities.knows(rank_pid(r))) && !l.job.identities.knows(LAUNCHER));
 }
 
 #[test]

@@ -319,7 +319,7 @@ fn thread(t: &ThreadWindow) -> Thread {
                 blocked_s: b.blocked_ns as f64 / 1e9,
             })
             .collect(),
-        waits_on: t.waits_on.as_ref().map(|(r, o)| WaitsOn {
+        waits_on: t.last_wait().map(|(r, o)| WaitsOn {
             reason: reason::name(*r),
             object: o.clone(),
             says: o.describe(),

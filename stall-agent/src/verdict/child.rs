@@ -2,7 +2,8 @@
 //! evaluation, a conversion or an upload run as a subprocess. The wait is
 //! followed through children that only wait for their own (a shell, a
 //! wrapper script) to those that do the work, and judged by what they do
-//! there, as a wait for a thread of its own would be.
+//! there (by their main threads, or by the threads of their own those
+//! wait for), as a wait for a thread of its own would be.
 use std::cmp::Reverse;
 
 use stall_common::reason;
@@ -31,6 +32,9 @@ pub(super) struct ChildWait<'a> {
     /// share of their own time.
     pub state: Option<u8>,
     pub share: f64,
+    /// The threads that did it: the children's main threads, or the
+    /// threads of their own those wait for, or on CPU their busiest.
+    pub threads: Vec<&'a ThreadWindow>,
 }
 
 /// The trainer's main thread blocked at least `TRAINER_WAITS` of the window
@@ -55,21 +59,45 @@ pub(super) fn follow<'a>(
         }
         // On CPU: each child's busiest thread (a pool computing while its
         // main thread waits for it counts as the child computing).
-        let busiest = children.iter().filter_map(|c| {
-            c.threads.iter().max_by(|a, b| Shares::of(a, secs).cpu().total_cmp(&Shares::of(b, secs).cpu()))
-        });
-        let cpu = Shares::of_all(busiest, secs).cpu();
+        let busiest: Vec<&ThreadWindow> = children
+            .iter()
+            .filter_map(|c| {
+                c.threads
+                    .iter()
+                    .max_by(|a, b| Shares::of(a, secs).cpu().total_cmp(&Shares::of(b, secs).cpu()))
+            })
+            .collect();
+        let cpu = Shares::of_all(busiest.iter().copied(), secs).cpu();
         let mains: Vec<(u32, &ThreadWindow)> =
             children.iter().filter_map(|c| Some((c.tgid, c.main_thread()?))).collect();
-        let (state, share) = Shares::of_all(mains.iter().map(|m| m.1), secs).top_wait();
+        let mut threads: Vec<&ThreadWindow> = mains.iter().map(|m| m.1).collect();
+        let (mut state, mut share) = Shares::of_all(threads.iter().copied(), secs).top_wait();
+        if state == reason::FUTEX && share >= rules::TRAINER_WAITS {
+            // A main thread that waits for threads of its own (joins an
+            // uploader's threads, waits on a pool): what they do is what
+            // the child does.
+            let helpers = own_wakers(&children);
+            let (helpers_state, helpers_share) = Shares::of_all(helpers.iter().copied(), secs).top_wait();
+            if !helpers.is_empty() && helpers_share >= rules::WORKER_SHARE && helpers_share > cpu {
+                (state, share, threads) = (helpers_state, helpers_share, helpers);
+            }
+        }
         let passes_on = state == reason::OTHER && share >= rules::TRAINER_WAITS && share > cpu;
         if passes_on && mains.iter().any(|m| m.1.in_child_wait()) {
             waiting = mains;
             via.push(children);
             continue;
         }
-        let (state, share) = if cpu >= share { (None, cpu) } else { (Some(state), share) };
-        return (share >= rules::WORKER_SHARE).then_some(ChildWait { waits, via, children, state, share });
+        let (state, share, threads) =
+            if cpu >= share { (None, cpu, busiest) } else { (Some(state), share, threads) };
+        return (share >= rules::WORKER_SHARE).then_some(ChildWait {
+            waits,
+            via,
+            children,
+            state,
+            share,
+            threads,
+        });
     }
     None
 }
@@ -82,8 +110,9 @@ pub(super) fn follow<'a>(
 fn waited_for<'a>(w: &'a Window, waiting: &[(u32, &ThreadWindow)]) -> Vec<&'a ProcWindow> {
     let named: Vec<u32> = waiting
         .iter()
-        .filter_map(|(_, t)| match &t.waits_on {
-            Some((_, WaitObject::Child { children })) => Some(children.iter().map(|c| c.pid)),
+        .flat_map(|(_, t)| &t.waits_on)
+        .filter_map(|(_, o)| match o {
+            WaitObject::Child { children } => Some(children.iter().map(|c| c.pid)),
             _ => None,
         })
         .flatten()
@@ -101,6 +130,23 @@ fn waited_for<'a>(w: &'a Window, waiting: &[(u32, &ThreadWindow)]) -> Vec<&'a Pr
     }
     picked.sort_by_key(|p| (Reverse(lived_ns(p)), p.tgid));
     picked
+}
+
+/// The threads of `children` that woke their own main thread.
+fn own_wakers<'a>(children: &[&'a ProcWindow]) -> Vec<&'a ThreadWindow> {
+    children
+        .iter()
+        .flat_map(|c| {
+            let main = c.main_thread();
+            let tids: Vec<u32> = main
+                .into_iter()
+                .flat_map(|m| &m.woken_by)
+                .filter(|b| b.tgid == c.tgid && b.count > 0)
+                .filter_map(|b| b.thread().filter(|t| Some(*t) != main.map(|m| m.tid)))
+                .collect();
+            c.threads.iter().filter(move |t| tids.contains(&t.tid))
+        })
+        .collect()
 }
 
 /// How long `p`'s main thread was seen, on CPU or off, in the window.

@@ -453,15 +453,13 @@ fn streamed_in<'a>(
         return None;
     }
     let job: HashSet<u32> = s.w.procs.iter().map(|p| p.tgid).collect();
-    let (network, bytes) = match main.waits_on.as_ref().filter(|(r, _)| *r == reason::POLL)? {
+    let (network, bytes) = match main.wait_object(reason::POLL)? {
         // From that peer, where it is outside the job (a job's peer is IPC).
-        (_, WaitObject::Socket { peer: Some(peer), .. }) => {
+        WaitObject::Socket { peer: Some(peer), .. } => {
             let from = trainer.sockets.iter().find(|x| x.path == *peer)?;
             (true, if from.ipc { 0 } else { from.read_bytes })
         }
-        (_, WaitObject::Pipe { writing: false, others, .. })
-            if others.iter().all(|p| !job.contains(&p.pid)) =>
-        {
+        WaitObject::Pipe { writing: false, others, .. } if others.iter().all(|p| !job.contains(&p.pid)) => {
             (false, main.delta.other_read_bytes)
         }
         _ => return None,

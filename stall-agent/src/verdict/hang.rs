@@ -132,7 +132,7 @@ pub(in crate::verdict) fn no_progress(
                 reason: t.now.reason,
                 syscall: t.now.syscall,
                 for_s: t.now.for_ns as f64 / 1e9,
-                object: t.waits_on.as_ref().filter(|(r, _)| *r == t.now.reason).map(|(_, o)| o.clone()),
+                object: t.wait_object(t.now.reason).cloned(),
             });
         }
     }

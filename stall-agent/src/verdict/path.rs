@@ -109,7 +109,10 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
                 let share = Shares::of_all(mains, s.secs).r(reason::OTHER);
                 path.push(group(level, Some(reason::OTHER), share));
             }
-            path.push(group(&c.children, c.state, c.share));
+            let mut last = group(&c.children, c.state, c.share);
+            last.tids = c.threads.iter().map(|t| t.tid).collect();
+            last.object = c.state.and_then(|r| c.threads.iter().find_map(|t| object_of(t, r)));
+            path.push(last);
             path
         }
         Finding::OutputIo { out, .. } => {
@@ -149,5 +152,5 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
 
 /// What `t` was seen waiting on in `state`, in words.
 fn object_of(t: &ThreadWindow, state: u8) -> Option<String> {
-    t.waits_on.as_ref().filter(|(r, _)| *r == state).map(|(_, o)| o.describe())
+    t.wait_object(state).map(|o| o.describe())
 }

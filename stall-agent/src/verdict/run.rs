@@ -223,7 +223,7 @@ pub fn collective_waits(
         // What /proc said is kept from an earlier tick: it holds only while
         // the thread is still in a call with an object.
         let current = crate::wait::subject_of(i64::from(main.now.syscall)).is_some();
-        match main.waits_on.as_ref().filter(|_| current) {
+        match main.last_wait().filter(|_| current) {
             Some((_, WaitObject::Socket { peer: Some(peer), .. })) => Some(match holder(pid, peer) {
                 Some(other) => (other != pid && ranks.contains(&other), Some(other)),
                 // Off this node (or outside the job): a peer on another node.

@@ -197,7 +197,7 @@ impl Job {
         }
         let mut w = self.model.summary(end);
         for t in w.procs.iter_mut().flat_map(|p| p.threads.iter_mut()) {
-            t.waits_on = self.waits_on.iter().find(|x| x.0 == t.tid).map(|x| (x.1, x.2.clone()));
+            t.waits_on = self.waits_on.iter().filter(|x| x.0 == t.tid).map(|x| (x.1, x.2.clone())).collect();
         }
         let roles = correlate::assign(&w, &self.gpu_pids, Some(100));
         let moved = w.procs.iter().any(crate::aggregate::ProcWindow::moved);

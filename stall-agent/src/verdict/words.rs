@@ -36,7 +36,7 @@ pub(super) fn verdict(s: &Scene, finding: &Finding) -> (Verdict, String) {
     if let (Finding::OutputIo { .. }, Some(trainer)) = (finding, s.trainer) {
         evidence.extend(written_files(trainer, s.secs));
     }
-    evidence.extend(job_evidence(s));
+    evidence.extend(job_evidence(s, finding));
     evidence.dedup();
     let v = Verdict {
         kind: finding.kind(),
@@ -165,10 +165,8 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             // Into a pipe or a socket: whoever takes the data sets the pace.
             let bytes = main.delta.other_write_bytes;
             let to = main
-                .waits_on
-                .as_ref()
-                .filter(|(r, _)| *r == reason::SEND)
-                .map(|(_, o)| o.describe())
+                .wait_object(reason::SEND)
+                .map(|o| o.describe())
                 .or_else(|| top_sent_peer(trainer).map(|p| format!("the socket to {p}")))
                 .unwrap_or_else(|| "a pipe or socket".into());
             format!(
@@ -210,7 +208,7 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             )
         }
         Finding::OwnThreadWaits { waits, thread, state, share, waited } => {
-            let on = thread.waits_on.as_ref().filter(|(r, _)| r == state).map(|(_, o)| o.describe());
+            let on = thread.wait_object(*state).map(|o| o.describe());
             let head = waits_for_thread(main, tm, secs, *waits, thread, waits_for(*waited, "waits for"));
             match *state {
                 reason::SEND | reason::WRITE | reason::SYNC => {
@@ -246,11 +244,8 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             }
         }
         Finding::TrainerStream { wait, bytes, network } => {
-            let from = main
-                .waits_on
-                .as_ref()
-                .filter(|(r, _)| *r == reason::POLL)
-                .map_or_else(|| "a socket or pipe".into(), |(_, o)| o.describe());
+            let from =
+                main.wait_object(reason::POLL).map_or_else(|| "a socket or pipe".into(), |o| o.describe());
             let how = if *network {
                 "its input streams in over the network, and the trainer waits for it"
             } else {
@@ -441,8 +436,13 @@ fn held_by_limit<'a>(
 }
 
 /// The trainer's and the busiest workers' lines, the files read most and
-/// the last output, once there is a trainer to speak of.
-fn job_evidence(s: &Scene) -> Vec<String> {
+/// the last output, once there is a trainer to speak of. The children a
+/// trainer's wait was followed to are called children, not workers.
+fn job_evidence(s: &Scene, finding: &Finding) -> Vec<String> {
+    let followed: Vec<u32> = match finding {
+        Finding::Child(c) => c.via.iter().flatten().chain(&c.children).map(|p| p.tgid).collect(),
+        _ => Vec::new(),
+    };
     let (Some(trainer), Some((main, tm))) = (s.trainer, s.main.as_ref()) else { return Vec::new() };
     let mut evidence = vec![thread_line("trainer main thread", trainer, main, tm)];
     // The busiest readers first; a handful is evidence, thousands is noise.
@@ -458,7 +458,7 @@ fn job_evidence(s: &Scene) -> Vec<String> {
             let net = wp.network_in();
             evidence.push(format!(
                 "{}; read {} at {}{}",
-                thread_line("worker", wp, t, &shares),
+                thread_line(if followed.contains(&wp.tgid) { "child" } else { "worker" }, wp, t, &shares),
                 units::bytes(wp.input_bytes()),
                 units::rate(wp.input_bytes(), s.secs),
                 if net > 0 {
@@ -593,11 +593,7 @@ fn waits_for_thread(
 /// what `t` was seen blocked on in `state`, where /proc or the kernel
 /// named it; empty otherwise.
 fn waiting_on(t: &ThreadWindow, state: u8) -> String {
-    t.waits_on
-        .as_ref()
-        .filter(|(r, _)| *r == state)
-        .map(|(_, o)| format!(", waiting on {}", o.describe()))
-        .unwrap_or_default()
+    t.wait_object(state).map(|o| format!(", waiting on {}", o.describe())).unwrap_or_default()
 }
 
 fn workers_word(n: usize) -> String {

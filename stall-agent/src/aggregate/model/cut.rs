@@ -217,7 +217,7 @@ impl Model {
                 other_nr: t.other_nr,
                 alive: t.alive,
                 woken_by: by,
-                waits_on: None,
+                waits_on: Vec::new(),
             });
         }
     }

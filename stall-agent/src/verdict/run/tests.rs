@@ -323,7 +323,7 @@ fn blocked_on(w: &mut crate::aggregate::Window, pid: u32, r: u8, nr: Sysno, on: 
         .find(|t| t.tid == pid)
         .unwrap();
     t.now = ThreadNow { running: false, reason: r, syscall: nr as i32, for_ns: 60 * S };
-    t.waits_on = on.map(|o| (r, o));
+    t.waits_on = on.map(|o| (r, o)).into_iter().collect();
 }
 
 fn socket_to(peer: &str) -> Option<WaitObject> {
@@ -380,7 +380,7 @@ fn a_hung_rank_outside_the_collective_is_named_by_what_the_ranks_wait_on() {
     // in another call: rank 1 now sleeps, which is no wait on a peer.
     blocked_on(&mut w, 200, reason::SLEEP, Sysno::clock_nanosleep, socket_to("127.0.0.1:29500"));
     w.procs.iter_mut().find(|p| p.tgid == 200).unwrap().threads[0].waits_on =
-        Some((reason::POLL, socket_to("127.0.0.1:29500").unwrap()));
+        vec![(reason::POLL, socket_to("127.0.0.1:29500").unwrap())];
     let inside = super::collective_waits(&v, &w, holder).unwrap();
     assert_eq!(inside.get(&200), Some(&false));
     // A socket to a process of the job that is no rank, or to itself, is

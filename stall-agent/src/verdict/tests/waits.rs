@@ -287,6 +287,9 @@ fn a_child_on_cpu_that_the_trainer_waits_for_is_named() {
         v.summary
     );
     assert!(v.blamed.iter().any(|b| (b.pid, b.tid) == (300, 300)), "{:?}", v.blamed);
+    // Its line in the evidence calls it what it is.
+    assert!(v.evidence.iter().any(|e| e.starts_with("child 300 (python3 pid 300)")), "{:#?}", v.evidence);
+    assert!(!v.evidence.iter().any(|e| e.starts_with("worker")), "{:#?}", v.evidence);
 }
 
 /// A trainer with two DataLoader workers (which woke it 200 times each
@@ -379,6 +382,42 @@ fn a_child_uploading_what_the_trainer_waits_for_is_output_bound() {
     assert_eq!(
         (last.who, last.state, last.object.as_deref()),
         ("child", "send", Some("the socket to 10.0.0.5:9000"))
+    );
+}
+
+/// The uploading child sends the parts of a checkpoint from threads of its
+/// own and joins them (a multipart upload): its main thread waits in
+/// futex, woken by them; they are followed, and the trainer is
+/// output-bound on their socket.
+#[test]
+fn a_child_whose_threads_upload_what_the_trainer_waits_for_is_output_bound() {
+    let mut job = Job::new(10);
+    job.model.note_process(300, Some(100), "python3", Some("python3 upload.py --parts 2 ckpt.pt".into()));
+    let c = counters(10, 0.01, [0.0, 0.0, 0.0, 0.0, 0.0, 0.97], 0);
+    let main = counters(10, 0.03, [0.95], 0);
+    let part = |bytes: u64| {
+        let mut p = counters(10, 0.05, [0.0, 0.0, 0.05], 0);
+        p.off_ns[usize::from(reason::SEND)] = 86 * S / 10;
+        p.other_write_bytes = bytes;
+        p
+    };
+    let peer = WaitObject::Socket { fd: 5, peer: Some("10.0.0.5:9000".into()) };
+    let v = job
+        .thread_of(100, 100, c, waiting(reason::OTHER, 61), 61)
+        .thread_of(300, 300, main, waiting(reason::FUTEX, 202), 202)
+        .thread_of(301, 300, part(10_000_000), waiting(reason::SEND, 44), -1)
+        .thread_of(302, 300, part(10_000_000), waiting(reason::SEND, 44), -1)
+        .woken_by_thread(300, 301, 300, "python3", 1)
+        .woken_by_thread(300, 302, 300, "python3", 1)
+        .waiting_on(302, reason::SEND, peer)
+        .judge(&[]);
+    assert_eq!(v.kind, Kind::OutputIoBound, "{v:?}");
+    let want = "waiting for its child pid 300 (python3 upload.py --parts 2 ckpt.pt), blocked 90% writing the socket to 10.0.0.5:9000 (20.0 MB at 2.0 MB/s)";
+    assert!(v.summary.contains(want), "{}", v.summary);
+    let last = v.path.last().unwrap();
+    assert_eq!(
+        (last.who, last.state, last.tids.as_slice(), last.object.as_deref()),
+        ("child", "send", &[301, 302][..], Some("the socket to 10.0.0.5:9000"))
     );
 }
 
@@ -558,13 +597,27 @@ fn a_thread_that_sleeps_between_batches_makes_the_trainer_wait() {
 /// socket, woken by the network: its input streams in, slowly.
 #[test]
 fn a_trainer_streaming_its_input_from_a_slow_server_is_input_bound() {
+    streamed(false);
+}
+
+/// The same, where the trainer was last seen writing a file (its results,
+/// as the stream ended): the socket it waited on for its input is still
+/// what it waited on for that reason.
+#[test]
+fn a_trainer_that_wrote_a_file_after_its_stream_still_names_the_socket() {
+    streamed(true);
+}
+
+fn streamed(wrote_after: bool) {
     let peer = WaitObject::Socket { fd: 3, peer: Some("10.1.2.3:8000".into()) };
-    let v = Job::new(10)
+    let mut job = Job::new(10)
         .trainer(0.11, [0.0, 0.0, 0.88, 0.0, 0.01, 0.0], waiting(reason::POLL, 45))
         .connected(100, 3, "10.1.2.3:8000", 20_000_000)
-        .woken_after(100, (0, 0, "[interrupt]"), 600, 8.7)
-        .waiting_on(100, reason::POLL, peer)
-        .judge(&[]);
+        .woken_after(100, (0, 0, "[interrupt]"), 600, 8.7);
+    if wrote_after {
+        job = job.waiting_on(100, reason::WRITE, WaitObject::File { fd: 4, path: "/out/truth.json".into() });
+    }
+    let v = job.waiting_on(100, reason::POLL, peer).judge(&[]);
     assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
     let want = "blocked 88% of 10.0s reading the socket to 10.1.2.3:8000 (20.0 MB at 2.0 MB/s), woken from outside the job";
     assert!(v.summary.contains(want), "{}", v.summary);

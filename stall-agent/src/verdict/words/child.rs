@@ -29,11 +29,7 @@ pub(super) fn waits_for_children(c: &ChildWait, secs: f64) -> String {
         );
     };
     let first = c.children[0];
-    let on = first
-        .main_thread()
-        .and_then(|t| t.waits_on.as_ref())
-        .filter(|(r, _)| *r == state)
-        .map(|(_, o)| o.describe());
+    let on = c.threads.iter().find_map(|t| t.wait_object(state)).map(|o| o.describe());
     let sum = |f: fn(&ProcWindow) -> u64| c.children.iter().map(|p| f(p)).sum::<u64>();
     match state {
         reason::SEND | reason::WRITE | reason::SYNC => {
@@ -68,7 +64,7 @@ pub(super) fn waits_for_children(c: &ChildWait, secs: f64) -> String {
         _ => format!(
             "{head}, blocked {} ({}{}): the trainer waits on what its child waits for",
             units::pct(c.share),
-            first.main_thread().map_or_else(|| reason::name(state).to_string(), |t| reason_name(state, t)),
+            c.threads.first().map_or_else(|| reason::name(state).to_string(), |t| reason_name(state, t)),
             on.map(|o| format!(" on {o}")).unwrap_or_default(),
         ),
     }
