@@ -155,6 +155,9 @@ pub struct FdWait {
     /// What it is open on, where stall saw it opened: a path, a socket's
     /// peer (None: inherited, or opened before stall came).
     pub object: Option<String>,
+    /// A socket connected to a peer outside the job (an object store, a
+    /// data server): what is blocked there moves data to or from it.
+    pub outside: bool,
     pub blocked_ns: u64,
 }
 

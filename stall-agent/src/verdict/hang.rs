@@ -94,6 +94,15 @@ pub(in crate::verdict) fn no_progress(
     if tm.r(reason::SLEEP) >= 0.5 || writing >= 0.5 || tm.blocked() < 0.9 {
         return None;
     }
+    // So does any process of the job blocked half the window on a socket
+    // to a peer outside it (a child or a thread uploading a checkpoint in
+    // one long send, whose bytes are counted as the call returns). A pipe
+    // inside the job is no such thing: a child blocked writing into the
+    // pipe its waiting parent never reads is the classic deadlock.
+    let half = (secs * 0.5 * 1e9) as u64;
+    if w.procs.iter().flat_map(|p| &p.fd_waits).any(|f| f.outside && f.blocked_ns >= half) {
+        return None;
+    }
     // Bytes through pipes and sockets, either way: batches, an upload.
     let ipc: u64 = w.procs.iter().map(|p| p.other_read_bytes + p.sum().other_write_bytes).sum();
     // File writes are not asked about here: `silent_enough` has judged

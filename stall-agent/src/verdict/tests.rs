@@ -57,6 +57,8 @@ struct Job {
     waits_on: Vec<(u32, u8, crate::wait::WaitObject)>,
     /// Calls into the job's CUDA libraries, by tid.
     gpu_calls: Vec<(u32, GpuCounters)>,
+    /// Blocked time per descriptor of a process.
+    fd_waits: Vec<crate::decode::FdWaitSnap>,
 }
 
 impl Job {
@@ -77,6 +79,7 @@ impl Job {
             cpu_limit: None,
             waits_on: vec![],
             gpu_calls: vec![],
+            fd_waits: vec![],
         }
     }
 
@@ -186,6 +189,7 @@ impl Job {
             inode_bytes: self.inode_bytes.clone(),
             mmap_known: self.mmap_known,
             gpu_calls: self.gpu_calls.clone(),
+            fd_waits: self.fd_waits.clone(),
             ..Default::default()
         });
         if let Some(r) = &self.cpu_limit {

@@ -174,7 +174,9 @@ impl Model {
             }
             let file = self.open_fds.get(&(tgid, fd)).and_then(|id| self.files.get(id));
             let object = file.map(|f| f.path.clone());
-            procs[i].fd_waits.push(FdWait { fd, object, blocked_ns: ns });
+            let outside =
+                file.is_some_and(|f| f.kind == fd_kind::SOCKET && self.peers.get(&f.path) == Some(&false));
+            procs[i].fd_waits.push(FdWait { fd, object, outside, blocked_ns: ns });
         }
         for p in procs.iter_mut() {
             p.fd_waits.sort_by(|a, b| b.blocked_ns.cmp(&a.blocked_ns).then(a.fd.cmp(&b.fd)));

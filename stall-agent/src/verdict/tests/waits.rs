@@ -421,6 +421,35 @@ fn a_child_whose_threads_upload_what_the_trainer_waits_for_is_output_bound() {
     );
 }
 
+/// A child uploads a checkpoint in one long send per thread: no byte is
+/// counted until the calls return, but its thread is blocked on a socket
+/// to a peer outside the job all along: moving data, no hang however
+/// silent the trainer. The same wait on a peer inside the job moves
+/// nothing the job could show.
+#[test]
+fn a_child_blocked_sending_to_a_store_all_window_is_no_hang() {
+    let uploading = |outside: bool| {
+        let mut job = Job::new(10);
+        job.model.note_process(300, Some(100), "python3", Some("python3 put.py".into()));
+        job.model.note_peer("10.0.0.5:9000", !outside);
+        let c = counters(10, 0.0, [0.0, 0.0, 0.0, 0.0, 0.0, 1.0], 0);
+        let main = counters(10, 0.0, [1.0], 0);
+        let mut part = counters(10, 0.02, [], 0);
+        part.off_ns[usize::from(reason::SEND)] = 98 * S / 10;
+        job.thread_of(100, 100, c, waiting(reason::OTHER, 61), 61)
+            .thread_of(300, 300, main, waiting(reason::FUTEX, 202), 202)
+            .thread_of(301, 300, part, waiting(reason::SEND, 44), 44)
+            .connected(300, 5, "10.0.0.5:9000", 0)
+            .blocked_on_fd(300, 5, 9.8)
+            .silent(10.0, None, Some(("/runs/train.log", 10.0)))
+            .judge(&[])
+    };
+    let v = uploading(true);
+    assert_ne!(v.kind, Kind::Hang, "{}", v.summary);
+    let v = uploading(false);
+    assert_eq!(v.kind, Kind::Hang, "{}", v.summary);
+}
+
 /// Three evaluations, one after another, each 2 s of a 10 s window on CPU;
 /// a helper child (a metrics server) asleep all along ended none of the
 /// trainer's waits: the evaluations are judged over their own lifetimes,
@@ -539,6 +568,13 @@ fn a_thread_the_workers_wake_hands_the_wait_on_to_them() {
 
 impl Job {
     /// Process `tgid` connected `fd` to `peer` and read `bytes` from it.
+    /// Process `tgid`'s threads were blocked `secs` on descriptor `fd`.
+    fn blocked_on_fd(mut self, tgid: u32, fd: i32, secs: f64) -> Self {
+        let blocked_ns = (secs * S as f64) as u64;
+        self.fd_waits.push(crate::decode::FdWaitSnap { tgid, fd, blocked_ns });
+        self
+    }
+
     fn connected(mut self, tgid: u32, fd: i32, peer: &str, bytes: u64) -> Self {
         let file_id = 900 + u64::from(fd as u32);
         self.model.apply(&Event::Connect { ts: 0, tgid, fd, file_id, peer: peer.into() });
