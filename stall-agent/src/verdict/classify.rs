@@ -313,7 +313,13 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
                 return Finding::InputWait { waits, reason, share };
             }
         }
-        if !s.workers.is_empty() && worker_io >= rules::WORKER_SHARE && worker_io >= worker_cpu {
+        // Waiting for a CPU on a crowded host is none of the workers' own
+        // work: reads that take at least as long as their time on a CPU
+        // (and under their CPU limit) hold them, whatever the host's queue
+        // adds (a throttled rank among busy ones on few CPUs).
+        let worker_queue = mean_share(&s.workers, s.secs, reason::RUNQUEUE);
+        if !s.workers.is_empty() && worker_io >= rules::WORKER_SHARE && worker_io >= worker_cpu - worker_queue
+        {
             return Finding::InputIo { waits, worker_io };
         }
         // Waiting on sockets to peers outside the job that carry more than

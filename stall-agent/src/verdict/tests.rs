@@ -285,6 +285,25 @@ fn io_bound_job() -> Job {
     job
 }
 
+/// Workers of a throttled rank on a host crowded by the other ranks: on a
+/// CPU 9 %, waiting for one 41 %, in their reads 45 %. The queue is the
+/// host's, not their work: their reads hold them.
+#[test]
+fn workers_crowded_off_the_cpus_by_others_are_still_held_by_their_reads() {
+    let crowded = |io: f64| {
+        let mut job = Job::new(10).trainer(0.03, TRAINER_WAITS, blocked(reason::FUTEX));
+        for pid in 101..=102 {
+            job = job.worker(pid, 0.09, [0.0, io, 0.0, 0.0, 0.41, 0.0], 12_000_000).woken_by(100, pid, 120);
+        }
+        job.judge(&[])
+    };
+    let v = crowded(0.45);
+    assert_eq!(v.kind, Kind::InputIoBound, "{}", v.summary);
+    // Reads shorter than their own time on a CPU: CPU-bound, as before.
+    let v = crowded(0.05);
+    assert_eq!(v.kind, Kind::InputCpuBound, "{}", v.summary);
+}
+
 #[test]
 fn input_io_bound_with_numbers() {
     let v = io_bound_job().judge(&[]);
