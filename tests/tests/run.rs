@@ -265,7 +265,7 @@ fn the_live_view_says_starting_up_before_the_pipeline_runs() {
     use std::io::Read;
     require_root();
     let mut cmd = std::process::Command::new(stall_bin());
-    cmd.args(["run", "--gpu", "off", "--interval", "0.2", "--", "sh", "-c", "sleep 1.2"]);
+    cmd.args(["run", "--gpu", "off", "--interval", "0.2", "--", "sh", "-c", "sleep 2.5"]);
     let master = on_new_terminal(&mut cmd);
     let mut child = cmd.spawn().unwrap();
     drop(cmd);
