@@ -21,7 +21,7 @@ pub use self::{
 };
 use self::{
     identity::{Identities, Sighting},
-    startup::{past_imports, Startup, MIN_STEADY_NS},
+    startup::{past_set_up, Startup, MIN_STEADY_NS},
 };
 use crate::{
     aggregate::{push_recent, Model, ProcWindow, ThreadWindow, Window},
@@ -417,13 +417,13 @@ impl Job {
             _ if hung_now => (None, recent_verdict),
             // A steady state too short to judge (the pipeline started as the
             // job ended) is no reason to drop the rest.
-            Startup::Done { before, imports, .. }
+            Startup::Done { before, phases, .. }
                 if before.end_ns > self.model.start_ns
                     && end_ns.saturating_sub(before.end_ns) >= MIN_STEADY_NS =>
             {
                 // Past the trainers' last imports where that leaves a steady
                 // state to judge: the first steps load what the job uses.
-                let before = past_imports(before, imports, end_ns);
+                let before = past_set_up(before, phases, end_ns);
                 let mut steady = summary.since(before);
                 self.place_waits(&mut steady);
                 let gpus: Vec<GpuWindow> = tracks.iter().map(|g| g.since(steady.start_ns, end_ns)).collect();

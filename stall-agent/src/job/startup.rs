@@ -7,8 +7,8 @@ use crate::{aggregate::Window, correlate::Roles, gpu::GpuWindow};
 
 /// The shortest steady state the final verdict is given alone.
 pub(super) const MIN_STEADY_NS: u64 = 1_000_000_000;
-/// Stretches of imports after the pipeline started that are kept.
-const IMPORT_PHASES: usize = 4;
+/// Stretches of set-up after the pipeline started that are kept.
+const SET_UP_PHASES: usize = 4;
 /// Code a trainer loads in one interval that marks an `import` at work
 /// (PyTorch's first optimizer step imports some 100 MB of modules); a
 /// steady training step loads none.
@@ -22,11 +22,14 @@ pub(super) enum Startup {
     /// last tick before any of it ran.
     Watching { before: Window },
     /// The pipeline started after `before` (the whole run until then).
-    /// `imports`: the whole run at the end of each stretch of intervals in
-    /// which a trainer loaded code after that (the lazy imports of its
-    /// first steps; the modules a job's teardown or evaluation imports
-    /// later), the first [`IMPORT_PHASES`] of them.
-    Done { before: Window, imports: Vec<Window>, importing: bool },
+    /// `phases`: the whole run at the end of each later stretch of set-up,
+    /// the first [`SET_UP_PHASES`] of them: intervals in which a trainer
+    /// loaded code (the lazy imports of its first steps; the modules a
+    /// job's teardown or evaluation imports later), or its own reading
+    /// before it started workers (a dataset loaded ahead, then handed to a
+    /// DataLoader). `alone`: while the pipeline runs with no worker alive,
+    /// the whole run as of the last tick.
+    Done { before: Window, phases: Vec<Window>, importing: bool, alone: Option<Window> },
 }
 
 impl Job {
@@ -34,7 +37,8 @@ impl Job {
     /// which every worker has read data or woken a trainer (a DataLoader
     /// queue delivering; a worker started by spawn or a forkserver imports
     /// its libraries first), or a trainer without workers is woken by its
-    /// own loader threads, or a GPU of the job runs kernels (NVML says so,
+    /// own loader threads or reads data itself (files that are not code,
+    /// a stream from a peer outside the job), or a GPU of the job runs kernels (NVML says so,
     /// or a trainer launches or waits for them); in a run, once
     /// that holds for every rank; never while a spawned process may yet
     /// turn out to be a rank. The whole run up to the interval before the
@@ -44,7 +48,8 @@ impl Job {
     /// kept for that purpose. After it, an interval in which a trainer
     /// loads [`IMPORT_BURST_BYTES`] of code (modules read, libraries faulted
     /// in: the lazy imports of its first steps) may move that baseline on
-    /// ([`past_imports`]).
+    /// ([`past_set_up`]); so may the start of workers after a trainer
+    /// without them read data of its own.
     pub(super) fn watch_startup(
         &mut self,
         summary: Window,
@@ -52,10 +57,19 @@ impl Job {
         roles: &Roles,
         gpus: &[GpuWindow],
     ) {
-        if let Startup::Done { imports, importing: was, .. } = &mut self.startup {
+        if let Startup::Done { phases, importing: was, alone, .. } = &mut self.startup {
             // A trainer that ended is no longer importing (its mappings are
             // counted as it exits).
             let alive = |t: &u32| self.model.procs.get(t).is_some_and(|p| p.alive);
+            if alone.is_some() && roles.workers.iter().any(alive) {
+                // Workers came after the trainer read on its own: what it
+                // read was its set-up, up to the tick before they came.
+                if let Some(last) = alone.take().filter(|_| phases.len() < SET_UP_PHASES) {
+                    phases.push(last);
+                }
+                *was = false;
+                return;
+            }
             let importing = roles
                 .trainers
                 .iter()
@@ -64,17 +78,20 @@ impl Job {
             *was = match (importing, *was) {
                 // The same stretch goes on: its end moves.
                 (true, true) => {
-                    if let Some(last) = imports.last_mut() {
-                        *last = summary;
+                    if let Some(last) = phases.last_mut() {
+                        *last = summary.clone();
                     }
                     true
                 }
-                (true, false) if imports.len() < IMPORT_PHASES => {
-                    imports.push(summary);
+                (true, false) if phases.len() < SET_UP_PHASES => {
+                    phases.push(summary.clone());
                     true
                 }
                 _ => false,
             };
+            if alone.is_some() {
+                *alone = Some(summary);
+            }
             return;
         }
         // The GPU works: NVML says so, or a trainer launches kernels or
@@ -125,13 +142,16 @@ impl Job {
                 })
             })
         };
+        // A trainer without workers that reads its input itself: data
+        // files, or a stream from a peer outside the job.
+        let reads_itself = |t: u32| interval.proc(t).is_some_and(|p| p.reads_data());
         let alive = |w: &u32| self.model.procs.get(w).is_some_and(|p| p.alive);
         // The pipeline of these trainers and workers has run.
         let ran = |trainers: &[u32], workers: &[u32]| {
             if workers.iter().any(alive) {
                 workers.iter().filter(|w| alive(w)).all(|w| self.workers_ran.contains(w))
             } else {
-                trainers.iter().any(|t| fed_by_threads(*t))
+                trainers.iter().any(|t| fed_by_threads(*t) || reads_itself(*t))
             }
         };
         let started = if roles.ranks.len() > 1 {
@@ -149,7 +169,11 @@ impl Job {
             // The baseline stops at the first sign of the pipeline: what
             // the first workers read while the others still start is the
             // job's input, not its startup.
-            let began = !self.workers_ran.is_empty() || roles.trainers.iter().any(|t| fed_by_threads(*t));
+            let began = !self.workers_ran.is_empty()
+                || roles
+                    .trainers
+                    .iter()
+                    .any(|t| fed_by_threads(*t) || (!roles.workers.iter().any(alive) && reads_itself(*t)));
             if !began {
                 self.startup = Startup::Watching { before: summary };
             }
@@ -165,18 +189,20 @@ impl Job {
                     ..Default::default()
                 },
             };
-        self.startup = Startup::Done { before, imports: Vec::new(), importing: false };
+        let alone = (!roles.workers.iter().any(alive)).then_some(summary);
+        self.startup = Startup::Done { before, phases: Vec::new(), importing: false, alone };
     }
 }
 
-/// Where the steady state starts: after the last stretch of the trainers'
-/// imports (`imports`, each the whole run at its end) that ended in the
-/// first half of the time since the pipeline started (`before`), with at
-/// least [`MIN_STEADY_NS`] after it; imports later than that (a teardown,
-/// an evaluation) are part of the job's run, not of its start.
-pub(super) fn past_imports<'a>(before: &'a Window, imports: &'a [Window], end_ns: u64) -> &'a Window {
+/// Where the steady state starts: after the last stretch of set-up
+/// (`phases`, each the whole run at its end: a trainer's imports, its own
+/// reading before its workers came) that ended in the first half of the
+/// time since the pipeline started (`before`), with at least
+/// [`MIN_STEADY_NS`] after it; later ones (a teardown, an evaluation) are
+/// part of the job's run, not of its start.
+pub(super) fn past_set_up<'a>(before: &'a Window, phases: &'a [Window], end_ns: u64) -> &'a Window {
     let since_pipeline = end_ns.saturating_sub(before.end_ns);
-    imports
+    phases
         .iter()
         .rev()
         .find(|i| {

@@ -157,27 +157,16 @@ struct Sim {
 
 impl Sim {
     fn new(gpu: FakeGpu) -> Self {
+        let mut sim = Self::without_workers(gpu);
+        sim.start_workers();
+        sim
+    }
+
+    /// The trainer alone, its workers not started yet.
+    fn without_workers(gpu: FakeGpu) -> Self {
         let mut host = ScriptedHost::default();
         host.procs.insert(TRAINER, ProcInfo { ppid: 1, comm: "python".into(), state: 'S', started_ns: 0 });
-        for w in WORKERS {
-            host.procs.insert(
-                w,
-                ProcInfo { ppid: TRAINER, comm: "pt_data_worker".into(), state: 'D', started_ns: 0 },
-            );
-            host.regular.insert(shard(w));
-        }
         let mut job = Job::new(1, 0, Some(TRAINER), GpuScope::All);
-        let events = WORKERS.iter().map(|&w| Event::Open {
-            ts: 0,
-            tid: w,
-            tgid: w,
-            fd: 5,
-            file_id: u64::from(w),
-            path: shard(w),
-            dfd: -100,
-            dup_of: None,
-        });
-        job.observe(&mut host, events);
         host.regular.insert(LOG.into());
         let log = Event::Open {
             ts: 0,
@@ -190,7 +179,7 @@ impl Sim {
             dup_of: None,
         };
         job.observe(&mut host, [log]);
-        let alive = std::iter::once(TRAINER).chain(WORKERS).collect();
+        let alive = std::iter::once(TRAINER).collect();
         Self {
             host,
             job,
@@ -206,6 +195,61 @@ impl Sim {
             fd_waits: HashMap::new(),
             helpers: HashMap::new(),
         }
+    }
+
+    /// The trainer forks its workers, each opening its shard.
+    fn start_workers(&mut self) {
+        for w in WORKERS {
+            self.host.procs.insert(
+                w,
+                ProcInfo { ppid: TRAINER, comm: "pt_data_worker".into(), state: 'D', started_ns: self.now },
+            );
+            self.host.regular.insert(shard(w));
+            self.alive.insert(w);
+        }
+        let events = WORKERS.iter().map(|&w| Event::Open {
+            ts: self.now,
+            tid: w,
+            tgid: w,
+            fd: 5,
+            file_id: u64::from(w),
+            path: shard(w),
+            dfd: -100,
+            dup_of: None,
+        });
+        self.job.observe(&mut self.host, events);
+    }
+
+    /// One second in which the trainer alone reads its data file, blocked
+    /// in file reads 80 % of it.
+    fn reading_alone_second(&mut self) -> Tick {
+        let t = self.threads.entry(TRAINER).or_default();
+        t.on_cpu_ns += S / 5;
+        t.off_ns[usize::from(reason::IO)] += S - S / 5;
+        t.file_read_bytes += 8 << 20;
+        t.file_read_calls += 128;
+        let f = self.files.entry(TRAINER).or_default();
+        f.read_bytes += 8 << 20;
+        f.read_calls += 128;
+        self.now += S;
+        self.tick()
+    }
+
+    /// The trainer opens `/data/train.bin` on descriptor 5.
+    fn trainer_opens_its_data(&mut self) {
+        let path = "/data/train.bin";
+        self.host.regular.insert(path.into());
+        let open = Event::Open {
+            ts: self.now,
+            tid: TRAINER,
+            tgid: TRAINER,
+            fd: 5,
+            file_id: u64::from(TRAINER),
+            path: path.into(),
+            dfd: -100,
+            dup_of: None,
+        };
+        self.job.observe(&mut self.host, [open]);
     }
 
     /// One second: the trainer waits in futex `trainer_wait` of it, each
@@ -684,6 +728,46 @@ fn a_trainer_launching_kernels_has_started() {
     assert!(!sim.importing_second().starting_up, "launching kernels: started");
     let report = sim.job.finish(&mut sim.host, sim.now + S, &sim.gpus);
     assert_eq!(report.startup_s, Some(2.0));
+}
+
+/// A trainer without workers that reads its input itself: its pipeline
+/// runs from the first interval it reads data, and its imports before
+/// that are no part of the verdict.
+#[test]
+fn a_trainer_reading_its_own_input_has_started() {
+    let mut sim = Sim::without_workers(gpu_at(&[]));
+    sim.trainer_opens_its_data();
+    for _ in 0..3 {
+        assert!(sim.importing_second().starting_up, "importing is starting up");
+    }
+    for _ in 0..3 {
+        assert!(!sim.reading_alone_second().starting_up, "reading its input: started");
+    }
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
+    assert_eq!(report.startup_s, Some(3.0), "the pipeline started at 3 s");
+    assert_eq!(report.verdict.kind, Kind::InputIoBound, "{:?}", report.verdict);
+}
+
+/// A trainer that reads a dataset ahead on its own, then hands it to
+/// workers: what it read alone was its set-up, and the steady state is
+/// the workers' (the trainer waiting on its own reads is not its cause).
+#[test]
+fn a_dataset_read_ahead_before_the_workers_start_is_set_up() {
+    let mut sim = Sim::without_workers(gpu_at(&[]));
+    sim.trainer_opens_its_data();
+    for _ in 0..2 {
+        sim.importing_second();
+    }
+    for _ in 0..3 {
+        sim.reading_alone_second();
+    }
+    sim.start_workers();
+    for _ in 0..8 {
+        sim.feeding_second(0.9, 0.2, 1 << 20);
+    }
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
+    assert_eq!(report.startup_s, Some(5.0), "the workers started at 5 s");
+    assert_eq!(report.verdict.kind, Kind::InputCpuBound, "{:?}", report.verdict);
 }
 
 #[test]
