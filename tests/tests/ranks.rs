@@ -6,7 +6,7 @@
 //! slow is named as the one the others wait for — by `stall run`, and by
 //! Prometheus across two daemons each watching the ranks of its own "node".
 use std::{
-    path::Path,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::Mutex,
     thread::sleep,
@@ -496,6 +496,8 @@ struct TwoNodes {
     _nodes: [Cgroup; 2],
     ports: [u16; 2],
     prom_port: u16,
+    /// Each daemon's stderr.
+    logs: [PathBuf; 2],
 }
 
 impl TwoNodes {
@@ -505,7 +507,8 @@ impl TwoNodes {
         let pods = [nodes[0].child("pod"), nodes[1].child("pod")];
         let mut guard = Killer(vec![]);
         let ports = [free_port(), free_port()];
-        for (node, port) in nodes.iter().zip(ports) {
+        let logs = [dir.path("daemon-a.log"), dir.path("daemon-b.log")];
+        for ((node, port), log) in nodes.iter().zip(ports).zip(&logs) {
             let daemon = Command::new(stall_bin())
                 .args([
                     "daemon",
@@ -518,7 +521,7 @@ impl TwoNodes {
                     "off",
                 ])
                 .args(["--listen", &format!("127.0.0.1:{port}")])
-                .stderr(Stdio::null())
+                .stderr(std::fs::File::create(log).unwrap())
                 .spawn()
                 .unwrap();
             guard.0.push(daemon);
@@ -538,7 +541,30 @@ impl TwoNodes {
         );
         guard.0.push(prom);
         let evict = Evict(pods.iter().map(|p| p.dir.clone()).collect());
-        Self { guard, _evict: evict, pods, _nodes: nodes, ports, prom_port }
+        Self { guard, _evict: evict, pods, _nodes: nodes, ports, prom_port, logs }
+    }
+
+    /// What each daemon said and exports of its jobs and ranks: for a
+    /// failure's message.
+    fn daemons_said(&self) -> String {
+        let mut out = String::new();
+        for (i, (log, port)) in self.logs.iter().zip(self.ports).enumerate() {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+            let metrics = http_get(port, "/metrics").unwrap_or_default();
+            let series: Vec<&str> = metrics
+                .lines()
+                .filter(|l| {
+                    l.starts_with("stall_rank_") || l.starts_with("stall_verdict{") && l.ends_with(" 1")
+                })
+                .collect();
+            out += &format!(
+                "\n--- node {i} daemon's stderr (last 20 lines):\n{tail}\n--- its series:\n{}",
+                series.join("\n")
+            );
+        }
+        out
     }
 
     /// Waits until `StallStragglerRank` names `straggler` of `run_id` on
@@ -573,8 +599,9 @@ impl TwoNodes {
         assert_eq!(
             query(self.prom_port, &alert(straggler)),
             Some(1.0),
-            "no StallStragglerRank for rank {straggler}; peer waits of the others: {:?}",
-            others.iter().map(|r| waits(*r)).collect::<Vec<_>>()
+            "no StallStragglerRank for rank {straggler}; peer waits of the others: {:?}{}",
+            others.iter().map(|r| waits(*r)).collect::<Vec<_>>(),
+            self.daemons_said()
         );
         assert!(waits(0).is_some_and(|w| w > 0.5), "rank 0 on node a waits: {:?}", waits(0));
         let verdicts =
@@ -628,8 +655,9 @@ impl TwoNodes {
         assert_eq!(
             query(self.prom_port, &alert(late)),
             Some(1.0),
-            "no StallLateRank for rank {late}: {:?}",
-            waits()
+            "no StallLateRank for rank {late}: {:?}{}",
+            waits(),
+            self.daemons_said()
         );
         for other in others {
             assert_eq!(query(self.prom_port, &alert(other)), None, "rank {other} is not late: {:?}", waits());
