@@ -134,8 +134,17 @@ pub struct PyStacks {
     spies: HashMap<u32, py_spy::PythonSpy>,
     /// Why a process's stacks cannot be read (told once).
     notes: HashMap<u32, String>,
+    /// Reads in a row that failed, by process, until one succeeds.
+    failed_reads: HashMap<u32, u32>,
     last: Option<Instant>,
 }
+
+/// Tries of one read: the interpreter is read while it runs, and a thread
+/// that starts or ends meanwhile (a queue's feeder) can spoil a try.
+const TRIES: usize = 3;
+/// Reads in a row that fail before a process is given up (its note kept,
+/// never tried again): a race spoils one read, not several.
+const FAILED_READS: u32 = 3;
 
 /// At most one live read per this long.
 pub const LIVE_EVERY: Duration = Duration::from_secs(5);
@@ -148,7 +157,7 @@ impl Default for PyStacks {
 
 impl PyStacks {
     pub fn new() -> Self {
-        Self { spies: HashMap::new(), notes: HashMap::new(), last: None }
+        Self { spies: HashMap::new(), notes: HashMap::new(), failed_reads: HashMap::new(), last: None }
     }
 
     /// Whether a live read is due: at most one per `every` (the live
@@ -234,10 +243,26 @@ impl PyStacks {
         }
         let spy = self.spies.get_mut(&pid).expect("inserted above");
         spy.config.dump_locals = u64::from(arguments);
-        spy.get_stack_traces().map_err(|e| e.to_string()).map_err(|e| {
-            self.spies.remove(&pid);
-            self.note(pid, &e)
-        })
+        let mut error = String::new();
+        for _ in 0..TRIES {
+            match spy.get_stack_traces() {
+                Ok(traces) => {
+                    self.failed_reads.remove(&pid);
+                    return Ok(traces);
+                }
+                Err(e) => error = e.to_string(),
+            }
+        }
+        let failed = self.failed_reads.entry(pid).or_default();
+        *failed += 1;
+        if *failed < FAILED_READS {
+            // Said for this read only: the next may succeed.
+            let note = self.note(pid, &error);
+            self.notes.remove(&pid);
+            return Err(note);
+        }
+        self.spies.remove(&pid);
+        Err(self.note(pid, &error))
     }
 
     /// The note for a process whose stacks cannot be read (remembered: it
@@ -258,6 +283,7 @@ impl PyStacks {
     pub fn retain(&mut self, alive: impl Fn(u32) -> bool) {
         self.spies.retain(|p, _| alive(*p));
         self.notes.retain(|p, _| alive(*p));
+        self.failed_reads.retain(|p, _| alive(*p));
     }
 }
 

@@ -94,9 +94,10 @@ fn an_input_bound_job_shows_the_queue_wait_and_the_read() {
         .collect();
     assert!(!input.is_empty(), "no interval says input-io-bound");
     let all: Vec<&Value> = input.iter().flat_map(|r| stacks(r)).collect();
+    let said: Vec<String> = input.iter().flat_map(|r| notes(r)).collect();
     assert!(
         all.iter().any(|s| s["what"] == "trainer main thread" && has_frame(s, "queues.py", None)),
-        "no trainer stack waiting in multiprocessing's queue: {all:?}"
+        "no trainer stack waiting in multiprocessing's queue: {all:?}; notes {said:?}"
     );
     assert!(
         all.iter().any(|s| s["what"] == "worker" && has_frame(s, "workload.py", Some(read_line))),
