@@ -16,6 +16,16 @@ fn trace(path: &Path) -> Value {
 }
 
 /// Seconds of `tid`'s slices named `name`.
+/// How many slices named `name` thread `tid` has.
+fn slice_count(v: &Value, tid: u64, name: &str) -> usize {
+    v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"] == tid && e["name"] == name)
+        .count()
+}
+
 fn slice_secs(v: &Value, tid: u64, name: &str) -> f64 {
     v["traceEvents"]
         .as_array()
@@ -110,13 +120,19 @@ fn slices_match_ground_truth_and_the_summary() {
         }
         for reason in ["futex", "poll", "runqueue"] {
             let want = secs(&th["off_cpu_by_reason"][reason]);
-            if want > 0.05 {
-                assert_close(
-                    &format!("{k} {reason} slices vs summary"),
-                    slice_secs(&v, tid(k), reason),
-                    want,
-                    0.02,
+            let (got, n) = (slice_secs(&v, tid(k), reason), slice_count(&v, tid(k), reason));
+            if reason == "runqueue" && want > 0.05 {
+                // A preempted thread's runqueue slice starts where its
+                // on-CPU counter stopped, before the switch was recorded,
+                // and a woken one's at its wakeup: the timeline gives the
+                // switches' latency to the slices around them, 0.1-0.2 ms
+                // each measured beside a spinning CPU.
+                assert!(
+                    (got - want).abs() <= 0.02 * want + n as f64 * 0.0005,
+                    "{k} runqueue slices {got:.4} s in {n} vs summary {want:.4} s"
                 );
+            } else if want > 0.05 {
+                assert_close(&format!("{k} {reason} slices vs summary"), got, want, 0.02);
             }
         }
     }
