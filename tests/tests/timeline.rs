@@ -15,25 +15,22 @@ fn trace(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).expect("the timeline is JSON")
 }
 
-/// Seconds of `tid`'s slices named `name`.
-/// How many slices named `name` thread `tid` has.
-fn slice_count(v: &Value, tid: u64, name: &str) -> usize {
+/// Thread `tid`'s slices named `name`.
+fn slices<'a>(v: &'a Value, tid: u64, name: &'a str) -> impl Iterator<Item = &'a Value> {
     v["traceEvents"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|e| e["ph"] == "X" && e["tid"] == tid && e["name"] == name)
-        .count()
+        .filter(move |e| e["ph"] == "X" && e["tid"] == tid && e["name"] == name)
 }
 
+fn slice_count(v: &Value, tid: u64, name: &str) -> usize {
+    slices(v, tid, name).count()
+}
+
+/// Seconds of `tid`'s slices named `name`.
 fn slice_secs(v: &Value, tid: u64, name: &str) -> f64 {
-    v["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X" && e["tid"] == tid && e["name"] == name)
-        .map(|e| e["dur"].as_f64().unwrap() / 1e6)
-        .sum()
+    slices(v, tid, name).map(|e| e["dur"].as_f64().unwrap() / 1e6).sum()
 }
 
 /// What to look at when a thread's slices and the summary disagree.
