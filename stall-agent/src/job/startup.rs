@@ -1,6 +1,6 @@
 //! Where a job is in its startup (imports, spawning workers) and where
 //! its steady state starts: the final verdict judges what came after.
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 
 use super::Job;
 use crate::{aggregate::Window, correlate::Roles, gpu::GpuWindow};
@@ -9,6 +9,10 @@ use crate::{aggregate::Window, correlate::Roles, gpu::GpuWindow};
 pub(super) const MIN_STEADY_NS: u64 = 1_000_000_000;
 /// Stretches of set-up after the pipeline started that are kept.
 const SET_UP_PHASES: usize = 4;
+/// Ticks of a trainer's reading alone kept to find the one before its
+/// workers started: a fresh fork may be told a worker only a tick or two
+/// after it began to read (its command line, its first wakeups).
+const ALONE_TICKS: usize = 4;
 /// Code a trainer loads in one interval that marks an `import` at work
 /// (PyTorch's first optimizer step imports some 100 MB of modules); a
 /// steady training step loads none.
@@ -28,8 +32,8 @@ pub(super) enum Startup {
     /// job's teardown or evaluation imports later), or its own reading
     /// before it started workers (a dataset loaded ahead, then handed to a
     /// DataLoader). `alone`: while the pipeline runs with no worker alive,
-    /// the whole run as of the last tick.
-    Done { before: Window, phases: Vec<Window>, importing: bool, alone: Option<Window> },
+    /// the whole run as of each of the last [`ALONE_TICKS`] ticks.
+    Done { before: Window, phases: Vec<Window>, importing: bool, alone: Option<VecDeque<Window>> },
 }
 
 impl Job {
@@ -63,8 +67,20 @@ impl Job {
             let alive = |t: &u32| self.model.procs.get(t).is_some_and(|p| p.alive);
             if alone.is_some() && roles.workers.iter().any(alive) {
                 // Workers came after the trainer read on its own: what it
-                // read was its set-up, up to the tick before they came.
-                if let Some(last) = alone.take().filter(|_| phases.len() < SET_UP_PHASES) {
+                // read was its set-up, up to the tick before they came
+                // (where their fork was seen).
+                let came = roles
+                    .workers
+                    .iter()
+                    .filter_map(|w| self.model.procs.get(w))
+                    .filter(|p| p.alive && p.born_ns > 0)
+                    .map(|p| p.born_ns)
+                    .min()
+                    .unwrap_or(u64::MAX);
+                let ticks = alone.take().unwrap_or_default();
+                let before_they_came =
+                    ticks.iter().rev().find(|w| w.end_ns <= came).or(ticks.front()).cloned();
+                if let Some(last) = before_they_came.filter(|_| phases.len() < SET_UP_PHASES) {
                     phases.push(last);
                 }
                 *was = false;
@@ -89,8 +105,11 @@ impl Job {
                 }
                 _ => false,
             };
-            if alone.is_some() {
-                *alone = Some(summary);
+            if let Some(ticks) = alone {
+                if ticks.len() == ALONE_TICKS {
+                    ticks.pop_front();
+                }
+                ticks.push_back(summary);
             }
             return;
         }
@@ -168,8 +187,11 @@ impl Job {
         if !started {
             // The baseline stops at the first sign of the pipeline: what
             // the first workers read while the others still start is the
-            // job's input, not its startup.
-            let began = !self.workers_ran.is_empty()
+            // job's input, not its startup. Roles are provisional while the
+            // job starts (a pyenv shim's subshell looks like a forked worker
+            // until the shim execs the interpreter): only what is still a
+            // worker counts.
+            let began = self.workers_ran.iter().any(|w| roles.workers.contains(w))
                 || roles
                     .trainers
                     .iter()
@@ -189,7 +211,7 @@ impl Job {
                     ..Default::default()
                 },
             };
-        let alone = (!roles.workers.iter().any(alive)).then_some(summary);
+        let alone = (!roles.workers.iter().any(alive)).then(|| VecDeque::from([summary]));
         self.startup = Startup::Done { before, phases: Vec::new(), importing: false, alone };
     }
 }

@@ -16,6 +16,8 @@ const S: u64 = 1_000_000_000;
 const TRAINER: u32 = 100;
 const WORKERS: [u32; 2] = [201, 202];
 const LOG: &str = "/runs/train.log";
+/// A program the trainer runs to feed it (a video decoder).
+const DECODER: u32 = 300;
 const LOG_ID: u64 = 7;
 
 /// /proc as a script: which processes exist, what each descriptor is.
@@ -218,6 +220,96 @@ impl Sim {
             dup_of: None,
         });
         self.job.observe(&mut self.host, events);
+    }
+
+    /// One second of a pyenv shim: the trainer's process is still the shim
+    /// (bash), whose subshell hands it a path through a pipe, waking it
+    /// some 20 times, and ends; after the tick the shim execs the
+    /// interpreter (until then the subshell looks like a forked worker).
+    fn shim_second(&mut self) -> Tick {
+        const SUBSHELL: u32 = 150;
+        let shim = "bash /root/.pyenv/shims/python3 train.py";
+        self.host.cmdlines.insert(TRAINER, shim.into());
+        self.host.cmdlines.insert(SUBSHELL, shim.into());
+        self.host.procs.insert(
+            SUBSHELL,
+            ProcInfo { ppid: TRAINER, comm: "bash".into(), state: 'S', started_ns: self.now },
+        );
+        let fork = Event::NewTask {
+            ts: self.now + 1,
+            parent_tid: TRAINER,
+            parent_tgid: TRAINER,
+            child_tid: SUBSHELL,
+            child_tgid: SUBSHELL,
+            comm: "bash".into(),
+        };
+        self.job.observe(&mut self.host, [fork]);
+        self.alive.insert(SUBSHELL);
+        self.threads.entry(SUBSHELL).or_default().on_cpu_ns += S / 100;
+        self.threads.entry(TRAINER).or_default().on_cpu_ns += S;
+        *self.fed.entry(SUBSHELL).or_default() += 20;
+        self.now += S;
+        self.exit(SUBSHELL);
+        let tick = self.tick();
+        self.host.cmdlines.remove(&TRAINER);
+        let exec = Event::Exec { ts: self.now + 1, tid: TRAINER, tgid: TRAINER, comm: "python".into() };
+        self.job.observe(&mut self.host, [exec]);
+        tick
+    }
+
+    /// Half a second on, the trainer starts a decoder program (its child,
+    /// exec'd) that reads `/data/clips.mp4` on descriptor 5.
+    fn start_decoder(&mut self) {
+        let path = "/data/clips.mp4";
+        self.host.regular.insert(path.into());
+        self.host.cmdlines.insert(DECODER, "ffmpeg -i /data/clips.mp4 -f rawvideo -".into());
+        self.host.procs.insert(
+            DECODER,
+            ProcInfo { ppid: TRAINER, comm: "ffmpeg".into(), state: 'S', started_ns: self.now + S / 2 },
+        );
+        let ts = self.now + S / 2;
+        let events = [
+            Event::NewTask {
+                ts,
+                parent_tid: TRAINER,
+                parent_tgid: TRAINER,
+                child_tid: DECODER,
+                child_tgid: DECODER,
+                comm: "python".into(),
+            },
+            Event::Exec { ts: ts + 1, tid: DECODER, tgid: DECODER, comm: "ffmpeg".into() },
+            Event::Open {
+                ts: ts + 2,
+                tid: DECODER,
+                tgid: DECODER,
+                fd: 5,
+                file_id: u64::from(DECODER),
+                path: path.into(),
+                dfd: -100,
+                dup_of: None,
+            },
+        ];
+        self.job.observe(&mut self.host, events);
+        self.alive.insert(DECODER);
+    }
+
+    /// One second of the decoder reading 8 MiB and handing the trainer 10
+    /// frames through a pipe; the trainer waits for them 90 % of it.
+    fn decoding_second(&mut self) -> Tick {
+        let t = self.threads.entry(TRAINER).or_default();
+        t.on_cpu_ns += S / 10;
+        t.off_ns[usize::from(reason::FUTEX)] += S - S / 10;
+        let d = self.threads.entry(DECODER).or_default();
+        d.on_cpu_ns += S / 2;
+        d.off_ns[usize::from(reason::IO)] += S / 2;
+        d.file_read_bytes += 8 << 20;
+        d.file_read_calls += 128;
+        let f = self.files.entry(DECODER).or_default();
+        f.read_bytes += 8 << 20;
+        f.read_calls += 128;
+        *self.fed.entry(DECODER).or_default() += 10;
+        self.now += S;
+        self.tick()
     }
 
     /// One second in which the trainer alone reads its data file, blocked
@@ -768,6 +860,50 @@ fn a_dataset_read_ahead_before_the_workers_start_is_set_up() {
     let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
     assert_eq!(report.startup_s, Some(5.0), "the workers started at 5 s");
     assert_eq!(report.verdict.kind, Kind::InputCpuBound, "{:?}", report.verdict);
+}
+
+/// A trainer that reads an index on its own, then starts a decoder that
+/// feeds it through a pipe: a program it ran is told a worker only once it
+/// has woken the trainer often enough, a tick after it started reading;
+/// the set-up still ends at the last tick before it was forked.
+#[test]
+fn a_set_up_ends_where_a_worker_told_late_was_forked() {
+    let mut sim = Sim::without_workers(gpu_at(&[]));
+    sim.trainer_opens_its_data();
+    for _ in 0..2 {
+        sim.importing_second();
+    }
+    for _ in 0..3 {
+        sim.reading_alone_second();
+    }
+    sim.start_decoder();
+    let first = sim.decoding_second();
+    assert_eq!(first.roles.of(DECODER), crate::correlate::Role::Other, "10 wakeups: not yet a feeder");
+    for _ in 0..7 {
+        sim.decoding_second();
+    }
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
+    assert_eq!(report.roles.of(DECODER), crate::correlate::Role::Worker);
+    assert_eq!(report.startup_s, Some(5.0), "the decoder was forked at 5.5 s");
+}
+
+/// A helper process the trainer ran as it started (a pyenv shim's
+/// subshell, `uname` at `import`) and that woke it is no sign of the
+/// pipeline: the startup set apart runs on until the workers deliver.
+#[test]
+fn a_helper_that_woke_the_trainer_as_it_started_is_no_pipeline() {
+    let mut sim = Sim::without_workers(gpu_at(&[]));
+    sim.shim_second();
+    for _ in 0..3 {
+        assert!(sim.importing_second().starting_up, "importing is starting up");
+    }
+    sim.start_workers();
+    for _ in 0..4 {
+        sim.feeding_second(0.9, 0.85, 8 << 20);
+    }
+    let report = sim.job.finish(&mut sim.host, sim.now, &sim.gpus);
+    assert_eq!(report.startup_s, Some(4.0), "the workers delivered from 4 s");
+    assert_eq!(report.verdict.kind, Kind::InputIoBound, "{:?}", report.verdict);
 }
 
 #[test]
