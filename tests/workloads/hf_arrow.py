@@ -10,8 +10,11 @@ caps the job's disk reads at MBPS with a cgroup (the demo workload's
 throttle), `load_from_disk` (the trainer maps the Arrow files), then
 iterates a DataLoader with WORKERS fork-started workers over every row once:
 the workers fault the pages in without ever opening the files (from the
-page cache: pyarrow reads a file it maps ahead as the table is opened). Writes the truth: the trainer's pid, the workers' pids, the Arrow
-files and their sizes, the throttle.
+page cache: pyarrow reads a file it maps ahead as the table is opened).
+Writes the truth: the trainer's pid, the workers' pids, the Arrow files
+and their sizes, the throttle, and `received`: for each batch, the
+seconds since the script started at which the trainer had it and the
+rows received so far.
 
 `loader DIR TRUTH WORKERS MBPS`: the ordinary user's shape, as above
 (evicted, throttled) but with nothing of the job's own between `datasets`
@@ -26,6 +29,11 @@ same truth.
 import json
 import os
 import sys
+import time
+
+# The script's start, near enough to the start of `stall run`'s tracing
+# (what the JSON's times count from): an interpreter starts in some 50 ms.
+STARTED = time.monotonic()
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "demo"))
 import workload  # noqa: E402  (the throttle)
@@ -65,8 +73,8 @@ class Rows:
 def throttled(dir, truth_path, mbps, read):
     """Evicts the Arrow files from the page cache, caps the job's disk
     reads at MBPS, and runs `read`, which returns (its workers' pids, the
-    rows read); writes the truth."""
-    (pids, rows), throttle = workload.cold_and_throttled(
+    rows read, when they were received); writes the truth."""
+    (pids, rows, received), throttle = workload.cold_and_throttled(
         arrow_files(dir), dir, mbps, f"stall-arrow-{os.getpid()}", read
     )
     with open(truth_path, "w") as f:
@@ -76,6 +84,7 @@ def throttled(dir, truth_path, mbps, read):
             "files": {p: os.path.getsize(p) for p in arrow_files(dir)},
             "rows": rows,
             "throttle": throttle,
+            "received": received,
         }, f)
 
 
@@ -91,10 +100,14 @@ def run(dir, workers):
                         multiprocessing_context="fork", persistent_workers=False)
     it = iter(loader)
     pids = [w.pid for w in it._workers]
-    total = sum(int(b.sum()) for b in it)
+    total, rows, received = 0, 0, []
+    for b in it:
+        total += int(b.sum())
+        rows += len(b)
+        received.append((time.monotonic() - STARTED, rows))
     del it
     assert total == ROW * len(table), total
-    return pids, len(table)
+    return pids, len(table), received
 
 
 def loader(dir, workers):
@@ -111,9 +124,10 @@ def loader(dir, workers):
     loader = DataLoader(ds, batch_size=64, num_workers=workers)
     it = iter(loader)
     pids = [w.pid for w in it._workers]
-    rows = 0
+    rows, received = 0, []
     for batch in it:
         rows += len(batch["idx"])
+        received.append((time.monotonic() - STARTED, rows))
         # The format gives numpy bytes, trailing zero bytes stripped.
         rows_bytes = b"".join(d.ljust(ROW, b"\0") for d in batch["data"])
         x = torch.frombuffer(bytearray(rows_bytes), dtype=torch.uint8)
@@ -122,7 +136,7 @@ def loader(dir, workers):
             x = torch.tanh(x @ w)
     del it
     assert rows == len(ds), rows
-    return pids, len(ds)
+    return pids, len(ds), received
 
 
 if __name__ == "__main__":

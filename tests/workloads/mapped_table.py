@@ -18,13 +18,20 @@ worker), touch every 4 KiB row of their batch through the mapping and send
 a few bytes of it back over a queue. The trainer takes a pure-Python CPU
 step of a few ms per batch, every row once: the trainer is what the job
 waits for. Writes the truth: the trainer's pid, the workers' pids, the
-table and its size, the rows, the throttle.
+table and its size, the rows, the throttle, and `received`: for each
+batch, the seconds since the script started at which the trainer had it
+and the rows received so far.
 """
 import json
 import mmap
 import multiprocessing
 import os
 import sys
+import time
+
+# The script's start, near enough to the start of `stall run`'s tracing
+# (what the JSON's times count from): an interpreter starts in some 50 ms.
+STARTED = time.monotonic()
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "demo"))
 import workload  # noqa: E402  (the throttle)
@@ -96,10 +103,11 @@ def run(dir, workers):
     for _ in range(min(batches, IN_FLIGHT * workers)):
         tasks.put(sent)
         sent += 1
-    done, acc = 0, 0
+    done, acc, received = 0, 0, []
     for _ in range(batches):
         _, n, total = results.get()
         done += n
+        received.append((time.monotonic() - STARTED, done))
         if sent < batches:
             tasks.put(sent)
             sent += 1
@@ -110,7 +118,7 @@ def run(dir, workers):
         p.join()
     m.close()
     assert done == rows, (done, rows)
-    return [p.pid for p in procs], rows
+    return [p.pid for p in procs], rows, received
 
 
 def main():
@@ -120,7 +128,7 @@ def main():
         return
     truth_path, workers, mbps = sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
     path = table_path(dir)
-    (pids, rows), throttle = workload.cold_and_throttled(
+    (pids, rows, received), throttle = workload.cold_and_throttled(
         [path], dir, mbps, f"stall-mapped-{os.getpid()}", lambda: run(dir, workers)
     )
     with open(truth_path, "w") as f:
@@ -130,6 +138,7 @@ def main():
             "files": {path: os.path.getsize(path)},
             "rows": rows,
             "throttle": throttle,
+            "received": received,
         }, f)
 
 
