@@ -7,7 +7,7 @@
 //!
 //! Slices tile each thread's life from its first switch on and are named by
 //! state: `on-cpu`, `futex`, `io`, `poll`, `sleep`, `runqueue`,
-//! `other:<syscall>`. To bound the file, a thread's slices shorter than the
+//! `other:<syscall>`, `stolen`. To bound the file, a thread's slices shorter than the
 //! resolution are gathered per state over a stretch of that length and laid
 //! one after the other from its start: per-state sums stay exact, timing is
 //! exact to the resolution. Past a cap on events the trace stops (and says
@@ -35,6 +35,12 @@ pub enum State {
     Off(u8),
     /// Blocked in a syscall stall does not classify.
     Other(i32),
+    /// Current on its CPU, but not running by the kernel's clock of its run
+    /// time: the hypervisor ran something else on the virtual CPU (steal
+    /// time, which that clock leaves out), or the scheduler was switching
+    /// it out. Neither on CPU nor in the runqueue by the kernel's counters,
+    /// as in the summary.
+    Stolen,
 }
 
 impl State {
@@ -43,6 +49,7 @@ impl State {
             State::OnCpu => "on-cpu".into(),
             State::Off(r) => reason::name(r).into(),
             State::Other(nr) => format!("other:{}", syscalls::name(i64::from(nr))),
+            State::Stolen => "stolen".into(),
         }
     }
 
@@ -52,6 +59,7 @@ impl State {
             State::OnCpu => 0,
             State::Off(r) => 1 + usize::from(r).min(reason::COUNT - 1),
             State::Other(_) => 1 + usize::from(reason::OTHER),
+            State::Stolen => 1 + reason::COUNT,
         }
     }
 
@@ -65,7 +73,7 @@ impl State {
 }
 
 /// States, by [`State::index`].
-pub const STATES: usize = 1 + reason::COUNT;
+pub const STATES: usize = 2 + reason::COUNT;
 
 /// Per-thread slices shorter than this are gathered (ns).
 pub const DEFAULT_RESOLUTION_NS: u64 = 1_000_000;
@@ -217,7 +225,10 @@ impl<W: Write> Timeline<W> {
     /// counter stops when the scheduler starts switching, the record is
     /// taken once it has picked the next task, which can take long (an idle
     /// CPU balances first), and starts at the pick, before the record.
-    /// Where the two part, the off-CPU slices around give or take it.
+    /// Where the counter runs past the switch-out, the off-CPU slice after
+    /// gives it; where it stops short (steal time under a hypervisor, a long
+    /// switch), the rest until the switch-out is `stolen`: the kernel's
+    /// run-delay counter, as the summary, counts the runqueue from there.
     pub fn switch(&mut self, s: &Switch) -> std::io::Result<()> {
         let line = self.lines.entry(s.tid).or_insert_with(|| Line { pid: s.tgid, ..Default::default() });
         let prev = line.now.take();
@@ -250,6 +261,10 @@ impl<W: Write> Timeline<W> {
                 let ran = ran.unwrap_or(s.ts.saturating_sub(on_ts));
                 off_since = since + ran;
                 self.slice(s.tid, State::OnCpu, since, off_since)?;
+                if off_since < s.ts {
+                    self.slice(s.tid, State::Stolen, off_since, s.ts)?;
+                    off_since = s.ts;
+                }
             }
             Some((state, since)) => {
                 // Its switch-in never came: it ran, for what the counter says,

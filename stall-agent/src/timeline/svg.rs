@@ -12,13 +12,25 @@ use super::{layout::Group, Picture, STATES};
 use crate::verdict::Kind;
 
 /// Colours by `State::index`: on-CPU, futex, io, poll, sleep, runqueue,
-/// other, write, sync, throttled, send.
+/// other, write, sync, throttled, send, stolen.
 const COLORS: [&str; STATES] = [
     "#2e7d32", "#f9a825", "#c62828", "#1565c0", "#9e9e9e", "#ef6c00", "#6a1b9a", "#ad1457", "#4e342e",
-    "#00838f", "#5d4037",
+    "#00838f", "#5d4037", "#ffab91",
 ];
-const NAMES: [&str; STATES] =
-    ["on-cpu", "futex", "io", "poll", "sleep", "runqueue", "other", "write", "sync", "throttled", "send"];
+const NAMES: [&str; STATES] = [
+    "on-cpu",
+    "futex",
+    "io",
+    "poll",
+    "sleep",
+    "runqueue",
+    "other",
+    "write",
+    "sync",
+    "throttled",
+    "send",
+    "stolen",
+];
 
 const WIDTH: f64 = 1000.0;
 const LABEL: f64 = 230.0;

@@ -71,8 +71,9 @@ fn slices_tile_a_threads_life_by_state() {
 }
 
 /// On-CPU slices last what the kernel's counter says: 8 of the 10 ms
-/// between the first two records (the scheduler spent 2 ms picking what
-/// came next: the futex wait starts there), 6 of 5 ms next (the counter
+/// between the first two records (the other 2 are `stolen`: a hypervisor
+/// ran another guest, or the scheduler took that long to switch; the futex
+/// wait starts at the switch-out, as the summary counts it), 6 of 5 ms next (the counter
 /// started at the pick, before the record: the next state starts that much
 /// later), and a switch-out with no switch-in seen ran for the counter's
 /// 3 ms just before it.
@@ -95,7 +96,8 @@ fn on_cpu_slices_are_the_kernels_counter() {
     let got = slices(&parse(&buf), 7);
     let want = [
         ("on-cpu", 0.0, 8_000.0),
-        ("futex", 8_000.0, 12_000.0),
+        ("stolen", 8_000.0, 2_000.0),
+        ("futex", 10_000.0, 10_000.0),
         ("on-cpu", 20_000.0, 6_000.0),
         ("futex", 26_000.0, 11_000.0),
         ("on-cpu", 37_000.0, 3_000.0),
@@ -106,6 +108,7 @@ fn on_cpu_slices_are_the_kernels_counter() {
         assert_eq!((g.0.as_str(), g.1, g.2), w);
     }
     assert_eq!(sums[State::OnCpu.index()], 17 * MS);
+    assert_eq!(sums[State::Stolen.index()], 2 * MS);
 }
 
 #[test]
