@@ -57,7 +57,26 @@ fn pid(v: &Value) -> u64 {
 /// The roles and ranks of every process the job reports.
 fn check_roles(run: &Run, truth: &Value, run_id: &str) {
     let launcher = run.process(pid(&truth["launcher"]));
-    assert_eq!(launcher["role"], "other", "the launcher {} {}", launcher["pid"], launcher["cmdline"]);
+    // Every process as the summary has it, for a failure to show.
+    let all: Vec<String> = run
+        .processes()
+        .iter()
+        .map(|p| {
+            format!(
+                "{} (ppid {}) {} rank {} from {}: {}",
+                p["pid"], p["ppid"], p["role"], p["rank"], p["rank_from"], p["cmdline"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        launcher["role"],
+        "other",
+        "the launcher {} {}; run_id {}; truth {truth}; processes:\n{}",
+        launcher["pid"],
+        launcher["cmdline"],
+        run.summary()["run_id"],
+        all.join("\n")
+    );
     assert!(launcher["rank"].is_null());
     for r in truth["ranks"].as_array().unwrap() {
         let rank = &r["rank"];
