@@ -43,7 +43,7 @@ impl Job {
     /// its libraries first), or a trainer without workers is woken by its
     /// own loader threads or reads data itself (files that are not code,
     /// a stream from a peer outside the job), or a GPU of the job runs kernels (NVML says so,
-    /// or a trainer launches or waits for them); in a run, once
+    /// or a trainer launches or waits for them, or copies to or from it); in a run, once
     /// that holds for every rank; never while a spawned process may yet
     /// turn out to be a rank. The whole run up to the interval before the
     /// pipeline's first sign (a worker's data or delivery) is the baseline
@@ -113,13 +113,14 @@ impl Job {
             }
             return;
         }
-        // The GPU works: NVML says so, or a trainer launches kernels or
-        // waits for them (the GPU library probes).
-        let launched = roles
-            .trainers
-            .iter()
-            .filter_map(|t| interval.proc(*t))
-            .any(|p| p.threads.iter().any(|t| t.delta.gpu.launches > 0 || t.delta.gpu.sync_calls > 0));
+        // The GPU works: NVML says so, or a trainer launches kernels, waits
+        // for them or copies to or from its GPU (the GPU library probes).
+        let launched = roles.trainers.iter().filter_map(|t| interval.proc(*t)).any(|p| {
+            p.threads.iter().any(|t| {
+                let g = &t.delta.gpu;
+                g.launches > 0 || g.sync_calls > 0 || g.copy_calls > 0
+            })
+        });
         let gpu_ran =
             launched || gpus.iter().any(|g| g.samples > 0 && g.util_mean_pct > crate::gpu::IDLE_UTIL_PCT);
         if self.identities.settling(interval.end_ns) && !gpu_ran {

@@ -822,6 +822,22 @@ fn a_trainer_launching_kernels_has_started() {
     assert_eq!(report.startup_s, Some(2.0));
 }
 
+/// A trainer whose steps copy to and from its GPU (synchronous
+/// `cudaMemcpy`, no kernel launched through the probed library): started.
+#[test]
+fn a_trainer_copying_to_its_gpu_has_started() {
+    let mut sim = Sim::new(gpu_at(&[]));
+    for _ in 0..2 {
+        assert!(sim.importing_second().starting_up);
+    }
+    sim.gpu_calls.copy_calls += 50;
+    sim.gpu_calls.copy_bytes += 50 << 26;
+    sim.gpu_calls.copy_ns += S / 2;
+    assert!(!sim.importing_second().starting_up, "copying: started");
+    let report = sim.job.finish(&mut sim.host, sim.now + S, &sim.gpus);
+    assert_eq!(report.startup_s, Some(2.0));
+}
+
 /// A trainer without workers that reads its input itself: its pipeline
 /// runs from the first interval it reads data, and its imports before
 /// that are no part of the verdict.
