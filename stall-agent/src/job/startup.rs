@@ -192,7 +192,7 @@ impl Job {
             // job starts (a pyenv shim's subshell looks like a forked worker
             // until the shim execs the interpreter): only what is still a
             // worker counts.
-            let began = self.workers_ran.iter().any(|w| roles.workers.contains(w))
+            let began = self.workers_ran.iter().any(|w| roles.of(*w) == crate::correlate::Role::Worker)
                 || roles
                     .trainers
                     .iter()
