@@ -199,6 +199,21 @@ impl Sim {
         }
     }
 
+    /// The trainer alone, no GPU: it opens its data, imports for 2 s, then
+    /// reads the data on its own for 3 s (a dataset read ahead before it
+    /// starts anything to feed it).
+    fn having_read_ahead() -> Self {
+        let mut sim = Self::without_workers(gpu_at(&[]));
+        sim.trainer_opens_its_data();
+        for _ in 0..2 {
+            sim.importing_second();
+        }
+        for _ in 0..3 {
+            sim.reading_alone_second();
+        }
+        sim
+    }
+
     /// The trainer forks its workers, each opening its shard.
     fn start_workers(&mut self) {
         for w in WORKERS {
@@ -861,14 +876,7 @@ fn a_trainer_reading_its_own_input_has_started() {
 /// the workers' (the trainer waiting on its own reads is not its cause).
 #[test]
 fn a_dataset_read_ahead_before_the_workers_start_is_set_up() {
-    let mut sim = Sim::without_workers(gpu_at(&[]));
-    sim.trainer_opens_its_data();
-    for _ in 0..2 {
-        sim.importing_second();
-    }
-    for _ in 0..3 {
-        sim.reading_alone_second();
-    }
+    let mut sim = Sim::having_read_ahead();
     sim.start_workers();
     for _ in 0..8 {
         sim.feeding_second(0.9, 0.2, 1 << 20);
@@ -884,14 +892,7 @@ fn a_dataset_read_ahead_before_the_workers_start_is_set_up() {
 /// the set-up still ends at the last tick before it was forked.
 #[test]
 fn a_set_up_ends_where_a_worker_told_late_was_forked() {
-    let mut sim = Sim::without_workers(gpu_at(&[]));
-    sim.trainer_opens_its_data();
-    for _ in 0..2 {
-        sim.importing_second();
-    }
-    for _ in 0..3 {
-        sim.reading_alone_second();
-    }
+    let mut sim = Sim::having_read_ahead();
     sim.start_decoder();
     let first = sim.decoding_second();
     assert_eq!(first.roles.of(DECODER), crate::correlate::Role::Other, "10 wakeups: not yet a feeder");
