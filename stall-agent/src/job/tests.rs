@@ -317,11 +317,7 @@ impl Sim {
         let d = self.threads.entry(DECODER).or_default();
         d.on_cpu_ns += S / 2;
         d.off_ns[usize::from(reason::IO)] += S / 2;
-        d.file_read_bytes += 8 << 20;
-        d.file_read_calls += 128;
-        let f = self.files.entry(DECODER).or_default();
-        f.read_bytes += 8 << 20;
-        f.read_calls += 128;
+        self.reads(DECODER, 8 << 20, 128);
         *self.fed.entry(DECODER).or_default() += 10;
         self.now += S;
         self.tick()
@@ -333,13 +329,20 @@ impl Sim {
         let t = self.threads.entry(TRAINER).or_default();
         t.on_cpu_ns += S / 5;
         t.off_ns[usize::from(reason::IO)] += S - S / 5;
-        t.file_read_bytes += 8 << 20;
-        t.file_read_calls += 128;
-        let f = self.files.entry(TRAINER).or_default();
-        f.read_bytes += 8 << 20;
-        f.read_calls += 128;
+        self.reads(TRAINER, 8 << 20, 128);
         self.now += S;
         self.tick()
+    }
+
+    /// Process `pid` (its main thread) reads `bytes` in `calls` from the
+    /// file on its descriptor 5.
+    fn reads(&mut self, pid: u32, bytes: u64, calls: u64) {
+        let t = self.threads.entry(pid).or_default();
+        t.file_read_bytes += bytes;
+        t.file_read_calls += calls;
+        let f = self.files.entry(pid).or_default();
+        f.read_bytes += bytes;
+        f.read_calls += calls;
     }
 
     /// The trainer opens `/data/train.bin` on descriptor 5.
@@ -370,11 +373,7 @@ impl Sim {
             let c = self.threads.entry(w).or_default();
             c.on_cpu_ns += ns(1.0 - worker_io);
             c.off_ns[usize::from(reason::IO)] += ns(worker_io);
-            c.file_read_bytes += bytes;
-            c.file_read_calls += bytes / 65536;
-            let f = self.files.entry(w).or_default();
-            f.read_bytes += bytes;
-            f.read_calls += bytes / 65536;
+            self.reads(w, bytes, bytes / 65536);
         }
         self.now += S;
         self.tick()
