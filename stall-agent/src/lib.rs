@@ -7,6 +7,7 @@ pub mod caps;
 pub mod capture;
 pub mod cli;
 pub mod clock;
+pub mod contain;
 pub mod correlate;
 pub mod cpulimit;
 pub mod daemon;

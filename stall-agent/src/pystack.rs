@@ -11,6 +11,8 @@ use std::{
 
 use serde::Serialize;
 
+use crate::contain::contained;
+
 /// One Python frame.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PyFrame {
@@ -234,23 +236,32 @@ impl PyStacks {
                 native: false,
                 ..Default::default()
             };
-            match py_spy::PythonSpy::new(pid as py_spy::Pid, &config) {
-                Ok(spy) => {
+            match contained(|| py_spy::PythonSpy::new(pid as py_spy::Pid, &config)) {
+                Ok(Ok(spy)) => {
                     slot.insert(spy);
                 }
-                Err(e) => return Err(self.note(pid, &e.to_string())),
+                Ok(Err(e)) => return Err(self.note(pid, &e.to_string())),
+                Err(panicked) => return Err(self.note(pid, &panicked)),
             }
         }
         let spy = self.spies.get_mut(&pid).expect("inserted above");
         spy.config.dump_locals = u64::from(arguments);
         let mut error = String::new();
         for _ in 0..TRIES {
-            match spy.get_stack_traces() {
-                Ok(traces) => {
+            match contained(|| spy.get_stack_traces()) {
+                Ok(Ok(traces)) => {
                     self.failed_reads.remove(&pid);
                     return Ok(traces);
                 }
-                Err(e) => error = e.to_string(),
+                Ok(Err(e)) => error = e.to_string(),
+                Err(panicked) => {
+                    // A reader that panicked may hold a torn view of the
+                    // interpreter: the next read starts from a new one.
+                    self.spies.remove(&pid);
+                    let note = self.note(pid, &panicked);
+                    self.notes.remove(&pid);
+                    return Err(note);
+                }
             }
         }
         let failed = self.failed_reads.entry(pid).or_default();

@@ -89,7 +89,13 @@ impl EnvironReader {
     /// The listed entries of the process's environment now, NUL-separated
     /// `NAME=value` as `/proc/PID/environ` has them; None when its memory
     /// or its C library cannot be read.
+    /// The walk reads pointers the process may be rewriting: a torn one is
+    /// a failed read, never the agent's end.
     pub fn read(&mut self, pid: u32) -> Option<Vec<u8>> {
+        crate::contain::contained(|| self.walk(pid)).ok().flatten()
+    }
+
+    fn walk(&mut self, pid: u32) -> Option<Vec<u8>> {
         let maps = parse_maps(&fs::read_to_string(format!("/proc/{pid}/maps")).ok()?);
         let program = fs::read_link(format!("/proc/{pid}/exe")).ok()?;
         let (map, sym) = candidates(&maps, &program.to_string_lossy()).into_iter().find_map(|m| {
