@@ -46,6 +46,9 @@ pub const VALUE_MAX: usize = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Source {
+    /// The NCCL communicator the process created (its rank and size as
+    /// `ncclCommInitRank` was given them): no launcher named it.
+    Nccl,
     Pmi,
     Mpi,
     Slurm,
@@ -67,6 +70,9 @@ pub enum Found {
     /// in the order they started.
     #[serde(rename = "spawn-index")]
     SpawnIndex,
+    /// The NCCL communicator it created, seen by the GPU probes.
+    #[serde(rename = "nccl-communicator")]
+    Communicator,
 }
 
 /// A process's place in a distributed run.
@@ -176,12 +182,26 @@ impl Env {
             Source::Slurm => (self.num("SLURM_LOCALID"), self.num("SLURM_NTASKS")),
             Source::Mpi => (self.num("OMPI_COMM_WORLD_LOCAL_RANK"), self.num("OMPI_COMM_WORLD_SIZE")),
             Source::Pmi => (self.num("PMI_LOCAL_RANK"), self.num("PMI_SIZE")),
+            Source::Nccl => (None, None),
         };
         Some(Rank { rank, local_rank, world_size, run_id: self.run_id(), source, found })
     }
 }
 
 impl Rank {
+    /// A rank from the NCCL communicator a process created: its rank and
+    /// size, and the unique id all its ranks share as the run.
+    pub fn of_communicator(rank: u32, nranks: u32, id: u64) -> Rank {
+        Rank {
+            rank,
+            local_rank: None,
+            world_size: Some(nranks),
+            run_id: Some(format!("nccl:{id:016x}")),
+            source: Source::Nccl,
+            found: Found::Communicator,
+        }
+    }
+
     /// From (name, value) pairs of an environment it was exec'd with.
     pub fn from_env<'a>(vars: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<Rank> {
         Env::from_pairs(vars).rank(Found::ExecEnviron)

@@ -38,6 +38,9 @@ pub struct Proc {
     /// it ran before tracing started).
     pub born_ns: u64,
     pub exec_ns: u64,
+    /// When it started, as /proc tells it (ns since boot, in 10 ms ticks;
+    /// 0: not known), whether or not it was traced then.
+    pub started_ns: u64,
     /// The cgroup that caps its CPU, if any.
     pub cpu_limit: Option<String>,
     /// Ended and its kernel entries freed (see [`Model::dead`]).
@@ -206,6 +209,13 @@ impl Model {
         }
         if cmdline.is_some() {
             p.cmdline = cmdline;
+        }
+    }
+
+    /// Records when a process started, as /proc tells it.
+    pub fn note_start(&mut self, tgid: u32, started_ns: u64) {
+        if let Some(p) = self.procs.get_mut(&tgid) {
+            p.started_ns = started_ns;
         }
     }
 

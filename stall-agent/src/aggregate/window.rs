@@ -138,6 +138,10 @@ pub struct ProcWindow {
     /// When it was forked and last exec'd, if seen while traced (0: not).
     pub born_ns: u64,
     pub exec_ns: u64,
+    /// When it started, as /proc tells it (ns since boot, in 10 ms ticks;
+    /// 0: not known): orders processes whether or not they were traced
+    /// from their start.
+    pub started_ns: u64,
     /// The cgroup that caps its CPU (see [`Window::cpu_limits`]).
     pub cpu_limit: Option<String>,
     /// The inet sockets it connected, by peer: bytes received and sent,
@@ -274,9 +278,14 @@ impl ThreadWindow {
     }
 
     /// Whether its last call that is none of stall's reasons is a wait for
-    /// a child (`wait4`, `waitid`).
+    /// a child: `wait4`, `waitid`, or a wait for the signal a child's end
+    /// sends (`timeout` suspends until SIGCHLD, `tini` and `dumb-init` wait
+    /// for it in `sigtimedwait`).
     pub fn in_child_wait(&self) -> bool {
-        matches!(crate::syscalls::name(i64::from(self.other_nr)).as_str(), "wait4" | "waitid")
+        matches!(
+            crate::syscalls::name(i64::from(self.other_nr)).as_str(),
+            "wait4" | "waitid" | "rt_sigsuspend" | "rt_sigtimedwait"
+        )
     }
 
     /// Whether it spent at least half its time in the window waiting for a

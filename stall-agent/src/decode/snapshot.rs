@@ -43,7 +43,7 @@ pub struct Snapshot {
 
 /// One process's NCCL communicator: what it is, its calls, and when its
 /// rank called each of its last collectives.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CommSnap {
     pub tgid: u32,
     /// The `ncclComm_t` handle.

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use super::Host;
 use crate::{
+    decode::CommSnap,
     pystack,
     rank::{spawn_ranks, Env, Found, Rank, SpawnChild},
 };
@@ -47,6 +48,9 @@ struct Known {
     started: (u64, u32),
     first_seen_ns: u64,
     last_look_ns: u64,
+    /// The NCCL communicator it created that spans the most ranks (its
+    /// world): (rank, size, unique id's hash).
+    communicator: Option<(u32, u32, u64)>,
     /// Its first child and its first connection have been seen.
     forked: bool,
     connected: bool,
@@ -211,6 +215,23 @@ impl Identities {
         }
     }
 
+    /// The NCCL communicators the GPU probes saw created: a process in
+    /// one is a rank of the run its unique id names, whatever its
+    /// environment says (a launcher that sets no variable). Of several (a
+    /// sub-group from `ncclCommSplit`, a two-rank link for point-to-point),
+    /// the widest is the process's world.
+    pub fn communicators(&mut self, comms: &[CommSnap]) {
+        for c in comms {
+            let (Some(rank), Some(nranks), Some(id)) = (c.rank, c.nranks, c.id) else { continue };
+            let Some(k) = self.known.get_mut(&c.tgid) else { continue };
+            let wider = k.communicator.is_none_or(|(_, n, had)| nranks > n || (nranks == n && id < had));
+            if wider && k.communicator != Some((rank, nranks, id)) {
+                k.communicator = Some((rank, nranks, id));
+                self.changed = true;
+            }
+        }
+    }
+
     /// Spawned processes whose target is not known yet, looked at again.
     pub fn revisit(&mut self, host: &mut dyn Host, now: u64) {
         let due: Vec<u32> = self
@@ -319,8 +340,18 @@ impl Identities {
                 *slot = Some(rank);
             }
         }
+        // Only where no launcher named one: a rank's sub-groups number it
+        // anew.
+        for (tgid, slot) in ranks.iter_mut().filter(|(_, r)| r.is_none()) {
+            *slot = self.known.get(tgid).and_then(communicator_rank);
+        }
         Some(ranks.into_iter().collect())
     }
+}
+
+/// What the NCCL communicator it created names.
+fn communicator_rank(k: &Known) -> Option<Rank> {
+    k.communicator.map(|(rank, nranks, id)| Rank::of_communicator(rank, nranks, id))
 }
 
 /// What its environment names: the one it has now where that differs from

@@ -272,6 +272,7 @@ impl Job {
             self.outputs_noted = true;
             self.note_outputs(host);
         }
+        self.identities.communicators(&snap.communicators);
         let (tgids, tids) = self.model.dead();
         self.identities.ended(tgids.iter().copied());
         self.note_ranks();
@@ -354,6 +355,9 @@ impl Job {
             info.as_ref().map_or("", |i| i.comm.as_str()),
             cmdline,
         );
+        if let Some(i) = &info {
+            self.model.note_start(tgid, i.started_ns);
+        }
     }
 
     /// Ends an interval at the snapshot's time: absorbs it, cuts the

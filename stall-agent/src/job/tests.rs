@@ -1333,3 +1333,59 @@ fn a_spawned_process_is_looked_at_again_until_its_target_shows() {
     assert_eq!(l.rank(rank_pid(0)), Some((2, Found::SpawnIndex)));
     assert_eq!(l.rank(rank_pid(1)), Some((3, Found::SpawnIndex)));
 }
+
+/// Four ranks a launcher started as plain subprocesses, no rank variable
+/// anywhere: each created its NCCL communicator (and a two-rank one for a
+/// point-to-point link, and rank 3 a sub-group of its own numbering). The
+/// world's communicator names each rank, and the unique id the run.
+#[test]
+fn ranks_no_variable_names_are_their_nccl_communicators() {
+    use crate::{decode::CommSnap, rank::Found};
+    let mut l = Launch::new(&[]);
+    for r in 0..4 {
+        l.start(LAUNCHER, rank_pid(r), Some(("python3 rank.py", &[])));
+    }
+    assert_eq!((0..4).filter_map(|r| l.rank(rank_pid(r))).count(), 0);
+    let comm = |tgid: u32, comm: u64, id: u64, nranks: u32, rank: u32| CommSnap {
+        tgid,
+        comm,
+        id: Some(id),
+        nranks: Some(nranks),
+        rank: Some(rank),
+        ..Default::default()
+    };
+    let mut comms: Vec<CommSnap> =
+        (0..4).map(|r| comm(rank_pid(r), 0xa0 + u64::from(r), 0x5eed, 4, r)).collect();
+    comms.push(comm(rank_pid(1), 0xb1, 0x1111, 2, 0));
+    comms.push(comm(rank_pid(3), 0xb3, 0x3333, 2, 1));
+    // Created before stall's probes: no identity, no rank.
+    comms.push(CommSnap { tgid: rank_pid(2), comm: 0xc2, ..Default::default() });
+    l.now += S;
+    l.job.absorb(&mut l.host, &Snapshot { ts: l.now, communicators: comms, ..Default::default() });
+    for r in 0..4 {
+        assert_eq!(l.rank(rank_pid(r)), Some((r, Found::Communicator)), "rank {r}");
+        let p = &l.job.model.procs[&rank_pid(r)];
+        let rank = p.rank.as_ref().unwrap();
+        assert_eq!((rank.world_size, rank.run_id.as_deref()), (Some(4), Some("nccl:0000000000005eed")));
+    }
+    assert_eq!(l.rank(LAUNCHER), None);
+}
+
+/// A launcher's variable comes first: the communicator only fills in.
+#[test]
+fn a_rank_variable_wins_over_the_communicator() {
+    use crate::{decode::CommSnap, rank::Found};
+    let mut l = Launch::new(&[]);
+    l.start(LAUNCHER, rank_pid(0), Some(("python3 rank.py", &[("RANK", "5"), ("WORLD_SIZE", "8")])));
+    let c = CommSnap {
+        tgid: rank_pid(0),
+        comm: 1,
+        id: Some(9),
+        nranks: Some(2),
+        rank: Some(1),
+        ..Default::default()
+    };
+    l.now += S;
+    l.job.absorb(&mut l.host, &Snapshot { ts: l.now, communicators: vec![c], ..Default::default() });
+    assert_eq!(l.rank(rank_pid(0)), Some((5, Found::ExecEnviron)));
+}

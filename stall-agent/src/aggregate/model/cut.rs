@@ -129,6 +129,7 @@ impl Model {
                 alive: p.alive,
                 born_ns: p.born_ns,
                 exec_ns: p.exec_ns,
+                started_ns: p.started_ns,
                 cpu_limit: p.cpu_limit.clone(),
                 ..Default::default()
             })
