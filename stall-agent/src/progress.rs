@@ -89,18 +89,22 @@ impl Progress {
         self.outputs.truncate(8);
     }
 
-    /// Takes one interval window: did the job move in it? Only the trainer
-    /// and its workers count (`roles`; everyone while no trainer is known):
-    /// a metrics uploader or a log shipper beside them writes whether or
-    /// not training moves.
+    /// Takes one interval window: did the job move in it? Any process of
+    /// the job writing a file moves it (each rank's log, whoever the
+    /// trainer is taken to be); reads and writes of pipes and sockets count
+    /// for the trainer and its workers only (`roles`; everyone while no
+    /// trainer is known): a metrics uploader or a log shipper beside them
+    /// sends whether or not training moves.
     pub fn observe(&mut self, w: &Window, roles: &Roles) {
         let counts = |tgid: u32| roles.trainers.is_empty() || roles.of(tgid) != Role::Other;
-        for p in w.procs.iter().filter(|p| counts(p.tgid)) {
+        let mut wrote = false;
+        for p in &w.procs {
             for f in p.files.iter().filter(|f| f.write_bytes > 0 && is_output(&f.path)) {
                 self.remember(Output { path: f.path.clone(), pid: p.tgid, last_write_ns: w.end_ns });
+                wrote = true;
             }
         }
-        if w.procs.iter().filter(|p| counts(p.tgid)).any(ProcWindow::moved) {
+        if wrote || w.procs.iter().filter(|p| counts(p.tgid)).any(ProcWindow::moved) {
             self.moved_at(w.end_ns);
         }
     }
@@ -202,6 +206,27 @@ mod tests {
         assert!(v.known && v.rhythm_s.is_none());
         assert!((v.silent_s - 490.0).abs() < 1e-9, "{v:?}");
         assert_eq!(v.last_output.unwrap().path, "/run/train.log");
+    }
+
+    #[test]
+    fn a_log_written_by_any_process_of_the_job_is_progress() {
+        // The roles took another process for the trainer (a launcher of
+        // ranks no variable names): the ranks' logs still move the job.
+        let mut both = window(1, 0, None);
+        both.procs.push(ProcWindow { tgid: 1, alive: true, ..Default::default() });
+        let roles = crate::correlate::assign(&both, &[1].into(), None);
+        assert_eq!((roles.trainers.as_slice(), roles.of(7)), ([1].as_slice(), Role::Other));
+        let mut p = Progress::new(0);
+        for s in 1..=6 {
+            p.observe(&window(s, 0, Some("/run/rank3.log")), &roles);
+        }
+        let v = p.view(6 * S);
+        assert!(v.known && v.silent_s < 1e-9, "{v:?}");
+        assert_eq!(v.rhythm_s, Some(1.0));
+        // Its reads alone, outside the trainer and its workers, are not.
+        let mut q = Progress::new(0);
+        q.observe(&window(1, 4096, None), &roles);
+        assert!(!q.view(S).known);
     }
 
     #[test]
