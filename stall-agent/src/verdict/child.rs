@@ -117,8 +117,13 @@ fn waited_for<'a>(w: &'a Window, waiting: &[(u32, &ThreadWindow)]) -> Vec<&'a Pr
         })
         .flatten()
         .collect();
+    // Not what it forked before it exec'd its program (a shim's helpers):
+    // those were the previous program's.
+    let of_its_program = |p: &ProcWindow, parent: u32| {
+        p.ppid == Some(parent) && !w.proc(parent).is_some_and(|pp| p.born_ns > 0 && pp.exec_ns > p.born_ns)
+    };
     let children: Vec<&ProcWindow> =
-        w.procs.iter().filter(|p| waiting.iter().any(|(parent, _)| p.ppid == Some(*parent))).collect();
+        w.procs.iter().filter(|p| waiting.iter().any(|(parent, _)| of_its_program(p, *parent))).collect();
     let wakes = |p: &ProcWindow| -> u64 {
         waiting.iter().flat_map(|(_, t)| &t.woken_by).filter(|b| b.tgid == p.tgid).map(|b| b.count).sum()
     };

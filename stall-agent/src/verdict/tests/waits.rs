@@ -292,6 +292,28 @@ fn a_child_on_cpu_that_the_trainer_waits_for_is_named() {
     assert!(!v.evidence.iter().any(|e| e.starts_with("worker")), "{:#?}", v.evidence);
 }
 
+/// Run through a shim that forked helpers before it exec'd the
+/// interpreter (pyenv's): the helpers, still its children, were the
+/// shim's; the wait is for the evaluation alone.
+#[test]
+fn a_shims_helpers_are_not_the_children_a_trainer_waits_for() {
+    let mut job = waiting_for_child_on_cpu("python3 eval.py --split val");
+    for (i, helper) in (400..405).enumerate() {
+        job.model.note_process(helper, Some(100), "bash", Some("bash pyenv-which python3".into()));
+        let p = job.model.procs.get_mut(&helper).unwrap();
+        p.born_ns = 1_000 + i as u64;
+        job = job.thread_of(helper, helper, counters(10, 0.002, [0.0; 6], 0), RUNNING, -1);
+    }
+    job.model.procs.get_mut(&100).unwrap().exec_ns = 2_000;
+    let v = job.judge(&[]);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    assert!(
+        v.summary.contains("waiting for its child pid 300 (python3 eval.py --split val), on CPU 98%"),
+        "{}",
+        v.summary
+    );
+}
+
 /// A trainer with two DataLoader workers (which woke it 200 times each
 /// before the evaluation began, idle since) runs an evaluation subprocess:
 /// the evaluation is what it waits for, the workers are no part of it.
