@@ -12,6 +12,9 @@ JSON (--truth): pids, tids, bytes, what it waited on.
                   per step
   sleepy-workers  forked workers whose __getitem__ sleeps (a rate limit)
                   feed the trainer through a multiprocessing queue
+  produce         a preprocessor on CPU writing 64 KiB records to stdout
+  consume         a trainer reading those records from stdin (the two run
+                  as `sh -c "produce | consume"`)
   pipe-writer     prints 64 KiB per step to stdout (a pipe the test drains
                   slowly with slow-reader)
   upload          every few steps PUTs a checkpoint over HTTP to
@@ -186,6 +189,38 @@ def sleepy_workers(a):
     for w in workers:
         w.join()
     write_truth(a.truth, {"trainer": os.getpid(), "workers": [w.pid for w in workers], "batches": got})
+
+
+# ----------------------------------------------------------------- pipeline
+
+RECORD = 64 * 1024
+
+
+def produce(a):
+    """A preprocessor on CPU: each record takes --record-ms of pure Python
+    work, then goes to stdout (a pipe to the trainer)."""
+    out = sys.stdout.buffer
+    for _ in range(a.records):
+        spin(a.record_ms)
+        out.write(bytes(RECORD))
+        out.flush()
+    write_truth(a.truth, {"producer": os.getpid(), "records": a.records, "bytes": a.records * RECORD})
+
+
+def consume(a):
+    """The trainer at the pipeline's end: takes each record from stdin,
+    steps on it briefly and logs the step."""
+    got = 0
+    with open(a.log, "a") as log:
+        while True:
+            record = sys.stdin.buffer.read(RECORD)
+            if not record:
+                break
+            spin(1)
+            got += len(record)
+            log.write(f"step {got // RECORD}\n")
+            log.flush()
+    write_truth(a.truth, {"trainer": os.getpid(), "bytes": got})
 
 
 # ------------------------------------------------------------- stdout, pipe
@@ -475,6 +510,15 @@ def main():
     s.add_argument("--steps", type=int, default=100)
     s.add_argument("--kib", type=int, default=64)
     s.set_defaults(fn=pipe_writer)
+
+    s = sub.add_parser("produce")
+    s.add_argument("--records", type=int, default=100)
+    s.add_argument("--record-ms", type=float, default=30)
+    s.set_defaults(fn=produce)
+
+    s = sub.add_parser("consume")
+    s.add_argument("--log", required=True)
+    s.set_defaults(fn=consume)
 
     s = sub.add_parser("slow-reader")
     s.add_argument("--kbps", type=float, default=1600)

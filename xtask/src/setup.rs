@@ -179,7 +179,7 @@ fn installed_packages() -> Result<HashMap<String, String>> {
 /// openssl for the daemon's HTTPS (web.rs: a real client, a test CA),
 /// containerd (with runc and ctr) and a static busybox for the pods of
 /// kube.rs.
-const TEST_PACKAGES: [&str; 8] = [
+const TEST_PACKAGES: [&str; 9] = [
     "prometheus",
     "libcap2-bin",
     "bpftool",
@@ -188,6 +188,7 @@ const TEST_PACKAGES: [&str; 8] = [
     "openssl",
     "containerd",
     "busybox-static",
+    "make",
 ];
 
 /// PyTorch for the distributed-run tests (torchrun, gloo on CPU), from

@@ -36,9 +36,10 @@ const PYTHON: &str = "/usr/bin/python3";
 /// privilege.rs runs stall as `nobody` with exact capabilities through
 /// capsh, faults.rs asks bpftool what is still loaded, daemon.rs scrapes
 /// stall with a real Prometheus and checks with promtool, web.rs talks
-/// HTTPS to it with curl and a CA made with openssl (`cargo xtask test`
+/// HTTPS to it with curl and a CA made with openssl, chains.rs starts
+/// jobs through bash, GNU timeout and make as users do (`cargo xtask test`
 /// installs them).
-const HOST_TOOLS: [(&str, &str); 7] = [
+const HOST_TOOLS: [(&str, &str); 10] = [
     ("/usr/bin/setpriv", "util-linux"),
     ("/usr/sbin/capsh", "libcap2-bin"),
     ("/usr/sbin/bpftool", "bpftool"),
@@ -46,6 +47,9 @@ const HOST_TOOLS: [(&str, &str); 7] = [
     ("/usr/bin/promtool", "prometheus"),
     ("/usr/bin/curl", "curl"),
     ("/usr/bin/openssl", "openssl"),
+    ("/usr/bin/bash", "bash"),
+    ("/usr/bin/timeout", "coreutils"),
+    ("/usr/bin/make", "make"),
 ];
 /// Workspace folders the tests read at run time (workloads, demo job, the
 /// alerting rules).

@@ -1,0 +1,336 @@
+//! The same job however it was started. Each workload of
+//! tests/workloads/waits.py runs bare, then under each launch chain users
+//! put in front of their jobs: a shim that runs short-lived helpers and then
+//! exec's the interpreter (what pyenv's `python3` does; the real one too,
+//! where pyenv is installed), a shell script that waits for the job,
+//! `timeout`, a Python parent in `subprocess.call` (as `conda run` and
+//! `uv run` wait), and `make`. Every run must get the bare run's verdict,
+//! naming the same thread, worker or child, with the job's own process as
+//! the trainer. A pipeline (`sh -c "producer | trainer"`) names the
+//! consumer the trainer and the producer its input.
+//!
+//! Needs root.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde_json::Value;
+use stall_tests::procs::wait_until;
+use stall_tests::scratch::{disk_scratch, Scratch};
+use stall_tests::stall::{stall, Run};
+use stall_tests::workload::{python, shards, truth};
+
+fn waits_py() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/waits.py").display().to_string()
+}
+
+/// Turns the bare job's argv into the one that starts it through a chain.
+type Wrap = Box<dyn Fn(&[String]) -> Vec<String>>;
+
+/// A way to start a command: the argv that runs `job` through it.
+struct Chain {
+    name: &'static str,
+    argv: Wrap,
+}
+
+/// Quoted for a POSIX shell.
+fn quoted(args: &[String]) -> String {
+    args.iter().map(|a| format!("'{}'", a.replace('\'', r"'\''"))).collect::<Vec<_>>().join(" ")
+}
+
+fn write_executable(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+    let mut perms = std::fs::metadata(path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(path, perms).unwrap();
+}
+
+/// pyenv's shim, as it behaves: its `pyenv exec` forks some twenty bash
+/// helpers (each reads a file and forks subshells, then exits) before it
+/// exec's the interpreter under the name `python3`.
+fn shim(dir: &Path) -> PathBuf {
+    let path = dir.join("python3");
+    write_executable(
+        &path,
+        &format!(
+            "#!{bash}\n\
+             set -e\n\
+             for i in $(seq 1 10); do\n\
+             \x20   v=$({bash} -c 'read -r line < \"$1\"; x=$(echo \"$line\" | cut -c1-4); echo \"$x\"' helper \"$0\")\n\
+             \x20   ( : \"$v\" )\n\
+             done\n\
+             exec -a python3 {python} \"$@\"\n",
+            bash = bash(),
+            python = python()
+        ),
+    );
+    path
+}
+
+/// bash, wherever this system keeps it (the VMs' guests have no /bin/bash).
+fn bash() -> String {
+    let path = std::env::var("PATH").unwrap_or_default();
+    path.split(':')
+        .map(|d| Path::new(d).join("bash"))
+        .find(|p| p.exists())
+        .expect("bash on PATH")
+        .display()
+        .to_string()
+}
+
+/// pyenv's own shim for `python3`, where pyenv is installed.
+fn real_pyenv_shim() -> Option<PathBuf> {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")))?;
+    let shim = root.join("shims/python3");
+    shim.exists().then_some(shim)
+}
+
+/// The chains, each turning the bare job's argv (`python3 waits.py ...`)
+/// into the one that starts it through the chain.
+fn chains(s: &Scratch) -> Vec<Chain> {
+    let dir = s.path("chains");
+    std::fs::create_dir_all(&dir).unwrap();
+    let shim = shim(&dir);
+    let script = dir.join("run.sh");
+    // Not ending in `exec "$@"`: the shell stays and waits.
+    let text =
+        format!("#!{}\necho \"starting $1\" >&2\n\"$@\"\nstatus=$?\necho done >&2\nexit $status\n", bash());
+    write_executable(&script, &text);
+    let makefile = dir.join("Makefile");
+    std::fs::write(&makefile, "job:\n\t$(JOB)\n").unwrap();
+    let replace_python = |with: PathBuf| {
+        move |job: &[String]| {
+            let mut v = vec![with.display().to_string()];
+            v.extend(job[1..].iter().cloned());
+            v
+        }
+    };
+    let mut out = vec![
+        Chain { name: "bare", argv: Box::new(|job: &[String]| job.to_vec()) },
+        Chain { name: "a shim that execs", argv: Box::new(replace_python(shim)) },
+        Chain {
+            name: "bash script.sh",
+            argv: Box::new(move |job: &[String]| {
+                [vec![bash(), script.display().to_string()], job.to_vec()].concat()
+            }),
+        },
+        Chain {
+            name: "timeout",
+            argv: Box::new(|job: &[String]| [vec!["timeout".into(), "600".into()], job.to_vec()].concat()),
+        },
+        Chain {
+            name: "subprocess.call",
+            argv: Box::new(|job: &[String]| {
+                let parent = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))";
+                [vec![python().to_string(), "-c".into(), parent.into()], job.to_vec()].concat()
+            }),
+        },
+        Chain {
+            name: "make",
+            argv: Box::new(move |job: &[String]| {
+                let mf = makefile.display().to_string();
+                vec!["make".into(), "-s".into(), "-f".into(), mf, format!("JOB={}", quoted(job))]
+            }),
+        },
+    ];
+    match real_pyenv_shim() {
+        Some(p) => out.push(Chain { name: "pyenv's shim", argv: Box::new(replace_python(p)) }),
+        None => eprintln!("no pyenv on this machine: the shim built here stands for it"),
+    }
+    out
+}
+
+/// `stall run -q -- <argv>`: the run and the job's truth.
+fn run(argv: &[String], truth_path: &Path) -> (Run, Value) {
+    let _ = std::fs::remove_file(truth_path);
+    let mut args = vec!["run", "-q", "--"];
+    args.extend(argv.iter().map(String::as_str));
+    let run = stall(&args, &[], Duration::from_secs(180));
+    assert_eq!(run.status, 0, "stall run {argv:?} failed:\n{}", run.stderr);
+    wait_until("the workload's truth", Duration::from_secs(30), || truth_path.exists());
+    (run, truth(truth_path))
+}
+
+fn verdict(run: &Run) -> (String, String) {
+    let v = &run.summary()["verdict"];
+    (v["kind"].as_str().unwrap().to_string(), v["summary"].as_str().unwrap().to_string())
+}
+
+/// What every chain's run must show, given the job's truth: Err says what
+/// is wrong.
+type Check = dyn Fn(&Run, &Value) -> Result<(), String>;
+
+/// Runs `job` (bare argv, ending in `--truth PATH`) under every chain and
+/// applies `check` to each; fails listing every chain that differs.
+fn under_every_chain(tag: &str, job: &[String], truth_path: &Path, check: &Check) {
+    let s = Scratch::new(tag);
+    let mut failures = Vec::new();
+    for chain in chains(&s) {
+        let argv = (chain.argv)(job);
+        let (run, t) = run(&argv, truth_path);
+        let (kind, line) = verdict(&run);
+        let trainer = t["trainer"].as_u64().unwrap();
+        let role = run.process(trainer)["role"].as_str().unwrap_or("?").to_string();
+        eprintln!("{tag} via {}: {kind}: {line} (the job, pid {trainer}: {role})", chain.name);
+        let result = if role != "trainer" {
+            Err(format!("the job (pid {trainer}) is {role}; processes: {}", roles(&run)))
+        } else {
+            check(&run, &t)
+        };
+        if let Err(e) = result {
+            failures.push(format!("{}: {e}\n    verdict: {kind}: {line}", chain.name));
+        }
+    }
+    assert!(failures.is_empty(), "{tag}: chains that differ from the bare run:\n{}", failures.join("\n"));
+}
+
+fn roles(run: &Run) -> String {
+    run.processes()
+        .iter()
+        .map(|p| {
+            format!("{} {} {}", p["pid"], p["role"].as_str().unwrap_or("?"), p["comm"].as_str().unwrap_or(""))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn expect(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}
+
+fn job(args: &[&str], truth_path: &Path) -> Vec<String> {
+    let mut v = vec![python().to_string(), waits_py()];
+    v.extend(args.iter().map(|a| a.to_string()));
+    v.extend(["--truth".to_string(), truth_path.display().to_string()]);
+    v
+}
+
+/// A helper thread holds the GIL while the main thread logs every step:
+/// trainer-host-bound naming the thread, and never a hang.
+#[test]
+fn a_thread_holding_the_gil_under_every_chain() {
+    let s = Scratch::new("chain-gil");
+    let t_path = s.path("truth.json");
+    let log = s.path("train.log");
+    let job = job(&["gil", "--log", log.to_str().unwrap(), "--seconds", "4"], &t_path);
+    under_every_chain("gil", &job, &t_path, &|run, t| {
+        let hung = run.records.iter().find(|r| r["verdict"]["kind"] == "hang");
+        expect(hung.is_none(), || format!("called hang while it logged: {}", hung.unwrap()["verdict"]))?;
+        let (kind, line) = verdict(run);
+        let metrics = t["metrics"].as_u64().unwrap();
+        expect(kind == "trainer-host-bound", || "not trainer-host-bound".into())?;
+        expect(line.contains(&format!("for thread {metrics} (metrics) of the trainer")), || {
+            format!("the metrics thread {metrics} is not named")
+        })
+    });
+}
+
+/// Two forked workers that sleep in `__getitem__`: input-wait-bound,
+/// their sleep named.
+#[test]
+fn workers_that_sleep_under_every_chain() {
+    let s = Scratch::new("chain-sleepy");
+    let t_path = s.path("truth.json");
+    let job = job(&["sleepy-workers", "--items", "30", "--nap", "0.1"], &t_path);
+    under_every_chain("sleepy workers", &job, &t_path, &|run, t| {
+        let (kind, line) = verdict(run);
+        expect(kind == "input-wait-bound", || "not input-wait-bound".into())?;
+        expect(line.contains("2 workers spend") && line.contains("of their time asleep"), || {
+            "the 2 sleeping workers are not named".into()
+        })?;
+        for w in t["workers"].as_array().unwrap() {
+            let role = run.process(w.as_u64().unwrap())["role"].clone();
+            expect(role == "worker", || format!("worker {w} is {role}"))?;
+        }
+        Ok(())
+    });
+}
+
+/// The trainer waits for an evaluation subprocess every few steps:
+/// trainer-host-bound naming the evaluation.
+#[test]
+fn an_evaluation_subprocess_under_every_chain() {
+    let s = Scratch::new("chain-eval");
+    let t_path = s.path("truth.json");
+    let job =
+        job(&["eval-child", "--steps", "12", "--every", "4", "--step-ms", "50", "--eval-s", "1"], &t_path);
+    under_every_chain("eval child", &job, &t_path, &|run, t| {
+        let (kind, line) = verdict(run);
+        expect(kind == "trainer-host-bound", || "not trainer-host-bound".into())?;
+        let named = t["children"].as_array().unwrap().iter().any(|c| line.contains(&format!("pid {c} (")));
+        expect(named, || format!("no evaluation of {} named", t["children"]))?;
+        // Its three evaluations, not what a shim forked before the job.
+        expect(line.contains("waiting for its 3 children, one after another"), || {
+            "not its 3 evaluations".into()
+        })
+    });
+}
+
+/// Four loader threads of the trainer read throttled storage:
+/// input-io-bound, the threads and their bytes named.
+#[test]
+fn loader_threads_on_slow_storage_under_every_chain() {
+    let s = disk_scratch("chain-loader-threads");
+    let cache = s.path("shards");
+    shards(&cache, 8, 8, 16);
+    let t_path = s.path("truth.json");
+    let job =
+        job(&["loader-threads", "--dir", cache.to_str().unwrap(), "--files", "8", "--mbps", "16"], &t_path);
+    under_every_chain("loader threads", &job, &t_path, &|run, _| {
+        let (kind, line) = verdict(run);
+        expect(kind == "input-io-bound", || "not input-io-bound".into())?;
+        expect(line.contains("4 loader threads of the trainer read 64.0 MB at"), || {
+            "the loader threads' 64 MB are not named".into()
+        })
+    });
+}
+
+/// `sh -c "producer | trainer"`: a preprocessor on CPU pipes records to
+/// the trainer. The consumer is the trainer, the producer its input,
+/// named on CPU; the shell is neither. Run bare and through the shim for
+/// both sides.
+#[test]
+fn a_pipeline_names_the_consumer_the_trainer_and_the_producer_its_input() {
+    let s = Scratch::new("chain-pipeline");
+    let dir = s.path("chains");
+    std::fs::create_dir_all(&dir).unwrap();
+    let shim = shim(&dir);
+    let (p_truth, t_truth, log) = (s.path("producer.json"), s.path("truth.json"), s.path("train.log"));
+    for interpreter in [python().to_string(), shim.display().to_string()] {
+        for f in [&p_truth, &t_truth] {
+            let _ = std::fs::remove_file(f);
+        }
+        let producer = [interpreter.clone(), waits_py(), "produce".into(), "--records".into(), "120".into()];
+        let producer = [&producer[..], &["--truth".to_string(), p_truth.display().to_string()]].concat();
+        let consumer = [
+            interpreter.clone(),
+            waits_py(),
+            "consume".into(),
+            "--log".into(),
+            log.display().to_string(),
+            "--truth".into(),
+            t_truth.display().to_string(),
+        ];
+        let pipeline = format!("{} | {}", quoted(&producer), quoted(&consumer));
+        let argv = vec!["sh".to_string(), "-c".into(), pipeline];
+        let (run, t) = run(&argv, &t_truth);
+        wait_until("the producer's truth", Duration::from_secs(30), || p_truth.exists());
+        let p = truth(&p_truth);
+        let (kind, line) = verdict(&run);
+        let (trainer, producer) = (t["trainer"].as_u64().unwrap(), p["producer"].as_u64().unwrap());
+        eprintln!("pipeline via {interpreter}: {kind}: {line}; processes {}", roles(&run));
+        assert_eq!(t["bytes"], p["bytes"], "the trainer took every record");
+        assert_eq!(run.process(trainer)["role"], "trainer", "{}", roles(&run));
+        assert_eq!(run.process(producer)["role"], "worker", "{}", roles(&run));
+        assert_eq!(kind, "input-cpu-bound", "{line}");
+        assert!(line.contains("on CPU"), "{line}");
+    }
+}
