@@ -143,6 +143,91 @@ fn a_rank_calling_each_all_reduce_late_is_named_by_its_lateness() {
     assert!(per_wait > 0.15, "rank 0 waits {per_wait} s per all-reduce: {g}");
 }
 
+/// Four ranks a launcher starts as plain subprocesses with no rank
+/// variable anywhere (each rank on its command line, as a launcher of its
+/// own passes it): each is named by the NCCL communicator it creates, the
+/// launcher is none, rank 2 (200 ms late at each all-reduce) holds the
+/// run by its lateness, and a run whose ranks log every step is never
+/// called hung.
+#[test]
+fn ranks_no_variable_names_are_found_by_their_communicators() {
+    require_root();
+    let (dir, cuda, nccl) = libraries("nccl-no-env");
+    let truth_path = dir.path("truth.json").display().to_string();
+    let log = dir.path("steps_{rank}.log").display().to_string();
+    let (script, dir_arg) = (nccl_job_py(), dir.0.display().to_string());
+    let argv = [
+        "run",
+        "-q",
+        "--",
+        python(),
+        &script,
+        "launch",
+        "--no-rank-env",
+        "--ranks",
+        "4",
+        "--dir",
+        &dir_arg,
+        "--cuda-lib",
+        &cuda,
+        "--nccl-lib",
+        &nccl,
+        "--truth",
+        &truth_path,
+        "--seconds",
+        "8",
+        "--late-rank",
+        "2",
+        "--late-ms",
+        "200",
+        "--late-how",
+        "spin",
+        "--schedule",
+        "spin",
+        "--port",
+        "29543",
+        "--log",
+        &log,
+        "--wait-probed",
+        "60",
+        "--probed",
+        "ncclAllReduce,cudaStreamSynchronize",
+    ];
+    let run = stall(&argv, &[], Duration::from_secs(180));
+    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
+    let t = truth(Path::new(&truth_path));
+    let roles: Vec<String> = run
+        .processes()
+        .iter()
+        .map(|p| format!("{} {} rank {} from {}", p["pid"], p["role"], p["rank"], p["rank_from"]))
+        .collect();
+    for r in 0..4 {
+        let own = rank_truth(&t, r);
+        assert_eq!(own["probed"], true, "rank {r} never saw the probes: {t}");
+        let p = run.process(own["pid"].as_u64().unwrap());
+        assert_eq!(
+            (&p["role"], &p["rank"], &p["rank_from"]),
+            (&Value::from("trainer"), &Value::from(r), &Value::from("nccl-communicator")),
+            "rank {r}: {roles:?}"
+        );
+    }
+    assert_eq!(run.process(t["launcher"].as_u64().unwrap())["role"], "other", "{roles:?}");
+    for rec in &run.records {
+        assert_ne!(
+            rec["verdict"]["kind"], "hang",
+            "ranks logging every step are not hung: {}",
+            rec["verdict"]
+        );
+    }
+    let v = &run.summary()["verdict"];
+    let s = &v["straggler"];
+    assert_eq!((&s["rank"], &s["pid"]), (&Value::from(2), &rank_truth(&t, 2)["pid"]), "{v:#}");
+    assert_eq!(s["waiting_ranks"], serde_json::json!([0, 1, 3]), "{v:#}");
+    let late = s["late_s"].as_f64().expect("named by its arrivals");
+    let want = truth_lateness(&t)[2];
+    assert!((late - want).abs() < 0.02, "stall says {late} s late, the ranks' clocks {want:.3} s: {v:#}");
+}
+
 /// stall attached after the communicator was made (no identity to match
 /// the ranks' calls by) still names the late rank, from the waits: it waits
 /// least from each call to the synchronization after it. Its probes go

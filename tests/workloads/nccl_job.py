@@ -6,9 +6,10 @@ else).
   launch  starts --ranks rank processes with the environment torchrun gives
           its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
           GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID), waits
-          for them (forwarding SIGTERM/SIGINT) and merges their truths
+          for them (forwarding SIGTERM/SIGINT) and merges their truths;
+          --no-rank-env: none of those, each rank's on its command line
   rank    one rank (what `launch` starts; RANK and WORLD_SIZE from the
-          environment)
+          environment, or --rank and --world)
 
 Each rank loads --cuda-lib (libcudart.so.13, RTLD_GLOBAL) and --nccl-lib
 (libnccl.so.2) with ctypes as PyTorch does: normally copies of the stand-ins
@@ -169,9 +170,14 @@ def unique_id(nccl, rank, path):
 
 
 def rank_main(a):
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if a.rank is not None:
+        # Started with no rank variable (--no-rank-env): only the
+        # communicator will say which rank this is.
+        rank, world, local_rank, run_id = a.rank, a.world, a.rank, a.run_id
+    else:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     if a.cgroups:
@@ -299,6 +305,12 @@ def named_copy(path, name, folder):
     return dst
 
 
+# What stall reads a rank from: none of it reaches a --no-rank-env rank.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "NODE_RANK",
+                  "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                  "PMI_RANK")
+
+
 def launch_main(a):
     os.makedirs(a.dir, exist_ok=True)
     cuda = named_copy(a.cuda_lib, "libcudart.so.13", a.dir)
@@ -309,13 +321,19 @@ def launch_main(a):
         stale = os.path.join(a.dir, f"truth_{r}.json")
         if os.path.exists(stale):
             os.remove(stale)
-    rest = [x for x in sys.argv[1:] if x != "launch"]
+    rest = [x for x in sys.argv[1:] if x not in ("launch", "--no-rank-env")]
     children = []
     for r in range(a.ranks):
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), GROUP_RANK="0", WORLD_SIZE=n,
                    LOCAL_WORLD_SIZE=n, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port),
                    TORCHELASTIC_RUN_ID=run_id)
-        cmd = [sys.executable, os.path.abspath(__file__), "rank"] + rest + [
+        given = []
+        if a.no_rank_env:
+            # As a launcher of its own would: the rank on the command line,
+            # nothing in the environment.
+            env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
+            given = ["--rank", str(r), "--world", n, "--run-id", run_id]
+        cmd = [sys.executable, os.path.abspath(__file__), "rank"] + rest + given + [
             "--cuda-lib", cuda, "--nccl-lib", nccl, "--truth", ""]
         children.append(subprocess.Popen(cmd, env=env))
 
@@ -363,6 +381,11 @@ def main():
     p.add_argument("--cgroups", default=None,
                    help="comma-separated cgroup directories, one per rank; each rank moves itself into its own")
     p.add_argument("--log", help="a line per step is appended here ({rank} expands)")
+    p.add_argument("--no-rank-env", action="store_true",
+                   help="launch: start the ranks with no rank variable, their rank on the command line")
+    p.add_argument("--rank", type=int, help="rank: this rank (else $RANK)")
+    p.add_argument("--world", type=int, help="rank: the number of ranks (with --rank)")
+    p.add_argument("--run-id", default="none", help="rank: the run (with --rank)")
     a = p.parse_args()
     if a.mode == "launch":
         return launch_main(a)
