@@ -12,6 +12,7 @@ pub mod correlate;
 pub mod cpulimit;
 pub mod daemon;
 pub mod decode;
+pub mod detail;
 pub mod error;
 pub mod exit;
 pub mod gpu;

@@ -57,7 +57,7 @@ pub struct ProgressView {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OutputAge {
-    pub path: String,
+    pub path: crate::detail::PathName,
     pub pid: u32,
     pub ago_s: f64,
 }
@@ -135,7 +135,7 @@ impl Progress {
             known,
             rhythm_s: self.gaps.iter().max().map(|g| *g as f64 / 1e9),
             last_output: newest_output.map(|o| OutputAge {
-                path: o.path.clone(),
+                path: o.path.as_str().into(),
                 pid: o.pid,
                 ago_s: now_ns.saturating_sub(o.last_write_ns) as f64 / 1e9,
             }),
@@ -190,7 +190,7 @@ mod tests {
         assert!((v.silent_s - 11.0).abs() < 1e-9, "{v:?}");
         assert_eq!(v.rhythm_s, Some(3.0));
         let out = v.last_output.unwrap();
-        assert_eq!((out.path.as_str(), out.pid), ("/run/train.log", 7));
+        assert_eq!((out.path.value(), out.pid), ("/run/train.log", 7));
         assert!((out.ago_s - 11.0).abs() < 1e-9);
     }
 
@@ -205,7 +205,7 @@ mod tests {
         let v = p.view(610 * S);
         assert!(v.known && v.rhythm_s.is_none());
         assert!((v.silent_s - 490.0).abs() < 1e-9, "{v:?}");
-        assert_eq!(v.last_output.unwrap().path, "/run/train.log");
+        assert_eq!(v.last_output.unwrap().path.value(), "/run/train.log");
     }
 
     #[test]

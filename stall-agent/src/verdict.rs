@@ -6,7 +6,9 @@
 //! tells that finding with numbers; `kind` holds all a kind is.
 use serde::Serialize;
 
-use crate::{aggregate::Window, correlate::Roles, gpu, progress::ProgressView, pystack::PyStack};
+use crate::{
+    aggregate::Window, correlate::Roles, detail::Text, gpu, progress::ProgressView, pystack::PyStack,
+};
 
 mod child;
 mod classify;
@@ -27,8 +29,9 @@ pub use gpu::GpuWindow;
 #[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct Verdict {
     pub kind: Kind,
-    pub summary: String,
-    pub evidence: Vec<String>,
+    /// Words with their details marked ([`crate::detail`]).
+    pub summary: Text,
+    pub evidence: Vec<Text>,
     /// The path followed from the trainer's main thread to where its time
     /// goes, each step with its share (empty: no trainer to start from).
     pub path: Vec<PathStep>,

@@ -5,11 +5,13 @@
 //! host's (`job::Host::waits_on`).
 use serde::Serialize;
 
+use crate::detail::{Name, PathName, Peer, Text};
+
 /// A process at the other end of a wait.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Party {
     pub pid: u32,
-    pub comm: String,
+    pub comm: Name,
 }
 
 impl std::fmt::Display for Party {
@@ -28,12 +30,12 @@ pub enum WaitObject {
     /// it reads.
     Pipe { fd: i32, writing: bool, others: Vec<Party> },
     /// A socket, and its peer where it is a connected inet one.
-    Socket { fd: i32, peer: Option<String> },
+    Socket { fd: i32, peer: Option<Peer> },
     /// A regular file.
-    File { fd: i32, path: String },
+    File { fd: i32, path: PathName },
     /// A file lock (`flock`, `fcntl` F_SETLKW) on `path`, and who holds it
     /// now (the kernel's lock list).
-    Lock { path: String, holders: Vec<Party> },
+    Lock { path: PathName, holders: Vec<Party> },
     /// A child process (`wait4`, `waitid`): the one waited for, or all of
     /// the waiter's children.
     Child { children: Vec<Party> },
@@ -42,7 +44,11 @@ pub enum WaitObject {
 impl WaitObject {
     /// "stdout, a pipe read by pid 812 (fluent-bit)", "the socket to
     /// 10.0.0.5:443", "flock on /tmp/build.lock, held by pid 4410 (python)".
-    pub fn describe(&self) -> String {
+    pub fn describe(&self) -> Text {
+        Text::new(self.words())
+    }
+
+    fn words(&self) -> String {
         match self {
             WaitObject::Pipe { fd, writing, others } => {
                 let name = fd_name(*fd).map(|n| format!("{n}, a pipe")).unwrap_or_else(|| "a pipe".into());
@@ -60,7 +66,7 @@ impl WaitObject {
                     None => format!("{name}a socket"),
                 }
             }
-            WaitObject::File { path, .. } => path.clone(),
+            WaitObject::File { path, .. } => path.to_string(),
             WaitObject::Lock { path, holders } => match holders.as_slice() {
                 [] => format!("the lock on {path}"),
                 [one] => format!("the lock on {path}, held by {one}"),

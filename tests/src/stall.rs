@@ -35,6 +35,18 @@ pub fn stall_bin() -> PathBuf {
     panic!("no stall binary: run `cargo xtask build --release` or set STALL_BIN");
 }
 
+/// The `run_id` label the daemon's metrics give a run: a hash of its id
+/// (FNV-1a, 64 bits, hex), which joins a run's ranks across nodes without
+/// telling its id (an environment value: docs/DAEMON.md).
+pub fn run_label(run_id: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in run_id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
 /// Fails the test unless we can load BPF: never a silent skip.
 pub fn require_root() {
     static CHECKED: OnceLock<()> = OnceLock::new();

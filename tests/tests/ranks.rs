@@ -18,6 +18,7 @@ use stall_tests::cgroup::Cgroup;
 use stall_tests::http::{encode, free_port, http_get, query, start_prometheus};
 use stall_tests::procs::{wait_until, Killer};
 use stall_tests::scratch::{disk_scratch, Scratch};
+use stall_tests::stall::run_label;
 use stall_tests::stall::{require_root, stall, stall_bin, Run};
 use stall_tests::torch::torch_path;
 use stall_tests::workload::{python, truth};
@@ -591,6 +592,7 @@ impl TwoNodes {
     /// the node `node_of(rank)` and rank 0 waits for its peers; then checks
     /// that no other rank is named.
     fn straggler_alerted(&self, run_id: &str, straggler: u32, node_of: impl Fn(u32) -> usize) {
+        let run_id = run_label(run_id);
         let alert = |rank: u32| {
             format!(
                 r#"ALERTS{{alertname="StallStragglerRank",run_id="{run_id}",rank="{rank}",instance="127.0.0.1:{}"}}"#,
@@ -652,6 +654,7 @@ impl TwoNodes {
         late_s: impl Fn() -> (f64, f64),
         node_of: impl Fn(u32) -> usize,
     ) {
+        let run_id = run_label(run_id);
         let alert = |rank: u32| {
             format!(
                 r#"ALERTS{{alertname="StallLateRank",run_id="{run_id}",rank="{rank}",instance="127.0.0.1:{}"}}"#,

@@ -66,7 +66,7 @@ pub fn wait_object(tgid: u32, tid: u32, nr: i64, pipes: &mut PipeHolders) -> Opt
                 .filter_map(|l| party(l.pid))
                 .collect();
             holders.dedup();
-            Some(WaitObject::Lock { path, holders })
+            Some(WaitObject::Lock { path: path.into(), holders })
         }
         Subject::Child => {
             // wait4(pid): pid > 0 is that child; otherwise any of them.
@@ -97,9 +97,9 @@ pub fn descriptor(tgid: u32, fd: i32, writing: bool, pipes: &mut PipeHolders) ->
     }
     if ft.is_socket() {
         let peer = procfs::socket_peers(tgid).remove(&meta.ino());
-        return Some(WaitObject::Socket { fd, peer });
+        return Some(WaitObject::Socket { fd, peer: peer.map(Into::into) });
     }
-    Some(WaitObject::File { fd, path: target })
+    Some(WaitObject::File { fd, path: target.into() })
 }
 
 /// Every process holding a descriptor to `target` ("pipe:[123]", a FIFO's
@@ -132,5 +132,5 @@ fn holders_of(target: &str) -> Vec<(Party, bool)> {
 }
 
 fn party(pid: u32) -> Option<Party> {
-    Some(Party { pid, comm: procfs::stat(pid)?.comm })
+    Some(Party { pid, comm: procfs::stat(pid)?.comm.into() })
 }

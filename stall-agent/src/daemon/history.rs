@@ -15,9 +15,9 @@ pub struct Change {
     /// Unix time, seconds.
     pub time: f64,
     pub kind: Kind,
-    /// The verdict's line.
-    pub line: String,
-    pub evidence: Vec<String>,
+    /// The verdict's line (its details marked: [`crate::detail`]).
+    pub line: crate::detail::Text,
+    pub evidence: Vec<crate::detail::Text>,
 }
 
 #[derive(Debug, Default)]
@@ -59,7 +59,7 @@ mod tests {
     use super::*;
 
     fn verdict(kind: Kind) -> Verdict {
-        Verdict { kind, summary: format!("{kind:?}"), ..Default::default() }
+        Verdict { kind, summary: format!("{kind:?}").into(), ..Default::default() }
     }
 
     #[test]

@@ -259,9 +259,7 @@ async fn serve_jobs(State(s): State<Arc<Shared>>, Extension(access): Extension<A
     let docs = docs
         .into_iter()
         .map(|mut d| {
-            if !details {
-                jobs::redact(&mut d);
-            }
+            jobs::resolve(&mut d, details);
             d
         })
         .collect();
@@ -288,9 +286,7 @@ async fn serve_job(
     match found {
         None => error(StatusCode::NOT_FOUND, &format!("no job {id} on this node")),
         Some(mut doc) => {
-            if !s.details(access) {
-                jobs::redact(&mut doc);
-            }
+            jobs::resolve(&mut doc, s.details(access));
             json_response(StatusCode::OK, &doc)
         }
     }

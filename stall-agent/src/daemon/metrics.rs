@@ -52,9 +52,11 @@ impl JobLabels {
     fn kind(&self, kind: Kind) -> VerdictLabels {
         VerdictLabels { job: self.clone(), kind: kind.as_str().to_string() }
     }
-    /// A rank of a distributed run that runs in the job.
+    /// A rank of a distributed run that runs in the job. The run is named
+    /// by a hash of its id (an environment value, a detail): the same on
+    /// every node, which is all an alert's join needs.
     pub fn rank(&self, run_id: &str, rank: u32) -> RankLabels {
-        RankLabels { job: self.clone(), run_id: run_id.to_string(), rank: rank.to_string() }
+        RankLabels { job: self.clone(), run_id: crate::output::jobs::id(run_id), rank: rank.to_string() }
     }
     fn gpu(&self, gpu: u32) -> JobGpuLabels {
         JobGpuLabels { job: self.clone(), gpu: gpu.to_string() }
@@ -544,7 +546,8 @@ mod tests {
         let text = m.encode();
         let series = |rank: u32| {
             format!(
-                r#"cgroup="jobs/a",namespace="",pod="",container="",pod_uid="",run_id="run-7",rank="{rank}""#
+                r#"cgroup="jobs/a",namespace="",pod="",container="",pod_uid="",run_id="{}",rank="{rank}""#,
+                crate::output::jobs::id("run-7")
             )
         };
         assert!(
@@ -570,6 +573,6 @@ mod tests {
             "{text}"
         );
         m.remove_ranks(&set);
-        assert!(!m.encode().contains("run-7"));
+        assert!(!m.encode().contains(&crate::output::jobs::id("run-7")));
     }
 }

@@ -40,9 +40,7 @@ pub(super) fn log_changes(node: &mut Node, details: bool) {
         if let Some(previous) = w.history.previous() {
             line["previous"] = serde_json::json!(previous);
         }
-        if !details {
-            jobs::redact(&mut line);
-        }
+        jobs::resolve(&mut line, details);
         eprintln!("{line}");
     }
 }

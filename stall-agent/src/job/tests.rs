@@ -726,7 +726,7 @@ fn a_job_that_stops_logging_behind_a_busy_gpu_is_hung() {
     assert!(last.verdict.summary.contains(LOG), "{}", last.verdict.summary);
     assert!(last.verdict.summary.contains("95 W of 700 W"), "{}", last.verdict.summary);
     assert!((last.progress.silent_s - 14.0).abs() < 1e-6, "{:?}", last.progress);
-    assert_eq!(last.progress.last_output.as_ref().unwrap().path, LOG);
+    assert_eq!(last.progress.last_output.as_ref().unwrap().path.value(), LOG);
 }
 
 #[test]
@@ -753,7 +753,7 @@ fn outputs_open_at_attach_date_the_silence() {
     sim.gpus = GpuFleet::with_source(Some(Box::new(gpu_at_power(100.0, 95, 0))), 0);
     let tick = sim.trainer_second(0);
     assert!((tick.progress.silent_s - 481.0).abs() < 1e-6, "{:?}", tick.progress);
-    assert_eq!(tick.progress.last_output.as_ref().map(|o| o.path.as_str()), Some(LOG));
+    assert_eq!(tick.progress.last_output.as_ref().map(|o| o.path.value()), Some(LOG));
 }
 
 #[test]

@@ -1,14 +1,14 @@
 //! The daemon's `/jobs`: per job, what metric labels cannot carry. Each job
 //! is the JSON Lines record of its last few seconds (docs/JSON.md, same
 //! fields and units) with its identity beside it; the list carries the
-//! schema, the node and the time. Without details, file paths, command
-//! lines and Python stacks are left out (see [`redact`]).
+//! schema, the node and the time. Without details, what the job's
+//! processes named and Python stacks are left out (see [`redact`]).
 use std::collections::BTreeMap;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::{json as jsonl, View};
-use crate::{job::Tick, verdict::Verdict};
+use crate::{detail, job::Tick, verdict::Verdict};
 
 /// One job as `/jobs` shows it.
 pub struct JobView<'a> {
@@ -88,62 +88,47 @@ pub fn id(cgroup: &str) -> String {
     format!("{h:016x}")
 }
 
-/// Leaves out of a document what tells about the job's data and code
-/// rather than its health: file paths (`path`, `resolved`, `[path]` in
-/// verdict and progress lines), command lines and Python stacks. Numbers,
-/// names of threads and the verdict's kind and words stay.
+/// A document as whoever reached the daemon without details sees it:
+/// every detail the job's processes named (paths, command lines, names,
+/// peers, environment values: [`crate::detail`]) is a placeholder wherever
+/// it went, fields and words alike; the fields that are nothing but one
+/// are null, and Python stacks are left out. Numbers, kinds, roles and
+/// the cluster's own names (cgroups, pods) stay.
 pub fn redact(doc: &mut Value) {
-    redact_in(doc, false);
+    forget_fields(doc);
+    detail::resolve_json(doc, detail::redact);
 }
 
-fn redact_in(v: &mut Value, text: bool) {
+/// A document as an authenticated client of a daemon run with
+/// `--expose-details` sees it: every detail's value.
+pub fn reveal(doc: &mut Value) {
+    detail::resolve_json(doc, detail::reveal);
+}
+
+/// Per `details`: [`reveal`] or [`redact`].
+pub fn resolve(doc: &mut Value, details: bool) {
+    if details {
+        reveal(doc)
+    } else {
+        redact(doc)
+    }
+}
+
+fn forget_fields(v: &mut Value) {
     match v {
-        Value::Object(m) => redact_map(m, text),
-        Value::Array(a) => a.iter_mut().for_each(|x| redact_in(x, text)),
-        Value::String(s) if text => *s = redact_paths(s),
+        Value::Object(m) => {
+            m.remove("python_stacks");
+            m.remove("python_notes");
+            for (k, v) in m.iter_mut() {
+                match k.as_str() {
+                    "cmdline" | "path" | "resolved" => *v = Value::Null,
+                    _ => forget_fields(v),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(forget_fields),
         _ => {}
     }
-}
-
-fn redact_map(m: &mut Map<String, Value>, text: bool) {
-    m.remove("python_stacks");
-    m.remove("python_notes");
-    for (k, v) in m.iter_mut() {
-        match k.as_str() {
-            "cmdline" | "path" | "resolved" => *v = Value::Null,
-            // Lines written for people name files: inside these, any string.
-            "verdict" | "progress" | "history" => redact_in(v, true),
-            _ if k.ends_with("cgroup") => {}
-            _ => redact_in(v, text),
-        }
-    }
-}
-
-/// `[path]` for every absolute path in a line of text: a `/` that starts a
-/// word (after a space, a bracket or a quote) up to the next space or
-/// closing punctuation. "MB/s" and "1/2" stay.
-pub fn redact_paths(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars().peekable();
-    let mut prev: Option<char> = None;
-    while let Some(c) = chars.next() {
-        let starts_word = prev.is_none_or(|p| p.is_whitespace() || "([{\"'=,:".contains(p));
-        if c == '/' && starts_word {
-            let mut path = String::from(c);
-            while let Some(n) = chars.next_if(|n| !n.is_whitespace() && !")]}\"',;".contains(*n)) {
-                path.push(n);
-            }
-            // A colon or full stop that ends the word ends the sentence.
-            let kept = path.trim_end_matches([':', '.']).len();
-            out.push_str("[path]");
-            out.push_str(&path[kept..]);
-            prev = Some(']');
-            continue;
-        }
-        out.push(c);
-        prev = Some(c);
-    }
-    out
 }
 
 #[cfg(test)]
@@ -151,31 +136,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn paths_in_lines_are_redacted_and_rates_stay() {
-        assert_eq!(
-            redact_paths(
-                "workers read 1.1 GB at 29.8 MB/s from /data/shard_2.pt (/runs/train.log written 3 s ago)"
-            ),
-            "workers read 1.1 GB at 29.8 MB/s from [path] ([path] written 3 s ago)"
-        );
-        assert_eq!(redact_paths("files: /a b, /c; 1/2"), "files: [path] b, [path]; 1/2");
-        assert_eq!(redact_paths("no paths here"), "no paths here");
-    }
-
-    #[test]
-    fn a_document_keeps_numbers_and_loses_paths_command_lines_and_stacks() {
+    fn a_document_keeps_numbers_and_loses_what_the_job_named() {
+        use crate::detail::{Command, Name, PathName};
+        let data = PathName::from("/data/a");
         let mut doc = json!({
             "id": "ab", "cgroup": "/kubepods.slice/x",
-            "processes": [{"pid": 1, "cmdline": "python train.py --secret", "cpu_limit_cgroup": "/x",
-                "files": [{"path": "/data/a", "resolved": "/mnt/a", "read_bytes": 5}]}],
-            "progress": {"silent_s": 1.0, "last_output": {"path": "/runs/log", "ago_s": 3.0}},
-            "verdict": {"kind": "input-io-bound", "summary": "read /data/a at 5 MB/s",
-                "evidence": ["file /data/a: 5 B"], "python_stacks": [{"frames": []}]},
+            "processes": [{"pid": 1, "comm": Name::from("pt_data_worker"), "cmdline": Command::from("python train.py --secret"),
+                "cpu_limit_cgroup": "/x",
+                "files": [{"path": data, "resolved": PathName::from("/mnt/a"), "read_bytes": 5}]}],
+            "progress": {"silent_s": 1.0, "last_output": {"path": PathName::from("/runs/log"), "ago_s": 3.0}},
+            "verdict": {"kind": "input-io-bound", "summary": format!("read {data} at 5 MB/s"),
+                "evidence": [format!("file {data}: 5 B")], "python_stacks": [{"frames": []}]},
         });
+        let mut shown = doc.clone();
         redact(&mut doc);
         assert_eq!(doc["cgroup"], "/kubepods.slice/x");
         assert_eq!(doc["processes"][0]["cpu_limit_cgroup"], "/x");
         assert!(doc["processes"][0]["cmdline"].is_null());
+        assert_eq!(doc["processes"][0]["comm"], "[name]");
         assert!(doc["processes"][0]["files"][0]["path"].is_null());
         assert!(doc["processes"][0]["files"][0]["resolved"].is_null());
         assert_eq!(doc["processes"][0]["files"][0]["read_bytes"], 5);
@@ -183,7 +161,12 @@ mod tests {
         assert_eq!(doc["verdict"]["summary"], "read [path] at 5 MB/s");
         assert_eq!(doc["verdict"]["evidence"][0], "file [path]: 5 B");
         assert!(doc["verdict"].get("python_stacks").is_none());
-        assert!(!doc.to_string().contains("/data"), "{doc}");
+        for secret in ["/data", "/mnt", "secret", "pt_data_worker", "/runs"] {
+            assert!(!doc.to_string().contains(secret), "{secret} in {doc}");
+        }
+        reveal(&mut shown);
+        assert_eq!(shown["verdict"]["summary"], "read /data/a at 5 MB/s");
+        assert_eq!(shown["processes"][0]["cmdline"], "python train.py --secret");
     }
 
     #[test]

@@ -7,6 +7,7 @@ use super::View;
 use crate::{
     aggregate::{ProcWindow, ThreadWindow},
     decode::ThreadCounters,
+    detail::{Command, EnvValue, Name, PathName, Peer, Text},
     gpu::GpuWindow,
     progress::ProgressView,
     verdict::Verdict,
@@ -36,7 +37,7 @@ pub struct Record<'a> {
     pub sched_repaired: u64,
     pub gpu_available: bool,
     /// The distributed run the job's ranks belong to (null: not a run).
-    pub run_id: Option<&'a str>,
+    pub run_id: Option<EnvValue>,
     /// The CPU limits capping the job's processes, and their throttling in
     /// the window.
     pub cpu_limits: Vec<CpuLimit<'a>>,
@@ -126,8 +127,8 @@ impl From<&ThreadCounters> for OffCpu {
 pub struct Process {
     pub pid: u32,
     pub ppid: Option<u32>,
-    pub comm: String,
-    pub cmdline: Option<String>,
+    pub comm: Name,
+    pub cmdline: Option<Command>,
     pub role: &'static str,
     /// The rank of a distributed run it works for (its trainer's; null: not a run).
     pub rank: Option<u32>,
@@ -169,14 +170,14 @@ pub struct Process {
 pub struct FdWait {
     pub fd: i32,
     /// The path or peer it was opened on, where stall saw it opened.
-    pub object: Option<String>,
+    pub object: Option<PathName>,
     pub blocked_s: f64,
 }
 
 #[derive(Serialize)]
 pub struct Socket {
     /// "address:port" it connected to.
-    pub peer: String,
+    pub peer: Peer,
     /// The peer is a process of the job (IPC), not a source of input.
     pub ipc: bool,
     pub read_bytes: u64,
@@ -192,7 +193,7 @@ pub struct Socket {
 #[derive(Serialize)]
 pub struct Thread {
     pub tid: u32,
-    pub comm: String,
+    pub comm: Name,
     pub on_cpu_s: f64,
     pub off_cpu_s: f64,
     pub off_cpu_by_reason: OffCpu,
@@ -246,7 +247,7 @@ pub struct WaitsOn {
     #[serde(flatten)]
     pub object: WaitObject,
     /// In words: "stdout, a pipe read by pid 812 (fluent-bit)".
-    pub says: String,
+    pub says: Text,
 }
 
 #[derive(Serialize)]
@@ -255,7 +256,7 @@ pub struct Waker {
     /// without naming the waking thread (its wake table was full).
     pub tid: Option<u32>,
     pub pid: u32,
-    pub comm: String,
+    pub comm: Name,
     pub count: u64,
     /// How long the thread was blocked in the waits these wakeups ended
     /// (its wait for a CPU after each is not in it).
@@ -264,10 +265,10 @@ pub struct Waker {
 
 #[derive(Serialize)]
 pub struct File {
-    pub path: String,
+    pub path: PathName,
     /// Absolute path when `path` was opened relative.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub resolved: Option<String>,
+    pub resolved: Option<PathName>,
     pub opens: u64,
     pub read_calls: u64,
     pub read_bytes: u64,
@@ -298,7 +299,7 @@ fn thread(t: &ThreadWindow) -> Thread {
     };
     Thread {
         tid: t.tid,
-        comm: t.comm.clone(),
+        comm: t.comm.as_str().into(),
         on_cpu_s: t.delta.on_cpu_ns as f64 / 1e9,
         off_cpu_s: t.delta.off_cpu_ns() as f64 / 1e9,
         off_cpu_by_reason: (&t.delta).into(),
@@ -314,7 +315,7 @@ fn thread(t: &ThreadWindow) -> Thread {
             .map(|b| Waker {
                 tid: b.thread(),
                 pid: b.tgid,
-                comm: b.comm.clone(),
+                comm: b.comm.as_str().into(),
                 count: b.count,
                 blocked_s: b.blocked_ns as f64 / 1e9,
             })
@@ -349,8 +350,8 @@ fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
     Process {
         pid: p.tgid,
         ppid: p.ppid,
-        comm: p.comm.clone(),
-        cmdline: p.cmdline.clone(),
+        comm: p.comm.as_str().into(),
+        cmdline: p.cmdline.as_deref().map(Command::from),
         role,
         rank,
         rank_from: p.rank.as_ref().filter(|r| role == "trainer" && Some(r.rank) == rank).map(|r| r.found),
@@ -373,8 +374,8 @@ fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
             .files
             .iter()
             .map(|f| File {
-                path: f.path.clone(),
-                resolved: f.resolved.clone(),
+                path: f.path.as_str().into(),
+                resolved: f.resolved.as_deref().map(PathName::from),
                 opens: f.opens,
                 read_calls: f.read_calls,
                 read_bytes: f.read_bytes,
@@ -391,7 +392,7 @@ fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
             .sockets
             .iter()
             .map(|s| Socket {
-                peer: s.path.clone(),
+                peer: s.path.as_str().into(),
                 ipc: s.ipc,
                 read_bytes: s.read_bytes,
                 read_calls: s.read_calls,
@@ -404,7 +405,11 @@ fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
         blocked_on_fds: p
             .fd_waits
             .iter()
-            .map(|f| FdWait { fd: f.fd, object: f.object.clone(), blocked_s: f.blocked_ns as f64 / 1e9 })
+            .map(|f| FdWait {
+                fd: f.fd,
+                object: f.object.as_deref().map(PathName::from),
+                blocked_s: f.blocked_ns as f64 / 1e9,
+            })
             .collect(),
     }
 }
@@ -429,7 +434,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
             .iter()
             .map(|p| process(p, v.roles.of(p.tgid).as_str(), v.roles.rank_of(p.tgid)))
             .collect(),
-        run_id: v.roles.run_id.as_deref(),
+        run_id: v.roles.run_id.as_deref().map(EnvValue::from),
         cpu_limits: w
             .cpu_limits
             .iter()
@@ -455,10 +460,13 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
     }
 }
 
-/// One JSON line to `w`, written as it is serialised: the summary of a
-/// job that forked thousands of processes is tens of megabytes, which a
-/// string would hold at once.
+/// One JSON line to `w` as the operator's own output shows it (every
+/// detail), written as it is serialised: the summary of a job that forked
+/// thousands of processes is tens of megabytes, which a string would hold
+/// at once.
 pub fn write_line(w: &mut dyn std::io::Write, kind: &'static str, v: &View) -> std::io::Result<()> {
-    serde_json::to_writer(&mut *w, &record(kind, v))?;
+    let mut shown = crate::detail::Revealing::new(&mut *w);
+    serde_json::to_writer(&mut shown, &record(kind, v))?;
+    shown.finish()?;
     writeln!(w)
 }

@@ -92,7 +92,7 @@ fn words(v: &View) -> String {
             v.verdict.kind.as_str()
         );
     }
-    format!("{}  {}", v.verdict.kind.as_str(), v.verdict.summary)
+    format!("{}  {}", v.verdict.kind.as_str(), v.verdict.summary.shown())
 }
 
 /// Cuts a line to the terminal width (no wrapping inside the table).
@@ -196,7 +196,7 @@ mod tests {
         }];
         let verdict = Verdict {
             kind: Kind::InputIoBound,
-            summary: format!("Trainer main thread blocked 87% of 26.1s, woken 487 times by 4 workers; {long_path} read at 92.1 MB/s"),
+            summary: format!("Trainer main thread blocked 87% of 26.1s, woken 487 times by 4 workers; {long_path} read at 92.1 MB/s").into(),
             evidence: Vec::new(),
             host_only: false,
             ..Default::default()

@@ -70,7 +70,7 @@ pub fn progress_line(p: &ProgressView) -> String {
         line.push_str(&format!(", usually every {} or less", units::span(r)));
     }
     if let Some(o) = &p.last_output {
-        line.push_str(&format!("; {} written {} ago", o.path, units::span(o.ago_s)));
+        line.push_str(&format!("; {} written {} ago", o.path.value(), units::span(o.ago_s)));
     }
     line
 }

@@ -308,9 +308,10 @@ pub fn render(v: &View) -> String {
         );
     }
     let _ = writeln!(out, "verdict: {}", v.verdict.kind.as_str());
-    let _ = writeln!(out, "  {}", v.verdict.summary);
+    // The operator's own terminal: every detail shown.
+    let _ = writeln!(out, "  {}", v.verdict.summary.shown());
     for e in &v.verdict.evidence {
-        let _ = writeln!(out, "  - {e}");
+        let _ = writeln!(out, "  - {}", e.shown());
     }
     if !v.verdict.python_stacks.is_empty() {
         let _ = writeln!(out, "  Python stacks (innermost first):");

@@ -130,7 +130,9 @@ impl Recording {
                 self.timeline.gpu_power(g.index, w.end_ns, watts)?;
             }
         }
-        self.timeline.verdict(w.end_ns, tick.verdict.kind, &tick.verdict.summary)?;
+        // A timeline is the operator's (or a capture, served with details
+        // only): every detail shown.
+        self.timeline.verdict(w.end_ns, tick.verdict.kind, &tick.verdict.summary.shown())?;
         Ok(())
     }
 

@@ -462,7 +462,7 @@ fn streamed_in<'a>(
     let (network, bytes) = match main.wait_object(reason::POLL)? {
         // From that peer, where it is outside the job (a job's peer is IPC).
         WaitObject::Socket { peer: Some(peer), .. } => {
-            let from = trainer.sockets.iter().find(|x| x.path == *peer)?;
+            let from = trainer.sockets.iter().find(|x| x.path == peer.value())?;
             (true, if from.ipc { 0 } else { from.read_bytes })
         }
         WaitObject::Pipe { writing: false, others, .. } if others.iter().all(|p| !job.contains(&p.pid)) => {

@@ -29,7 +29,7 @@ pub struct PathStep {
     pub share: Option<f64>,
     /// What it waits on, in words: a pipe and its reader, a socket's peer,
     /// a lock and its holder.
-    pub object: Option<String>,
+    pub object: Option<crate::detail::Text>,
     /// Share of the window the trainer's main thread was blocked in waits
     /// this step's threads ended (null for the first step, or where the
     /// kernel did not time the waits).
@@ -151,6 +151,6 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
 }
 
 /// What `t` was seen waiting on in `state`, in words.
-fn object_of(t: &ThreadWindow, state: u8) -> Option<String> {
+fn object_of(t: &ThreadWindow, state: u8) -> Option<crate::detail::Text> {
     t.wait_object(state).map(|o| o.describe())
 }

@@ -14,7 +14,8 @@ use stall_common::reason;
 
 use super::{rules, shares::Shares, trainer, words, Blamed, Kind, Verdict};
 use crate::{
-    aggregate::Window, correlate::Roles, gpu::GpuWindow, progress::ProgressView, units, wait::WaitObject,
+    aggregate::Window, correlate::Roles, detail::Text, gpu::GpuWindow, progress::ProgressView, units,
+    wait::WaitObject,
 };
 
 /// What the run's ranks did, and who holds them back.
@@ -32,7 +33,7 @@ pub struct RankVerdict {
     /// Its trainer process.
     pub pid: u32,
     pub kind: Kind,
-    pub summary: String,
+    pub summary: crate::detail::Text,
     /// Share of the window its trainer's main thread was blocked while its
     /// own pipeline kept up: waiting for its peers (0 where its own cause
     /// holds it); under NCCL, its share from each collective's call to the
@@ -130,7 +131,7 @@ pub(super) fn judge(
                     rank,
                     pid,
                     kind: verdict.kind,
-                    summary,
+                    summary: summary.into(),
                     peer_wait,
                     collectives: collectives.get(&rank).copied(),
                 },
@@ -168,7 +169,8 @@ pub(super) fn judge(
                 &r.summary,
                 ranks_word(&straggler.waiting_ranks),
                 units::pct(mean_wait)
-            );
+            )
+            .into();
             (v, Some(straggler))
         }
         _ => (even(&judged), None),
@@ -184,13 +186,13 @@ pub(super) fn judge(
         }
     }
     v.host_only = gpus.is_empty();
-    v.summary = words::with_gpus(&v.summary, gpus, secs);
+    v.summary = words::with_gpus(v.summary.marked(), gpus, secs).into();
     if w.lost_total() > 0 {
         v.summary.push_str(words::PARTIAL_NOTE);
     }
-    let mut evidence: Vec<String> = ranks
+    let mut evidence: Vec<Text> = ranks
         .iter()
-        .map(|r| format!("rank {} (pid {}): {} — {}", r.rank, r.pid, r.kind, &r.summary))
+        .map(|r| format!("rank {} (pid {}): {} — {}", r.rank, r.pid, r.kind, &r.summary).into())
         .collect();
     evidence.append(&mut v.evidence);
     v.evidence = evidence;
@@ -224,7 +226,7 @@ pub fn collective_waits(
         // the thread is still in a call with an object.
         let current = crate::wait::subject_of(i64::from(main.now.syscall)).is_some();
         match main.last_wait().filter(|_| current) {
-            Some((_, WaitObject::Socket { peer: Some(peer), .. })) => Some(match holder(pid, peer) {
+            Some((_, WaitObject::Socket { peer: Some(peer), .. })) => Some(match holder(pid, peer.value()) {
                 Some(other) => (other != pid && ranks.contains(&other), Some(other)),
                 // Off this node (or outside the job): a peer on another node.
                 None => (true, None),
@@ -353,7 +355,7 @@ fn late_at_collectives(
                 .map(|p| p.sum().gpu.collective_wait_ns)
                 .sum::<u64>();
             let peer_wait = if rank == late { 0.0 } else { (waited as f64 / 1e9 / secs).min(1.0) };
-            RankVerdict { rank, pid, kind: verdict.kind, summary, peer_wait, collectives: c }
+            RankVerdict { rank, pid, kind: verdict.kind, summary: summary.into(), peer_wait, collectives: c }
         })
         .collect();
     let r = ranks.iter().find(|r| r.rank == late)?;
@@ -390,12 +392,12 @@ fn late_at_collectives(
             units::pct(mean_wait),
             r.kind,
             r.summary
-        ),
+        ).into(),
         blamed: vec![Blamed { pid, tid: pid, what: "late rank trainer main thread" }],
         ..Verdict::default()
     };
     v.host_only = gpus.is_empty();
-    v.summary = words::with_gpus(&v.summary, gpus, secs);
+    v.summary = words::with_gpus(v.summary.marked(), gpus, secs).into();
     if w.lost_total() > 0 {
         v.summary.push_str(words::PARTIAL_NOTE);
     }
@@ -422,6 +424,7 @@ fn late_at_collectives(
                 r.kind,
                 r.summary
             )
+            .into()
         })
         .collect();
     let straggler = Straggler {
@@ -454,7 +457,8 @@ fn even(judged: &[Judged]) -> Verdict {
         first.rank,
         first.pid,
         &first.summary
-    );
+    )
+    .into();
     v
 }
 

@@ -14,6 +14,7 @@ use super::{
 };
 use crate::{
     aggregate::{is_code_file, storage_share, PageCache, ProcWindow, ThreadWindow, Waker, Window},
+    detail::{Name, PathName, Peer, Text},
     gpu::GpuWindow,
     syscalls, units,
 };
@@ -40,8 +41,8 @@ pub(super) fn verdict(s: &Scene, finding: &Finding) -> (Verdict, String) {
     evidence.dedup();
     let v = Verdict {
         kind: finding.kind(),
-        summary,
-        evidence,
+        summary: summary.into(),
+        evidence: evidence.into_iter().map(Text::from).collect(),
         path: super::path::of(s, finding),
         host_only: s.host_only(),
         ..Default::default()
@@ -166,7 +167,7 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             let bytes = main.delta.other_write_bytes;
             let to = main
                 .wait_object(reason::SEND)
-                .map(|o| o.describe())
+                .map(|o| o.describe().to_string())
                 .or_else(|| top_sent_peer(trainer).map(|p| format!("the socket to {p}")))
                 .unwrap_or_else(|| "a pipe or socket".into());
             format!(
@@ -208,7 +209,7 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             )
         }
         Finding::OwnThreadWaits { waits, thread, state, share, waited } => {
-            let on = thread.wait_object(*state).map(|o| o.describe());
+            let on = thread.wait_object(*state).map(|o| o.describe().to_string());
             let head = waits_for_thread(main, tm, secs, *waits, thread, waits_for(*waited, "waits for"));
             match *state {
                 reason::SEND | reason::WRITE | reason::SYNC => {
@@ -244,8 +245,9 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             }
         }
         Finding::TrainerStream { wait, bytes, network } => {
-            let from =
-                main.wait_object(reason::POLL).map_or_else(|| "a socket or pipe".into(), |o| o.describe());
+            let from = main
+                .wait_object(reason::POLL)
+                .map_or_else(|| "a socket or pipe".into(), |o| o.describe().to_string());
             let how = if *network {
                 "its input streams in over the network, and the trainer waits for it"
             } else {
@@ -264,7 +266,8 @@ fn summary(s: &Scene, finding: &Finding) -> String {
             // The files that carry the bytes, not every control file touched.
             let files: Vec<_> =
                 by_written(trainer).into_iter().filter(|f| f.write_bytes * 10 >= written).collect();
-            let names: Vec<&str> = files.iter().take(2).map(|f| f.path.as_str()).collect();
+            let names: Vec<String> =
+                files.iter().take(2).map(|f| PathName::from(f.path.as_str()).to_string()).collect();
             let more = if files.len() > 2 { format!(" and {} more", files.len() - 2) } else { String::new() };
             format!(
                 "Trainer main thread blocked {} of {} writing {}{more} ({} at {}, {} of it in sync): writing output (checkpoints, logs) stalls the trainer",
@@ -374,7 +377,8 @@ fn workers_input(workers: &[&ProcWindow]) -> String {
     }
     let mut files: Vec<(&str, u64)> = by_path.into_iter().collect();
     files.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    let named: Vec<String> = files.iter().take(2).map(|(p, b)| format!("{p} {}", units::bytes(*b))).collect();
+    let named: Vec<String> =
+        files.iter().take(2).map(|(p, b)| format!("{} {}", PathName::from(*p), units::bytes(*b))).collect();
     let more = match files.len().saturating_sub(2) {
         0 => String::new(),
         1 => " and 1 more file".into(),
@@ -399,8 +403,8 @@ fn top_peers(procs: &[&ProcWindow]) -> String {
     peers.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     match peers.len() {
         0 => "the network".into(),
-        1 => peers[0].0.to_string(),
-        n => format!("{} and {} more peer{}", peers[0].0, n - 1, if n == 2 { "" } else { "s" }),
+        1 => Peer::from(peers[0].0).to_string(),
+        n => format!("{} and {} more peer{}", Peer::from(peers[0].0), n - 1, if n == 2 { "" } else { "s" }),
     }
 }
 
@@ -532,7 +536,7 @@ fn thread_line(label: &str, p: &ProcWindow, t: &ThreadWindow, s: &Shares) -> Str
     format!(
         "{label} {} ({} pid {}): on CPU {}, runqueue {}{}, blocked {} ({})",
         t.tid,
-        p.comm,
+        Name::from(p.comm.as_str()),
         p.tgid,
         units::pct(s.on),
         units::pct(s.r(reason::RUNQUEUE)),
@@ -585,7 +589,7 @@ fn waits_for_thread(
         units::secs(secs),
         wait_breakdown(main, tm),
         thread.tid,
-        thread.comm,
+        Name::from(thread.comm.as_str()),
     )
 }
 
@@ -652,8 +656,12 @@ fn own_wakers(main: &ThreadWindow, tgid: u32) -> String {
 }
 
 /// The peer outside the job `p` sent most to.
-fn top_sent_peer(p: &ProcWindow) -> Option<&str> {
-    p.sockets.iter().filter(|s| s.write_bytes > 0).max_by_key(|s| s.write_bytes).map(|s| s.path.as_str())
+fn top_sent_peer(p: &ProcWindow) -> Option<Peer> {
+    p.sockets
+        .iter()
+        .filter(|s| s.write_bytes > 0)
+        .max_by_key(|s| s.write_bytes)
+        .map(|s| s.path.as_str().into())
 }
 
 /// " (98 % from storage, page cache cold)": how much of what `procs` took
@@ -698,7 +706,7 @@ fn written_files(p: &ProcWindow, secs: f64) -> Vec<String> {
         .map(|f| {
             format!(
                 "file {}: {} written by pid {} in {} calls ({} over the window)",
-                f.path,
+                PathName::from(f.path.as_str()),
                 units::bytes(f.write_bytes),
                 p.tgid,
                 f.write_calls,
@@ -725,7 +733,7 @@ fn top_peers_evidence(w: &Window, secs: f64) -> Vec<String> {
         .map(|(pid, s)| {
             format!(
                 "peer {}: {} received by pid {pid} in {} reads ({} while connected, {} in its reads)",
-                s.path,
+                Peer::from(s.path.as_str()),
                 units::bytes(s.read_bytes),
                 s.read_calls,
                 units::rate(s.read_bytes, s.rate_secs(secs)),
@@ -744,7 +752,7 @@ fn top_files(w: &Window, secs: f64) -> Vec<String> {
             let source = f.source().map(|s| format!(", {s}")).unwrap_or_default();
             format!(
                 "file {}: {} {} by pid {pid} ({} while open{source})",
-                f.path,
+                PathName::from(f.path.as_str()),
                 units::bytes(f.bytes_in()),
                 f.taken_by(),
                 units::rate(f.bytes_in(), f.rate_secs(secs))

@@ -29,7 +29,7 @@ pub(super) fn waits_for_children(c: &ChildWait, secs: f64) -> String {
         );
     };
     let first = c.children[0];
-    let on = c.threads.iter().find_map(|t| t.wait_object(state)).map(|o| o.describe());
+    let on = c.threads.iter().find_map(|t| t.wait_object(state)).map(|o| o.describe().to_string());
     let sum = |f: fn(&ProcWindow) -> u64| c.children.iter().map(|p| f(p)).sum::<u64>();
     match state {
         reason::SEND | reason::WRITE | reason::SYNC => {
@@ -83,11 +83,13 @@ fn children_of(whose: &str, children: &[&ProcWindow]) -> String {
 /// cut short.
 fn named(p: &ProcWindow) -> String {
     const MAX_CHARS: usize = 60;
-    let Some(cmdline) = p.cmdline.as_deref() else { return format!("pid {} ({})", p.tgid, p.comm) };
+    let Some(cmdline) = p.cmdline.as_deref() else {
+        return format!("pid {} ({})", p.tgid, crate::detail::Name::from(p.comm.as_str()));
+    };
     let one_line = cmdline.split_whitespace().collect::<Vec<_>>().join(" ");
     let what = match one_line.char_indices().nth(MAX_CHARS) {
         Some((cut, _)) => format!("{}…", &one_line[..cut]),
         None => one_line,
     };
-    format!("pid {} ({what})", p.tgid)
+    format!("pid {} ({})", p.tgid, crate::detail::Command::from(what))
 }

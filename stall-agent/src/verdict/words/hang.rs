@@ -3,6 +3,8 @@
 //! blocked threads, what they wait on and the stale output.
 use stall_common::reason;
 
+use crate::detail::Name;
+
 use super::{power_words, reason_name, workers_word};
 use crate::{
     aggregate::{ProcWindow, ThreadWindow},
@@ -55,8 +57,10 @@ pub(super) fn no_progress(
             };
             let since = if t.for_s >= 1.0 { format!(" for {}", units::span(t.for_s)) } else { String::new() };
             match &t.object {
-                Some(o) => format!("{} {} ({what}{since}: {})", t.comm, t.tid, o.describe()),
-                None => format!("{} {} ({what}{since})", t.comm, t.tid),
+                Some(o) => {
+                    format!("{} {} ({what}{since}: {})", Name::from(t.comm.as_str()), t.tid, o.describe())
+                }
+                None => format!("{} {} ({what}{since})", Name::from(t.comm.as_str()), t.tid),
             }
         })
         .collect();
