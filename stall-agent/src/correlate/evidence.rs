@@ -28,6 +28,9 @@ const WRAPPER_CHILD_WITHIN_NS: u64 = 5_000_000_000;
 pub(super) struct Evidence<'a> {
     pub by_tgid: HashMap<u32, &'a ProcWindow>,
     pub parent: HashMap<u32, u32>,
+    /// By process: its children in the window (a fork storm leaves
+    /// thousands: each is looked up, never searched for).
+    kids: HashMap<u32, Vec<&'a ProcWindow>>,
     busy: HashSet<u32>,
     /// By process: the others that woke its threads.
     pub feeders: HashMap<u32, HashSet<u32>>,
@@ -50,9 +53,16 @@ impl<'a> Evidence<'a> {
         let parent: HashMap<u32, u32> = w.procs.iter().filter_map(|p| Some((p.tgid, p.ppid?))).collect();
         let secs = w.secs().max(1e-3);
         let busy = w.procs.iter().filter(|p| busy(p, secs)).map(|p| p.tgid).collect();
+        let mut kids: HashMap<u32, Vec<&ProcWindow>> = HashMap::new();
+        for p in &w.procs {
+            if let Some(pp) = p.ppid {
+                kids.entry(pp).or_default().push(p);
+            }
+        }
         let mut e = Evidence {
             by_tgid,
             parent,
+            kids,
             busy,
             feeders: HashMap::new(),
             wakers: HashMap::new(),
@@ -152,7 +162,7 @@ impl<'a> Evidence<'a> {
 
     /// Its children in the window.
     pub fn children(&self, t: u32) -> impl Iterator<Item = &'a ProcWindow> + '_ {
-        self.by_tgid.values().copied().filter(move |c| c.ppid == Some(t))
+        self.kids.get(&t).into_iter().flatten().copied()
     }
 
     /// The process that stands for `t` when `t` may hold no role: down
@@ -194,6 +204,13 @@ impl<'a> Evidence<'a> {
     fn only_waits_for_child(&self, p: &ProcWindow) -> bool {
         let Some(first) = self.children(p.tgid).map(|c| c.started_ns).min() else { return false };
         if p.started_ns == 0 || first == 0 || first.saturating_sub(p.started_ns) > WRAPPER_CHILD_WITHIN_NS {
+            return false;
+        }
+        // It does nothing else: reads no data, writes no file but its own
+        // stdout and stderr (a trainer that waits for its uploads logs its
+        // steps between them).
+        let c = p.sum();
+        if p.reads_data() || c.file_write_bytes > c.stdio_write_bytes {
             return false;
         }
         let Some(main) = p.main_thread() else { return false };

@@ -295,6 +295,28 @@ fn a_trainer_that_works_between_its_evaluations_is_no_wrapper() {
 }
 
 #[test]
+fn a_trainer_waiting_for_its_uploads_that_logs_its_steps_is_no_wrapper() {
+    // Its steps are short: it waits for its upload subprocess 97 % of the
+    // time, the first started within a second; but it logs each step to a
+    // file of its own between the uploads.
+    let mut trainer = waiting(2, 1, WAIT4, 9_700, 60);
+    trainer.threads[0].delta.file_write_bytes = 80;
+    let mut upload = with_cmdline(proc(3, 2, 900, 0), "python3 put.py");
+    upload.started_ns = trainer.started_ns + 300_000_000;
+    upload.threads[0].delta.other_write_bytes = 16 << 20;
+    let r = assign(&window(vec![trainer.clone(), upload.clone()]), &HashSet::new(), Some(2));
+    assert_eq!(r.trainers, vec![2]);
+    // A shell script whose stderr is a file writes it through stdio: still
+    // a wrapper.
+    let mut shell = waiting(1, 0, WAIT4, 9_990, 2);
+    shell.threads[0].delta.file_write_bytes = 40;
+    shell.threads[0].delta.stdio_write_bytes = 40;
+    let job = with_cmdline(proc(2, 1, 4_000, 0), "python3 job.py");
+    let r = assign(&chained(vec![shell, job]), &HashSet::new(), Some(1));
+    assert_eq!(r.trainers, vec![2]);
+}
+
+#[test]
 fn a_pipelines_consumer_is_the_trainer_and_its_producer_a_worker() {
     // sh -c "python3 gen.py | python3 train.py": the shell waits for both;
     // gen writes 40 MB into the pipe, train reads it and computes; each
