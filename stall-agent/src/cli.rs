@@ -132,6 +132,37 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// Parses the command line as clap does, and refuses what clap takes
+    /// for a command but is a mistyped option: `stall run --durration 5 --
+    /// true` would run `--durration` (the command starts at `run`'s first
+    /// word that is no option of its own, and no program is named `-…`).
+    pub fn try_parse_checked() -> Result<Cli, clap::Error> {
+        Self::checked(Self::try_parse()?)
+    }
+
+    fn checked(cli: Cli) -> Result<Cli, clap::Error> {
+        let Command::Run { cmd, .. } = &cli.command else { return Ok(cli) };
+        let Some(first) = cmd.first().and_then(|c| c.to_str()).filter(|c| c.starts_with('-')) else {
+            return Ok(cli);
+        };
+        let mut stall = <Cli as clap::CommandFactory>::command();
+        let run = stall.find_subcommand("run").expect("stall run");
+        let typed = first.split('=').next().unwrap_or(first);
+        let closest = run
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .map(|long| (strsim::levenshtein(typed.trim_start_matches('-'), long), long))
+            .filter(|(d, _)| *d <= 3)
+            .min();
+        let hint = closest.map(|(_, long)| format!("; did you mean '--{long}'?")).unwrap_or_default();
+        Err(stall.error(
+            clap::error::ErrorKind::UnknownArgument,
+            format!("unexpected argument '{typed}' for 'stall run'{hint} (the command goes after '--')"),
+        ))
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a command and trace it and everything it starts; exit with its status.
@@ -539,5 +570,23 @@ mod tests {
         assert!(Cli::try_parse_from(["stall", "attach", "--pid", "1", "--gpu", "0,2"]).is_ok());
         assert!(Cli::try_parse_from(["stall", "attach", "--pid", "1", "--gpu", "x"]).is_err());
         assert!(Cli::try_parse_from(["stall", "attach", "--pid", "1", "--interval", "0"]).is_err());
+    }
+
+    #[test]
+    fn a_mistyped_option_is_no_command() {
+        let parse = |args: &[&str]| Cli::checked(Cli::try_parse_from(args).unwrap());
+        let e = parse(&["stall", "run", "--durration", "5", "--", "true"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
+        let text = e.to_string();
+        assert!(text.contains("'--durration'") && text.contains("did you mean '--duration'?"), "{text}");
+        let e = parse(&["stall", "run", "--jsn=x.json", "python3"]).unwrap_err();
+        assert!(e.to_string().contains("did you mean '--json'?"), "{e}");
+        assert!(!parse(&["stall", "run", "--zzzzzzzz", "x"])
+            .unwrap_err()
+            .to_string()
+            .contains("did you mean"));
+        // A command's own options stay its own.
+        assert!(parse(&["stall", "run", "-q", "--", "python3", "--lr", "1"]).is_ok());
+        assert!(parse(&["stall", "run", "python3", "-u", "x.py"]).is_ok());
     }
 }

@@ -1,7 +1,6 @@
 //! `stall`: why is the GPU idle?
 use std::process::ExitCode;
 
-use clap::Parser;
 use stall_agent::{
     capture::SyscallHooks,
     cli::{CaptureMode, Cli, Command, Common, DaemonArgs, HooksMode},
@@ -12,7 +11,7 @@ use stall_agent::{
 };
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_checked() {
         Ok(c) => c,
         // --help, --version, and bare `stall` (help on stderr): as clap prints them.
         Err(e)
