@@ -334,3 +334,117 @@ fn a_pipeline_names_the_consumer_the_trainer_and_the_producer_its_input() {
         assert!(line.contains("on CPU"), "{line}");
     }
 }
+
+/// A stand-in for `tini` or `dumb-init` as a container's first process:
+/// it starts its command, then waits for SIGCHLD in `sigtimedwait` and
+/// reaps, as they do, and exits with the command's status.
+const INIT: &str = r#"
+import os, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+child = os.fork()
+if child == 0:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+    os.execvp(sys.argv[1], sys.argv[1:])
+while True:
+    signal.sigtimedwait([signal.SIGCHLD], 1.0)
+    pid, status = os.waitpid(-1, os.WNOHANG)
+    if pid == child:
+        sys.exit(os.waitstatus_to_exitcode(status))
+"#;
+
+/// Kills every task of a cgroup when dropped.
+struct EndsTasks(PathBuf);
+
+impl Drop for EndsTasks {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// The pid of the process in `cgroup` that runs the script `script` (its
+/// second argument; the init and the shell carry it further on).
+fn pid_in(cgroup: &Path, script: &str) -> Option<u32> {
+    let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).ok()?;
+    procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()).find(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.split(|b| *b == 0).nth(1).is_some_and(|a| a.ends_with(script.as_bytes())))
+    })
+}
+
+/// A pod as clusters run one: an init (`tini`) starts an entrypoint
+/// script (which does not exec), which runs the job. Under the daemon, on
+/// an idle scripted GPU the job holds, the job gets the bare run's verdict
+/// — its helper thread holding the GIL, named by its thread id — with the
+/// job's process as the trainer and the init and the shell as neither.
+#[test]
+fn a_pod_run_through_an_init_and_an_entrypoint_gets_the_bare_verdict() {
+    use stall_tests::{
+        cgroup::Cgroup,
+        gpu::ScriptedGpu,
+        http::{free_port, http_get},
+        procs::Killer,
+    };
+    let s = Scratch::new("chain-pod");
+    let t_path = s.path("truth.json");
+    let log = s.path("train.log");
+    let entry = s.path("entrypoint.sh");
+    write_executable(&entry, &format!("#!{}\necho starting >&2\n\"$@\"\necho done >&2\n", bash()));
+    let gpu = ScriptedGpu::new(&serde_json::json!(null));
+    let pid_file = gpu.path("trainer.pid");
+    gpu.update(&serde_json::json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
+        "phases": [{"util_pct": 0, "power_mw": 60_000,
+                    "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]}));
+    let root = Cgroup::new("chain-pod");
+    let pod = root.child("pod");
+    // Whatever the pod still runs (the init's orphans too) ends with the test.
+    let _ends = EndsTasks(pod.dir.clone());
+    let port = free_port();
+    let mut daemon = gpu.command("daemon");
+    daemon
+        .args(["--cgroup-root", &root.name, "--interval", "1", "--escalate-idle", "2"])
+        .args(["--listen", &format!("127.0.0.1:{port}")]);
+    let mut guard = Killer(vec![daemon.spawn().unwrap()]);
+    wait_until("the daemon's /metrics", Duration::from_secs(30), || http_get(port, "/metrics").is_some());
+    let job = job(&["gil", "--log", log.to_str().unwrap(), "--seconds", "20"], &t_path);
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(r#"echo $$ > "$0" && exec "$@""#)
+        .arg(pod.dir.join("cgroup.procs"))
+        .args([python(), "-c", INIT, &bash(), entry.to_str().unwrap()])
+        .args(&job);
+    let pod_init = cmd.spawn().expect("the pod's init");
+    let init_pid = pod_init.id();
+    guard.0.push(pod_init);
+    let mut trainer = None;
+    wait_until("the job in the pod", Duration::from_secs(20), || {
+        trainer = pid_in(&pod.dir, "waits.py");
+        trainer.is_some()
+    });
+    let trainer = u64::from(trainer.unwrap());
+    std::fs::write(&pid_file, trainer.to_string()).unwrap();
+    let mut seen = None;
+    wait_until("the daemon's verdict on the pod", Duration::from_secs(40), || {
+        let Some(v) = http_get(port, "/jobs").and_then(|t| serde_json::from_str::<Value>(&t).ok()) else {
+            return false;
+        };
+        let Some(j) = v["jobs"].as_array().and_then(|a| a.first()).cloned() else { return false };
+        let done = j["tier"] == "full" && j["verdict"]["kind"] == "trainer-host-bound";
+        seen = Some(j);
+        done
+    });
+    let j = seen.unwrap();
+    let role = |pid: u64| {
+        j["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).map(|p| p["role"].clone())
+    };
+    assert_eq!(role(trainer), Some(Value::from("trainer")), "{j:#}");
+    assert_eq!(role(u64::from(init_pid)), Some(Value::from("other")), "{j:#}");
+    let line = j["verdict"]["summary"].as_str().unwrap();
+    // Without --expose-details the thread's name is hidden, its id is not.
+    wait_until("the truth", Duration::from_secs(40), || t_path.exists());
+    let metrics = truth(&t_path)["metrics"].as_u64().unwrap();
+    assert!(line.contains(&format!("for thread {metrics} (")), "{line}");
+}

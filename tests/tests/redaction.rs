@@ -94,7 +94,8 @@ fn watched(expose: bool) -> Served {
     gpu.update(&serde_json::json!({"devices": [{"name": "Scripted H200", "power_limit_mw": 700_000,
         "phases": [{"util_pct": 0, "power_mw": 60_000,
                     "processes": [{"pid_file": pid_file, "used_mem_bytes": 1_000_000_000u64}]}]}]}));
-    let root = Cgroup::new("redaction");
+    // Its own: the two tests run side by side.
+    let root = Cgroup::new(if expose { "redaction-shown" } else { "redaction" });
     let job_cg = root.child("job");
     let daemon_log = s.path("daemon.log");
     let http = free_port();
