@@ -53,24 +53,21 @@ fn rank_truth(t: &Value, rank: u64) -> &Value {
     t["ranks"].as_array().unwrap().iter().find(|r| r["rank"] == rank).expect("the rank's truth")
 }
 
-/// The run's four ranks, rank 2 calling each all-reduce 200 ms late while
-/// spinning on CPU (as a rank busy on its host would), the others spinning
-/// in their synchronizations: every rank on CPU, and rank 2 named by its
-/// lateness, from stall's own comparison of the arrivals, with each rank's
-/// collectives counted to the call.
-#[test]
-fn a_rank_calling_each_all_reduce_late_is_named_by_its_lateness() {
+/// `stall run` of four ranks (`nccl_job.py launch`, with `extra`), rank 2
+/// calling each all-reduce 200 ms late while spinning on CPU (as a rank
+/// busy on its host would), the others spinning in their
+/// synchronizations, each logging its steps; every rank saw the probes
+/// before it made its communicator. The run and the ranks' truth.
+/// Rank 2 must be named the straggler (see [`rank_2_is_the_straggler`]).
+fn four_ranks_rank_2_late(tag: &str, port: &str, extra: &[&str]) -> (Run, Value) {
     require_root();
-    let (dir, cuda, nccl) = libraries("nccl-late");
+    let (dir, cuda, nccl) = libraries(tag);
     let truth_path = dir.path("truth.json").display().to_string();
+    let log = dir.path("steps_{rank}.log").display().to_string();
     let (script, dir_arg) = (nccl_job_py(), dir.0.display().to_string());
-    let argv = [
-        "run",
-        "-q",
-        "--",
-        python(),
-        &script,
-        "launch",
+    let mut argv = vec!["run", "-q", "--", python(), &script, "launch"];
+    argv.extend(extra);
+    argv.extend([
         "--ranks",
         "4",
         "--dir",
@@ -92,32 +89,48 @@ fn a_rank_calling_each_all_reduce_late_is_named_by_its_lateness() {
         "--schedule",
         "spin",
         "--port",
-        "29541",
+        port,
+        "--log",
+        &log,
         // The communicator is made once the probes are in, so stall sees
         // it made (under TCG the probes take a while).
         "--wait-probed",
         "60",
         "--probed",
         "ncclAllReduce,cudaStreamSynchronize",
-    ];
+    ]);
     let run = stall(&argv, &[], Duration::from_secs(180));
     assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
     let t = truth(Path::new(&truth_path));
     for r in 0..4 {
         assert_eq!(rank_truth(&t, r)["probed"], true, "rank {r} never saw the probes: {t}\n{}", run.stderr);
     }
+    rank_2_is_the_straggler(&run, &t);
+    (run, t)
+}
+
+/// Rank 2 named the straggler by its arrivals, within 20 ms of the ranks'
+/// own clocks, the others waiting for it.
+fn rank_2_is_the_straggler(run: &Run, t: &Value) {
     let v = &run.summary()["verdict"];
     let s = &v["straggler"];
-    assert_eq!(s["rank"], 2, "{v:#}");
-    assert_eq!(s["pid"], rank_truth(&t, 2)["pid"], "{v:#}");
+    assert_eq!((&s["rank"], &s["pid"]), (&Value::from(2), &rank_truth(t, 2)["pid"]), "{v:#}");
     assert_eq!(s["waiting_ranks"], serde_json::json!([0, 1, 3]), "{v:#}");
-    let want = truth_lateness(&t);
     let late = s["late_s"].as_f64().expect("named by its arrivals");
-    assert!(
-        (late - want[2]).abs() < 0.02,
-        "stall says {late} s late, the ranks' clocks {:.3} s: {v:#}",
-        want[2]
-    );
+    let want = truth_lateness(t)[2];
+    assert!((late - want).abs() < 0.02, "stall says {late} s late, the ranks' clocks {want:.3} s: {v:#}");
+}
+
+/// The run's four ranks, rank 2 calling each all-reduce 200 ms late while
+/// spinning on CPU (as a rank busy on its host would), the others spinning
+/// in their synchronizations: every rank on CPU, and rank 2 named by its
+/// lateness, from stall's own comparison of the arrivals, with each rank's
+/// collectives counted to the call.
+#[test]
+fn a_rank_calling_each_all_reduce_late_is_named_by_its_lateness() {
+    let (run, t) = four_ranks_rank_2_late("nccl-late", "29541", &[]);
+    let v = &run.summary()["verdict"];
+    let want = truth_lateness(&t);
     assert!(v["summary"].as_str().unwrap().contains("calls the collectives late: last at"), "{v:#}");
     for r in v["ranks"].as_array().unwrap() {
         let rank = r["rank"].as_u64().unwrap();
@@ -151,51 +164,7 @@ fn a_rank_calling_each_all_reduce_late_is_named_by_its_lateness() {
 /// called hung.
 #[test]
 fn ranks_no_variable_names_are_found_by_their_communicators() {
-    require_root();
-    let (dir, cuda, nccl) = libraries("nccl-no-env");
-    let truth_path = dir.path("truth.json").display().to_string();
-    let log = dir.path("steps_{rank}.log").display().to_string();
-    let (script, dir_arg) = (nccl_job_py(), dir.0.display().to_string());
-    let argv = [
-        "run",
-        "-q",
-        "--",
-        python(),
-        &script,
-        "launch",
-        "--no-rank-env",
-        "--ranks",
-        "4",
-        "--dir",
-        &dir_arg,
-        "--cuda-lib",
-        &cuda,
-        "--nccl-lib",
-        &nccl,
-        "--truth",
-        &truth_path,
-        "--seconds",
-        "8",
-        "--late-rank",
-        "2",
-        "--late-ms",
-        "200",
-        "--late-how",
-        "spin",
-        "--schedule",
-        "spin",
-        "--port",
-        "29543",
-        "--log",
-        &log,
-        "--wait-probed",
-        "60",
-        "--probed",
-        "ncclAllReduce,cudaStreamSynchronize",
-    ];
-    let run = stall(&argv, &[], Duration::from_secs(180));
-    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
-    let t = truth(Path::new(&truth_path));
+    let (run, t) = four_ranks_rank_2_late("nccl-no-env", "29543", &["--no-rank-env"]);
     let roles: Vec<String> = run
         .processes()
         .iter()
@@ -203,7 +172,6 @@ fn ranks_no_variable_names_are_found_by_their_communicators() {
         .collect();
     for r in 0..4 {
         let own = rank_truth(&t, r);
-        assert_eq!(own["probed"], true, "rank {r} never saw the probes: {t}");
         let p = run.process(own["pid"].as_u64().unwrap());
         assert_eq!(
             (&p["role"], &p["rank"], &p["rank_from"]),
@@ -219,13 +187,6 @@ fn ranks_no_variable_names_are_found_by_their_communicators() {
             rec["verdict"]
         );
     }
-    let v = &run.summary()["verdict"];
-    let s = &v["straggler"];
-    assert_eq!((&s["rank"], &s["pid"]), (&Value::from(2), &rank_truth(&t, 2)["pid"]), "{v:#}");
-    assert_eq!(s["waiting_ranks"], serde_json::json!([0, 1, 3]), "{v:#}");
-    let late = s["late_s"].as_f64().expect("named by its arrivals");
-    let want = truth_lateness(&t)[2];
-    assert!((late - want).abs() < 0.02, "stall says {late} s late, the ranks' clocks {want:.3} s: {v:#}");
 }
 
 /// stall attached after the communicator was made (no identity to match

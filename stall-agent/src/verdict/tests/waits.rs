@@ -278,17 +278,20 @@ fn waiting_for_child_on_cpu(cmdline: &str) -> Job {
     job.thread_of(100, 100, c, waiting(reason::OTHER, 61), 61).thread_of(300, 300, child, RUNNING, -1)
 }
 
+/// The verdict of a trainer waiting for `waiting_for_child_on_cpu`'s
+/// evaluation, and that alone.
+fn waits_for_the_evaluation_on_cpu(v: &Verdict) {
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    let want = "waiting for its child pid 300 (python3 eval.py --split val), on CPU 98%";
+    assert!(v.summary.contains(want), "{}", v.summary);
+}
+
 /// An evaluation run as a subprocess: the trainer waits in `wait4`, the
 /// child is on CPU.
 #[test]
 fn a_child_on_cpu_that_the_trainer_waits_for_is_named() {
     let v = waiting_for_child_on_cpu("python3 eval.py --split val").judge(&[]);
-    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
-    assert!(
-        v.summary.contains("waiting for its child pid 300 (python3 eval.py --split val), on CPU 98%"),
-        "{}",
-        v.summary
-    );
+    waits_for_the_evaluation_on_cpu(&v);
     assert!(v.blamed.iter().any(|b| (b.pid, b.tid) == (300, 300)), "{:?}", v.blamed);
     // Its line in the evidence calls it what it is.
     assert!(v.evidence.iter().any(|e| e.starts_with("child 300 (python3 pid 300)")), "{:#?}", v.evidence);
@@ -309,12 +312,7 @@ fn a_shims_helpers_are_not_the_children_a_trainer_waits_for() {
     }
     job.model.procs.get_mut(&100).unwrap().exec_ns = 2_000;
     let v = job.judge(&[]);
-    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
-    assert!(
-        v.summary.contains("waiting for its child pid 300 (python3 eval.py --split val), on CPU 98%"),
-        "{}",
-        v.summary
-    );
+    waits_for_the_evaluation_on_cpu(&v);
 }
 
 /// A trainer with two DataLoader workers (which woke it 200 times each
@@ -334,12 +332,7 @@ fn dataloader_workers_are_not_the_children_a_trainer_waits_for() {
         );
     }
     let v = job.judge(&[]);
-    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
-    assert!(
-        v.summary.contains("waiting for its child pid 300 (python3 eval.py --split val), on CPU 98%"),
-        "{}",
-        v.summary
-    );
+    waits_for_the_evaluation_on_cpu(&v);
 }
 
 /// A child's command line of several lines (`python3 -c` and a script) is
