@@ -58,6 +58,7 @@ impl Recording {
     /// anything is attached). `trace`: the Chrome trace, gzip'd if it ends
     /// in `.gz`; `svg`: the picture.
     pub fn create(trace: Option<&Path>, svg: Option<&Path>, origin_ns: u64) -> Result<Self> {
+        let svg_from_trace = svg.is_none() && trace.is_some();
         let (trace, svg) = outputs(trace, svg);
         let out: Box<dyn Write> = match trace {
             None => Box::new(std::io::sink()),
@@ -71,7 +72,9 @@ impl Recording {
             }
         };
         if let Some(p) = svg {
-            crate::error::create_output("--timeline-svg", p)?;
+            // Named as the user typed it: `--timeline t.svg` is the picture.
+            let option = if trace.is_none() && svg_from_trace { "--timeline" } else { "--timeline-svg" };
+            crate::error::create_output(option, p)?;
         }
         let real = ClockSnapshot::now().mono_to_realtime_ns(origin_ns);
         Ok(Self { timeline: Timeline::new(out, origin_ns, real)?, svg: svg.map(Path::to_path_buf) })
@@ -189,5 +192,14 @@ mod tests {
         assert_eq!(outputs(Some(j), None), (Some(j), None));
         assert_eq!(outputs(Some(j), Some(s)), (Some(j), Some(s)));
         assert_eq!(outputs(None, Some(s)), (None, Some(s)));
+    }
+
+    #[test]
+    fn an_unwritable_picture_is_named_by_the_option_typed() {
+        let bad = Path::new("/nonexistent-stall-dir/t.svg");
+        let message = |trace, svg| Recording::create(trace, svg, 0).err().expect("refused").to_string();
+        let typed = message(Some(bad), None);
+        assert!(typed.starts_with("--timeline /nonexistent-stall-dir/t.svg: "), "{typed}");
+        assert!(message(None, Some(bad)).starts_with("--timeline-svg "));
     }
 }
