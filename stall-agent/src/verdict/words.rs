@@ -101,13 +101,14 @@ fn summary(s: &Scene, finding: &Finding) -> String {
         Finding::InputNet { waits, worker_wait } => {
             let net: u64 = s.workers.iter().map(|p| p.network_in()).sum();
             format!(
-                "{}; {} received {} from {} at {}, {} of their time waiting on it: input pipeline is network-bound",
+                "{}; {} received {} from {} at {}, {} of {} time waiting on it: input pipeline is network-bound",
                 waiting(*waits),
                 workers_word(s.workers.len()),
                 units::bytes(net),
                 top_peers(&s.workers),
                 units::rate(net, secs),
-                units::pct(*worker_wait)
+                units::pct(*worker_wait),
+                their(s.workers.len())
             )
         }
         Finding::InputCpu { waits } => {
@@ -142,10 +143,12 @@ fn summary(s: &Scene, finding: &Finding) -> String {
                 )
             };
             format!(
-                "{}; {} spend {} of their time {what}, neither reading nor computing (read {} at {}): input pipeline waits on its workers' own waits (a rate limit, a back-off, a lock)",
+                "{}; {} {} {} of {} time {what}, neither reading nor computing (read {} at {}): input pipeline waits on its workers' own waits (a rate limit, a back-off, a lock)",
                 waiting(*waits),
                 workers_word(s.workers.len()),
+                if s.workers.len() == 1 { "spends" } else { "spend" },
                 units::pct(*share),
+                their(s.workers.len()),
                 units::bytes(reader_bytes),
                 units::rate(reader_bytes, secs)
             )
@@ -598,6 +601,15 @@ fn waits_for_thread(
 /// named it; empty otherwise.
 fn waiting_on(t: &ThreadWindow, state: u8) -> String {
     t.wait_object(state).map(|o| format!(", waiting on {}", o.describe())).unwrap_or_default()
+}
+
+/// "its" for one, "their" for more.
+fn their(n: usize) -> &'static str {
+    if n == 1 {
+        "its"
+    } else {
+        "their"
+    }
 }
 
 fn workers_word(n: usize) -> String {

@@ -195,6 +195,13 @@ fn workers_that_sleep_make_the_input_wait() {
     let v = job.judge(&[]);
     assert_eq!(v.kind, Kind::InputWaitBound, "{v:?}");
     assert!(v.summary.contains("2 workers spend 95% of their time asleep"), "{}", v.summary);
+    // One worker is one.
+    let one = Job::new(10)
+        .trainer(0.02, [0.0, 0.0, 0.91, 0.0, 0.0, 0.0], blocked(reason::POLL))
+        .worker(101, 0.05, [0.0, 0.0, 0.0, 0.95, 0.0, 0.0], 0)
+        .woken_by(100, 101, 40)
+        .judge(&[]);
+    assert!(one.summary.contains("1 worker spends 95% of its time asleep"), "{}", one.summary);
     // Workers asleep that never feed it (an idle job waiting on a timer)
     // are not its input.
     let mut idle = Job::new(10).trainer(0.02, [0.0, 0.0, 0.91, 0.0, 0.0, 0.0], blocked(reason::POLL));
