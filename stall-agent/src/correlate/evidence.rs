@@ -15,15 +15,20 @@ use crate::aggregate::{ProcWindow, Window};
 pub const FEEDER_MIN_WAKES: u64 = 16;
 
 /// The share of its time a wrapper's main thread spends waiting for its
-/// child: a shell or launcher waits all along, a trainer that runs an
-/// evaluation and waits for it (75–85 % in the tests) also works between.
-const WRAPPER_WAIT_SHARE: f64 = 0.9;
+/// child, at least: most of it (a Python parent's imports take a second of
+/// a short job on a slow machine).
+const WRAPPER_WAIT_SHARE: f64 = 0.5;
 
 /// How soon after its own start a wrapper starts its child: a shell,
 /// `timeout` or `make` at once, a Python parent after its imports (`conda
-/// run`'s take a second or two). A trainer starts its evaluation after
-/// steps of its own, and one whose start is not known is no wrapper.
+/// run`'s take a second or two). One whose start is not known is no
+/// wrapper.
 const WRAPPER_CHILD_WITHIN_NS: u64 = 5_000_000_000;
+
+/// What /proc's start times (10 ms ticks) and the reaping after a child
+/// ends may add to a wrapper's time on CPU beyond the span before its
+/// first child started.
+const WRAPPER_CPU_SLACK_NS: u64 = 50_000_000;
 
 pub(super) struct Evidence<'a> {
     pub by_tgid: HashMap<u32, &'a ProcWindow>,
@@ -203,7 +208,13 @@ impl<'a> Evidence<'a> {
 
     fn only_waits_for_child(&self, p: &ProcWindow) -> bool {
         let Some(first) = self.children(p.tgid).map(|c| c.started_ns).min() else { return false };
-        if p.started_ns == 0 || first == 0 || first.saturating_sub(p.started_ns) > WRAPPER_CHILD_WITHIN_NS {
+        let before_child = first.saturating_sub(p.started_ns);
+        if p.started_ns == 0 || first == 0 || before_child > WRAPPER_CHILD_WITHIN_NS {
+            return false;
+        }
+        // All it did on CPU fits before its first child started: nothing
+        // after (a trainer that runs evaluations steps between them).
+        if p.sum().on_cpu_ns > before_child + before_child / 10 + WRAPPER_CPU_SLACK_NS {
             return false;
         }
         // It does nothing else: reads no data, writes no file but its own

@@ -254,9 +254,17 @@ fn a_wrapper_that_only_waits_passes_its_role_down() {
     let timeout = waiting(1, 0, RT_SIGSUSPEND, 9_990, 1);
     let r = assign(&chained(vec![timeout, job.clone()]), &HashSet::new(), Some(1));
     assert_eq!(r.trainers, vec![2]);
-    let parent = waiting(1, 0, WAIT4, 9_900, 80);
-    let r = assign(&chained(vec![parent, job.clone()]), &HashSet::new(), Some(1));
+    // Its imports took 80 ms of CPU, and a second of a 10 s job on a slow
+    // machine: then it started the job.
+    let mut parent = waiting(1, 0, WAIT4, 8_900, 80);
+    let mut late_job = job.clone();
+    late_job.started_ns = parent.started_ns + 1_100_000_000;
+    let r = assign(&window(vec![parent.clone(), late_job.clone()]), &HashSet::new(), Some(1));
     assert_eq!(r.trainers, vec![2]);
+    // Had it used the CPU after the job started, it would be no wrapper.
+    parent.threads[0].delta.on_cpu_ns = 1_500_000_000;
+    let r = assign(&window(vec![parent, late_job]), &HashSet::new(), Some(1));
+    assert_eq!(r.trainers, vec![1]);
     let make = waiting(5, 0, WAIT4, 9_990, 3);
     let mut sh = waiting(1, 5, WAIT4, 9_990, 1);
     sh.exec_ns = 3;
@@ -291,6 +299,17 @@ fn a_trainer_that_works_between_its_evaluations_is_no_wrapper() {
     // a process that waits is never taken for a wrapper.
     (long_eval.started_ns, eval.started_ns) = (0, 0);
     let r = assign(&window(vec![long_eval, eval]), &HashSet::new(), Some(2));
+    assert_eq!(r.trainers, vec![2]);
+}
+
+#[test]
+fn a_trainer_that_evaluates_from_its_first_steps_is_no_wrapper() {
+    // Its first evaluation starts 300 ms in; it waits for its evaluations
+    // 95 % of the time (a slow machine), and steps on CPU between them.
+    let trainer = waiting(2, 1, WAIT4, 9_500, 700);
+    let mut eval = with_cmdline(proc(3, 2, 1_000, 0), "python3 -c evaluate()");
+    eval.started_ns = trainer.started_ns + 300_000_000;
+    let r = assign(&window(vec![trainer, eval]), &HashSet::new(), Some(2));
     assert_eq!(r.trainers, vec![2]);
 }
 
