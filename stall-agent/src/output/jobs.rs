@@ -121,7 +121,9 @@ fn forget_fields(v: &mut Value) {
             m.remove("python_notes");
             for (k, v) in m.iter_mut() {
                 match k.as_str() {
-                    "cmdline" | "path" | "resolved" => *v = Value::Null,
+                    // A field that is nothing but a name (not the verdict's
+                    // `path` of steps, whose objects are redacted in place).
+                    "cmdline" | "path" | "resolved" if v.is_string() => *v = Value::Null,
                     _ => forget_fields(v),
                 }
             }
@@ -146,6 +148,7 @@ mod tests {
                 "files": [{"path": data, "resolved": PathName::from("/mnt/a"), "read_bytes": 5}]}],
             "progress": {"silent_s": 1.0, "last_output": {"path": PathName::from("/runs/log"), "ago_s": 3.0}},
             "verdict": {"kind": "input-io-bound", "summary": format!("read {data} at 5 MB/s"),
+                "path": [{"who": "trainer main thread", "object": format!("the lock on {}", PathName::from("/x.lock"))}],
                 "evidence": [format!("file {data}: 5 B")], "python_stacks": [{"frames": []}]},
         });
         let mut shown = doc.clone();
@@ -161,6 +164,8 @@ mod tests {
         assert_eq!(doc["verdict"]["summary"], "read [path] at 5 MB/s");
         assert_eq!(doc["verdict"]["evidence"][0], "file [path]: 5 B");
         assert!(doc["verdict"].get("python_stacks").is_none());
+        // The path the verdict followed stays, its objects redacted.
+        assert_eq!(doc["verdict"]["path"][0]["object"], "the lock on [path]");
         for secret in ["/data", "/mnt", "secret", "pt_data_worker", "/runs"] {
             assert!(!doc.to_string().contains(secret), "{secret} in {doc}");
         }
