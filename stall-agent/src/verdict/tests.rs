@@ -673,6 +673,9 @@ fn hang_names_blocked_threads() {
     assert_eq!(v.kind, Kind::Hang, "{v:?}");
     assert!(v.summary.contains("No progress in the last 6.0s"), "{}", v.summary);
     assert!(v.summary.contains("futex in futex"), "{}", v.summary);
+    // Its idle children are no workers here: the trainer is blocked alone
+    // (not "and 0 workers").
+    assert!(v.summary.contains("trainer (pid 100) blocked, no file reads"), "{}", v.summary);
 }
 
 #[test]

@@ -72,10 +72,12 @@ pub(super) fn no_progress(
     } else {
         format!("in the last {}", units::secs(secs))
     };
+    // A trainer without workers is blocked alone ("and 0 workers" said
+    // nothing).
+    let with = if workers == 0 { String::new() } else { format!(" and {}", workers_word(workers)) };
     format!(
-        "No progress {silent}: trainer (pid {}) and {} blocked, no file reads, nobody wakes the trainer{}: the job is hung. Blocked: {}{more}",
+        "No progress {silent}: trainer (pid {}){with} blocked, no file reads, nobody wakes the trainer{}: the job is hung. Blocked: {}{more}",
         trainer.tgid,
-        workers_word(workers),
         stale_output(progress),
         blocked[..shown].join(", ")
     )
