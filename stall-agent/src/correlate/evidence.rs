@@ -181,13 +181,15 @@ impl<'a> Evidence<'a> {
             let next = self
                 .children(t)
                 .filter(|c| !self.before_exec.contains(&c.tgid))
-                .max_by_key(|c| (c.alive, self.subtree_cpu(c.tgid), std::cmp::Reverse(c.tgid)))?;
+                .max_by_key(|c| (c.alive, self.cpu_with_children(c.tgid), std::cmp::Reverse(c.tgid)))?;
             t = next.tgid;
         }
         None
     }
 
-    fn subtree_cpu(&self, t: u32) -> u64 {
+    /// Its own time on CPU and its children's (one level: enough to tell
+    /// the child that works from a helper beside it).
+    fn cpu_with_children(&self, t: u32) -> u64 {
         let own = self.by_tgid.get(&t).map_or(0, |p| p.sum().on_cpu_ns);
         own + self.children(t).map(|c| c.sum().on_cpu_ns).sum::<u64>()
     }
