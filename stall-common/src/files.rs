@@ -160,6 +160,9 @@ pub struct InodeBytes {
     /// Bytes its faults mapped into it from the file (fault-around windows
     /// and single-page faults, from the page cache or storage).
     pub mapped: u64,
+    /// Bytes its faults mapped that another process got mapped from the
+    /// file just before (counted in that one's `mapped`, not in this one's).
+    pub shared: u64,
     /// The page range `[window_start, window_stop)` counted last for this
     /// file: a fault that retries pages of it (not yet read when first
     /// tried) does not count them again. Zeroed: none.
@@ -172,7 +175,7 @@ pub struct InodeBytes {
 }
 
 // SAFETY: integers only (checked by `layouts_have_no_hidden_padding`),
-// 8-aligned by its `u64` fields, 40 bytes.
+// 8-aligned by its `u64` fields, 48 bytes.
 unsafe impl crate::Plain for InodeBytes {}
 
 /// How many windows [`FileWindows`] remembers per file.
@@ -306,6 +309,6 @@ mod tests {
         assert_eq!(size_of::<FdKey>(), 8);
         assert_eq!(size_of::<FileStats>(), 64);
         assert_eq!(size_of::<InodeKey>(), 16);
-        assert_eq!(size_of::<InodeBytes>(), 40);
+        assert_eq!(size_of::<InodeBytes>(), 48);
     }
 }

@@ -611,6 +611,8 @@ fn storage_and_mapped_bytes_tell_cold_files_from_cached_ones_for_reads_and_mappi
         if f["mapped"] == true {
             mapped_total += size;
             assert!(whole(mapped), "{path}: mapped {mapped} of {size}: {got}");
+            // One process: nobody got its pages mapped before it.
+            assert_eq!(got["mmap_shared_bytes"], 0, "{path}: {got}");
         } else {
             assert_eq!(mapped, 0, "{path}: {got}");
         }

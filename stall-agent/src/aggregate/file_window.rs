@@ -36,8 +36,14 @@ counters! {
         /// what it read came from the page cache); None: not seen here.
         pub storage_bytes: Option<u64>,
         /// Bytes of it this process's faults mapped into it (its pages touched
-        /// through a mapping); None: not seen here.
+        /// through a mapping) first of the job's processes; None: not seen
+        /// here.
         pub mmap_bytes: Option<u64>,
+        /// Bytes of it this process's faults mapped that another process
+        /// got mapped just before (in that one's `mmap_bytes`): which of two
+        /// workers faults a large folio first is a race, so each worker's
+        /// own part is the two together. None: not seen here.
+        pub mmap_shared_bytes: Option<u64>,
     }
 }
 

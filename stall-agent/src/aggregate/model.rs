@@ -191,6 +191,7 @@ pub struct Model {
 struct InodeTally {
     storage: Tally,
     mapped: Tally,
+    shared: Tally,
 }
 
 impl Model {
@@ -403,6 +404,7 @@ impl Model {
                 let e = inode_bytes.entry((s.tgid, s.inode)).or_default();
                 e.storage.see(s.storage_bytes);
                 e.mapped.see(s.mmap_bytes);
+                e.shared.see(s.mmap_shared_bytes);
             }
         }
         for f in &snap.fd_waits {

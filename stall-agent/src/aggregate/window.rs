@@ -133,8 +133,12 @@ pub struct ProcWindow {
     /// not seen on this kernel.
     pub storage_bytes: Option<u64>,
     /// Bytes of files its faults mapped into it (from the page cache or
-    /// storage), whatever the file; None: not seen on this kernel.
+    /// storage) first of the job's processes, whatever the file; None: not
+    /// seen on this kernel.
     pub mmap_bytes: Option<u64>,
+    /// Bytes its faults mapped that another process got mapped just before
+    /// (see [`FileWindow::mmap_shared_bytes`]).
+    pub mmap_shared_bytes: Option<u64>,
     /// When it was forked and last exec'd, if seen while traced (0: not).
     pub born_ns: u64,
     pub exec_ns: u64,

@@ -107,6 +107,7 @@ impl Capture {
                         inode: Inode { dev: k.dev, ino: k.ino },
                         storage_bytes: b.storage,
                         mmap_bytes: b.mapped,
+                        mmap_shared_bytes: b.shared,
                     })
                     .collect()
             }),

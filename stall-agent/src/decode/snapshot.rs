@@ -113,8 +113,10 @@ pub struct InodeSnap {
     pub inode: Inode,
     /// Bytes it caused to be read from storage.
     pub storage_bytes: u64,
-    /// Bytes its faults mapped into it.
+    /// Bytes its faults mapped into it first of the job's processes.
     pub mmap_bytes: u64,
+    /// Bytes its faults mapped that another process got mapped just before.
+    pub mmap_shared_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

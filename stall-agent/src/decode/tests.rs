@@ -122,7 +122,13 @@ fn a_jobs_part_of_a_snapshot_keeps_its_own_bytes_gpu_calls_and_communicators() {
         p2p: 0,
         ring: vec![0; 4],
     };
-    let bytes = |tgid| InodeSnap { tgid, inode: Inode { dev: 1, ino: 2 }, storage_bytes: 10, mmap_bytes: 20 };
+    let bytes = |tgid| InodeSnap {
+        tgid,
+        inode: Inode { dev: 1, ino: 2 },
+        storage_bytes: 10,
+        mmap_bytes: 20,
+        mmap_shared_bytes: 0,
+    };
     let gpu = GpuCounters { collectives: 3, ..Default::default() };
     let snap = Snapshot {
         threads: vec![thread(10, 10, 1), thread(11, 10, 1), thread(20, 20, 2)],

@@ -147,8 +147,12 @@ pub struct Process {
     pub storage_bytes: Option<u64>,
     /// Bytes of files its faults mapped into it (pages touched through
     /// memory mappings, from the page cache or storage), any file; not in
-    /// `read_bytes` (null: this kernel does not show them).
+    /// `read_bytes` (null: this kernel does not show them); where two
+    /// processes got the same pages mapped, the first's.
     pub mmap_bytes: Option<u64>,
+    /// Bytes its faults mapped that another process of the job got mapped
+    /// just before (counted in that one's `mmap_bytes`, not here).
+    pub mmap_shared_bytes: Option<u64>,
     /// Bytes written to regular files, to anything else, and to stdout or
     /// stderr whatever they are (also in one of the two before).
     pub file_write_bytes: u64,
@@ -285,8 +289,12 @@ pub struct File {
     /// cache. Null where the kernel does not show page-cache fills.
     pub storage_bytes: Option<u64>,
     /// Bytes of it this process's faults mapped into it (not in
-    /// `read_bytes`); null where the kernel does not show them.
+    /// `read_bytes`) first of the job's processes; null where the kernel
+    /// does not show them.
     pub mmap_bytes: Option<u64>,
+    /// Bytes of it its faults mapped that another process of the job got
+    /// mapped just before (in that one's `mmap_bytes`).
+    pub mmap_shared_bytes: Option<u64>,
 }
 
 fn thread(t: &ThreadWindow) -> Thread {
@@ -363,6 +371,7 @@ fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
         ipc_read_bytes: p.other_read_bytes,
         storage_bytes: p.storage_bytes,
         mmap_bytes: p.mmap_bytes,
+        mmap_shared_bytes: p.mmap_shared_bytes,
         file_write_bytes: sum.file_write_bytes,
         other_write_bytes: sum.other_write_bytes,
         stdio_write_bytes: sum.stdio_write_bytes,
@@ -386,6 +395,7 @@ fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
                 open_s: f.open_ns as f64 / 1e9,
                 storage_bytes: f.storage_bytes,
                 mmap_bytes: f.mmap_bytes,
+                mmap_shared_bytes: f.mmap_shared_bytes,
             })
             .collect(),
         sockets: p

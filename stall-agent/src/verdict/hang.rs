@@ -114,7 +114,11 @@ pub(in crate::verdict) fn no_progress(
     // libraries from a cold cache) moves, however slowly. A few pages now
     // and then are not: a heartbeat rewriting a status file reads a
     // directory block.
-    let paged: u64 = w.procs.iter().map(|p| p.storage_bytes.unwrap_or(0) + p.mmap_bytes.unwrap_or(0)).sum();
+    let paged: u64 = w
+        .procs
+        .iter()
+        .map(|p| p.storage_bytes.unwrap_or(0) + p.mmap_bytes.unwrap_or(0) + p.mmap_shared_bytes.unwrap_or(0))
+        .sum();
     if file_bytes > 0
         || paged as f64 / secs > rules::HANG_MAX_PAGED_BYTES_PER_S
         || ipc as f64 / secs > rules::HANG_MAX_IPC_BYTES_PER_S

@@ -159,6 +159,7 @@ impl Job {
             inode,
             storage_bytes: storage,
             mmap_bytes: mapped.unwrap_or(0),
+            mmap_shared_bytes: 0,
         });
         self.mmap_known = mapped.is_some();
         let c = counters(self.secs, on, off, 0);
@@ -581,8 +582,13 @@ fn a_trainer_loading_its_modules_from_storage_is_not_input_bound() {
             file_id: 1,
             counters: FileCounters { read_bytes: 90_000_000, read_calls: 200, ..Default::default() },
         });
-        job.inode_bytes =
-            Some(vec![InodeSnap { tgid: 100, inode, storage_bytes: 90_000_000, mmap_bytes: 0 }]);
+        job.inode_bytes = Some(vec![InodeSnap {
+            tgid: 100,
+            inode,
+            storage_bytes: 90_000_000,
+            mmap_bytes: 0,
+            mmap_shared_bytes: 0,
+        }]);
         job.trainer(0.1, [0.3, 0.55, 0.0, 0.0, 0.05, 0.0], blocked(reason::FUTEX)).judge(&[])
     };
     let data = reading("/data/train.bin");
@@ -717,6 +723,7 @@ fn blocked_on_faults_that_bring_pages_in_is_not_a_hang() {
         inode: Inode { dev: 8 << 20, ino: 9 },
         storage_bytes: 3 << 20,
         mmap_bytes: 3 << 20,
+        mmap_shared_bytes: 0,
     }]);
     job.mmap_known = true;
     let v = job.judge(&[]);
@@ -740,6 +747,7 @@ fn a_heartbeats_metadata_page_is_not_progress() {
             inode: Inode { dev: 1 << 20, ino: 2 },
             storage_bytes,
             mmap_bytes: 0,
+            mmap_shared_bytes: 0,
         }]);
         job.mmap_known = true;
         job.judge(&[])

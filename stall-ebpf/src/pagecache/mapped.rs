@@ -18,7 +18,9 @@
 //! kernel maps whole large folios, so workers reading neighbouring batches of
 //! one table each get the folios at their batches' ends, and counted for
 //! each, a table read once would add up to well more than its size. Such a
-//! range counts for the process that got it mapped first.
+//! range counts as mapped for the process that got it mapped first, and as
+//! shared for the others (which of them faults first is a race: each
+//! worker's own part is its mapped and shared bytes together).
 //!
 //! From 6.18 a fault maps each large folio it reaches whole where it fits
 //! (the tracepoint still names the window): the window is widened to the
@@ -145,6 +147,7 @@ fn count(mapping: u64, first: u64, last: u64, one_page: bool) {
         let w = unsafe { &mut *w };
         let (lo, hi) = w.uncovered(first, stop);
         w.remember(first, stop);
+        add_shared(e, lo, hi, first, stop);
         // The own last window is still what the whole range makes it.
         add_uncovered(e, lo, hi, first, stop);
         return;
@@ -171,6 +174,22 @@ fn file_windows(key: &InodeKey) -> Option<*mut FileWindows> {
 #[inline(always)]
 fn add(e: &mut InodeBytes, first: u64, stop: u64) {
     add_uncovered(e, first, stop, first, stop);
+}
+
+/// Counts as shared the pages of `[first, stop)` outside `[lo, hi)` (a
+/// recent window of the file covered them) that are not of the process's
+/// own last window (a retried fault): those another process got mapped just
+/// before. Called before [`add_uncovered`] moves the last window.
+#[inline(always)]
+fn add_shared(e: &mut InodeBytes, lo: u64, hi: u64, first: u64, stop: u64) {
+    let own = |a: u64, b: u64| b.min(e.window_stop).saturating_sub(a.max(e.window_start));
+    let covered = (stop - first).saturating_sub(hi.saturating_sub(lo));
+    let pages = covered.saturating_sub(own(first, stop).saturating_sub(own(lo, hi)));
+    if pages > 0 {
+        // SAFETY: as in `add_uncovered`: `shared` is a valid, 8-byte
+        // aligned `u64` of the live map value.
+        unsafe { atomic_add(&raw mut e.shared, pages * PAGE_BYTES) };
+    }
 }
 
 /// [`add`] of `[first, stop)` counting only its part `[lo, hi)`.

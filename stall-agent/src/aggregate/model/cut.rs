@@ -41,6 +41,7 @@ impl Model {
         for s in self.inode_bytes.iter_mut().flat_map(|m| m.values_mut()) {
             s.storage.set_mark();
             s.mapped.set_mark();
+            s.shared.set_mark();
         }
         for l in self.cpu_limits.values_mut() {
             l.set_mark();
@@ -274,20 +275,22 @@ impl Model {
         let Some(inode_bytes) = &self.inode_bytes else { return };
         let mmap_zero = self.mmap_known.then_some(0);
         for p in procs.iter_mut() {
-            (p.storage_bytes, p.mmap_bytes) = (Some(0), mmap_zero);
+            (p.storage_bytes, p.mmap_bytes, p.mmap_shared_bytes) = (Some(0), mmap_zero, mmap_zero);
         }
         for f in by_path.values_mut() {
-            (f.storage_bytes, f.mmap_bytes) = (Some(0), mmap_zero);
+            (f.storage_bytes, f.mmap_bytes, f.mmap_shared_bytes) = (Some(0), mmap_zero, mmap_zero);
         }
         for ((tgid, inode), s) in inode_bytes {
             let Some(&i) = index.get(tgid) else { continue };
-            let (storage, mapped) = (s.storage.since(since_mark), s.mapped.since(since_mark));
-            if storage == 0 && mapped == 0 {
+            let storage = s.storage.since(since_mark);
+            let (mapped, shared) = (s.mapped.since(since_mark), s.shared.since(since_mark));
+            if storage == 0 && mapped == 0 && shared == 0 {
                 continue;
             }
             let p = &mut procs[i];
             p.storage_bytes = add_known(p.storage_bytes, Some(storage));
             p.mmap_bytes = add_known(p.mmap_bytes, mmap_zero.map(|_| mapped));
+            p.mmap_shared_bytes = add_known(p.mmap_shared_bytes, mmap_zero.map(|_| shared));
             // Under the path it opened the file by, or another process
             // did, or its mappings name; else for the process only.
             let Some((path, resolved)) = self.inode_path(*tgid, *inode) else { continue };
@@ -296,10 +299,12 @@ impl Model {
                 resolved: resolved.clone(),
                 storage_bytes: Some(0),
                 mmap_bytes: mmap_zero,
+                mmap_shared_bytes: mmap_zero,
                 ..Default::default()
             });
             e.storage_bytes = add_known(e.storage_bytes, Some(storage));
             e.mmap_bytes = add_known(e.mmap_bytes, mmap_zero.map(|_| mapped));
+            e.mmap_shared_bytes = add_known(e.mmap_shared_bytes, mmap_zero.map(|_| shared));
         }
     }
 

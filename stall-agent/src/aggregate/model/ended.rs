@@ -19,6 +19,7 @@ pub(super) struct Folded {
     files: HashMap<String, FileWindow>,
     storage_bytes: u64,
     mmap_bytes: u64,
+    mmap_shared_bytes: u64,
 }
 
 impl Model {
@@ -125,6 +126,7 @@ impl Model {
             }
             folded.storage_bytes += s.storage.total;
             folded.mmap_bytes += s.mapped.total;
+            folded.mmap_shared_bytes += s.shared.total;
             if let Some(path) = paths.get(key) {
                 let f = folded
                     .files
@@ -133,6 +135,7 @@ impl Model {
                 f.storage_bytes = Some(f.storage_bytes.unwrap_or(0) + s.storage.total);
                 if mmap_known {
                     f.mmap_bytes = Some(f.mmap_bytes.unwrap_or(0) + s.mapped.total);
+                    f.mmap_shared_bytes = Some(f.mmap_shared_bytes.unwrap_or(0) + s.shared.total);
                 }
             }
             false
@@ -175,6 +178,8 @@ impl Model {
             files,
             storage_bytes: self.inode_bytes.as_ref().map(|_| folded.storage_bytes),
             mmap_bytes: (self.inode_bytes.is_some() && self.mmap_known).then_some(folded.mmap_bytes),
+            mmap_shared_bytes: (self.inode_bytes.is_some() && self.mmap_known)
+                .then_some(folded.mmap_shared_bytes),
             ..Default::default()
         })
     }

@@ -63,8 +63,14 @@ fn inode_bytes_follow_the_inode_to_its_path() {
     let counts = |shard_bytes, lib_bytes, mmap_known| Snapshot {
         ts: 1_000,
         inode_bytes: Some(vec![
-            InodeSnap { tgid: 10, inode: shard, storage_bytes: shard_bytes, mmap_bytes: 2 * shard_bytes },
-            InodeSnap { tgid: 10, inode: lib, storage_bytes: lib_bytes, mmap_bytes: 0 },
+            InodeSnap {
+                tgid: 10,
+                inode: shard,
+                storage_bytes: shard_bytes,
+                mmap_bytes: 2 * shard_bytes,
+                mmap_shared_bytes: shard_bytes,
+            },
+            InodeSnap { tgid: 10, inode: lib, storage_bytes: lib_bytes, mmap_bytes: 0, mmap_shared_bytes: 0 },
         ]),
         mmap_known,
         ..Default::default()
@@ -78,11 +84,23 @@ fn inode_bytes_follow_the_inode_to_its_path() {
         let f = p.files.iter().find(|f| f.path == "/data/shard.arrow").unwrap();
         (p.storage_bytes, f.storage_bytes, p.mmap_bytes, f.mmap_bytes)
     };
+    let shared = |w: &Window| {
+        let p = w.proc(10).unwrap();
+        (
+            p.mmap_shared_bytes,
+            p.files.iter().find(|f| f.path == "/data/shard.arrow").unwrap().mmap_shared_bytes,
+        )
+    };
     assert_eq!(bytes(&w1), (Some(4096 + 8192), Some(4096), Some(8192), Some(8192)));
+    assert_eq!(shared(&w1), (Some(4096), Some(4096)));
     assert_eq!(bytes(&w2), (Some(2 * 4096), Some(2 * 4096), Some(4 * 4096), Some(4 * 4096)));
     assert_eq!(
         bytes(&m.summary(2_000)),
         (Some(3 * 4096 + 8192), Some(3 * 4096), Some(6 * 4096), Some(6 * 4096))
+    );
+    assert_eq!(
+        (shared(&w2), shared(&m.summary(2_000))),
+        ((Some(2 * 4096), Some(2 * 4096)), (Some(3 * 4096), Some(3 * 4096)))
     );
 
     // Fills seen, faults not followed: mapped bytes unknown.
@@ -118,9 +136,15 @@ fn pages_of_an_inherited_mapping_are_named_in_the_process_that_takes_them() {
     m.apply_snapshot(&Snapshot {
         ts: 1_000,
         inode_bytes: Some(vec![
-            InodeSnap { tgid: 10, inode: arrow, storage_bytes: 0, mmap_bytes: 4096 },
-            InodeSnap { tgid: 11, inode: arrow, storage_bytes: 1 << 20, mmap_bytes: 2 << 20 },
-            InodeSnap { tgid: 11, inode: other, storage_bytes: 0, mmap_bytes: 8192 },
+            InodeSnap { tgid: 10, inode: arrow, storage_bytes: 0, mmap_bytes: 4096, mmap_shared_bytes: 0 },
+            InodeSnap {
+                tgid: 11,
+                inode: arrow,
+                storage_bytes: 1 << 20,
+                mmap_bytes: 2 << 20,
+                mmap_shared_bytes: 0,
+            },
+            InodeSnap { tgid: 11, inode: other, storage_bytes: 0, mmap_bytes: 8192, mmap_shared_bytes: 0 },
         ]),
         mmap_known: true,
         ..Default::default()

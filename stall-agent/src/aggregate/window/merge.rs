@@ -69,6 +69,7 @@ impl Window {
                 op.other_read_bytes += p.other_read_bytes;
                 op.storage_bytes = add_known(op.storage_bytes, p.storage_bytes);
                 op.mmap_bytes = add_known(op.mmap_bytes, p.mmap_bytes);
+                op.mmap_shared_bytes = add_known(op.mmap_shared_bytes, p.mmap_shared_bytes);
                 for t in &p.threads {
                     let ti = match thread_at[pi].get(&t.tid) {
                         Some(&ti) => {

@@ -46,6 +46,7 @@ impl Window {
                 other_read_bytes: p.other_read_bytes.saturating_sub(b.other_read_bytes),
                 storage_bytes: sub_known(p.storage_bytes, b.storage_bytes),
                 mmap_bytes: sub_known(p.mmap_bytes, b.mmap_bytes),
+                mmap_shared_bytes: sub_known(p.mmap_shared_bytes, b.mmap_shared_bytes),
                 threads: Vec::with_capacity(p.threads.len()),
                 files: Vec::with_capacity(p.files.len()),
                 fd_waits: p
@@ -112,6 +113,7 @@ fn files_since(now: &[FileWindow], before: &[FileWindow]) -> Vec<FileWindow> {
             || d.open_ns > 0
             || d.storage_bytes > Some(0)
             || d.mmap_bytes > Some(0)
+            || d.mmap_shared_bytes > Some(0)
         {
             out.push(d);
         }
