@@ -55,7 +55,7 @@ macro_rules! exit_codes {
             "\n    4    target not found: no such PID, not a cgroup v2 directory, or no pods for --kubernetes",
             code!(kernel),
             code!(gpu),
-            "\n    7    stall daemon: cannot listen on the --listen address (e.g. port taken)",
+            "\n    7    stall daemon: cannot listen on the --listen or --health-listen address (e.g. port taken)",
             "\n    126  stall run: the command is not executable",
             "\n    127  stall run: the command was not found"
         )
@@ -100,7 +100,7 @@ const DAEMON_HELP: &str = concat!(
     "\n    4    target not found: a --cgroup-root that is not a cgroup v2 directory, or no pods for --kubernetes",
     code!(kernel),
     "\n    6    --require-gpu, but NVML or a GPU is not available",
-    "\n    7    cannot listen on the --listen address (e.g. port taken)"
+    "\n    7    cannot listen on the --listen or --health-listen address (e.g. port taken)"
 );
 
 /// The release and the commit it was built from.
@@ -236,6 +236,10 @@ pub struct DaemonArgs {
     /// Address for /metrics and /jobs.
     #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
     pub listen: std::net::SocketAddr,
+    /// A port of its own for /healthz: plain HTTP, no password, nothing else served (point the
+    /// kubelet's probes there: they never wait behind TLS handshakes or password checks on --listen).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub health_listen: Option<std::net::SocketAddr>,
     /// Time between updates: seconds (5, 0.5) or with a unit (30s, 2m, 1h).
     #[arg(long, default_value = "5", value_parser = parse_duration, value_name = "DURATION")]
     pub interval: Duration,

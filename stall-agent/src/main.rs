@@ -87,6 +87,7 @@ fn daemon_options(a: DaemonArgs) -> daemon::Options {
         all_jobs: a.all_jobs,
         device_holders: a.device_holders,
         listen: a.listen,
+        health_listen: a.health_listen,
         interval: a.interval,
         gpu: a.gpu,
         nvml_lib: a.nvml_lib,

@@ -264,6 +264,26 @@ fn service_and_service_monitor_reach_the_daemonset() {
         args.iter().any(|a| a.starts_with("--web-config=")),
         "the ServiceMonitor scrapes HTTPS: {args:?}"
     );
+    // The kubelet probes the health port, in plain HTTP: it never waits
+    // behind the TLS handshakes and password checks of the metrics port.
+    let health = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "health")
+        .expect("a port named health");
+    assert!(
+        args.iter().any(|a| *a == format!("--health-listen=0.0.0.0:{}", health["containerPort"])),
+        "{args:?} {health}"
+    );
+    for probe in ["livenessProbe", "readinessProbe"] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(
+            (&get["path"], &get["port"], &get["scheme"]),
+            (&"/healthz".into(), &"health".into(), &"HTTP".into()),
+            "{probe}"
+        );
+    }
     let svc_port = &svc["spec"]["ports"][0];
     assert_eq!(svc_port["name"], "metrics");
     assert_eq!(svc_port["port"], 9464);

@@ -7,7 +7,7 @@
 //! child's command line, the server's address — carries a marker. The
 //! daemon watches it on a scripted idle GPU, so the job goes through every
 //! tier (cheap, escalated to the full capture, cooldown); every byte of
-//! `/jobs`, `/jobs/{id}`, `/metrics`, `/healthz`, a refused capture and the
+//! `/jobs`, `/jobs/{id}`, `/metrics`, `/healthz` (on both ports), a refused capture and the
 //! daemon's own log is scanned for the markers: none may appear. With
 //! `--expose-details` every one appears (so the scan can fail).
 //!
@@ -99,10 +99,11 @@ fn watched(expose: bool) -> Served {
     let job_cg = root.child("job");
     let daemon_log = s.path("daemon.log");
     let http = free_port();
+    let health = std::iter::repeat_with(free_port).find(|p| *p != http).unwrap();
     let mut daemon = gpu.command("daemon");
     daemon
         .args(["--cgroup-root", &root.name, "--interval", "1", "--escalate-idle", "2", "--cooldown", "4"])
-        .args(["--listen", &format!("127.0.0.1:{http}")])
+        .args(["--listen", &format!("127.0.0.1:{http}"), "--health-listen", &format!("127.0.0.1:{health}")])
         .stderr(std::fs::File::create(&daemon_log).unwrap());
     if expose {
         daemon.arg("--expose-details");
@@ -144,6 +145,7 @@ fn watched(expose: bool) -> Served {
         texts.push(jobs);
         texts.push(http_get(http, "/metrics").unwrap_or_default());
         texts.push(http_get(http, "/healthz").unwrap_or_default());
+        texts.push(http_get(health, "/healthz").unwrap_or_default());
         std::thread::sleep(Duration::from_millis(700));
     }
     assert!(job.wait().unwrap().success(), "the leak job failed");

@@ -153,9 +153,14 @@ fn tls_and_passwords_guard_every_endpoint() {
     let root = Cgroup::new("web-tls");
     let cg = root.child("job1");
     let port = free_port();
+    let health = std::iter::repeat_with(free_port).find(|p| *p != port).unwrap();
     let web = s.path("web.yml");
-    let mut guard =
-        Killer(vec![start_daemon(&root, port, &["--web-config", web.to_str().unwrap(), "--expose-details"])]);
+    let health_listen = format!("127.0.0.1:{health}");
+    let mut guard = Killer(vec![start_daemon(
+        &root,
+        port,
+        &["--web-config", web.to_str().unwrap(), "--expose-details", "--health-listen", &health_listen],
+    )]);
     let (job, _) = job(&cg, &reader(&data));
     guard.0.push(job);
 
@@ -165,6 +170,13 @@ fn tls_and_passwords_guard_every_endpoint() {
     wait_until("the daemon over TLS", Duration::from_secs(30), || {
         curl(&["--cacert", ca, &url("/healthz")]).0 == 200
     });
+    // The probes' port: /healthz in plain HTTP without a password, and
+    // nothing else.
+    let probe = |path: &str| curl(&[&format!("http://127.0.0.1:{health}{path}")]);
+    assert_eq!(probe("/healthz"), (200, "ok\n".to_string()));
+    for path in ["/metrics", "/jobs", "/jobs/0"] {
+        assert_eq!(probe(path).0, 404, "{path} on the health port");
+    }
 
     // No password, a wrong one, another user: 401 on every endpoint.
     for path in ["/metrics", "/jobs"] {

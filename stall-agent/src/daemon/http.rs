@@ -4,7 +4,10 @@
 //! `POST /jobs/{id}/capture` to take a job's timeline now. It serves what
 //! the main loop last published and hands capture requests to it.
 //! Connections are bounded and timed out ([`conn`]); password checks run
-//! off the serving thread ([`gate`]).
+//! off the serving thread, at a lower priority ([`gate`]). Probes may have
+//! a port of their own (`--health-listen`): plain HTTP, `/healthz` only,
+//! served by its own thread, so that a kubelet's probe never queues behind
+//! TLS handshakes or password checks on the main port.
 mod conn;
 mod gate;
 
@@ -80,7 +83,13 @@ pub struct HttpOptions {
     pub fresh: Duration,
     pub node: String,
     pub limits: ConnectionLimits,
+    /// A port of its own for `/healthz` (plain HTTP).
+    pub health: Option<SocketAddr>,
 }
+
+/// Connections open at once on the health port at most: probes open one
+/// at a time (a kubelet closes each after its answer).
+const HEALTH_MAX_CONNECTIONS: usize = 64;
 
 /// What the loop publishes and the server reads.
 pub struct Shared {
@@ -92,6 +101,7 @@ pub struct Shared {
     /// Where a web config is given.
     gate: Option<Gate>,
     local_addr: SocketAddr,
+    health_addr: Option<SocketAddr>,
     expose_details: bool,
     fresh: Duration,
     node: String,
@@ -107,6 +117,11 @@ impl Shared {
         self.local_addr
     }
 
+    /// The health port's address, where one is served.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health_addr
+    }
+
     /// The main loop finished an interval.
     pub fn beat(&self) {
         self.beat_ns.store(monotonic_ns(), Ordering::Relaxed);
@@ -120,16 +135,17 @@ impl Shared {
 /// Longest capture the endpoint takes.
 pub const CAPTURE_MAX_S: u64 = 300;
 
-/// Binds `addr` (a port taken is an error of its own) and serves on a
-/// thread of its own; capture requests arrive on the receiver.
+/// Binds `addr` (and the health port, where asked: a port taken is an
+/// error of its own) and serves on a thread of its own; capture requests
+/// arrive on the receiver.
 pub fn serve(
     addr: SocketAddr,
     opts: HttpOptions,
 ) -> Result<(Arc<Shared>, mpsc::Receiver<CaptureRequest>), Error> {
-    let listener = conn::bind(addr).map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
-    let local_addr = listener.local_addr().map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
+    let HttpOptions { web, expose_details, fresh, node, limits, health } = opts;
+    let (listener, local_addr) = listen(addr)?;
+    let health = health.map(listen).transpose()?;
     let (tx, rx) = mpsc::channel();
-    let HttpOptions { web, expose_details, fresh, node, limits } = opts;
     let tls = web.as_ref().and_then(|w| w.tls.clone());
     let metrics = Metrics::new();
     metrics.set_build_info();
@@ -140,6 +156,7 @@ pub fn serve(
         captures: Mutex::new(tx),
         gate: web.map(|w| Gate::new(Arc::new(w))),
         local_addr,
+        health_addr: health.as_ref().map(|h| h.1),
         expose_details,
         fresh,
         node,
@@ -153,22 +170,51 @@ pub fn serve(
         // Probes carry no credentials; the answer tells nothing of the jobs.
         .route("/healthz", axum::routing::get(serve_health))
         .with_state(shared.clone());
+    spawn_server("stall-http", addr, listener, tls, app, limits)?;
+    if let Some((listener, health_addr)) = health {
+        let probes = axum::Router::new()
+            .route("/healthz", axum::routing::get(serve_health))
+            .with_state(shared.clone());
+        let limits = ConnectionLimits { max_connections: HEALTH_MAX_CONNECTIONS, ..limits };
+        spawn_server("stall-health", health_addr, listener, None, probes, limits)?;
+    }
+    Ok((shared, rx))
+}
+
+/// The listening socket on `addr`, and the address it took (the port
+/// chosen, where 0 was asked for).
+fn listen(addr: SocketAddr) -> Result<(std::net::TcpListener, SocketAddr), Error> {
+    let listener = conn::bind(addr).map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
+    let local = listener.local_addr().map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
+    Ok((listener, local))
+}
+
+/// Serves `app` on `listener` from a thread of its own, with a runtime of
+/// its own: nothing one port's clients do holds the other's.
+fn spawn_server(
+    name: &str,
+    addr: SocketAddr,
+    listener: std::net::TcpListener,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    app: axum::Router,
+    limits: ConnectionLimits,
+) -> Result<(), Error> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
     std::thread::Builder::new()
-        .name("stall-http".into())
+        .name(name.into())
         .spawn(move || {
             runtime.block_on(async move {
                 match tokio::net::TcpListener::from_std(listener) {
                     Ok(listener) => conn::serve(listener, tls, app, limits).await,
-                    Err(e) => eprintln!("stall: HTTP server stopped: {e}"),
+                    Err(e) => eprintln!("stall: HTTP server on {addr} stopped: {e}"),
                 }
             })
         })
         .map_err(|e| Error::Listen { addr, reason: e.to_string() })?;
-    Ok((shared, rx))
+    Ok(())
 }
 
 /// Basic authentication where the web config asks for it; the request

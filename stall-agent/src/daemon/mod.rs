@@ -51,6 +51,7 @@ pub struct Options {
     /// Jobs holding an NVIDIA device open count without a CUDA context.
     pub device_holders: bool,
     pub listen: SocketAddr,
+    pub health_listen: Option<SocketAddr>,
     pub interval: Duration,
     pub gpu: Option<GpuSelect>,
     /// NVML library to load instead of the driver's on the loader path.
@@ -145,6 +146,7 @@ pub async fn run(opts: Options) -> Result<()> {
                 idle_timeout: opts.http_idle_timeout,
                 ..ConnectionLimits::default()
             },
+            health: opts.health_listen,
         },
     )?;
     if let Some(note) = &gpus.note {

@@ -206,6 +206,31 @@ impl Gate {
         self.queued.fetch_sub(1, Ordering::Relaxed);
         let _slot = slot.ok()?;
         let (web, header) = (self.web.clone(), header.to_string());
-        Some(tokio::task::spawn_blocking(move || web.verify(&header)).await.unwrap_or(false))
+        Some(
+            tokio::task::spawn_blocking(move || {
+                behind_serving();
+                web.verify(&header)
+            })
+            .await
+            .unwrap_or(false),
+        )
     }
 }
+
+/// Lowers the calling thread's priority (nice 10) so that a flood of
+/// password checks, each tens of milliseconds of CPU, takes the CPU after
+/// the serving threads: scrapes and probes answer first. The pool's threads
+/// serve nothing else; a failure leaves the thread as it was.
+fn behind_serving() {
+    // SAFETY: plain syscalls on the calling thread (on Linux, PRIO_PROCESS
+    // of a thread id names that thread alone).
+    unsafe {
+        let tid = libc::gettid();
+        if libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t) < CHECK_NICE {
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, CHECK_NICE);
+        }
+    }
+}
+
+/// The password checks' nice value.
+const CHECK_NICE: i32 = 10;
