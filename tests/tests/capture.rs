@@ -386,6 +386,50 @@ fn reused_descriptor_numbers_keep_files_apart() {
     }
 }
 
+/// A descriptor number is closed and taken by the next open before stall
+/// looks the first one up: a data file opened by a relative path, mapped,
+/// touched page by page and closed, then a temporary file created (with
+/// its number), unlinked and kept open, 20 times. Each data file is
+/// resolved to its own path and its mapped bytes count under it, its size
+/// within a page; none count under a temporary file.
+#[test]
+fn a_descriptor_number_taken_by_the_next_open_names_each_file_by_its_own_path() {
+    require_root();
+    let s = disk_scratch("fd-reuse");
+    let truth_path = s.path("truth.json");
+    let run = run_job(&[], &["mapped-after-temp", s.0.to_str().unwrap(), "20"], &truth_path);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let t = truth(&truth_path);
+    let pid = t["pid"].as_u64().unwrap();
+    for pair in t["pairs"].as_array().unwrap() {
+        assert_eq!(pair[0], pair[1], "the temporary file takes the data file's number: {t}");
+    }
+    let p = run.process(pid);
+    let listed = p["files"].as_array().unwrap();
+    for f in listed {
+        let named = f["resolved"].as_str().or(f["path"].as_str()).unwrap();
+        if named.contains("/tmp-") {
+            assert_eq!(
+                f["mmap_bytes"].as_u64().unwrap_or(0),
+                0,
+                "a temporary file took a data file's pages: {f}"
+            );
+        }
+    }
+    for (path, size) in t["files"].as_object().unwrap() {
+        let size = size.as_u64().unwrap();
+        let name = Path::new(path).file_name().unwrap().to_str().unwrap();
+        // Written, then opened again to be mapped: one entry, by its path.
+        let f = listed
+            .iter()
+            .find(|f| f["path"] == name)
+            .unwrap_or_else(|| panic!("{name} not among the files: {listed:?}"));
+        assert_eq!(f["resolved"], path.as_str(), "{f}");
+        let mapped = f["mmap_bytes"].as_u64().unwrap_or_else(|| panic!("no mmap_bytes: {f}"));
+        assert!(mapped >= size && mapped <= size + 4096, "{name}: {mapped} of {size} mapped: {f}");
+    }
+}
+
 #[test]
 fn files_opened_before_attach_are_counted() {
     let s = Scratch::new("openbefore");

@@ -92,18 +92,19 @@ fn torch_save_checkpoints_to_slow_storage_are_output_io_bound() {
 /// read by hf_arrow.py's `mode` with `workers` DataLoader workers under
 /// `stall run`, its disk reads capped at `mbps` MB/s: the run and the truth.
 fn datasets_job(tag: &str, rows: u32, mode: &str, workers: u32, mbps: u32) -> (Run, Value) {
-    table_job(tag, "hf_arrow.py", Some(&torch_and_datasets_path()), rows, mode, workers, mbps)
+    table_job(tag, "hf_arrow.py", Some(&torch_and_datasets_path()), &[&rows.to_string()], mode, workers, mbps)
 }
 
-/// A table of `rows` rows of 4 KiB written by `script`'s `prepare`
-/// (untraced, with `pythonpath` if any), then read by its `mode` with
+/// A table written by `script`'s `prepare` (untraced, with `pythonpath`
+/// if any; `table`: its arguments after the directory, the rows of 4 KiB
+/// first), then read by its `mode` with
 /// `workers` workers under `stall run`, its disk reads capped at `mbps`
 /// MB/s: the run and the truth.
 fn table_job(
     tag: &str,
     script: &str,
     pythonpath: Option<&Path>,
-    rows: u32,
+    table: &[&str],
     mode: &str,
     workers: u32,
     mbps: u32,
@@ -114,9 +115,7 @@ fn table_job(
     let data = dir.path("ds");
     let script = workload(script);
     let mut prepare = std::process::Command::new(python());
-    prepare
-        .args([script.as_str(), "prepare", data.to_str().unwrap(), &rows.to_string()])
-        .envs(env.iter().copied());
+    prepare.args([script.as_str(), "prepare", data.to_str().unwrap()]).args(table).envs(env.iter().copied());
     let out = run_with_timeout(prepare, Duration::from_secs(180));
     assert!(out.status.success(), "preparing the table: {}", String::from_utf8_lossy(&out.stderr));
     let truth_path = dir.path("truth.json");
@@ -190,6 +189,43 @@ fn pages_of_a_dataset_mapped_before_fork_are_named_in_each_worker() {
     );
 }
 
+/// A Hugging Face table saved in shards (`save_to_disk` with a
+/// `max_shard_size`: 7 Arrow files of 23 MB), all mapped by the trainer's
+/// `load_from_disk` before its DataLoader forks 4 workers, which read
+/// every row once: each shard is named in the workers' files, what they
+/// mapped of it first its size within 5 %, and no shard's pages count
+/// under another file (a descriptor number that another open took before
+/// the lookup named a shard by a semaphore's temporary file).
+#[test]
+fn every_shard_of_a_sharded_datasets_table_is_named_in_the_workers() {
+    let path = torch_and_datasets_path();
+    let (run, t) = table_job("hf-shards", "hf_arrow.py", Some(&path), &["40000", "24"], "loader", 4, 100);
+    let shards = t["files"].as_object().unwrap();
+    assert_eq!(shards.len(), 7, "{t}");
+    for (shard, size) in shards {
+        let size = size.as_u64().unwrap();
+        let mut first_come = 0;
+        for w in t["workers"].as_array().unwrap() {
+            let pid = w.as_u64().unwrap();
+            assert_eq!(run.process(pid)["role"], "worker", "{}", run.process(pid));
+            first_come += run.file(pid, Path::new(shard))["mmap_bytes"].as_u64().unwrap();
+        }
+        eprintln!("{shard}: {first_come} of {size} bytes mapped first by the workers");
+        assert!(
+            first_come >= size * 19 / 20 && first_come <= size * 21 / 20,
+            "{shard}: the workers mapped {first_come} bytes of its {size} first"
+        );
+    }
+    for w in t["workers"].as_array().unwrap() {
+        let p = run.process(w.as_u64().unwrap());
+        for f in p["files"].as_array().unwrap() {
+            let mapped = f["mmap_bytes"].as_u64().unwrap_or(0) + f["mmap_shared_bytes"].as_u64().unwrap_or(0);
+            let path = f["path"].as_str().unwrap();
+            assert!(!path.starts_with("/dev/shm/") || mapped < 1 << 20, "{path}: {mapped} bytes mapped: {f}");
+        }
+    }
+}
+
 /// The ordinary Hugging Face `datasets` job: `load_from_disk` (pyarrow reads
 /// the Arrow file ahead into the page cache), `.with_format("torch")` handed
 /// straight to a DataLoader of 4 workers, and a trainer that takes a CPU
@@ -219,7 +255,7 @@ fn a_datasets_table_under_a_dataloader_names_what_the_workers_read() {
 #[test]
 fn a_table_mapped_before_fork_under_process_workers_names_what_they_read() {
     // 6,144 rows of 4 KiB: a 25 MB table.
-    let (run, t) = table_job("mapped-table", "mapped_table.py", None, 6144, "run", 4, 40);
+    let (run, t) = table_job("mapped-table", "mapped_table.py", None, &["6144"], "run", 4, 40);
     workers_read_the_table("mapped table", &run, &t, 4);
 }
 

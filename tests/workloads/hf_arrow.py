@@ -2,8 +2,8 @@
 """A Hugging Face `datasets` table read by a PyTorch DataLoader's workers
 through the memory mapping the trainer made before they were forked.
 
-`prepare DIR ROWS`: writes a dataset of ROWS rows of 4 KiB (`save_to_disk`),
-untraced.
+`prepare DIR ROWS [SHARD_MB]`: writes a dataset of ROWS rows of 4 KiB
+(`save_to_disk`, in shards of at most SHARD_MB MB where given), untraced.
 
 `run DIR TRUTH WORKERS MBPS`: evicts the Arrow files from the page cache,
 caps the job's disk reads at MBPS with a cgroup (the demo workload's
@@ -41,7 +41,7 @@ import workload  # noqa: E402  (the throttle)
 ROW = 4096
 
 
-def prepare(dir, rows):
+def prepare(dir, rows, shard_mb=None):
     import datasets
     import pyarrow as pa
 
@@ -49,7 +49,8 @@ def prepare(dir, rows):
     table = pa.table({"idx": list(range(rows)), "data": data})
     # A fingerprint of our own: hashing an in-memory table pickles it with
     # dill, which fails for datasets 5.2's dill 0.4.1 and pyarrow 26.
-    datasets.Dataset(table, fingerprint=f"stall-{rows}").save_to_disk(dir)
+    shard = {"max_shard_size": f"{shard_mb}MB"} if shard_mb else {}
+    datasets.Dataset(table, fingerprint=f"stall-{rows}").save_to_disk(dir, **shard)
 
 
 def arrow_files(dir):
@@ -141,7 +142,7 @@ def loader(dir, workers):
 
 if __name__ == "__main__":
     if sys.argv[1] == "prepare":
-        prepare(sys.argv[2], int(sys.argv[3]))
+        prepare(sys.argv[2], int(sys.argv[3]), *(int(a) for a in sys.argv[4:5]))
     else:
         mode = loader if sys.argv[1] == "loader" else run
         dir, workers = sys.argv[2], int(sys.argv[4])

@@ -6,6 +6,7 @@ to the path in $TRUTH, so tests compare stall's figures with the job's own.
 """
 import ctypes
 import json
+import mmap
 import os
 import resource
 import select
@@ -416,6 +417,36 @@ def job_reuse(args):
         totals[path] = read_fd(fd, 3001)
         os.close(fd)
     write_truth({"pid": os.getpid(), "fds": fds, "bytes": totals})
+
+
+def job_mapped_after_temp(args):
+    """`rounds` times: opens a data file by a path relative to the working
+    directory (DIR), maps it, touches every page and closes it; then at
+    once creates a temporary file, which takes the data file's descriptor
+    number, unlinks it and keeps it open. Lives on a second with the
+    temporary files open, so that each data file's open is looked at while
+    its number is a temporary file's: its pages must count under its own
+    path, none under a temporary file's."""
+    dir, rounds = args[0], int(args[1])
+    os.chdir(dir)
+    files, pairs, temporaries = {}, [], []
+    for i in range(rounds):
+        name = f"data-{i}.bin"
+        size = 256 * 1024 + 4096 * i
+        make_file(name, size)
+        files[os.path.join(dir, name)] = size
+        fd = os.open(name, os.O_RDONLY)
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+            sum(m[o] for o in range(0, size, 4096))
+        os.close(fd)
+        tmp = os.path.join(dir, f"tmp-{i}")
+        temporaries.append(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(tmp)
+        pairs.append((fd, temporaries[-1]))
+    time.sleep(1)
+    for fd in temporaries:
+        os.close(fd)
+    write_truth({"pid": os.getpid(), "pairs": pairs, "files": files})
 
 
 class Iovec(ctypes.Structure):
@@ -979,6 +1010,7 @@ JOBS = {
     "read-paths": job_read_paths,
     "uring-read": job_uring_read,
     "storage": job_storage,
+    "mapped-after-temp": job_mapped_after_temp,
 }
 
 if __name__ == "__main__":

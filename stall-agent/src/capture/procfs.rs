@@ -1,6 +1,11 @@
 //! What /proc says about the target at attach time: its process tree, its
 //! threads and their current waits, and its open files.
-use std::{collections::HashMap, fs, os::unix::fs::FileTypeExt, path::PathBuf};
+use std::{
+    collections::HashMap,
+    fs,
+    os::unix::fs::FileTypeExt,
+    path::{Path, PathBuf},
+};
 
 use crate::decode::Inode;
 
@@ -193,6 +198,55 @@ pub fn fd_info(pid: u32, fd: i32) -> Option<Opened> {
     let link = PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
     let target = fs::read_link(&link).ok()?.to_string_lossy().into_owned();
     Some(Opened::from_meta(target, &fs::metadata(&link).ok()?))
+}
+
+/// What the descriptor `fd` that `pid` opened as `path` points to, where it
+/// is still that open: by the time the open is looked at, the number may
+/// have been closed and given to another open (a temporary file created,
+/// mapped and unlinked, its number then taken by a dataset shard), and
+/// taking the second for the first names one file by the other's path.
+/// The same file: a relative path from the working directory leads to the
+/// descriptor's inode, or (given relative to another directory, or gone
+/// since) the descriptor's target has the path's file name; else a
+/// relative path is what it names from the working directory now, and an
+/// absolute one (gone since: `stat` failed) is not known. An open without
+/// a path (a copy of an unknown descriptor) is taken as it is.
+pub fn fd_info_of_open(pid: u32, fd: i32, path: &str) -> Option<Opened> {
+    let link = format!("/proc/{pid}/fd/{fd}");
+    let now = fd_info(pid, fd).zip(file_id(&link));
+    if path.is_empty() {
+        return now.map(|(opened, _)| opened);
+    }
+    let from_cwd = if path.starts_with('/') { None } else { cwd_info(pid, path) };
+    if let (Some((opened, id)), Some((_, cwd_id))) = (&now, &from_cwd) {
+        if id == cwd_id {
+            return Some(opened.clone());
+        }
+    }
+    let name =
+        |p: &str| Path::new(p.strip_suffix(" (deleted)").unwrap_or(p)).file_name().map(|n| n.to_os_string());
+    match now {
+        Some((opened, _)) if name(path).is_some() && name(&opened.target) == name(path) => Some(opened),
+        // Another open's now: the path from the working directory, as
+        // open took it (unless given relative to another directory).
+        _ => from_cwd.map(|(opened, _)| opened),
+    }
+}
+
+/// The device and inode a path leads to (links followed).
+fn file_id(path: &str) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// What a relative path names from `pid`'s working directory now, and its
+/// device and inode.
+fn cwd_info(pid: u32, path: &str) -> Option<(Opened, (u64, u64))> {
+    let in_cwd = format!("/proc/{pid}/cwd/{path}");
+    let meta = fs::metadata(&in_cwd).ok()?;
+    let cwd = fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+    let target = cwd.join(path.trim_start_matches("./")).to_string_lossy().into_owned();
+    Some((Opened::from_meta(target, &meta), file_id(&in_cwd)?))
 }
 
 /// The inode of the listening TCP socket that accepts connections to
@@ -466,6 +520,41 @@ mod tests {
         // Blocked outside a syscall (a page fault): the number only.
         assert_eq!(parse_syscall("-1 0x7ffd5b2e8a40 0x7f3a2e4d1a3d\n").map(|s| s.nr), Some(-1));
         assert_eq!(parse_syscall("running\n"), None);
+    }
+
+    /// A descriptor whose number another open took before it was looked
+    /// at is not taken for the first open: its target must have the path's
+    /// file name (or, relative to the working directory, be its inode).
+    #[test]
+    fn a_reused_descriptor_number_is_not_taken_for_the_open_it_was() {
+        use std::os::fd::AsRawFd;
+        let dir = std::env::temp_dir().join(format!("stall-reused-fd-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let shard = dir.join("data-00004-of-00007.arrow");
+        fs::write(&shard, b"rows").unwrap();
+        let file = fs::File::open(&shard).unwrap();
+        let (pid, fd) = (std::process::id(), file.as_raw_fd());
+        // The open it is: by the same name, absolute or relative to any
+        // directory (openat), and one without a path.
+        for path in [shard.to_str().unwrap(), "ds/data-00004-of-00007.arrow", ""] {
+            let opened = fd_info_of_open(pid, fd, path).unwrap_or_else(|| panic!("{path}"));
+            assert_eq!(opened.target, shard.to_str().unwrap());
+            assert!(opened.inode.is_some());
+        }
+        // A semaphore's temporary file, unlinked, whose number the shard took.
+        assert_eq!(fd_info_of_open(pid, fd, "/dev/shm/sem.J0ldhE"), None);
+        assert_eq!(fd_info_of_open(pid, fd, "ds/data-00003-of-00007.arrow"), None);
+        // A relative path whose number another open took: what it names
+        // from the working directory.
+        let cwd = std::env::current_dir().unwrap();
+        let here =
+            cwd.read_dir().unwrap().filter_map(Result::ok).find(|e| e.path().is_file()).expect("a file here");
+        let name = here.file_name().into_string().unwrap();
+        let opened = fd_info_of_open(pid, fd, &name).unwrap();
+        assert_eq!(opened.target, cwd.join(&name).to_str().unwrap());
+        assert_ne!(opened.inode, fd_info(pid, fd).unwrap().inode);
+        drop(file);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -184,14 +184,15 @@ impl Capture {
     /// What an opened descriptor is. An absolute path is `stat`ed (the
     /// descriptor may be closed, or its number reused, by the time the
     /// event is read: a file mapped and closed at once); a relative one is
-    /// looked up in /proc, where the descriptor says what it points to.
+    /// looked up in /proc, where the descriptor says what it points to if it
+    /// is still that open.
     pub fn classify_open(&mut self, tgid: u32, fd: i32, path: &str) -> Option<procfs::Opened> {
         if path.starts_with('/') {
             if let Some(opened) = procfs::path_info(path) {
                 return Some(opened);
             }
         }
-        procfs::fd_info(tgid, fd)
+        procfs::fd_info_of_open(tgid, fd, path)
     }
 
     /// Records that an opened descriptor is not a regular file (FIFO,
