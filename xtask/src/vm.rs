@@ -65,8 +65,10 @@ const DEFAULT_TIMEOUT_SECS: u64 = 1800;
 /// The SVG's folded helpers: the image's busybox shell runs `sh -c` in
 /// its own process, so there are no helper processes to fold. The docs'
 /// paths: the image carries no docs and no sources, and nothing about
-/// them depends on the kernel.
-const VM_SKIP: [(&str, &str); 29] = [
+/// them depends on the kernel. Of the launch chains (chains.rs), one
+/// workload under every chain: the others walk the same exec and fork
+/// paths, each as long (about 50 s a kernel under TCG).
+const VM_SKIP: [(&str, &str); 32] = [
     ("scenarios", "cpu_bound_transforms"),
     ("scenarios", "a_short_run_is_judged_after_its_startup"),
     ("scenarios", "attach_to_cgroup"),
@@ -96,6 +98,9 @@ const VM_SKIP: [(&str, &str); 29] = [
     ("kube", "pods_run_by_containerd_are_named_as_the_kubelet_names_them"),
     ("timeline", "the_svg_groups_processes_folds_helpers_and_has_its_rows"),
     ("docs", "every_path_the_docs_cite_exists"),
+    ("chains", "workers_that_sleep_under_every_chain"),
+    ("chains", "an_evaluation_subprocess_under_every_chain"),
+    ("chains", "loader_threads_on_slow_storage_under_every_chain"),
 ];
 
 #[derive(Subcommand)]
@@ -223,7 +228,7 @@ fn run_vms(stall: &Path, tests: &[TestBin], opts: &VmArgs, host: Option<Row>) ->
     print!("{}", table(&rows));
     let skipped: Vec<String> = VM_SKIP.iter().map(|(bin, test)| format!("{bin}::{test}")).collect();
     println!(
-        "  not run in the VMs (CPU-speed-calibrated verdicts, or PyTorch, containerd or the manifests' schema packages, which the VM image lacks): {}",
+        "  not run in the VMs (CPU-speed-calibrated verdicts, or PyTorch, containerd or the manifests' schema packages, which the VM image lacks, or the docs; three of the four workloads under every launch chain): {}",
         skipped.join(", ")
     );
     println!("integration-test vm: {:.0}s in all", start.elapsed().as_secs_f64());

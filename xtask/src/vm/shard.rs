@@ -23,7 +23,7 @@ pub const DEFAULT_SHARDS: u16 = 2;
 /// 6.12 for the labelled runs, 5.10 for the bare names, which only kernels
 /// without trampolines run), in seconds, as /init labels them; only the
 /// ratios matter. A run not listed weighs [`OTHER_RUN_SECONDS`].
-const RUN_SECONDS: [(&str, u32); 31] = [
+const RUN_SECONDS: [(&str, u32); 33] = [
     ("capture[trampoline]", 168),
     ("daemon[trampoline]", 153),
     ("faults[trampoline]", 118),
@@ -42,6 +42,7 @@ const RUN_SECONDS: [(&str, u32); 31] = [
     ("hooks[trampoline]", 23),
     ("gpu[tracepoint]", 20),
     ("hooks[tracepoint]", 17),
+    ("chains[tracepoint]", 60),
     ("scenarios", 99),
     ("daemon", 95),
     ("causes", 62),
@@ -55,6 +56,7 @@ const RUN_SECONDS: [(&str, u32); 31] = [
     ("pystacks", 31),
     ("web", 28),
     ("run", 25),
+    ("chains", 60),
 ];
 /// The short runs (errors, leak, signals, timeline, …) and any new one.
 const OTHER_RUN_SECONDS: u32 = 10;
