@@ -88,9 +88,12 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Creates the file an output option names, or says in one line why it
-/// cannot: a usage error (exit 2), the same for --json and --timeline.
-pub fn create_output(option: &str, p: &std::path::Path) -> Result<std::fs::File, Error> {
-    std::fs::File::create(p).map_err(|e| {
+/// cannot: a usage error (exit 2), the same for --json and --timeline. A
+/// file of the kernel's own filesystems (/proc, /sys, cgroups, tracefs)
+/// takes no output: refused here, before anything is attached.
+pub fn create_output(option: &str, p: &std::path::Path) -> Result<Output, Error> {
+    let existed = std::fs::symlink_metadata(p).is_ok();
+    let file = std::fs::File::create(p).map_err(|e| {
         let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
         let why = match e.kind() {
             _ if p.is_dir() => "it is a directory".to_string(),
@@ -99,5 +102,52 @@ pub fn create_output(option: &str, p: &std::path::Path) -> Result<std::fs::File,
             _ => e.to_string(),
         };
         Error::Usage(format!("{option} {}: {why}", p.display()))
+    })?;
+    if let Some(fs) = kernel_filesystem(&file) {
+        return Err(Error::Usage(format!(
+            "{option} {}: a file of the kernel's {fs}, not an output",
+            p.display()
+        )));
+    }
+    Ok(Output { file, created: !existed })
+}
+
+/// An output file [`create_output`] opened.
+pub struct Output {
+    pub file: std::fs::File,
+    /// It did not exist before: stall may remove it (never a file or a
+    /// device it only opened).
+    pub created: bool,
+}
+
+/// The kernel filesystem `file` lies on, if it is one that takes no
+/// output (writes there configure the kernel, or fail).
+fn kernel_filesystem(file: &std::fs::File) -> Option<&'static str> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fstatfs writes into the zeroed struct it is given, on a
+    // descriptor this function borrows.
+    let magic = unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        if libc::fstatfs(file.as_raw_fd(), &mut st) != 0 {
+            return None;
+        }
+        st.f_type as u64
+    };
+    Some(match magic {
+        0x9fa0 => "proc filesystem",
+        0x6265_6572 => "sysfs",
+        0x6367_7270 | 0x0027_e0eb => "cgroup filesystem",
+        0x7472_6163 => "tracefs",
+        0x6462_6720 => "debugfs",
+        0xcafe_4a11 => "BPF filesystem",
+        0x7363_6673 => "securityfs",
+        _ => return None,
     })
+}
+
+/// A write to an output option's file that failed once running (a full
+/// disk, a device that refuses): a usage error naming the option and the
+/// path, as when it cannot be created.
+pub fn output_failed(option: &str, p: &std::path::Path, e: &std::io::Error) -> Error {
+    Error::Usage(format!("writing {option} {}: {e}", p.display()))
 }

@@ -75,6 +75,67 @@ fn json_path_problems_are_usage_errors_before_attaching() {
     assert!(one_line(&err).ends_with("not writable (permission denied)"), "{err}");
 }
 
+/// A device node made for the test in its scratch directory (mknod):
+/// `name` with the kernel's `major:minor`.
+fn device(s: &Scratch, name: &str, major: u32, minor: u32) -> std::path::PathBuf {
+    use std::os::unix::fs::FileTypeExt;
+    let p = s.path(name);
+    let out =
+        Command::new("mknod").arg(&p).args(["c", &major.to_string(), &minor.to_string()]).output().unwrap();
+    assert!(out.status.success(), "mknod: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::metadata(&p).unwrap().file_type().is_char_device());
+    p
+}
+
+/// A file of the kernel's own filesystems takes no output: refused before
+/// anything is attached. A write that fails once running (a device that is
+/// always full, as /dev/full) names the option and the path and exits 2,
+/// the same every time. An output that was there before (a device) is
+/// never removed by a run that failed.
+#[test]
+fn outputs_that_cannot_take_the_writes_name_their_path_and_exit_2() {
+    use std::os::unix::fs::FileTypeExt;
+    let s = Scratch::new("output-writes");
+    for option in ["--json", "--timeline"] {
+        let marker = s.path("ran");
+        let (code, err) =
+            stall_raw(&["run", option, "/proc/version", "--", "touch", marker.to_str().unwrap()]);
+        assert_eq!(code, 2, "{option}: {err}");
+        assert_eq!(
+            one_line(&err),
+            format!("stall: {option} /proc/version: a file of the kernel's proc filesystem, not an output")
+        );
+        assert!(!marker.exists(), "the command ran");
+    }
+    let full = device(&s, "full", 1, 7);
+    for option in ["--json", "--timeline", "--timeline-svg"] {
+        for _ in 0..3 {
+            let (code, err) =
+                stall_raw(&["run", "-q", "--gpu", "off", option, full.to_str().unwrap(), "--", "true"]);
+            assert_eq!(code, 2, "{option}: {err}");
+            let last = err.lines().last().unwrap_or_default();
+            assert_eq!(
+                last,
+                format!("stall: writing {option} {}: No space left on device (os error 28)", full.display()),
+                "{err}"
+            );
+            assert!(
+                std::fs::metadata(&full).unwrap().file_type().is_char_device(),
+                "{} was replaced",
+                full.display()
+            );
+        }
+    }
+    let null = device(&s, "null", 1, 3);
+    let (code, err) = stall_raw(&["attach", "--pid", "999999999", "--json", null.to_str().unwrap()]);
+    assert_eq!(code, 4, "{err}");
+    assert!(
+        std::fs::metadata(&null).is_ok_and(|m| m.file_type().is_char_device()),
+        "a failed run removed {}",
+        null.display()
+    );
+}
+
 #[test]
 fn timeline_path_problems_are_usage_errors_like_json() {
     let s = Scratch::new("timeline-errors");

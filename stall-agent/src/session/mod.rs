@@ -63,8 +63,10 @@ pub struct Outcome {
 
 struct Sinks {
     json: Option<Box<dyn Write>>,
-    /// The --json file this run created (None: none, or stdout).
+    /// The --json path (None: none, or stdout).
     json_file: Option<PathBuf>,
+    /// This run created it (it did not exist before).
+    json_created: bool,
     /// Human output: stdout, or stderr when JSON goes to stdout.
     human: Box<dyn Write>,
     live_tty: bool,
@@ -121,10 +123,15 @@ impl Sinks {
     /// which would erase the command's own output.
     fn open(opts: &Options, shares_terminal: bool) -> Result<Self, Error> {
         let json_stdout = opts.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
+        let mut json_created = false;
         let json: Option<Box<dyn Write>> = match &opts.json {
             None => None,
             Some(_) if json_stdout => Some(Box::new(UntilClosed::new(std::io::stdout()))),
-            Some(p) => Some(Box::new(std::io::BufWriter::new(create_json(p)?))),
+            Some(p) => {
+                let out = create_json(p)?;
+                json_created = out.created;
+                Some(Box::new(std::io::BufWriter::new(out.file)))
+            }
         };
         let json_file = opts.json.clone().filter(|_| !json_stdout);
         let (human, tty): (Box<dyn Write>, bool) = if json_stdout {
@@ -133,15 +140,28 @@ impl Sinks {
             (Box::new(UntilClosed::new(std::io::stdout())), std::io::stdout().is_terminal())
         };
         let live_tty = tty && !opts.quiet && !shares_terminal;
-        Ok(Self { json, json_file, human, live_tty, quiet: opts.quiet })
+        Ok(Self { json, json_file, json_created, human, live_tty, quiet: opts.quiet })
+    }
+
+    /// Writes a JSON Lines record, if --json asks for them; a write that
+    /// fails names the path (a usage error, as when it cannot be created).
+    fn write_json(&mut self, kind: &'static str, v: &View) -> Result<()> {
+        let Some(j) = self.json.as_mut() else { return Ok(()) };
+        let written = output::json::write_line(j, kind, v).and_then(|()| j.flush());
+        match (written, &self.json_file) {
+            (Ok(()), _) => Ok(()),
+            (Err(e), Some(p)) => Err(crate::error::output_failed("--json", p, &e).into()),
+            (Err(e), None) => Err(e.into()),
+        }
     }
 
     /// After a failed run: a --json file it created and never wrote to is
-    /// removed (an empty file would read as a run that said nothing).
+    /// removed (an empty file would read as a run that said nothing); never
+    /// one that was there before (a device such as /dev/null, a FIFO).
     fn remove_unwritten_json(&mut self) {
         self.json = None;
-        if let Some(p) = &self.json_file {
-            if std::fs::metadata(p).is_ok_and(|m| m.len() == 0) {
+        if let Some(p) = self.json_file.as_ref().filter(|_| self.json_created) {
+            if std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file() && m.len() == 0) {
                 let _ = std::fs::remove_file(p);
             }
         }
@@ -149,7 +169,7 @@ impl Sinks {
 }
 
 /// Creates the --json file, or says in one line why it cannot.
-fn create_json(p: &std::path::Path) -> Result<std::fs::File, Error> {
+fn create_json(p: &std::path::Path) -> Result<crate::error::Output, Error> {
     crate::error::create_output("--json", p)
 }
 
@@ -328,10 +348,7 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         unreadable_threads: Some(live.capture.unreadable_threads()),
         starting_up: false,
     };
-    if let Some(j) = sinks.json.as_mut() {
-        output::json::write_line(j, "summary", &view)?;
-        j.flush()?;
-    }
+    sinks.write_json("summary", &view)?;
     if sinks.live_tty {
         // Leave the live screen behind with the report under it.
         writeln!(sinks.human)?;
@@ -415,10 +432,7 @@ fn emit_interval(sinks: &mut Sinks, tick: &Tick, out: &Out) -> Result<()> {
         unreadable_threads: None,
         starting_up: tick.starting_up,
     };
-    if let Some(j) = &mut sinks.json {
-        output::json::write_line(j, "interval", &v)?;
-        j.flush()?;
-    }
+    sinks.write_json("interval", &v)?;
     if sinks.quiet {
         return Ok(());
     }

@@ -18,6 +18,15 @@ use crate::{
     job::{GpuFleet, Report, Tick},
 };
 
+/// A failed write of the trace: named by its option and path where it has
+/// them (a usage error, as when the file cannot be created).
+fn failed(trace: Option<&(&'static str, PathBuf)>, e: std::io::Error) -> anyhow::Error {
+    match trace {
+        Some((option, path)) => crate::error::output_failed(option, path, &e).into(),
+        None => anyhow::Error::new(e).context("writing the timeline"),
+    }
+}
+
 /// What to write where: `--timeline out.svg` alone means the picture (a
 /// JSON trace in a file named `.svg` is what nobody wants).
 fn outputs<'a>(trace: Option<&'a Path>, svg: Option<&'a Path>) -> (Option<&'a Path>, Option<&'a Path>) {
@@ -29,7 +38,10 @@ fn outputs<'a>(trace: Option<&'a Path>, svg: Option<&'a Path>) -> (Option<&'a Pa
 
 pub struct Recording {
     timeline: Timeline<Box<dyn Write>>,
-    svg: Option<PathBuf>,
+    /// The trace's file and the option that named it (None: in memory, or
+    /// the picture alone).
+    trace: Option<(&'static str, PathBuf)>,
+    svg: Option<(&'static str, PathBuf)>,
 }
 
 /// Bytes written by a recording kept in memory, read once it is finished.
@@ -60,10 +72,12 @@ impl Recording {
     pub fn create(trace: Option<&Path>, svg: Option<&Path>, origin_ns: u64) -> Result<Self> {
         let svg_from_trace = svg.is_none() && trace.is_some();
         let (trace, svg) = outputs(trace, svg);
+        // Named as the user typed it: `--timeline t.svg` is the picture.
+        let svg_option = if trace.is_none() && svg_from_trace { "--timeline" } else { "--timeline-svg" };
         let out: Box<dyn Write> = match trace {
             None => Box::new(std::io::sink()),
             Some(p) => {
-                let f = crate::error::create_output("--timeline", p)?;
+                let f = crate::error::create_output("--timeline", p)?.file;
                 if p.extension().is_some_and(|e| e == "gz") {
                     Box::new(flate2::write::GzEncoder::new(BufWriter::new(f), flate2::Compression::default()))
                 } else {
@@ -72,12 +86,12 @@ impl Recording {
             }
         };
         if let Some(p) = svg {
-            // Named as the user typed it: `--timeline t.svg` is the picture.
-            let option = if trace.is_none() && svg_from_trace { "--timeline" } else { "--timeline-svg" };
-            crate::error::create_output(option, p)?;
+            crate::error::create_output(svg_option, p)?;
         }
         let real = ClockSnapshot::now().mono_to_realtime_ns(origin_ns);
-        Ok(Self { timeline: Timeline::new(out, origin_ns, real)?, svg: svg.map(Path::to_path_buf) })
+        let trace = trace.map(|p| ("--timeline", p.to_path_buf()));
+        let timeline = Timeline::new(out, origin_ns, real).map_err(|e| failed(trace.as_ref(), e))?;
+        Ok(Self { timeline, trace, svg: svg.map(|p| (svg_option, p.to_path_buf())) })
     }
 
     /// A gzip'd Chrome trace kept in memory (the daemon's capture
@@ -88,7 +102,7 @@ impl Recording {
         let real = ClockSnapshot::now().mono_to_realtime_ns(origin_ns);
         let timeline = Timeline::new(Box::new(gz) as Box<dyn Write>, origin_ns, real)?;
         let timeline = timeline.with_limits(super::DEFAULT_RESOLUTION_NS, max_events);
-        Ok(Self { timeline, svg: None })
+        Ok(Self { timeline, trace: None, svg: None })
     }
 
     /// Takes the switch records out of `events` (the rest is the job's;
@@ -112,11 +126,16 @@ impl Recording {
             }
             keep
         });
-        Ok(err?)
+        err.map_err(|e| failed(self.trace.as_ref(), e))
     }
 
     /// One interval: each process's file reads, the GPU samples, the verdict.
     pub fn tick(&mut self, tick: &Tick, gpus: &GpuFleet) -> Result<()> {
+        let written = self.write_tick(tick, gpus);
+        written.map_err(|e| failed(self.trace.as_ref(), e))
+    }
+
+    fn write_tick(&mut self, tick: &Tick, gpus: &GpuFleet) -> std::io::Result<()> {
         let w = &tick.interval;
         for p in &w.procs {
             let files: Vec<(String, u64)> =
@@ -170,11 +189,11 @@ impl Recording {
         if let Some(ts) = report.startup_end_ns {
             self.timeline.startup_end(ts);
         }
-        let picture = self.timeline.finish(end_ns, &names).context("writing the timeline")?;
-        if let Some(path) = &self.svg {
+        let picture = self.timeline.finish(end_ns, &names).map_err(|e| failed(self.trace.as_ref(), e))?;
+        if let Some((option, path)) = &self.svg {
             let title = format!("{title} — {}", report.verdict.kind.as_str());
             std::fs::write(path, render_svg(&picture, &title))
-                .with_context(|| format!("writing {}", path.display()))?;
+                .map_err(|e| crate::error::output_failed(option, path, &e))?;
         }
         Ok(())
     }
