@@ -213,7 +213,7 @@ pub fn fd_info(pid: u32, fd: i32) -> Option<Opened> {
 /// a path (a copy of an unknown descriptor) is taken as it is.
 pub fn fd_info_of_open(pid: u32, fd: i32, path: &str) -> Option<Opened> {
     let link = format!("/proc/{pid}/fd/{fd}");
-    let now = fd_info(pid, fd).zip(file_id(&link));
+    let now = fs::read_link(&link).ok().and_then(|t| identified(&link, t.to_string_lossy().into_owned()));
     if path.is_empty() {
         return now.map(|(opened, _)| opened);
     }
@@ -233,20 +233,21 @@ pub fn fd_info_of_open(pid: u32, fd: i32, path: &str) -> Option<Opened> {
     }
 }
 
-/// The device and inode a path leads to (links followed).
-fn file_id(path: &str) -> Option<(u64, u64)> {
+/// What `path` leads to (links followed), as `target`, with its device and
+/// inode: one `stat`.
+fn identified(path: &str, target: String) -> Option<(Opened, (u64, u64))> {
     use std::os::unix::fs::MetadataExt;
-    fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    let meta = fs::metadata(path).ok()?;
+    let id = (meta.dev(), meta.ino());
+    Some((Opened::from_meta(target, &meta), id))
 }
 
 /// What a relative path names from `pid`'s working directory now, and its
 /// device and inode.
 fn cwd_info(pid: u32, path: &str) -> Option<(Opened, (u64, u64))> {
-    let in_cwd = format!("/proc/{pid}/cwd/{path}");
-    let meta = fs::metadata(&in_cwd).ok()?;
     let cwd = fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
     let target = cwd.join(path.trim_start_matches("./")).to_string_lossy().into_owned();
-    Some((Opened::from_meta(target, &meta), file_id(&in_cwd)?))
+    identified(&format!("/proc/{pid}/cwd/{path}"), target)
 }
 
 /// The inode of the listening TCP socket that accepts connections to
