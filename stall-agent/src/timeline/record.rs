@@ -7,7 +7,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::{render_svg, Names, Timeline};
 use crate::{
@@ -170,7 +170,7 @@ impl Recording {
             names.threads.insert(t.tid, t.comm.clone());
         }
         self.timeline.lost = lost;
-        self.timeline.finish(end_ns, &names).context("writing the timeline")?;
+        self.timeline.finish(end_ns, &names).map_err(|e| failed(self.trace.as_ref(), e))?;
         Ok(())
     }
 
