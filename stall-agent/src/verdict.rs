@@ -124,6 +124,10 @@ pub mod rules {
     pub const COLLECTIVE_LATE_S: f64 = 0.02;
     /// ...and last at this share of them holds the run.
     pub const COLLECTIVE_LAST_SHARE: f64 = 0.5;
+    /// A process outside the job that feeds the trainer (a server it asks,
+    /// a program writing its pipe), on CPU this much of its recent past
+    /// (in CPUs), is what the trainer's input waits for.
+    pub const PEER_BUSY: f64 = 0.5;
 }
 
 /// `w`: the window judged (the last few seconds live, the whole run at the

@@ -12,6 +12,39 @@ use crate::detail::{Name, PathName, Peer, Text};
 pub struct Party {
     pub pid: u32,
     pub comm: Name,
+    /// What it did lately, where stall looked (a process outside the job
+    /// the job waits on: the other end of a pipe or socket).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activity: Option<Activity>,
+}
+
+impl Party {
+    pub fn new(pid: u32, comm: impl Into<Name>) -> Self {
+        Self { pid, comm: comm.into(), activity: None }
+    }
+}
+
+/// What a process did over a span of its recent past, from its own
+/// counters in /proc: its CPU time and the bytes it read from storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Activity {
+    pub span_ns: u64,
+    /// CPU time of all its threads.
+    pub cpu_ns: u64,
+    /// Bytes it had read from storage (its reads' misses of the page
+    /// cache), /proc/PID/io `read_bytes`.
+    pub storage_read_bytes: u64,
+}
+
+impl Activity {
+    pub fn secs(&self) -> f64 {
+        self.span_ns as f64 / 1e9
+    }
+
+    /// CPUs it kept busy on average (1.0: one CPU all the time).
+    pub fn cpu(&self) -> f64 {
+        self.cpu_ns as f64 / self.span_ns.max(1) as f64
+    }
 }
 
 impl std::fmt::Display for Party {
@@ -29,8 +62,10 @@ pub enum WaitObject {
     /// its other end: the reader of what it writes, or the writers of what
     /// it reads.
     Pipe { fd: i32, writing: bool, others: Vec<Party> },
-    /// A socket, and its peer where it is a connected inet one.
-    Socket { fd: i32, peer: Option<Peer> },
+    /// A socket, its peer's address where it is a connected inet one, and
+    /// the processes on this host holding its other end (a Unix socket's
+    /// peer, a local TCP connection's other socket).
+    Socket { fd: i32, peer: Option<Peer>, others: Vec<Party> },
     /// A regular file.
     File { fd: i32, path: PathName },
     /// A file lock (`flock`, `fcntl` F_SETLKW) on `path`, and who holds it
@@ -59,11 +94,17 @@ impl WaitObject {
                     [one, rest @ ..] => format!("{name} {by} {one} and {} more", rest.len()),
                 }
             }
-            WaitObject::Socket { fd, peer } => {
+            WaitObject::Socket { fd, peer, others } => {
                 let name = fd_name(*fd).map(|n| format!("{n}, ")).unwrap_or_default();
+                let of = match others.as_slice() {
+                    [] => String::new(),
+                    [one] => format!(" of {one}"),
+                    [one, rest @ ..] => format!(" of {one} and {} more", rest.len()),
+                };
                 match peer {
-                    Some(p) => format!("{name}the socket to {p}"),
-                    None => format!("{name}a socket"),
+                    Some(p) => format!("{name}the socket to {p}{of}"),
+                    None if others.is_empty() => format!("{name}a socket"),
+                    None => format!("{name}a socket to {}", &of[4..]),
                 }
             }
             WaitObject::File { path, .. } => path.to_string(),
@@ -86,7 +127,8 @@ impl WaitObject {
             WaitObject::Pipe { others, .. } => others,
             WaitObject::Lock { holders, .. } => holders,
             WaitObject::Child { children } => children,
-            WaitObject::Socket { .. } | WaitObject::File { .. } => &[],
+            WaitObject::Socket { others, .. } => others,
+            WaitObject::File { .. } => &[],
         }
     }
 }
@@ -180,14 +222,24 @@ mod tests {
 
     #[test]
     fn objects_say_what_they_are_and_who_holds_them() {
-        let fb = Party { pid: 812, comm: "fluent-bit".into() };
+        let fb = Party::new(812, "fluent-bit");
         assert_eq!(
             WaitObject::Pipe { fd: 1, writing: true, others: vec![fb.clone()] }.describe(),
             "stdout, a pipe read by pid 812 (fluent-bit)"
         );
         assert_eq!(
-            WaitObject::Socket { fd: 7, peer: Some("10.0.0.5:443".into()) }.describe(),
+            WaitObject::Socket { fd: 7, peer: Some("10.0.0.5:443".into()), others: vec![] }.describe(),
             "the socket to 10.0.0.5:443"
+        );
+        let server = Party::new(4242, "feature-srv");
+        assert_eq!(
+            WaitObject::Socket { fd: 7, peer: Some("127.0.0.1:8080".into()), others: vec![server.clone()] }
+                .describe(),
+            "the socket to 127.0.0.1:8080 of pid 4242 (feature-srv)"
+        );
+        assert_eq!(
+            WaitObject::Socket { fd: 5, peer: None, others: vec![server] }.describe(),
+            "a socket to pid 4242 (feature-srv)"
         );
         let lock = WaitObject::Lock { path: "/tmp/ext/lock".into(), holders: vec![fb] };
         assert_eq!(lock.describe(), "the lock on /tmp/ext/lock, held by pid 812 (fluent-bit)");

@@ -450,3 +450,108 @@ impl Server {
         truth(&self.stats)["sent_bytes"].as_u64().unwrap()
     }
 }
+
+/// A mounted stall-slowfs (a read-only FUSE filesystem that answers at a
+/// set pace, as s3fs, gcsfuse or a cluster's FUSE client does), unmounted
+/// and stopped when dropped.
+struct SlowFs {
+    server: std::process::Child,
+    pid: u64,
+    mountpoint: std::path::PathBuf,
+}
+
+impl SlowFs {
+    fn mount(source: &Path, mountpoint: &Path, mbps: u32) -> Self {
+        use std::io::{BufRead, BufReader};
+        std::fs::create_dir_all(mountpoint).unwrap();
+        let mut server = Command::new(env!("CARGO_BIN_EXE_stall-slowfs"))
+            .arg(source)
+            .arg(mountpoint)
+            .arg(mbps.to_string())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("stall-slowfs");
+        let mut line = String::new();
+        BufReader::new(server.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        let pid = line.trim().strip_prefix("ready ").and_then(|p| p.parse().ok());
+        let pid = pid.unwrap_or_else(|| panic!("stall-slowfs did not mount: {line:?}"));
+        Self { server, pid, mountpoint: mountpoint.to_path_buf() }
+    }
+}
+
+impl Drop for SlowFs {
+    fn drop(&mut self) {
+        stop(&mut self.server, nix::sys::signal::Signal::SIGTERM);
+        // Where the server could not unmount (killed), nobody else will.
+        let _ = nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// DataLoader workers read 4 shards of 8 MB from a FUSE filesystem that
+/// answers at 8 MB/s. None of the bytes pass the block layer, so none
+/// count as read from storage; that is no page cache serving them: the
+/// verdict names the FUSE filesystem, and its server as what answered the
+/// workers' reads, and each file is marked with its filesystem.
+#[test]
+fn workers_reading_a_slow_fuse_mount_name_the_filesystem_and_its_server() {
+    require_root();
+    let s = disk_scratch("fuse");
+    let source = s.path("source");
+    let _ = stall_tests::workload::shards(&source, 4, 8, 8);
+    let fs = SlowFs::mount(&source, &s.path("mnt"), 8);
+    let t_path = s.path("truth.json");
+    let mnt = fs.mountpoint.to_str().unwrap().to_string();
+    let job = stall_tests::workload::workload(&[
+        "--mode",
+        "io",
+        "--cache-dir",
+        &mnt,
+        "--files",
+        "4",
+        "--file-mb",
+        "8",
+        "--workers",
+        "2",
+        "--throttle-mbps",
+        "0",
+        "--start-delay",
+        "0",
+        "--truth",
+        t_path.to_str().unwrap(),
+    ]);
+    let mut argv = vec!["run", "-q", "--"];
+    argv.extend(job.iter().map(String::as_str));
+    let run = stall(&argv, &[], Duration::from_secs(180));
+    assert_eq!(run.status, 0, "stall run failed:\n{}", run.stderr);
+    let t = truth(&t_path);
+    let line = summary_line(&run);
+    eprintln!("fuse: {}: {line}", kind(&run));
+    let want = t["read_bytes"].as_u64().unwrap();
+    assert_eq!(want, 32_000_000, "4 shards of 8 MB: {t}");
+    // The mount's type as the kernel shows it (`fuse`, or `fuse.slowfs`
+    // where the mount gave a subtype).
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let fstype = mountinfo
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some(mnt.as_str()))
+        .and_then(|l| l.split_once(" - ")?.1.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{mnt} not in the mount table"))
+        .to_string();
+    assert!(fstype.starts_with("fuse"), "{fstype}");
+    // Every byte, in files marked as the FUSE filesystem's.
+    let on_fuse: u64 = run
+        .processes()
+        .iter()
+        .flat_map(|p| p["files"].as_array().unwrap())
+        .filter(|f| f["path"].as_str().is_some_and(|p| p.starts_with(&mnt)))
+        .map(|f| {
+            assert_eq!(f["filesystem"], fstype.as_str(), "{f}");
+            f["read_bytes"].as_u64().unwrap()
+        })
+        .sum();
+    assert_eq!(on_fuse, want, "bytes read from the mount");
+    assert_eq!(kind(&run), "input-io-bound", "{line}");
+    assert!(line.contains(&format!("from {fstype}, a FUSE filesystem")), "{line}");
+    assert!(line.contains(&format!("the reads answered by pid {} (", fs.pid)), "{line}");
+    assert!(!line.contains("page cache,") && !line.contains("from the page cache"), "{line}");
+}

@@ -191,6 +191,13 @@ fn stdout_into_a_slow_pipe_names_its_reader() {
 /// A server outside the job, started with `args` (its mode and rate),
 /// and the port its truth names.
 fn outside_server(s: &Scratch, args: &[&str]) -> (Outside, String) {
+    let (server, truth) = outside(s, args);
+    (server, truth["port"].as_u64().unwrap().to_string())
+}
+
+/// A program outside the job, started with `args`, once it has written
+/// its truth (a server: once it listens), and that truth.
+fn outside(s: &Scratch, args: &[&str]) -> (Outside, Value) {
     let truth_path = s.path(&format!("{}.json", args[0]));
     let child = Command::new(python())
         .arg(waits_py())
@@ -198,10 +205,168 @@ fn outside_server(s: &Scratch, args: &[&str]) -> (Outside, String) {
         .args(["--truth", truth_path.to_str().unwrap()])
         .stdout(Stdio::null())
         .spawn()
-        .expect("the server outside the job");
-    let server = Outside(child);
-    let port = truth_of(&truth_path)["port"].as_u64().unwrap().to_string();
-    (server, port)
+        .expect("the program outside the job");
+    let program = Outside(child);
+    (program, truth_of(&truth_path))
+}
+
+/// What the trainer's main thread was last seen waiting on, the process
+/// at its other end (checked to be `pid`), and that process's CPU share
+/// and storage bytes over the span stall sampled it.
+fn other_end(run: &Run, trainer: u64, pid: u64) -> (f64, u64, f64) {
+    let on = &run.thread(trainer)["waits_on"];
+    let party = &on["others"][0];
+    assert_eq!(party["pid"], pid, "the other end of {on}");
+    let a = &party["activity"];
+    let span = a["span_ns"].as_u64().unwrap_or_else(|| panic!("no activity in {on}"));
+    assert!(span >= 1_000_000_000, "sampled over {span} ns: {on}");
+    (
+        a["cpu_ns"].as_u64().unwrap() as f64 / span as f64,
+        a["storage_read_bytes"].as_u64().unwrap(),
+        span as f64 / 1e9,
+    )
+}
+
+/// The verdict's step past the job: the peer's pid and state.
+fn peer_step(run: &Run) -> (u64, String, f64) {
+    let path = run.summary()["verdict"]["path"].as_array().unwrap().clone();
+    let peer = path.iter().find(|p| p["who"] == "peer").unwrap_or_else(|| panic!("no peer step in {path:?}"));
+    (
+        peer["pids"][0].as_u64().unwrap(),
+        peer["state"].as_str().unwrap().to_string(),
+        peer["share"].as_f64().unwrap_or(0.0),
+    )
+}
+
+/// A feature server outside the job computes each 16 KiB answer for 40 ms
+/// in Python; the trainer asks it for each step's features over a Unix
+/// socket and waits. The server is the input, on CPU: input-cpu-bound,
+/// naming it, with its CPU share as /proc counts it.
+#[test]
+fn a_feature_server_on_cpu_behind_a_unix_socket_is_the_input() {
+    let s = Scratch::new("featsrv-unix");
+    let sock = s.path("features.sock");
+    let sock = sock.to_str().unwrap();
+    let (_server, st) = outside(&s, &["feature-server", "--unix", sock, "--answer-ms", "40"]);
+    let server = st["server"].as_u64().unwrap();
+    let t_path = s.path("truth.json");
+    let log = s.path("train.log");
+    let args = ["feature-client", "--unix", sock, "--steps", "120", "--log", log.to_str().unwrap()];
+    let (run, t) = run(&args, &t_path, Duration::from_secs(120));
+    let (kind, line) = verdict(&run);
+    eprintln!("feature server (unix): {kind}: {line}; truth {t}");
+    let trainer = t["trainer"].as_u64().unwrap();
+    let (cpu, storage, _) = other_end(&run, trainer, server);
+    // 40 ms of Python per answer, a millisecond of the trainer's between.
+    assert!((0.7..=1.05).contains(&cpu), "the server on CPU {cpu:.2}");
+    assert_eq!(storage, 0, "the server reads no files");
+    assert_eq!(kind, "input-cpu-bound", "{line}");
+    assert!(line.contains(&format!("reading a socket to pid {server} (")), "{line}");
+    assert!(line.contains(&format!("pid {server} (python3) at its other end was on CPU")), "{line}");
+    let (pid, state, share) = peer_step(&run);
+    assert_eq!((pid, state.as_str()), (server, "on-cpu"));
+    assert!((share - cpu.min(1.0)).abs() < 0.02, "{share} against {cpu}");
+}
+
+/// The same server on 127.0.0.1: the network is not what is slow, the
+/// server's CPU is.
+#[test]
+fn a_feature_server_on_cpu_on_localhost_is_no_network_input() {
+    let s = Scratch::new("featsrv-tcp");
+    let (_server, st) = outside(&s, &["feature-server", "--answer-ms", "40"]);
+    let (server, port) = (st["server"].as_u64().unwrap(), st["port"].as_u64().unwrap().to_string());
+    let t_path = s.path("truth.json");
+    let log = s.path("train.log");
+    let args = ["feature-client", "--port", &port, "--steps", "120", "--log", log.to_str().unwrap()];
+    let (run, t) = run(&args, &t_path, Duration::from_secs(120));
+    let (kind, line) = verdict(&run);
+    eprintln!("feature server (tcp): {kind}: {line}; truth {t}");
+    let trainer = t["trainer"].as_u64().unwrap();
+    let (cpu, _, _) = other_end(&run, trainer, server);
+    assert!(cpu >= 0.7, "the server on CPU {cpu:.2}");
+    assert_eq!(kind, "input-cpu-bound", "{line}");
+    assert!(line.contains(&format!("reading the socket to 127.0.0.1:{port} of pid {server} (")), "{line}");
+    assert_eq!(peer_step(&run).0, server);
+}
+
+/// The server reads each 512 KiB answer from cold files on storage
+/// throttled to 8 MB/s: input-io-bound, naming it and what it read, which
+/// is what it sent the trainer, at the throttle's rate.
+#[test]
+fn a_feature_server_reading_cold_files_is_named_with_its_storage_reads() {
+    let s = disk_scratch("featsrv-cold");
+    let cache = s.path("shards");
+    shards(&cache, 8, 8, 8);
+    let sock = s.path("features.sock");
+    let sock = sock.to_str().unwrap();
+    let server_args = ["feature-server", "--unix", sock, "--dir", cache.to_str().unwrap(), "--files", "8"];
+    let (_server, st) = outside(&s, &[&server_args[..], &["--mbps", "8", "--answer-kib", "512"]].concat());
+    let server = st["server"].as_u64().unwrap();
+    let t_path = s.path("truth.json");
+    let log = s.path("train.log");
+    let args = [
+        "feature-client",
+        "--unix",
+        sock,
+        "--answer-kib",
+        "512",
+        "--steps",
+        "70",
+        "--log",
+        log.to_str().unwrap(),
+    ];
+    let (run, t) = run(&args, &t_path, Duration::from_secs(120));
+    let (kind, line) = verdict(&run);
+    eprintln!("feature server (cold files): {kind}: {line}; truth {t}");
+    let trainer = t["trainer"].as_u64().unwrap();
+    let (cpu, storage, span) = other_end(&run, trainer, server);
+    let sent = t["bytes"].as_u64().unwrap();
+    assert_eq!(sent, 70 * 512 * 1024);
+    // Over the span sampled (part of the run), the server's storage reads
+    // are its answers' bytes at the throttle's pace.
+    let rate = storage as f64 / span / 1e6;
+    assert!((4.0..=9.2).contains(&rate), "{storage} bytes from storage in {span:.1}s: {rate:.1} MB/s");
+    assert!(storage as f64 <= sent as f64 * 1.15, "{storage} of {sent}");
+    assert!(cpu < 0.5, "the server on CPU {cpu:.2}");
+    assert_eq!(kind, "input-io-bound", "{line}");
+    assert!(line.contains(&format!("pid {server} (python3) at its other end read ")), "{line}");
+    assert!(line.contains("from storage in its last"), "{line}");
+    assert_eq!(peer_step(&run).1, "io");
+}
+
+/// A preprocessor outside the job writes 64 KiB records into a named pipe
+/// after 30 ms of Python each; the trainer reads the FIFO: the writer on
+/// CPU is the input, not the pipe.
+#[test]
+fn a_fifo_writer_on_cpu_is_the_input() {
+    let s = Scratch::new("fifo");
+    let fifo = s.path("records.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let fifo = fifo.to_str().unwrap();
+    let p_truth = s.path("produce.json");
+    // Started first, it blocks opening the FIFO until the trainer opens it.
+    let producer = Outside(
+        Command::new(python())
+            .arg(waits_py())
+            .args(["produce", "--fifo", fifo, "--records", "150", "--record-ms", "30"])
+            .args(["--truth", p_truth.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    let t_path = s.path("truth.json");
+    let log = s.path("train.log");
+    let (run, t) =
+        run(&["consume", "--fifo", fifo, "--log", log.to_str().unwrap()], &t_path, Duration::from_secs(120));
+    let (kind, line) = verdict(&run);
+    eprintln!("fifo: {kind}: {line}; truth {t}");
+    let writer = u64::from(producer.0.id());
+    let trainer = t["trainer"].as_u64().unwrap();
+    assert_eq!(t["bytes"].as_u64().unwrap(), 150 * 64 * 1024);
+    let (cpu, _, _) = other_end(&run, trainer, writer);
+    assert!(cpu >= 0.7, "the writer on CPU {cpu:.2}");
+    assert_eq!(kind, "input-cpu-bound", "{line}");
+    assert!(line.contains(&format!("a pipe written by pid {writer} (")), "{line}");
+    assert_eq!(peer_step(&run).0, writer);
 }
 
 /// The main thread joins a thread that PUTs a 12 MiB checkpoint to an
@@ -226,15 +391,18 @@ fn a_checkpoint_uploaded_by_a_thread_the_trainer_joins_is_output_bound() {
 }
 
 /// No workers: the trainer reads its samples from a socket that a source
-/// outside the job feeds at 2 MB/s. Its main thread waits in `poll`
-/// (its receives), woken by the network: input-io-bound, naming the peer,
-/// with the bytes received.
+/// outside the job, on this host, feeds at 2 MB/s, sleeping between
+/// chunks. Its main thread waits in `poll` (its receives), woken from
+/// outside the job: the source is named, and seen idle it is its pace the
+/// trainer waits for (input-wait-bound), not the network; the bytes
+/// received are the source's.
 #[test]
 fn a_trainer_streaming_from_a_slow_source_is_input_bound_naming_it() {
     let s = Scratch::new("stream");
-    let (_source, port) = outside_server(&s, &["slow-source", "--kbps", "2000", "--chunks", "60"]);
+    let (_source, st) = outside(&s, &["slow-source", "--kbps", "2000", "--chunks", "120"]);
+    let (source, port) = (st["source"].as_u64().unwrap(), st["port"].as_u64().unwrap());
     let t_path = s.path("truth.json");
-    let (run, t) = run(&["stream-reader", "--port", &port], &t_path, Duration::from_secs(120));
+    let (run, t) = run(&["stream-reader", "--port", &port.to_string()], &t_path, Duration::from_secs(120));
     let (kind, line) = verdict(&run);
     eprintln!("stream: {kind}: {line}; truth {t}");
     let trainer = t["trainer"].as_u64().unwrap();
@@ -247,8 +415,11 @@ fn a_trainer_streaming_from_a_slow_source_is_input_bound_naming_it() {
         .map(|p| p["read_bytes"].as_u64().unwrap())
         .sum();
     assert_eq!(received, t["bytes"].as_u64().unwrap(), "bytes received from {peer}");
-    assert_eq!(kind, "input-io-bound", "{line}");
-    assert!(line.contains(&format!("reading the socket to {peer} (")), "{line}");
+    let (cpu, storage, _) = other_end(&run, trainer, source);
+    assert!(cpu < 0.3 && storage == 0, "the source sleeps: on CPU {cpu:.2}, {storage} bytes from storage");
+    assert_eq!(kind, "input-wait-bound", "{line}");
+    assert!(line.contains(&format!("reading the socket to {peer} of pid {source} (")), "{line}");
+    assert!(line.contains("it sends at its own pace"), "{line}");
 }
 
 /// Every 4th step the trainer PUTs 8 MiB to an object store outside the

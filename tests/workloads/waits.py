@@ -13,8 +13,9 @@ JSON (--truth): pids, tids, bytes, what it waited on.
   sleepy-workers  forked workers whose __getitem__ sleeps (a rate limit)
                   feed the trainer through a multiprocessing queue
   produce         a preprocessor on CPU writing 64 KiB records to stdout
-  consume         a trainer reading those records from stdin (the two run
-                  as `sh -c "produce | consume"`)
+                  (or --fifo: a named pipe)
+  consume         a trainer reading those records from stdin or --fifo
+                  (the two run as `sh -c "produce | consume"`)
   pipe-writer     prints 64 KiB per step to stdout (a pipe the test drains
                   slowly with slow-reader)
   upload          every few steps PUTs a checkpoint over HTTP to
@@ -23,6 +24,12 @@ JSON (--truth): pids, tids, bytes, what it waited on.
                   thread, done with its step, joins it
   stream-reader   no workers: the trainer reads its samples from a socket
                   that slow-source (outside the job) feeds at a set rate
+  feature-server  outside the job: answers each request on a Unix socket
+                  (--unix) or on 127.0.0.1 after computing it in Python,
+                  or (--dir) with bytes read from cold files on storage
+                  throttled with a cgroup
+  feature-client  the trainer: asks feature-server for each step's
+                  features and waits for the answer
   flock           logs a line, then waits in flock on a lock hold-lock holds
   eval-child      runs a CPU-bound evaluation subprocess every few steps
                   (--shell: through /bin/sh -c, which waits for it)
@@ -199,7 +206,7 @@ RECORD = 64 * 1024
 def produce(a):
     """A preprocessor on CPU: each record takes --record-ms of pure Python
     work, then goes to stdout (a pipe to the trainer)."""
-    out = sys.stdout.buffer
+    out = open(a.fifo, "wb") if a.fifo else sys.stdout.buffer
     for _ in range(a.records):
         spin(a.record_ms)
         out.write(bytes(RECORD))
@@ -211,9 +218,10 @@ def consume(a):
     """The trainer at the pipeline's end: takes each record from stdin,
     steps on it briefly and logs the step."""
     got = 0
+    source = open(a.fifo, "rb") if a.fifo else sys.stdin.buffer
     with open(a.log, "a") as log:
         while True:
-            record = sys.stdin.buffer.read(RECORD)
+            record = source.read(RECORD)
             if not record:
                 break
             spin(1)
@@ -377,6 +385,85 @@ def stream_reader(a):
                           "port": a.port})
 
 
+# ----------------------------------------------------------- feature server
+
+def feature_server(a):
+    if a.unix:
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind(a.unix)
+        where = {"path": a.unix}
+    else:
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        where = {"port": srv.getsockname()[1]}
+    srv.listen(4)
+    answer = a.answer_kib * 1024
+    throttle, paths = None, []
+    if a.dir:
+        paths = [os.path.join(a.dir, n) for n in demo.file_names(a.files)]
+        throttle, note = demo.setup_throttle(a.dir, a.mbps, f"stall-featsrv-{os.getpid()}")
+        if throttle is None:
+            sys.exit(f"feature-server --dir needs its reads throttled: {note}")
+        throttle.enter()
+    write_truth(a.truth, {"server": os.getpid(), **where})
+    read = [0]
+
+    def cold_answer(k):
+        # Each answer from the next file, never from the page cache.
+        path = paths[k % len(paths)]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            data = os.pread(fd, answer, (k // len(paths)) * answer)
+        finally:
+            os.close(fd)
+        read[0] += len(data)
+        return data.ljust(answer, b"\0")
+
+    try:
+        k = 0
+        while True:
+            conn, _ = srv.accept()
+            with conn:
+                f = conn.makefile("rb")
+                while f.readline():
+                    if paths:
+                        body = cold_answer(k)
+                    else:
+                        spin(a.answer_ms)
+                        body = bytes(answer)
+                    k += 1
+                    conn.sendall(body)
+    finally:
+        if throttle is not None:
+            throttle.remove()
+
+
+def feature_client(a):
+    if a.unix:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(a.unix)
+    else:
+        sock = socket.create_connection(("127.0.0.1", a.port))
+    answer = a.answer_kib * 1024
+    got, start = 0, time.monotonic()
+    with open(a.log, "a") as log:
+        for step in range(a.steps):
+            sock.sendall(b"features\n")
+            want = answer
+            while want:
+                more = sock.recv(want)
+                if not more:
+                    sys.exit("the feature server hung up")
+                want -= len(more)
+                got += len(more)
+            spin(1)
+            log.write(f"step {step}\n")
+            log.flush()
+    write_truth(a.truth, {"trainer": os.getpid(), "bytes": got, "steps": a.steps,
+                          "secs": time.monotonic() - start})
+
+
 # --------------------------------------------------------------------- flock
 
 def hold_lock(a):
@@ -514,10 +601,12 @@ def main():
     s = sub.add_parser("produce")
     s.add_argument("--records", type=int, default=100)
     s.add_argument("--record-ms", type=float, default=30)
+    s.add_argument("--fifo")
     s.set_defaults(fn=produce)
 
     s = sub.add_parser("consume")
     s.add_argument("--log", required=True)
+    s.add_argument("--fifo")
     s.set_defaults(fn=consume)
 
     s = sub.add_parser("slow-reader")
@@ -547,6 +636,21 @@ def main():
     s = sub.add_parser("stream-reader")
     s.add_argument("--port", type=int, required=True)
     s.set_defaults(fn=stream_reader)
+    s = sub.add_parser("feature-server")
+    s.add_argument("--unix")
+    s.add_argument("--answer-ms", type=float, default=40)
+    s.add_argument("--answer-kib", type=int, default=16)
+    s.add_argument("--dir")
+    s.add_argument("--files", type=int, default=8)
+    s.add_argument("--mbps", type=float, default=4)
+    s.set_defaults(fn=feature_server)
+    s = sub.add_parser("feature-client")
+    s.add_argument("--unix")
+    s.add_argument("--port", type=int)
+    s.add_argument("--answer-kib", type=int, default=16)
+    s.add_argument("--steps", type=int, default=150)
+    s.add_argument("--log", required=True)
+    s.set_defaults(fn=feature_client)
     s = sub.add_parser("hold-lock")
     s.add_argument("--lock", required=True)
     s.set_defaults(fn=hold_lock)

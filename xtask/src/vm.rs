@@ -68,7 +68,7 @@ const DEFAULT_TIMEOUT_SECS: u64 = 1800;
 /// them depends on the kernel. Of the launch chains (chains.rs), one
 /// workload under every chain: the others walk the same exec and fork
 /// paths, each as long (about 50 s a kernel under TCG).
-const VM_SKIP: [(&str, &str); 32] = [
+const VM_SKIP: [(&str, &str); 36] = [
     ("scenarios", "cpu_bound_transforms"),
     ("scenarios", "a_short_run_is_judged_after_its_startup"),
     ("scenarios", "attach_to_cgroup"),
@@ -93,6 +93,8 @@ const VM_SKIP: [(&str, &str); 32] = [
     ("causes", "pages_of_a_dataset_mapped_before_fork_are_named_in_each_worker"),
     ("causes", "a_datasets_table_under_a_dataloader_names_what_the_workers_read"),
     ("causes", "every_shard_of_a_sharded_datasets_table_is_named_in_the_workers"),
+    // Mounts the tests' FUSE server, which the VM image does not carry.
+    ("causes", "workers_reading_a_slow_fuse_mount_name_the_filesystem_and_its_server"),
     ("manifests", "deploy_objects_pass_strict_schema_validation"),
     ("manifests", "schema_validation_rejects_misspelled_fields_wrong_types_and_missing_ones"),
     ("kube", "pods_run_by_containerd_are_named_as_the_kubelet_names_them"),
@@ -101,6 +103,12 @@ const VM_SKIP: [(&str, &str); 32] = [
     ("chains", "workers_that_sleep_under_every_chain"),
     ("chains", "an_evaluation_subprocess_under_every_chain"),
     ("chains", "loader_threads_on_slow_storage_under_every_chain"),
+    // The Unix-socket server runs in the VMs (the kernel's socket
+    // diagnostics on each kernel); its TCP, cold-file and FIFO twins judge
+    // the same other end through paths no kernel changes.
+    ("waits", "a_feature_server_on_cpu_on_localhost_is_no_network_input"),
+    ("waits", "a_feature_server_reading_cold_files_is_named_with_its_storage_reads"),
+    ("waits", "a_fifo_writer_on_cpu_is_the_input"),
 ];
 
 #[derive(Subcommand)]
@@ -228,7 +236,7 @@ fn run_vms(stall: &Path, tests: &[TestBin], opts: &VmArgs, host: Option<Row>) ->
     print!("{}", table(&rows));
     let skipped: Vec<String> = VM_SKIP.iter().map(|(bin, test)| format!("{bin}::{test}")).collect();
     println!(
-        "  not run in the VMs (CPU-speed-calibrated verdicts, or PyTorch, containerd or the manifests' schema packages, which the VM image lacks, or the docs; three of the four workloads under every launch chain): {}",
+        "  not run in the VMs (CPU-speed-calibrated verdicts, or PyTorch, containerd or the manifests' schema packages, or the FUSE server, which the VM image lacks, or the docs; three of the four workloads under every launch chain; the feature server's twins): {}",
         skipped.join(", ")
     );
     println!("integration-test vm: {:.0}s in all", start.elapsed().as_secs_f64());

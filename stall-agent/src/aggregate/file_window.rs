@@ -19,6 +19,12 @@ counters! {
             /// A socket whose peer is a process of the job: IPC, not input.
             pub ipc: bool,
             pub resolved: Option<String>,
+            /// The filesystem serving it where its bytes come from a server,
+            /// neither a local disk nor memory (`fuse.slowfs`, `nfs4`): none
+            /// of them pass the block layer, and what `storage_bytes` counts
+            /// is what the server's answers brought into the page cache.
+            /// Set by the job from what /proc said while its reader ran.
+            pub filesystem: Option<String>,
         }
         pub opens: u64,
         pub read_calls: u64,

@@ -43,6 +43,8 @@ pub struct Stat {
     pub ppid: u32,
     /// Start time in clock ticks since boot.
     pub start_ticks: u64,
+    /// CPU time of all its threads (utime + stime), clock ticks.
+    pub cpu_ticks: u64,
 }
 
 pub fn parse_stat(text: &str) -> Option<Stat> {
@@ -55,6 +57,7 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
         state: rest.first()?.chars().next()?,
         ppid: rest.get(1)?.parse().ok()?,
         start_ticks: rest.get(19)?.parse().ok()?,
+        cpu_ticks: rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?,
     })
 }
 
@@ -320,7 +323,7 @@ pub fn parse_listener(text: &str, ip: std::net::IpAddr, port: u16) -> Option<u64
 
 /// An address as /proc/net/tcp prints it: the kernel's 32-bit words in
 /// host (little-endian) order, hex.
-fn kernel_ip(hex: &str) -> Option<std::net::IpAddr> {
+pub fn kernel_ip(hex: &str) -> Option<std::net::IpAddr> {
     let words: Vec<u32> = (0..hex.len() / 8)
         .map(|i| u32::from_str_radix(&hex[i * 8..i * 8 + 8], 16).ok())
         .collect::<Option<_>>()?;

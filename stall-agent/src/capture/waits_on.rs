@@ -1,8 +1,9 @@
 //! What a blocked thread waits on, read from /proc: the descriptor or
 //! lock in its syscall's arguments (/proc/PID/task/TID/syscall), what the
 //! descriptor is (/proc/PID/fd), and who holds the other end — a pipe's
-//! other holders (every process's descriptors), a lock's holder
-//! (/proc/locks), the children waited for.
+//! other holders (every process's descriptors), a socket's peer on this
+//! host (`sockets`), a lock's holder (/proc/locks), the children waited
+//! for.
 use std::{
     collections::HashMap,
     fs,
@@ -10,30 +11,50 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::procfs;
+use super::{procfs, sockets};
 use crate::wait::{parse_locks, subject_of, Party, Subject, WaitObject};
 
-/// Who holds a pipe, remembered a while: finding out reads every
-/// process's descriptors, which a node with thousands of processes makes
-/// slow; a pipe's reader seldom changes.
+/// Who holds a pipe's or a socket's other end, remembered a while:
+/// finding out reads every process's descriptors, which a node with
+/// thousands of processes makes slow; a pipe's reader or a connection's
+/// server seldom changes.
 #[derive(Default)]
 pub struct PipeHolders {
-    /// By pipe inode: when looked up, and who holds it (reading or not).
-    seen: HashMap<u64, (Instant, Vec<(Party, bool)>)>,
+    /// By what a descriptor links to (`pipe:[ino]`, a FIFO's path, the
+    /// waiter's `socket:[ino]`): when looked up, and who holds it (reading
+    /// or not).
+    seen: HashMap<String, (Instant, Vec<(Party, bool)>)>,
 }
 
 const PIPE_HOLDERS_FOR: Duration = Duration::from_secs(10);
 
 impl PipeHolders {
-    /// The processes other than `tgid` holding the pipe `ino` at the end
-    /// that reads (`reading`) or at the end that writes; `target` is what
-    /// a descriptor of it links to (`pipe:[ino]`, or a FIFO's path).
-    fn others(&mut self, ino: u64, target: &str, tgid: u32, reading: bool) -> Vec<Party> {
+    fn holders(&mut self, key: &str, find: impl FnOnce() -> Vec<(Party, bool)>) -> &[(Party, bool)] {
         let now = Instant::now();
         self.seen.retain(|_, (at, _)| now.duration_since(*at) < PIPE_HOLDERS_FOR);
-        let all = self.seen.entry(ino).or_insert_with(|| (now, holders_of(target)));
+        &self.seen.entry(key.to_string()).or_insert_with(|| (now, find())).1
+    }
+
+    /// The processes other than `tgid` holding the pipe at the end that
+    /// reads (`reading`) or at the end that writes; `target` is what a
+    /// descriptor of it links to (`pipe:[ino]`, or a FIFO's path).
+    fn others(&mut self, target: &str, tgid: u32, reading: bool) -> Vec<Party> {
+        let all = self.holders(target, || holders_of(target));
         let mut out: Vec<Party> =
-            all.1.iter().filter(|(p, r)| p.pid != tgid && *r == reading).map(|(p, _)| p.clone()).collect();
+            all.iter().filter(|(p, r)| p.pid != tgid && *r == reading).map(|(p, _)| p.clone()).collect();
+        out.dedup();
+        out
+    }
+
+    /// The processes other than `tgid` holding the other end of its socket
+    /// `ino` (descriptor `fd`, `target`: `socket:[ino]`), where it is on
+    /// this host.
+    fn socket_others(&mut self, target: &str, tgid: u32, fd: i32, ino: u64) -> Vec<Party> {
+        let all = self.holders(&format!("{tgid}/{target}"), || match sockets::other_end(tgid, ino) {
+            Some(end) => holders_of(&format!("socket:[{end}]")),
+            None => sockets::peer_pid(tgid, fd).and_then(party).map(|p| (p, true)).into_iter().collect(),
+        });
+        let mut out: Vec<Party> = all.iter().filter(|(p, _)| p.pid != tgid).map(|(p, _)| p.clone()).collect();
         out.dedup();
         out
     }
@@ -89,15 +110,12 @@ pub fn descriptor(tgid: u32, fd: i32, writing: bool, pipes: &mut PipeHolders) ->
     let meta = fs::metadata(&link).ok()?;
     let ft = meta.file_type();
     if ft.is_fifo() {
-        return Some(WaitObject::Pipe {
-            fd,
-            writing,
-            others: pipes.others(meta.ino(), &target, tgid, writing),
-        });
+        return Some(WaitObject::Pipe { fd, writing, others: pipes.others(&target, tgid, writing) });
     }
     if ft.is_socket() {
         let peer = procfs::socket_peers(tgid).remove(&meta.ino());
-        return Some(WaitObject::Socket { fd, peer: peer.map(Into::into) });
+        let others = pipes.socket_others(&target, tgid, fd, meta.ino());
+        return Some(WaitObject::Socket { fd, peer: peer.map(Into::into), others });
     }
     Some(WaitObject::File { fd, path: target.into() })
 }
@@ -132,5 +150,5 @@ fn holders_of(target: &str) -> Vec<(Party, bool)> {
 }
 
 fn party(pid: u32) -> Option<Party> {
-    Some(Party { pid, comm: procfs::stat(pid)?.comm.into() })
+    Some(Party::new(pid, procfs::stat(pid)?.comm))
 }

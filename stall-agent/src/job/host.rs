@@ -5,7 +5,9 @@
 use std::collections::HashSet;
 
 use crate::{
-    capture::{environ::EnvironReader, procfs, waits_on, Capture},
+    capture::{
+        environ::EnvironReader, mounts::Mounts, peer_activity::PeerActivity, procfs, waits_on, Capture,
+    },
     clock::ClockSnapshot,
     cpulimit::{self, Hierarchy, Reading},
     decode::{FileSnap, Inode, JobEvent},
@@ -85,6 +87,9 @@ pub trait Host {
     /// What descriptor `fd` of `tgid` is, as an object waited on by
     /// reading or `writing` it, and who holds its other end.
     fn descriptor(&mut self, tgid: u32, fd: i32, writing: bool) -> Option<WaitObject>;
+    /// The filesystem serving `path` as `tgid` sees it, where a server
+    /// does (FUSE, a network filesystem): its mount type.
+    fn remote_filesystem(&mut self, tgid: u32, path: &str) -> Option<String>;
 }
 
 /// The machine as it is: the capture, and beside it the readers of the
@@ -96,6 +101,8 @@ pub struct LiveHost {
     /// controller found).
     cpu: Option<Hierarchy>,
     pipes: waits_on::PipeHolders,
+    peers: PeerActivity,
+    mounts: Mounts,
     environ: EnvironReader,
 }
 
@@ -106,6 +113,8 @@ impl LiveHost {
             stacks: PyStacks::new(),
             cpu: Hierarchy::find(),
             pipes: Default::default(),
+            peers: Default::default(),
+            mounts: Default::default(),
             environ: Default::default(),
         }
     }
@@ -209,11 +218,19 @@ impl Host for LiveHost {
     }
 
     fn waits_on(&mut self, tgid: u32, tid: u32, nr: i64) -> Option<WaitObject> {
-        waits_on::wait_object(tgid, tid, nr, &mut self.pipes)
+        let mut o = waits_on::wait_object(tgid, tid, nr, &mut self.pipes)?;
+        self.peers.fill(&mut o);
+        Some(o)
     }
 
     fn descriptor(&mut self, tgid: u32, fd: i32, writing: bool) -> Option<WaitObject> {
-        waits_on::descriptor(tgid, fd, writing, &mut self.pipes)
+        let mut o = waits_on::descriptor(tgid, fd, writing, &mut self.pipes)?;
+        self.peers.fill(&mut o);
+        Some(o)
+    }
+
+    fn remote_filesystem(&mut self, tgid: u32, path: &str) -> Option<String> {
+        self.mounts.remote_filesystem(tgid, path)
     }
 
     fn outputs(&self, pid: u32) -> Vec<(String, u64)> {

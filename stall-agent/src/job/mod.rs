@@ -91,6 +91,9 @@ pub struct Job {
     /// tid: a thread blocked 70 % of the time is found running at some
     /// ticks.
     waits: HashMap<u32, Vec<(u8, WaitObject)>>,
+    /// The filesystem serving each file the job read, where a server does
+    /// (None: a local one), by path: asked while its reader runs, once.
+    filesystems: HashMap<String, Option<String>>,
     /// Which rank each process is, as its sources tell.
     identities: Identities,
 }
@@ -148,6 +151,7 @@ impl Job {
             stacks: Stacks::Off,
             last_stacks: None,
             waits: HashMap::new(),
+            filesystems: HashMap::new(),
             identities: Identities::default(),
         }
     }
@@ -380,7 +384,8 @@ impl Job {
         let progress = self.progress.view(snap.ts);
         let mut recent = recent;
         self.note_waits(host, &recent, &roles);
-        self.place_waits(&mut recent);
+        self.note_filesystems(host, &recent);
+        self.place_seen(&mut recent);
         let mut verdict = verdict::judge(&recent, &roles, &gpu_windows, &progress);
         if verdict.kind.wants_stacks() || matches!(self.stacks, Stacks::Every(_)) {
             self.add_stacks(host, &mut verdict, false);
@@ -409,8 +414,8 @@ impl Job {
         let roles = self.roles(&tracks, &summary);
         let mut recent = Window::merge(self.recent.make_contiguous());
         self.note_waits(host, &recent, &roles);
-        self.place_waits(&mut recent);
-        self.place_waits(&mut summary);
+        self.place_seen(&mut recent);
+        self.place_seen(&mut summary);
         let recent_gpus: Vec<GpuWindow> =
             tracks.iter().map(|g| g.window(recent.start_ns, recent.end_ns)).collect();
         let progress = self.progress.view(end_ns);
@@ -429,7 +434,7 @@ impl Job {
                 // state to judge: the first steps load what the job uses.
                 let before = past_set_up(before, phases, end_ns);
                 let mut steady = summary.since(before);
-                self.place_waits(&mut steady);
+                self.place_seen(&mut steady);
                 let gpus: Vec<GpuWindow> = tracks.iter().map(|g| g.since(steady.start_ns, end_ns)).collect();
                 (Some(before.end_ns), verdict::judge(&steady, &roles, &gpus, &progress))
             }
@@ -554,10 +559,34 @@ impl Job {
         seen.insert(0, (why, o));
     }
 
-    /// Gives the threads of `w` what they were last seen waiting on.
-    fn place_waits(&self, w: &mut Window) {
+    /// Asks which filesystem serves each file the job's live processes
+    /// read in `w` and that was not asked about yet: one stat per new file
+    /// (the host reads a mount table once per device).
+    fn note_filesystems(&mut self, host: &mut dyn Host, w: &Window) {
+        // A job that opens a file per sample names many: past this, the
+        // table starts over rather than grow.
+        const MAX_FILES: usize = 16_384;
+        if self.filesystems.len() > MAX_FILES {
+            self.filesystems.clear();
+        }
+        for p in w.procs.iter().filter(|p| p.alive) {
+            for f in p.files.iter().filter(|f| f.bytes_in() > 0 && !f.is_code()) {
+                if !self.filesystems.contains_key(&f.path) {
+                    let fs = host.remote_filesystem(p.tgid, f.name());
+                    self.filesystems.insert(f.path.clone(), fs);
+                }
+            }
+        }
+    }
+
+    /// Gives the threads of `w` what they were last seen waiting on, and
+    /// its files the filesystem that serves them.
+    fn place_seen(&self, w: &mut Window) {
         for t in w.procs.iter_mut().flat_map(|p| p.threads.iter_mut()) {
             t.waits_on = self.waits.get(&t.tid).cloned().unwrap_or_default();
+        }
+        for f in w.procs.iter_mut().flat_map(|p| p.files.iter_mut()) {
+            f.filesystem = self.filesystems.get(&f.path).cloned().flatten();
         }
     }
 

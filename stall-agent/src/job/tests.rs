@@ -50,6 +50,8 @@ struct ScriptedHost {
     waits_on: HashMap<(u32, i64), crate::wait::WaitObject>,
     /// What each process's descriptors are, as objects waited on.
     descriptors: HashMap<(u32, i32), crate::wait::WaitObject>,
+    /// Mount types of the files a server serves, by path.
+    remote: HashMap<String, String>,
 }
 
 impl Host for ScriptedHost {
@@ -131,6 +133,9 @@ impl Host for ScriptedHost {
     }
     fn descriptor(&mut self, tgid: u32, fd: i32, _writing: bool) -> Option<crate::wait::WaitObject> {
         self.descriptors.get(&(tgid, fd)).cloned()
+    }
+    fn remote_filesystem(&mut self, _tgid: u32, path: &str) -> Option<String> {
+        self.remote.get(path).cloned()
     }
 }
 
@@ -648,7 +653,7 @@ fn a_wait_no_tick_catches_is_named_by_its_descriptor() {
     for w in WORKERS {
         sim.exit(w);
     }
-    let reader = crate::wait::Party { pid: 812, comm: "fluent-bit".into() };
+    let reader = crate::wait::Party::new(812, "fluent-bit");
     let pipe = crate::wait::WaitObject::Pipe { fd: 1, writing: true, others: vec![reader] };
     sim.host.descriptors.insert((TRAINER, 1), pipe);
     sim.trainer_now = Some(ThreadNow { running: true, reason: 0, syscall: -1, for_ns: 0 });

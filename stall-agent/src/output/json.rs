@@ -295,6 +295,10 @@ pub struct File {
     /// Bytes of it its faults mapped that another process of the job got
     /// mapped just before (in that one's `mmap_bytes`).
     pub mmap_shared_bytes: Option<u64>,
+    /// The filesystem serving it where a server does (`fuse.slowfs`,
+    /// `nfs4`): then `storage_bytes` says nothing of its page cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<String>,
 }
 
 fn thread(t: &ThreadWindow) -> Thread {
@@ -396,6 +400,7 @@ fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
                 storage_bytes: f.storage_bytes,
                 mmap_bytes: f.mmap_bytes,
                 mmap_shared_bytes: f.mmap_shared_bytes,
+                filesystem: f.filesystem.clone(),
             })
             .collect(),
         sockets: p

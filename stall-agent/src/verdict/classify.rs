@@ -16,6 +16,7 @@ use crate::{
     correlate::Roles,
     gpu::GpuWindow,
     progress::ProgressView,
+    wait::Party,
 };
 
 /// What the rules look at: the window, and the job's parts found in it.
@@ -111,6 +112,8 @@ pub(super) enum Finding<'a> {
         /// A socket's peer (input-io-bound), else a pipe's writers
         /// (input-wait-bound: the writer's pace).
         network: bool,
+        /// The process at the other end, on this host, and what it did.
+        peer: Option<&'a Party>,
     },
     /// The trainer is blocked writing or syncing files (checkpoints, logs),
     /// or writing into a pipe or socket whose reader is slow (stdout into a
@@ -192,6 +195,15 @@ impl Finding<'_> {
                 followed_wait(*state)
             }
             Finding::Child(ChildWait { state: None, .. }) => Kind::TrainerHostBound,
+            // A process seen on this host doing neither sends at its own
+            // pace (a rate limit, a wait of its own): no network is slow.
+            Finding::TrainerStream { peer: Some(p @ Party { activity: Some(_), .. }), .. } => {
+                match peer_work(p) {
+                    Some(PeerWork::Cpu) => Kind::InputCpuBound,
+                    Some(PeerWork::Storage) => Kind::InputIoBound,
+                    None => Kind::InputWaitBound,
+                }
+            }
             Finding::TrainerStream { network: true, .. } => Kind::InputIoBound,
             Finding::TrainerStream { network: false, .. } => Kind::InputWaitBound,
             Finding::HangBehindBusyGpu(_) | Finding::HangNoProgress(_) => Kind::Hang,
@@ -234,6 +246,22 @@ impl Finding<'_> {
             _ => Vec::new(),
         }
     }
+}
+
+/// What a process outside the job that feeds the trainer spends its time
+/// on, where that is its own work: the CPU, or reads from storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PeerWork {
+    Cpu,
+    Storage,
+}
+
+pub(super) fn peer_work(p: &Party) -> Option<PeerWork> {
+    let a = p.activity?;
+    if a.cpu() >= rules::PEER_BUSY {
+        return Some(PeerWork::Cpu);
+    }
+    (a.storage_read_bytes >= crate::aggregate::DATA_MIN_BYTES).then_some(PeerWork::Storage)
 }
 
 /// The kind of a wait the trainer's wait leads to, in a thread of its own
@@ -450,7 +478,7 @@ fn own_threads<'a>(
 fn streamed_in<'a>(
     s: &Scene<'a>,
     trainer: &ProcWindow,
-    main: &ThreadWindow,
+    main: &'a ThreadWindow,
     tm: &Shares,
 ) -> Option<Finding<'a>> {
     use crate::wait::WaitObject;
@@ -459,23 +487,30 @@ fn streamed_in<'a>(
         return None;
     }
     let job: HashSet<u32> = s.w.procs.iter().map(|p| p.tgid).collect();
-    let (network, bytes) = match main.wait_object(reason::POLL)? {
+    let outside = |others: &'a [Party]| {
+        (!others.is_empty() && others.iter().all(|p| !job.contains(&p.pid))).then(|| &others[0])
+    };
+    let (network, bytes, peer) = match main.wait_object(reason::POLL)? {
         // From that peer, where it is outside the job (a job's peer is IPC).
-        WaitObject::Socket { peer: Some(peer), .. } => {
+        WaitObject::Socket { peer: Some(peer), others, .. } => {
             let from = trainer.sockets.iter().find(|x| x.path == peer.value())?;
-            (true, if from.ipc { 0 } else { from.read_bytes })
+            (true, if from.ipc { 0 } else { from.read_bytes }, outside(others))
+        }
+        // A Unix socket to a process outside the job (a feature server).
+        WaitObject::Socket { peer: None, others, .. } => {
+            let peer = outside(others)?;
+            (true, main.delta.other_read_bytes, Some(peer))
         }
         WaitObject::Pipe { writing: false, others, .. } if others.iter().all(|p| !job.contains(&p.pid)) => {
-            (false, main.delta.other_read_bytes)
+            (false, main.delta.other_read_bytes, outside(others))
         }
         _ => return None,
     };
-    let (outside, all) = ended_by(main, |b| !job.contains(&b.tgid));
-    (bytes >= crate::aggregate::DATA_MIN_BYTES && outside * 2 > all).then_some(Finding::TrainerStream {
-        wait,
-        bytes,
-        network,
-    })
+    // A process on this host seen doing its own work feeds the trainer
+    // whatever the size of its answers (a model server's scores).
+    let fed = bytes >= crate::aggregate::DATA_MIN_BYTES || peer.is_some_and(|p| peer_work(p).is_some());
+    let (from_outside, all) = ended_by(main, |b| !job.contains(&b.tgid));
+    (fed && from_outside * 2 > all).then_some(Finding::TrainerStream { wait, bytes, network, peer })
 }
 
 /// A reason's share of the workers' main threads, averaged.

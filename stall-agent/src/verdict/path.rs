@@ -15,8 +15,9 @@ use crate::aggregate::{ProcWindow, ThreadWindow, Waker};
 pub struct PathStep {
     /// Who: `trainer main thread`, `workers`, `loader threads`, `thread`,
     /// `child` (a step each, through a shell that waits for its own),
-    /// `children` (run one after another), or what it waits on (`output`,
-    /// `lock`).
+    /// `children` (run one after another), `peer` (a process outside the
+    /// job at the other end of the socket or pipe the trainer reads), or
+    /// what it waits on (`output`, `lock`).
     pub who: &'static str,
     pub pids: Vec<u32>,
     pub tids: Vec<u32>,
@@ -123,7 +124,17 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
             vec![start(out_reason, *out)]
         }
         Finding::TrainerReads { own_io } => vec![start(reason::IO, *own_io)],
-        Finding::TrainerStream { wait, .. } => vec![start(reason::POLL, *wait)],
+        Finding::TrainerStream { wait, peer, .. } => {
+            let mut path = vec![start(reason::POLL, *wait)];
+            if let Some((p, a)) = peer.and_then(|p| Some((p, p.activity?))) {
+                let mut past = step("peer", vec![p.pid], Vec::new(), "on-cpu", a.cpu().min(1.0));
+                if super::classify::peer_work(p) == Some(super::classify::PeerWork::Storage) {
+                    (past.state, past.share) = (reason::name(reason::IO), None);
+                }
+                path.push(past);
+            }
+            path
+        }
         Finding::GpuWait { sync } => {
             vec![step("trainer main thread", vec![trainer.tgid], vec![main.tid], "gpu-sync", *sync)]
         }
@@ -143,7 +154,7 @@ pub(super) fn of(s: &Scene, finding: &Finding) -> Vec<PathStep> {
     if let Some(last) = path.get_mut(1) {
         let (pids, tids) = (last.pids.clone(), last.tids.clone());
         last.waited = match last.who {
-            "workers" | "child" | "children" => waited_for(main, s.secs, |b| pids.contains(&b.tgid)),
+            "workers" | "child" | "children" | "peer" => waited_for(main, s.secs, |b| pids.contains(&b.tgid)),
             _ => waited_for(main, s.secs, |b| b.thread().is_some_and(|t| tids.contains(&t))),
         };
     }

@@ -55,6 +55,9 @@ struct Job {
     cpu_limit: Option<crate::cpulimit::Reading>,
     /// What threads were seen blocked on, by tid (as the job places them).
     waits_on: Vec<(u32, u8, crate::wait::WaitObject)>,
+    /// The filesystem serving every file, where a server does (as the job
+    /// places it).
+    filesystem: Option<&'static str>,
     /// Calls into the job's CUDA libraries, by tid.
     gpu_calls: Vec<(u32, GpuCounters)>,
     /// Blocked time per descriptor of a process.
@@ -78,6 +81,7 @@ impl Job {
             progress: None,
             cpu_limit: None,
             waits_on: vec![],
+            filesystem: None,
             gpu_calls: vec![],
             fd_waits: vec![],
         }
@@ -204,6 +208,9 @@ impl Job {
         for t in w.procs.iter_mut().flat_map(|p| p.threads.iter_mut()) {
             t.waits_on = self.waits_on.iter().filter(|x| x.0 == t.tid).map(|x| (x.1, x.2.clone())).collect();
         }
+        for f in w.procs.iter_mut().flat_map(|p| p.files.iter_mut()) {
+            f.filesystem = self.filesystem.map(str::to_string);
+        }
         let roles = correlate::assign(&w, &self.gpu_pids, Some(100));
         let moved = w.procs.iter().any(crate::aggregate::ProcWindow::moved);
         let progress = self.progress.clone().unwrap_or(ProgressView {
@@ -316,6 +323,43 @@ fn input_io_bound_with_numbers() {
     assert!(v.summary.contains("woken 1200 times by 4 workers (most by pid 101 ×300)"), "{}", v.summary);
     assert!(v.summary.contains("no GPU data"), "{}", v.summary);
     assert!(v.evidence.iter().any(|e| e.starts_with("file /data/rows_10")), "{:?}", v.evidence);
+}
+
+/// The same workers reading from a FUSE filesystem: nothing came from
+/// storage, which says nothing of the page cache; the filesystem is named,
+/// and its server, which answered their reads (woke them).
+#[test]
+fn input_io_bound_from_a_fuse_filesystem_names_it_and_its_server() {
+    let mut job = io_bound_job();
+    job.filesystem = Some("fuse.s3fs");
+    for pid in 101..=104 {
+        job.wakes.push(WakeSnap {
+            wakee: pid,
+            waker: 900,
+            waker_tgid: 900,
+            waker_comm: "s3fs".into(),
+            count: 2000,
+            blocked_ns: 8 * S,
+        });
+    }
+    let v = job.judge(&[]);
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    assert!(
+        v.summary.contains(
+            "4 workers read 1.6 GB at 160 MB/s (100 % from fuse.s3fs, a FUSE filesystem, served by a program in user space, not from a local disk or its page cache), the reads answered by pid 900 (s3fs), "
+        ),
+        "{}",
+        v.summary
+    );
+    job = io_bound_job();
+    job.filesystem = Some("nfs4");
+    let v = job.judge(&[]);
+    assert!(
+        v.summary.contains("(100 % from nfs4, a network filesystem, not from a local disk"),
+        "{}",
+        v.summary
+    );
+    assert!(!v.summary.contains("answered by"), "{}", v.summary);
 }
 
 /// Workers that take their samples through mappings (safetensors, Arrow,

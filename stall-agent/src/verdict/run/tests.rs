@@ -327,7 +327,7 @@ fn blocked_on(w: &mut crate::aggregate::Window, pid: u32, r: u8, nr: Sysno, on: 
 }
 
 fn socket_to(peer: &str) -> Option<WaitObject> {
-    Some(WaitObject::Socket { fd: 5, peer: Some(peer.into()) })
+    Some(WaitObject::Socket { fd: 5, peer: Some(peer.into()), others: vec![] })
 }
 
 /// Every rank looks hung: what each trainer waits on tells the ranks

@@ -7,7 +7,7 @@ use super::*;
 use crate::wait::{Party, WaitObject};
 
 fn party(pid: u32, comm: &str) -> Party {
-    Party { pid, comm: comm.into() }
+    Party::new(pid, comm)
 }
 
 impl Job {
@@ -243,7 +243,7 @@ fn stdout_into_a_slow_pipe_is_output_bound_and_names_its_reader() {
 fn an_upload_to_a_slow_peer_is_output_bound_not_a_hang() {
     let mut c = counters(8, 0.02, [0.0; 6], 0);
     c.off_ns[usize::from(reason::SEND)] = 78 * S / 10;
-    let peer = WaitObject::Socket { fd: 7, peer: Some("10.0.0.5:9000".into()) };
+    let peer = WaitObject::Socket { fd: 7, peer: Some("10.0.0.5:9000".into()), others: vec![] };
     let v = Job::new(8)
         .thread_of(100, 100, c, waiting(reason::SEND, 44), -1)
         .waiting_on(100, reason::SEND, peer)
@@ -394,7 +394,7 @@ fn a_child_uploading_what_the_trainer_waits_for_is_output_bound() {
     let mut up = counters(10, 0.05, [0.0, 0.0, 0.05, 0.0, 0.0, 0.0], 0);
     up.off_ns[usize::from(reason::SEND)] = 85 * S / 10;
     up.other_write_bytes = 20_000_000;
-    let peer = WaitObject::Socket { fd: 3, peer: Some("10.0.0.5:9000".into()) };
+    let peer = WaitObject::Socket { fd: 3, peer: Some("10.0.0.5:9000".into()), others: vec![] };
     let v = job
         .thread_of(100, 100, c, waiting(reason::OTHER, 61), 61)
         .thread_of(300, 300, up, waiting(reason::SEND, 44), -1)
@@ -426,7 +426,7 @@ fn a_child_whose_threads_upload_what_the_trainer_waits_for_is_output_bound() {
         p.other_write_bytes = bytes;
         p
     };
-    let peer = WaitObject::Socket { fd: 5, peer: Some("10.0.0.5:9000".into()) };
+    let peer = WaitObject::Socket { fd: 5, peer: Some("10.0.0.5:9000".into()), others: vec![] };
     let v = job
         .thread_of(100, 100, c, waiting(reason::OTHER, 61), 61)
         .thread_of(300, 300, main, waiting(reason::FUTEX, 202), 202)
@@ -543,7 +543,7 @@ fn a_thread_that_waits_on_peers_is_no_input_stall_though_the_workers_want_cpu() 
         job = job.worker(pid, 0.08, [0.0, 0.05, 0.48, 0.0, 0.39, 0.0], 30_000_000);
         job = job.woken_after(100, (pid, pid, "pt_data_worker"), 60, 0.4);
     }
-    let peer = WaitObject::Socket { fd: 7, peer: Some("127.0.0.1:29622".into()) };
+    let peer = WaitObject::Socket { fd: 7, peer: Some("127.0.0.1:29622".into()), others: vec![] };
     let v = job.waiting_on(105, reason::POLL, peer).judge(&[]);
     assert_eq!(v.kind, Kind::Unknown, "{v:?}");
     for want in
@@ -626,7 +626,7 @@ fn a_thread_uploading_what_the_trainer_waits_for_is_output_bound() {
     let mut up = counters(10, 0.02, [0.0, 0.0, 0.15, 0.0, 0.0, 0.0], 0);
     up.off_ns[usize::from(reason::SEND)] = 83 * S / 10;
     up.other_write_bytes = 25_200_000;
-    let peer = WaitObject::Socket { fd: 3, peer: Some("127.0.0.1:40985".into()) };
+    let peer = WaitObject::Socket { fd: 3, peer: Some("127.0.0.1:40985".into()), others: vec![] };
     let v = Job::new(10)
         .trainer(0.05, [0.94, 0.0, 0.01, 0.0, 0.0, 0.0], blocked(reason::FUTEX))
         .thread_of(709, 100, up, waiting(reason::SEND, 44), -1)
@@ -675,7 +675,7 @@ fn a_trainer_that_wrote_a_file_after_its_stream_still_names_the_socket() {
 }
 
 fn streamed(wrote_after: bool) {
-    let peer = WaitObject::Socket { fd: 3, peer: Some("10.1.2.3:8000".into()) };
+    let peer = WaitObject::Socket { fd: 3, peer: Some("10.1.2.3:8000".into()), others: vec![] };
     let mut job = Job::new(10)
         .trainer(0.11, [0.0, 0.0, 0.88, 0.0, 0.01, 0.0], waiting(reason::POLL, 45))
         .connected(100, 3, "10.1.2.3:8000", 20_000_000)
@@ -719,6 +719,74 @@ fn a_trainer_fed_through_a_pipe_waits_on_its_writer_unless_a_worker_writes_it() 
     let mut job = fed(101);
     job = job.worker(101, 0.2, [0.0, 0.0, 0.7, 0.0, 0.0, 0.0], 0);
     assert_ne!(job.judge(&[]).kind, Kind::InputWaitBound);
+}
+
+/// A process outside the job at the other end, `cpu_s` of its last 12 s
+/// on CPU and `storage` bytes read from storage.
+fn busy_party(pid: u32, comm: &str, cpu_s: f64, storage: u64) -> Party {
+    let mut p = party(pid, comm);
+    p.activity = Some(crate::wait::Activity {
+        span_ns: 12 * S,
+        cpu_ns: (cpu_s * S as f64) as u64,
+        storage_read_bytes: storage,
+    });
+    p
+}
+
+/// The trainer asks a server outside the job over a Unix socket, or reads
+/// a FIFO a preprocessor writes: what that process does decides. On CPU
+/// all along: input-cpu-bound, naming it; reading storage: input-io-bound;
+/// idle: the transport's kind, as before. The path gains the step.
+#[test]
+fn what_the_process_at_the_other_end_does_decides_the_kind() {
+    let fed = |o: WaitObject, server: u32| {
+        let mut c = counters(10, 0.15, [0.0, 0.0, 0.83, 0.0, 0.02, 0.0], 0);
+        c.other_read_bytes = 2_000_000;
+        Job::new(10)
+            .thread_of(100, 100, c, waiting(reason::POLL, 45), 45)
+            .woken_after(100, (server, server, "featsrv"), 400, 8.1)
+            .waiting_on(100, reason::POLL, o)
+    };
+    let unix = |p: Party| WaitObject::Socket { fd: 5, peer: None, others: vec![p] };
+    let v = fed(unix(busy_party(700, "featsrv", 11.8, 0)), 700).judge(&[]);
+    assert_eq!(v.kind, Kind::InputCpuBound, "{v:?}");
+    assert!(
+        v.summary.contains("reading a socket to pid 700 (featsrv) (2.0 MB at 0.2 MB/s)"),
+        "{}",
+        v.summary
+    );
+    assert!(
+        v.summary.contains("pid 700 (featsrv) at its other end was on CPU 98% of its last 12.0s"),
+        "{}",
+        v.summary
+    );
+    let peer = &v.path[1];
+    assert_eq!((peer.who, peer.pids.as_slice(), peer.state), ("peer", &[700][..], "on-cpu"), "{:?}", v.path);
+    assert!((peer.share.unwrap() - 0.983).abs() < 0.01, "{peer:?}");
+
+    let v = fed(unix(busy_party(700, "featsrv", 1.2, 96_000_000)), 700).judge(&[]);
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    assert!(v.summary.contains("read 96.0 MB from storage in its last 12.0s (8.0 MB/s)"), "{}", v.summary);
+    assert_eq!(v.path[1].state, "io", "{:?}", v.path);
+
+    // An answer too small to be data still counts where the server works.
+    let fifo = |p: Party| WaitObject::Pipe { fd: 3, writing: false, others: vec![p] };
+    let v = fed(fifo(busy_party(710, "decode", 12.0, 0)), 710).judge(&[]);
+    assert_eq!(v.kind, Kind::InputCpuBound, "{v:?}");
+    let v = fed(fifo(busy_party(710, "decode", 0.1, 0)), 710).judge(&[]);
+    assert_eq!(v.kind, Kind::InputWaitBound, "{v:?}");
+    assert!(v.summary.contains("on CPU 1% of its last 12.0s, reading nothing from storage"), "{}", v.summary);
+    // Idle on this host behind a socket: its pace, not the network's.
+    let v = fed(unix(busy_party(700, "featsrv", 0.1, 0)), 700).judge(&[]);
+    assert_eq!(v.kind, Kind::InputWaitBound, "{v:?}");
+    assert!(v.summary.contains("it sends at its own pace"), "{}", v.summary);
+    // Not sampled yet: the transport's kind.
+    let v = fed(unix(party(700, "featsrv")), 700).judge(&[]);
+    assert_eq!(v.kind, Kind::InputIoBound, "{v:?}");
+    // A Unix socket whose other end nobody outside the job holds is no
+    // input from outside.
+    let v = fed(WaitObject::Socket { fd: 5, peer: None, others: vec![] }, 700).judge(&[]);
+    assert!(!matches!(v.kind, Kind::InputCpuBound | Kind::InputIoBound), "{v:?}");
 }
 
 /// A lock another program holds, before the job has been silent long
