@@ -291,3 +291,19 @@ fn the_live_view_says_starting_up_before_the_pipeline_runs() {
         "{screen}"
     );
 }
+
+/// A job that reads no data: the report's TOP FILE says "none", and no
+/// "Top files" section lists what the interpreter (or pyenv's shim, or
+/// the C library's charset tables) read to start.
+#[test]
+fn a_job_that_reads_no_data_names_no_top_file() {
+    let run = stall(&["run", "--", python(), "-c", "import time; time.sleep(2)"], &[], T);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    let report = format!("{}{}", run.stdout, run.stderr);
+    let trainer = report
+        .lines()
+        .find(|l| l.starts_with("trainer "))
+        .unwrap_or_else(|| panic!("no trainer row in:\n{report}"));
+    assert!(trainer.trim_end().ends_with(" none"), "{trainer}");
+    assert!(!report.contains("Top files by bytes read"), "{report}");
+}

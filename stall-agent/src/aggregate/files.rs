@@ -25,9 +25,22 @@ pub fn is_code_file(path: &str) -> bool {
         // Executables (the interpreter a forked worker runs through the
         // parent's mapping) and the C library's locale data.
         || ["/bin/", "/sbin/"].iter().any(|d| path.contains(d))
-        || path.starts_with("/usr/lib/locale/")
+        // The system's libraries and their data (the C library's charset
+        // tables in gconv/, locales): no job keeps its data there.
+        || ["/usr/lib/", "/usr/lib64/", "/lib/", "/lib64/"].iter().any(|d| path.starts_with(d))
         || path == "/etc/ld.so.cache"
+        // A version manager's own scripts and settings (pyenv's shim runs
+        // `libexec/pyenv*` through bash, reads its `version` files).
+        || path.contains("/libexec/")
+        || path.contains("/.pyenv/")
+        || name == ".python-version"
         || is_stalls_own(path)
+}
+
+/// A file the job may have read as its data: neither code nor the
+/// system's files ([`is_code_file`]) nor the kernel's (/proc, /sys, /dev).
+pub fn is_data_file(path: &str) -> bool {
+    !is_code_file(path) && !is_kernel_file(path)
 }
 
 /// stall's own executable: `stall run`'s gate maps it, in the command's
@@ -86,13 +99,23 @@ mod tests {
             "/etc/ssl/certs/ca-certificates.crt",
             "/usr/share/locale/locale.alias",
             "/opt/venv/torch-2.15.0.dist-info/entry_points.txt",
+            // What pyenv's shim reads before the interpreter starts.
+            "/root/.pyenv/libexec/pyenv",
+            "/root/.pyenv/libexec/pyenv-which",
+            "/root/.pyenv/version",
+            "/home/ml/project/.python-version",
+            "/usr/libexec/git-core/git",
+            "/usr/lib/x86_64-linux-gnu/gconv/gconv-modules.cache",
         ] {
             assert!(is_code_file(code), "{code}");
         }
         for data in
             ["/data/train/data-00000-of-00001.arrow", "/var/tmp/cache/rows_00000-02000.bin", "/ckpt/ckpt.pt"]
         {
-            assert!(!is_code_file(data), "{data}");
+            assert!(!is_code_file(data) && is_data_file(data), "{data}");
+        }
+        for kernel in ["/proc/self/maps", "/sys/fs/cgroup/cpu.max", "/dev/shm/torch_1234"] {
+            assert!(!is_data_file(kernel), "{kernel}");
         }
     }
 }

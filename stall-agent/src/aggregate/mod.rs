@@ -10,7 +10,7 @@ mod window;
 
 pub use collectives::{ArrivalCounts, Arrivals};
 pub use file_window::FileWindow;
-pub use files::{is_code_file, is_kernel_file, storage_share, PageCache};
+pub use files::{is_code_file, is_data_file, is_kernel_file, storage_share, PageCache};
 pub use model::{File, Model, Proc, Thread, MAX_ENDED};
 pub use window::{
     push_recent, CpuLimitWindow, FdWait, ProcWindow, ThreadWindow, Waker, Window, DATA_MIN_BYTES,

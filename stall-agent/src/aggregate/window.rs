@@ -333,14 +333,17 @@ impl Waker {
 /// How much recent history the live verdict looks at.
 pub const RECENT_NS: u64 = 5_000_000_000;
 
-/// Keeps the newest windows that span at least [`RECENT_NS`] (never less,
-/// so a threshold like the hang's 4 s is not missed by a jitter of the tick).
+/// Keeps the newest windows that span [`RECENT_NS`], give or take a tick's
+/// jitter: never less than 95 % of it (a threshold like the hang's 4 s is
+/// never missed), and not a whole interval more because the ticks came a
+/// few milliseconds late (a live line saying "of 6.0s").
 pub fn push_recent(recent: &mut VecDeque<Window>, w: Window) {
+    const AT_LEAST_NS: u64 = RECENT_NS - RECENT_NS / 20;
     recent.push_back(w);
     while recent.len() > 1 {
         let end = recent.back().map_or(0, |w| w.end_ns);
         let second_start = recent[1].start_ns;
-        if end.saturating_sub(second_start) < RECENT_NS {
+        if end.saturating_sub(second_start) < AT_LEAST_NS {
             break;
         }
         recent.pop_front();

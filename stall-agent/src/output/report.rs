@@ -4,7 +4,7 @@ use std::fmt::Write;
 use stall_common::reason;
 
 use super::View;
-use crate::{aggregate::is_code_file, correlate::Role, units};
+use crate::{aggregate::is_data_file, correlate::Role, units};
 
 /// One row per thread worth showing: every process's main thread, plus
 /// threads that used >2% CPU or read files. Trainer first, then workers.
@@ -55,9 +55,9 @@ pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String>
         let top = p
             .files
             .iter()
-            .find(|f| f.read_bytes > 0 && !is_code_file(f.resolved.as_deref().unwrap_or(&f.path)))
+            .find(|f| f.read_bytes > 0 && is_data_file(f.name()))
             .map(|f| f.path.as_str())
-            .unwrap_or("");
+            .unwrap_or("none");
         for t in &p.threads {
             let pct = |ns: u64| ns as f64 / 1e9 / secs;
             let worth = t.tid == p.tgid || pct(t.delta.on_cpu_ns) > 0.02 || t.delta.file_read_bytes > 0;
@@ -197,11 +197,7 @@ pub fn render(v: &View) -> String {
     let hidden = w.procs.iter().filter(|p| !notable(v, p)).count();
 
     // The job's data: not the interpreter's modules, nor stall's own gate.
-    let files: Vec<_> = w
-        .files_by_bytes()
-        .into_iter()
-        .filter(|(_, f)| !is_code_file(f.resolved.as_deref().unwrap_or(&f.path)))
-        .collect();
+    let files: Vec<_> = w.files_by_bytes().into_iter().filter(|(_, f)| is_data_file(f.name())).collect();
     if !files.is_empty() {
         let _ = writeln!(out);
         let _ = writeln!(out, "Top files by bytes read:");

@@ -34,6 +34,8 @@ const NAMES: [&str; STATES] = [
 
 const WIDTH: f64 = 1000.0;
 const LABEL: f64 = 230.0;
+/// Room right of the time axis: its last label is centred on its end.
+const RIGHT: f64 = 30.0;
 const BAND: f64 = 14.0;
 /// Thread rows and process headers drawn at most (trainer first).
 const MAX_ROWS: usize = 40;
@@ -87,7 +89,7 @@ pub fn render(p: &Picture, title: &str) -> String {
     let _ = writeln!(
         out,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{:.0}" font-family="sans-serif" font-size="11">"#,
-        LABEL + WIDTH + 10.0,
+        LABEL + WIDTH + RIGHT,
         y + 10.0
     );
     let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
@@ -109,7 +111,7 @@ fn threads(s: &mut String, groups: &[Group], steps: usize, sc: &Scale, mut y: f6
                 s,
                 r##"<rect x="0" y="{:.0}" width="{}" height="{BAND}" fill="#eceff1"/>"##,
                 y,
-                LABEL + WIDTH + 10.0
+                LABEL + WIDTH + RIGHT
             );
             let _ =
                 writeln!(s, r#"<text x="4" y="{:.0}" font-weight="bold">{}</text>"#, y + BAND - 3.0, esc(h));
@@ -182,30 +184,48 @@ fn axis(s: &mut String, span_ns: u64, y: f64) -> f64 {
     y + 18.0
 }
 
-/// The states' colours, then the verdict kinds that appear.
-fn legend(s: &mut String, p: &Picture, mut y: f64) -> f64 {
-    let item = |s: &mut String, x: f64, y: f64, color: &str, name: &str| {
+/// The states' colours, then the verdict kinds that appear, each set in
+/// as many lines as the drawing's width takes.
+fn legend(s: &mut String, p: &Picture, y: f64) -> f64 {
+    let states: Vec<(&str, &str)> = NAMES.iter().zip(COLORS).map(|(n, c)| (*n, c)).collect();
+    let mut y = legend_lines(s, &states, 90.0, y);
+    let kinds: Vec<(&str, &str)> = Kind::ALL
+        .into_iter()
+        .filter(|k| p.verdicts.iter().any(|v| v.2 == *k))
+        .map(|k| (k.as_str(), kind_color(k)))
+        .collect();
+    if !kinds.is_empty() {
+        let _ = writeln!(s, r#"<text x="4" y="{:.0}">verdict</text>"#, y + 21.0);
+        y = legend_lines(s, &kinds, 150.0, y);
+    }
+    y + 12.0
+}
+
+/// Legend entries (a swatch and a name) `step` apart from the label
+/// column on, a new line where the next would pass the right edge.
+fn legend_lines(s: &mut String, items: &[(&str, &str)], step: f64, mut y: f64) -> f64 {
+    let mut x = LABEL;
+    for (name, color) in items {
+        if x + step > LABEL + WIDTH {
+            (x, y) = (LABEL, y + 18.0);
+        }
         let _ =
             writeln!(s, r#"<rect x="{x:.0}" y="{:.0}" width="10" height="10" fill="{color}"/>"#, y + 12.0);
         let _ = writeln!(s, r#"<text x="{:.0}" y="{:.0}">{name}</text>"#, x + 14.0, y + 21.0);
-    };
-    let mut x = LABEL;
-    for (i, name) in NAMES.iter().enumerate() {
-        item(s, x, y, COLORS[i], name);
-        x += 90.0;
+        x += step;
     }
-    y += 18.0;
-    let kinds: Vec<Kind> = Kind::ALL.into_iter().filter(|k| p.verdicts.iter().any(|v| v.2 == *k)).collect();
-    if !kinds.is_empty() {
-        let _ = writeln!(s, r#"<text x="4" y="{:.0}">verdict</text>"#, y + 21.0);
-        let mut x = LABEL;
-        for k in kinds {
-            item(s, x, y, kind_color(k), k.as_str());
-            x += 150.0;
-        }
-        y += 18.0;
-    }
-    y + 12.0
+    y + 18.0
+}
+
+/// The thread states' and the verdict kinds' colours, for the tests.
+#[cfg(test)]
+pub(super) fn state_colors() -> [&'static str; STATES] {
+    COLORS
+}
+
+#[cfg(test)]
+pub(super) fn kind_colors() -> [&'static str; Kind::ALL.len()] {
+    series::KIND_COLORS
 }
 
 fn esc(t: &str) -> String {

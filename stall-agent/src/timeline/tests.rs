@@ -362,3 +362,39 @@ fn reads_verdicts_and_the_startup_have_their_rows() {
     assert!(svg.contains(">input-io-bound</text>") && svg.contains(">unknown</text>"));
     assert!(svg.contains("startup ends 1.0 s") && svg.contains("stroke-dasharray"));
 }
+
+/// Every legend entry inside the drawing, however many states and kinds:
+/// each text's start plus its width at the font's size (11 px, about 6.5
+/// px a character in sans-serif) within the SVG's width. The verdict
+/// kinds' swatches share no colour with the thread states'.
+#[test]
+fn the_legend_fits_the_drawing_and_kinds_have_colours_of_their_own() {
+    let mut buf = Vec::new();
+    let mut t = Timeline::new(&mut buf, 0, 0).unwrap();
+    t.switch(&on(0, 5, 0)).unwrap();
+    for (i, k) in Kind::ALL.into_iter().enumerate() {
+        t.verdict((i as u64 + 1) * 1_000 * MS, k, "k").unwrap();
+    }
+    let svg = render_svg(&t.finish(10_000 * MS, &Names::default()).unwrap(), "legend");
+    let attr = |tag: &str, name: &str| -> Option<f64> {
+        let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+        tag[at..].split('"').next()?.parse().ok()
+    };
+    let width = attr(svg.lines().find(|l| l.starts_with("<svg")).unwrap(), "width").unwrap();
+    let mut texts = 0;
+    for line in svg.lines().filter(|l| l.starts_with("<text")) {
+        let x = attr(line, "x").unwrap();
+        let text = line.split('>').nth(1).unwrap().split('<').next().unwrap();
+        let w = text.chars().count() as f64 * 6.5;
+        let end = if line.contains(r#"text-anchor="middle""#) { x + w / 2.0 } else { x + w };
+        assert!(end <= width, "{text:?} at x={x} passes {width}: {line}");
+        texts += 1;
+    }
+    for k in Kind::ALL {
+        assert!(svg.contains(&format!(">{}</text>", k.as_str())), "{} in the legend", k.as_str());
+    }
+    assert!(texts > Kind::ALL.len() + super::STATES);
+    let kinds = super::svg::kind_colors();
+    let states = super::svg::state_colors();
+    assert!(kinds.iter().all(|k| !states.contains(k)), "{kinds:?} against {states:?}");
+}

@@ -14,7 +14,9 @@ use super::{
     Verdict, MAX_WORKER_LINES,
 };
 use crate::{
-    aggregate::{is_code_file, storage_share, PageCache, ProcWindow, ThreadWindow, Waker, Window},
+    aggregate::{
+        is_code_file, is_data_file, storage_share, PageCache, ProcWindow, ThreadWindow, Waker, Window,
+    },
     detail::{Name, PathName, Peer, Text},
     gpu::GpuWindow,
     syscalls, units,
@@ -799,7 +801,7 @@ fn top_peers_evidence(w: &Window, secs: f64) -> Vec<String> {
 fn top_files(w: &Window, secs: f64) -> Vec<String> {
     w.files_by_bytes()
         .iter()
-        .filter(|(_, f)| !is_code_file(f.resolved.as_deref().unwrap_or(&f.path)))
+        .filter(|(_, f)| is_data_file(f.name()))
         .take(5)
         .map(|(pid, f)| {
             let source = f.source().map(|s| format!(", {s}")).unwrap_or_default();

@@ -6,8 +6,10 @@ use super::{Scale, BAND, LABEL, WIDTH};
 use crate::{timeline::Picture, verdict::Kind};
 
 /// Colours by the kind's place in `Kind::ALL`.
-const KIND_COLORS: [&str; Kind::ALL.len()] =
-    ["#c62828", "#ef6c00", "#f9a825", "#ad1457", "#000000", "#6a1b9a", "#2e7d32", "#9e9e9e", "#cfd8dc"];
+/// Light tints of their own, none a thread state's colour: a verdict row
+/// in the futex yellow read as a thread in futex.
+pub(super) const KIND_COLORS: [&str; Kind::ALL.len()] =
+    ["#ef9a9a", "#ffcc80", "#80cbc4", "#f48fb1", "#000000", "#ce93d8", "#a5d6a7", "#e0e0e0", "#bcaaa4"];
 const GPU_H: f64 = 40.0;
 const READS_H: f64 = 30.0;
 

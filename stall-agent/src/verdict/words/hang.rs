@@ -50,8 +50,11 @@ pub(super) fn no_progress(
         .iter()
         .map(|t| {
             let r = t.reason;
-            let what = if r == reason::OTHER || t.syscall >= 0 && r != reason::IO {
-                format!("{} in {}", reason::name(r), syscalls::name(i64::from(t.syscall)))
+            let call = syscalls::name(i64::from(t.syscall));
+            // "futex in futex" says it twice.
+            let what = if (r == reason::OTHER || t.syscall >= 0 && r != reason::IO) && call != reason::name(r)
+            {
+                format!("{} in {call}", reason::name(r))
             } else {
                 reason::name(r).to_string()
             };
