@@ -16,7 +16,7 @@ use stall_tests::cgroup::{cgroup2_mount, holds_tasks, remove_tree, Cgroup};
 use stall_tests::gpu::ScriptedGpu;
 use stall_tests::http::{free_port, http_get, query, start_prometheus};
 use stall_tests::procs::{spawn_announcing, wait_until, Killer};
-use stall_tests::scratch::{disk_scratch, Scratch};
+use stall_tests::scratch::{disk_scratch, tempfile_path, Scratch};
 use stall_tests::stall::{bpf_programs_of, require_root, stall_bin, still_loaded, STALL_PROGRAMS};
 use stall_tests::workload::{jobs_py, python, shards, truth, workload};
 
@@ -633,4 +633,75 @@ impl Drop for DeviceNode {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+/// Without GPU data, on a node whose only cgroup runs no GPU process: the
+/// daemon watches nothing, says once why (and in `/jobs`, as a count), and
+/// attaches neither the syscall nor the scheduler hooks — nothing taxes
+/// the node for nobody. A job that holds a GPU device comes: the hooks go
+/// on; it goes: they come off.
+#[test]
+fn a_daemon_watching_nothing_says_why_and_attaches_nothing() {
+    require_root();
+    let root = Cgroup::new("nothing");
+    let idle = root.child("idle");
+    let mut guard = Killer(vec![]);
+    let sleeper = Command::new(python()).args(["-c", "import time; time.sleep(120)"]).spawn().unwrap();
+    idle.add(sleeper.id());
+    guard.0.push(sleeper);
+    let port = free_port();
+    let log = tempfile_path("daemon-stderr");
+    let daemon = Command::new(stall_bin())
+        .args(["daemon", "--cgroup-root", &root.name, "--interval", "1", "--gpu", "off"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    guard.0.push(daemon);
+    let jobs = || -> serde_json::Value {
+        http_get(port, "/jobs").and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default()
+    };
+    wait_until("the daemon's /jobs to count the idle cgroup", Duration::from_secs(20), || {
+        jobs()["not_watched"]["cgroups"] == 1
+    });
+    let j = jobs();
+    assert_eq!(j["jobs"].as_array().map(Vec::len), Some(0), "{j}");
+    assert!(j["not_watched"]["why"].as_str().is_some_and(|w| w.contains("--all-jobs")), "{j}");
+    // Two more intervals, still nothing attached.
+    sleep(Duration::from_secs(2));
+    let t = http_get(port, "/metrics").unwrap();
+    assert_eq!(metric(&t, "stall_syscall_hooks_attached", &[]), Some(0.0), "{t}");
+    assert_eq!(metric(&t, "stall_scheduler_hooks_attached", &[]), Some(0.0), "{t}");
+
+    // A job holding a GPU device (without NVML, the sign of a GPU job).
+    let device = DeviceNode::new(&format!("/dev/nvidia-stall-it-w{}", std::process::id()));
+    let gpu_job = root.child("gpu");
+    let holder = Command::new(python())
+        .args(["-c", "import time; time.sleep(120)"])
+        .stdin(Stdio::from(std::fs::File::open(&device.0).unwrap()))
+        .spawn()
+        .unwrap();
+    gpu_job.add(holder.id());
+    guard.0.push(holder);
+    // /metrics and /jobs are published one after the other at the end of
+    // an interval (and attaching takes seconds under emulation): both.
+    wait_until("the GPU job watched and the hooks attached", Duration::from_secs(30), || {
+        let t = http_get(port, "/metrics").unwrap_or_default();
+        metric(&t, "stall_syscall_hooks_attached", &[]) == Some(1.0)
+            && jobs()["jobs"].as_array().map(Vec::len) == Some(1)
+    });
+    // It ends, its cgroup goes: nothing watched, nothing attached.
+    let mut holder = guard.0.pop().unwrap();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(gpu_job.remove(), "the GPU job's cgroup");
+    wait_until("the hooks detached with no job left", Duration::from_secs(30), || {
+        let t = http_get(port, "/metrics").unwrap_or_default();
+        metric(&t, "stall_syscall_hooks_attached", &[]) == Some(0.0)
+            && metric(&t, "stall_scheduler_hooks_attached", &[]) == Some(0.0)
+    });
+    let said = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = said.lines().filter(|l| l.contains("not watching")).collect();
+    assert_eq!(lines.len(), 1, "said once: {said}");
+    assert!(lines[0].contains("1 cgroup under the roots") && lines[0].contains("--all-jobs"), "{said}");
 }

@@ -47,6 +47,8 @@ pub struct Board {
     /// Unix time of the publication, seconds.
     pub time: f64,
     pub jobs: Vec<BoardJob>,
+    /// Cgroups under the roots not watched, and why (None: none).
+    pub not_watched: Option<(usize, String)>,
 }
 
 pub struct BoardJob {
@@ -298,9 +300,9 @@ fn error(status: StatusCode, why: &str) -> Response {
 
 async fn serve_jobs(State(s): State<Arc<Shared>>, Extension(access): Extension<Access>) -> Response {
     let details = s.details(access);
-    let (time, docs) = {
+    let (time, docs, not_watched) = {
         let board = s.board.lock().unwrap_or_else(|e| e.into_inner());
-        (board.time, board.jobs.iter().map(|j| j.doc.clone()).collect::<Vec<_>>())
+        (board.time, board.jobs.iter().map(|j| j.doc.clone()).collect::<Vec<_>>(), board.not_watched.clone())
     };
     let docs = docs
         .into_iter()
@@ -309,7 +311,7 @@ async fn serve_jobs(State(s): State<Arc<Shared>>, Extension(access): Extension<A
             d
         })
         .collect();
-    json_response(StatusCode::OK, &jobs::list(&s.node, time, docs))
+    json_response(StatusCode::OK, &jobs::list(&s.node, time, docs, not_watched))
 }
 
 async fn serve_job(

@@ -103,13 +103,15 @@ pub async fn run(opts: Options) -> Result<()> {
     }
     // Tiers need GPU data to tell when to look; without it, full capture.
     let tiers = opts.tiers.filter(|_| gpus.sampling());
-    // The cheap tier reads the threads' counters from /proc, not from the
-    // scheduler hooks, where the kernel keeps them (CONFIG_SCHED_INFO).
+    // The cheap tier, and a node with no job watched, read the threads'
+    // counters from /proc, not from the scheduler hooks, where the kernel
+    // keeps them (CONFIG_SCHED_INFO): nothing runs at every context switch
+    // or syscall of the node for nobody.
     let own = std::process::id();
-    let sched_on_demand = tiers.is_some() && procfs::thread_schedstat(own, own).is_some();
+    let sched_on_demand = procfs::thread_schedstat(own, own).is_some();
     let capture = Capture::load(&CaptureOptions {
         cgroup_mode: true,
-        syscall_hooks_on_demand: tiers.is_some(),
+        syscall_hooks_on_demand: true,
         sched_hooks_on_demand: sched_on_demand,
         syscall_hooks: opts.syscall_hooks,
         // With the full capture only, where tiers run.
@@ -196,10 +198,13 @@ pub async fn run(opts: Options) -> Result<()> {
                 }
                 node.step_capture(&mut live, &gpus, snap.ts, lost);
                 publish::log_changes(&mut node, opts.expose_details);
-                if tiers.is_some() {
-                    let want = node.jobs.values().any(|w| w.tier.tier.is_full());
-                    node::set_hooks(&mut live, &mut node, want, snap.ts, sched_on_demand);
-                }
+                // With tiers, while a job is escalated; without (no GPU
+                // data), while any job is watched.
+                let want = match tiers {
+                    Some(_) => node.jobs.values().any(|w| w.tier.tier.is_full()),
+                    None => !node.jobs.is_empty(),
+                };
+                node::set_hooks(&mut live, &mut node, want, snap.ts, sched_on_demand);
                 shared.metrics.set_hooks(live.capture.syscall_hooks(), live.capture.sched_hooks());
                 publish::export_node(
                     &shared.metrics,

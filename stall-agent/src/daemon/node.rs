@@ -62,6 +62,12 @@ pub(super) struct Node {
     device_holders: bool,
     /// stall's own cgroup: never a job (it opens the GPU through NVML).
     own: Option<PathBuf>,
+    /// Cgroups under the roots at the last look that are not watched, and
+    /// why: no process of theirs uses a GPU (and no `--all-jobs`).
+    pub not_watched: Option<(usize, String)>,
+    /// Whether the daemon said so yet (once: a node's idle pods do not
+    /// fill its log).
+    told_not_watched: bool,
 }
 
 impl Node {
@@ -76,6 +82,8 @@ impl Node {
             all_jobs,
             device_holders,
             own,
+            not_watched: None,
+            told_not_watched: false,
         }
     }
 
@@ -128,6 +136,7 @@ impl Node {
         // Without NVML, holding a device is the only sign of a GPU job.
         let device_holders = self.device_holders || !gpus.sampling();
         let mut present = HashSet::new();
+        let mut not_watched = 0;
         for dir in candidates {
             present.insert(dir.clone());
             if let Some(w) = self.jobs.get_mut(&dir) {
@@ -142,6 +151,7 @@ impl Node {
             }
             let gpu_process = gpu_process_cgroup(&dir, &on_gpu, device_holders);
             if !self.all_jobs && gpu_process.is_none() {
+                not_watched += 1;
                 continue;
             }
             let id = self.next_id;
@@ -177,6 +187,12 @@ impl Node {
                 }
                 Err(e) => eprintln!("stall: cannot watch {}: {}", dir.display(), crate::error::chain(&e)),
             }
+        }
+        self.not_watched =
+            (not_watched > 0).then(|| (not_watched, not_watched_why(not_watched, device_holders)));
+        if let Some((_, why)) = self.not_watched.as_ref().filter(|_| !self.told_not_watched) {
+            self.told_not_watched = true;
+            eprintln!("stall daemon: not watching {why}");
         }
         let gone: Vec<PathBuf> =
             self.jobs.keys().filter(|d| !present.contains(*d) || !d.exists()).cloned().collect();
@@ -260,6 +276,13 @@ fn gpu_infrastructure(cmdline: &str) -> bool {
     let program = cmdline.split(' ').next().unwrap_or_default();
     let name = program.rsplit('/').next().unwrap_or(program);
     GPU_INFRASTRUCTURE.contains(&name)
+}
+
+/// Why `n` cgroups under the roots are not watched, in words.
+fn not_watched_why(n: usize, device_holders: bool) -> String {
+    let sign = if device_holders { "holds an NVIDIA device open" } else { "has a CUDA context NVML lists" };
+    let what = if n == 1 { "cgroup" } else { "cgroups" };
+    format!("{n} {what} under the roots: no process of theirs {sign}; --all-jobs watches every one")
 }
 
 /// Attaches or detaches the hooks of the full capture: the syscall hooks,

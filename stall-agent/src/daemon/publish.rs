@@ -59,6 +59,7 @@ pub(super) fn board(shared: &Shared, node: &Node) {
                 history: serde_json::to_value(w.history.changes().collect::<Vec<_>>()).unwrap_or_default(),
             })
             .collect(),
+        not_watched: node.not_watched.clone(),
     };
     shared.publish(board);
     shared.beat();

@@ -72,9 +72,17 @@ pub fn job(j: &JobView) -> Value {
     doc
 }
 
-/// The list `/jobs` serves.
-pub fn list(node: &str, time_s: f64, jobs: Vec<Value>) -> Value {
-    json!({"schema": jsonl::SCHEMA, "node": node, "time": time_s, "jobs": jobs})
+/// The list `/jobs` serves; `not_watched`: how many cgroups under the
+/// roots are not jobs, and why (a count and a reason, no names).
+pub fn list(node: &str, time_s: f64, jobs: Vec<Value>, not_watched: Option<(usize, String)>) -> Value {
+    let (count, why) = not_watched.map_or((0, None), |(n, why)| (n, Some(why)));
+    json!({
+        "schema": jsonl::SCHEMA,
+        "node": node,
+        "time": time_s,
+        "jobs": jobs,
+        "not_watched": {"cgroups": count, "why": why},
+    })
 }
 
 /// A job's id: its cgroup path hashed (FNV-1a, 64 bits), so an alert's
