@@ -68,7 +68,7 @@ const DEFAULT_TIMEOUT_SECS: u64 = 1800;
 /// them depends on the kernel. Of the launch chains (chains.rs), one
 /// workload under every chain: the others walk the same exec and fork
 /// paths, each as long (about 50 s a kernel under TCG).
-const VM_SKIP: [(&str, &str); 36] = [
+const VM_SKIP: [(&str, &str); 37] = [
     ("scenarios", "cpu_bound_transforms"),
     ("scenarios", "a_short_run_is_judged_after_its_startup"),
     ("scenarios", "attach_to_cgroup"),
@@ -100,6 +100,7 @@ const VM_SKIP: [(&str, &str); 36] = [
     ("kube", "pods_run_by_containerd_are_named_as_the_kubelet_names_them"),
     ("timeline", "the_svg_groups_processes_folds_helpers_and_has_its_rows"),
     ("docs", "every_path_the_docs_cite_exists"),
+    ("first_minutes", "the_readmes_use_section_works_as_written"),
     ("chains", "workers_that_sleep_under_every_chain"),
     ("chains", "an_evaluation_subprocess_under_every_chain"),
     ("chains", "loader_threads_on_slow_storage_under_every_chain"),
@@ -236,7 +237,7 @@ fn run_vms(stall: &Path, tests: &[TestBin], opts: &VmArgs, host: Option<Row>) ->
     print!("{}", table(&rows));
     let skipped: Vec<String> = VM_SKIP.iter().map(|(bin, test)| format!("{bin}::{test}")).collect();
     println!(
-        "  not run in the VMs (CPU-speed-calibrated verdicts, or PyTorch, containerd or the manifests' schema packages, or the FUSE server, which the VM image lacks, or the docs; three of the four workloads under every launch chain; the feature server's twins): {}",
+        "  not run in the VMs (CPU-speed-calibrated verdicts, or PyTorch, containerd or the manifests' schema packages, or the FUSE server, which the VM image lacks, or the docs and the README; three of the four workloads under every launch chain; the feature server's twins): {}",
         skipped.join(", ")
     );
     println!("integration-test vm: {:.0}s in all", start.elapsed().as_secs_f64());

@@ -57,7 +57,8 @@ pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String>
             .iter()
             .find(|f| f.read_bytes > 0 && is_data_file(f.name()))
             .map(|f| f.path.as_str())
-            .unwrap_or("none");
+            // Said of the job's own processes; a helper's blank is enough.
+            .unwrap_or(if role == "other" { "" } else { "none" });
         for t in &p.threads {
             let pct = |ns: u64| ns as f64 / 1e9 / secs;
             let worth = t.tid == p.tgid || pct(t.delta.on_cpu_ns) > 0.02 || t.delta.file_read_bytes > 0;
