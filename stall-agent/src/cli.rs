@@ -257,9 +257,13 @@ pub struct DaemonArgs {
     /// Tiered: full capture once a job's GPU has been idle this long.
     #[arg(long, default_value = "5", value_parser = parse_duration, value_name = "DURATION")]
     pub escalate_idle: Duration,
-    /// Tiered: full capture once a job behind a busy GPU has not read or written anything this long.
+    /// Tiered: full capture once a job behind a busy GPU has been silent (nothing read or
+    /// written) for 3 of its own rhythms, or this long where it has none yet (the most waited).
     #[arg(long, default_value = "120", value_parser = parse_duration, value_name = "DURATION")]
     pub escalate_silent: Duration,
+    /// Tiered: the shortest silence escalated, however fast the job's rhythm.
+    #[arg(long, default_value = "10", value_parser = parse_duration, value_name = "DURATION")]
+    pub escalate_silent_floor: Duration,
     /// Tiered: a full capture lasts at most this long (it ends early once the GPU is busy again).
     #[arg(long, default_value = "60", value_parser = parse_duration, value_name = "DURATION")]
     pub full_window: Duration,

@@ -76,6 +76,7 @@ fn daemon_options(a: DaemonArgs) -> daemon::Options {
     let tiers = daemon::tier::Policy {
         idle_after: a.escalate_idle,
         silent_after: a.escalate_silent,
+        silent_floor: a.escalate_silent_floor,
         window: a.full_window,
         cooldown: a.cooldown,
     };

@@ -78,6 +78,7 @@ fn signals(tick: &Tick) -> tier::Signals {
             && tick.interval_gpus.iter().all(|g| g.samples > 0 && g.idle_fraction >= tier::GPU_IDLE_SHARE),
         gpu_busy: tick.interval_gpus.iter().any(|g| g.util_mean_pct >= rules::GPU_BUSY_PCT),
         silent_s: tick.progress.silent_s,
+        rhythm_s: tick.progress.rhythm_s,
         interval_ns: (tick.interval.secs() * 1e9) as u64,
     }
 }
