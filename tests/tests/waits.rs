@@ -238,6 +238,22 @@ fn peer_step(run: &Run) -> (u64, String, f64) {
     )
 }
 
+/// The trainer asking a feature server outside the job over `to`
+/// (`--unix PATH` or `--port N`) with the client's `extra` flags: the run,
+/// its truth, and the verdict's kind and line.
+fn ask_features(s: &Scratch, to: &[&str], extra: &[&str]) -> (Run, Value, String, String) {
+    let t_path = s.path("truth.json");
+    let log = s.path("train.log");
+    let mut args = vec!["feature-client"];
+    args.extend(to.iter().chain(extra));
+    args.extend(["--log", log.to_str().unwrap()]);
+    let (run, t) = run(&args, &t_path, Duration::from_secs(120));
+    let (kind, line) = verdict(&run);
+    let (kind, line) = (kind.to_string(), line.to_string());
+    eprintln!("feature server {to:?}: {kind}: {line}; truth {t}");
+    (run, t, kind, line)
+}
+
 /// A feature server outside the job computes each 16 KiB answer for 40 ms
 /// in Python; the trainer asks it for each step's features over a Unix
 /// socket and waits. The server is the input, on CPU: input-cpu-bound,
@@ -249,12 +265,7 @@ fn a_feature_server_on_cpu_behind_a_unix_socket_is_the_input() {
     let sock = sock.to_str().unwrap();
     let (_server, st) = outside(&s, &["feature-server", "--unix", sock, "--answer-ms", "40"]);
     let server = st["server"].as_u64().unwrap();
-    let t_path = s.path("truth.json");
-    let log = s.path("train.log");
-    let args = ["feature-client", "--unix", sock, "--steps", "120", "--log", log.to_str().unwrap()];
-    let (run, t) = run(&args, &t_path, Duration::from_secs(120));
-    let (kind, line) = verdict(&run);
-    eprintln!("feature server (unix): {kind}: {line}; truth {t}");
+    let (run, t, kind, line) = ask_features(&s, &["--unix", sock], &["--steps", "120"]);
     let trainer = t["trainer"].as_u64().unwrap();
     let (cpu, storage, _) = other_end(&run, trainer, server);
     // 40 ms of Python per answer, a millisecond of the trainer's between.
@@ -275,12 +286,7 @@ fn a_feature_server_on_cpu_on_localhost_is_no_network_input() {
     let s = Scratch::new("featsrv-tcp");
     let (_server, st) = outside(&s, &["feature-server", "--answer-ms", "40"]);
     let (server, port) = (st["server"].as_u64().unwrap(), st["port"].as_u64().unwrap().to_string());
-    let t_path = s.path("truth.json");
-    let log = s.path("train.log");
-    let args = ["feature-client", "--port", &port, "--steps", "120", "--log", log.to_str().unwrap()];
-    let (run, t) = run(&args, &t_path, Duration::from_secs(120));
-    let (kind, line) = verdict(&run);
-    eprintln!("feature server (tcp): {kind}: {line}; truth {t}");
+    let (run, t, kind, line) = ask_features(&s, &["--port", &port], &["--steps", "120"]);
     let trainer = t["trainer"].as_u64().unwrap();
     let (cpu, _, _) = other_end(&run, trainer, server);
     assert!(cpu >= 0.7, "the server on CPU {cpu:.2}");
@@ -302,22 +308,7 @@ fn a_feature_server_reading_cold_files_is_named_with_its_storage_reads() {
     let server_args = ["feature-server", "--unix", sock, "--dir", cache.to_str().unwrap(), "--files", "8"];
     let (_server, st) = outside(&s, &[&server_args[..], &["--mbps", "8", "--answer-kib", "512"]].concat());
     let server = st["server"].as_u64().unwrap();
-    let t_path = s.path("truth.json");
-    let log = s.path("train.log");
-    let args = [
-        "feature-client",
-        "--unix",
-        sock,
-        "--answer-kib",
-        "512",
-        "--steps",
-        "70",
-        "--log",
-        log.to_str().unwrap(),
-    ];
-    let (run, t) = run(&args, &t_path, Duration::from_secs(120));
-    let (kind, line) = verdict(&run);
-    eprintln!("feature server (cold files): {kind}: {line}; truth {t}");
+    let (run, t, kind, line) = ask_features(&s, &["--unix", sock], &["--answer-kib", "512", "--steps", "70"]);
     let trainer = t["trainer"].as_u64().unwrap();
     let (cpu, storage, span) = other_end(&run, trainer, server);
     let sent = t["bytes"].as_u64().unwrap();
