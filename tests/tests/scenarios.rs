@@ -578,8 +578,9 @@ fn hang_is_reported_within_ten_seconds_of_attach() {
     // and are named among the blocked threads with their wait.
     for w in workers(&t) {
         let pid = u(&w["pid"]);
-        // "(futex in futex for 9 s)": the wait, and how long it has lasted.
-        assert!(line.contains(&format!("{pid} (futex in futex")), "worker {pid} not named: {line}");
+        // "(futex for 9 s)": the wait (its call named once), and how long
+        // it has lasted.
+        assert!(line.contains(&format!("{pid} (futex for ")), "worker {pid} not named: {line}");
         let p = run.process(pid);
         assert_eq!(p["role"], "worker", "{}", brief(p));
         assert_eq!(p["read_bytes"], 0, "{}", brief(p));
