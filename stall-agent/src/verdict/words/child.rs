@@ -2,7 +2,7 @@
 //! the ones at its end do, with the bytes where they write or read.
 use stall_common::reason;
 
-use super::{from_storage, reason_name, top_sent_peer};
+use super::{reason_name, source::from_storage, top_sent_peer};
 use crate::{aggregate::ProcWindow, units, verdict::child::ChildWait};
 
 /// "Trainer main thread blocked 83% of 3.6s waiting for its child pid 812
