@@ -96,7 +96,9 @@ fn the_readmes_use_section_works_as_written() {
     } else {
         "python3"
     };
-    // A job to attach to, in a cgroup of its own.
+    // A job to attach to, in a cgroup of its own (made first, so that it is
+    // removed after the job is killed: drops run in reverse).
+    let cg = Cgroup::new("first-minutes");
     let mut guard = Killer(vec![]);
     let job = Command::new(python)
         .arg(&script)
@@ -107,7 +109,6 @@ fn the_readmes_use_section_works_as_written() {
         .unwrap();
     let job_pid = job.id();
     guard.0.push(job);
-    let cg = Cgroup::new("first-minutes");
     cg.add(job_pid);
 
     for words in &commands {
