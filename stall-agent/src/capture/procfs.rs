@@ -347,27 +347,18 @@ pub fn socket_peers(pid: u32) -> HashMap<u64, String> {
 }
 
 /// In the text of /proc/net/tcp{,6}: (inode, peer) of every socket with a
-/// peer (not listening).
+/// peer (not listening), its address as [`super::sockets::parse_tcp`]
+/// reads it.
 pub fn parse_socket_peers(text: &str) -> Vec<(u64, String)> {
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let (remote, state, inode) = (f.get(2)?, f.get(3)?, f.get(9)?);
-            if *state == "0A" {
-                return None;
-            }
-            let (hex_addr, hex_port) = remote.split_once(':')?;
-            let port = u16::from_str_radix(hex_port, 16).ok()?;
-            let ip = kernel_ip(hex_addr)?.to_canonical();
-            if ip.is_unspecified() || port == 0 {
-                return None;
-            }
-            let peer = match ip {
-                std::net::IpAddr::V4(v4) => format!("{v4}:{port}"),
-                std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+    super::sockets::parse_tcp(text)
+        .into_iter()
+        .filter(|s| !s.remote.0.is_unspecified())
+        .map(|s| {
+            let peer = match s.remote.0 {
+                std::net::IpAddr::V4(v4) => format!("{v4}:{}", s.remote.1),
+                std::net::IpAddr::V6(v6) => format!("[{v6}]:{}", s.remote.1),
             };
-            Some((inode.parse().ok()?, peer))
+            (s.inode, peer)
         })
         .collect()
 }
