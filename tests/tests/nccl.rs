@@ -189,53 +189,109 @@ fn ranks_no_variable_names_are_found_by_their_communicators() {
     }
 }
 
+/// The ranks' NCCL job (`nccl_job.py launch`, with `extra`), `late` ms
+/// late at each all-reduce on rank `late_rank`, attached by the
+/// launcher's pid once every rank has made its communicator and stepped,
+/// for 6 s. The run, stall's programs while attached, and the ranks'
+/// truth once the job ended unharmed.
+fn attached_after_the_communicators(
+    tag: &str,
+    port: &str,
+    ranks: usize,
+    late_rank: usize,
+    extra: &[&str],
+) -> (Run, Vec<(u32, String)>, Value) {
+    require_root();
+    let (dir, cuda, nccl) = libraries(tag);
+    let truth_path = dir.path("truth.json");
+    let (ranks_arg, late_arg) = (ranks.to_string(), late_rank.to_string());
+    let mut job = Command::new(python());
+    job.args([&nccl_job_py(), "launch"])
+        .args(extra)
+        .args(["--ranks", &ranks_arg, "--dir"])
+        .arg(&dir.0)
+        .args(["--cuda-lib", &cuda, "--nccl-lib", &nccl, "--seconds", "14", "--late-rank", &late_arg])
+        .args(["--late-ms", "200", "--late-how", "sleep", "--port", port, "--truth"])
+        .arg(&truth_path)
+        .arg("--log")
+        .arg(dir.path("steps_{rank}.log"))
+        .stdout(std::process::Stdio::null());
+    let mut job = job.spawn().expect("start the NCCL job");
+    wait_until("the ranks run their steps", Duration::from_secs(60), || {
+        (0..ranks).all(|r| {
+            std::fs::read_to_string(dir.path(&format!("steps_{r}.log"))).is_ok_and(|l| l.lines().count() >= 2)
+        })
+    });
+    let mut bg = Background::start(&["attach", "--pid", &job.id().to_string(), "-q", "--duration", "6"]);
+    bg.wait_attached(Duration::from_secs(30));
+    let ids = bpf_programs_of(bg.pid());
+    let ours: Vec<(u32, String)> = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| ids.contains(&p.id()))
+        .map(|p| (p.id(), p.name_as_str().unwrap_or("").to_string()))
+        .collect();
+    let run: Run = bg.finish(Duration::from_secs(60));
+    assert_eq!(run.status, 0, "stall attach failed:\n{}", run.stderr);
+    wait_until("stall's programs are unloaded", Duration::from_secs(5), || still_loaded(&ids).is_empty());
+    let status = wait_child(&mut job, Duration::from_secs(60)).expect("the job ends");
+    assert!(status.success(), "the job was harmed: {status}");
+    let t = truth(&truth_path);
+    for r in t["ranks"].as_array().unwrap() {
+        assert_eq!(r["results_ok"], r["collectives"], "a wrong all-reduce: {r}");
+    }
+    (run, ours, t)
+}
+
 /// stall attached after the communicator was made (no identity to match
 /// the ranks' calls by) still names the late rank, from the waits: it waits
 /// least from each call to the synchronization after it. Its probes go
 /// with it, and the run goes on unharmed.
 #[test]
 fn attached_mid_run_the_waits_name_the_late_rank_and_the_probes_go_with_stall() {
-    require_root();
-    let (dir, cuda, nccl) = libraries("nccl-attach");
-    let truth_path = dir.path("truth.json");
-    let mut job = Command::new(python());
-    job.args([&nccl_job_py(), "launch", "--ranks", "3", "--dir"])
-        .arg(&dir.0)
-        .args(["--cuda-lib", &cuda, "--nccl-lib", &nccl, "--seconds", "14", "--late-rank", "1"])
-        .args(["--late-ms", "200", "--late-how", "sleep", "--port", "29542", "--truth"])
-        .arg(&truth_path)
-        .arg("--log")
-        .arg(dir.path("steps_{rank}.log"))
-        .stdout(std::process::Stdio::null());
-    let mut job = job.spawn().expect("start the NCCL job");
-    // Attached once every rank has made its communicator and stepped.
-    wait_until("the ranks run their steps", Duration::from_secs(60), || {
-        (0..3).all(|r| {
-            std::fs::read_to_string(dir.path(&format!("steps_{r}.log"))).is_ok_and(|l| l.lines().count() >= 2)
-        })
-    });
-    let mut bg = Background::start(&["attach", "--pid", &job.id().to_string(), "-q", "--duration", "6"]);
-    bg.wait_attached(Duration::from_secs(30));
-    let ours = bpf_programs_of(bg.pid());
-    // Its own NCCL programs (another test's stall may run beside it).
-    let nccl_ids: Vec<u32> = aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .filter(|p| ours.contains(&p.id()) && p.name_as_str().is_some_and(|n| n.starts_with("nccl_")))
-        .map(|p| p.id())
-        .collect();
-    assert_eq!(nccl_ids.len(), 7, "the NCCL probes' seven programs: {nccl_ids:?}");
-    let run: Run = bg.finish(Duration::from_secs(60));
-    assert_eq!(run.status, 0, "stall attach failed:\n{}", run.stderr);
+    let (run, ours, _) = attached_after_the_communicators("nccl-attach", "29542", 3, 1, &[]);
+    // Its own NCCL programs (another test's stall may run beside it), as
+    // they were while it was attached.
+    let nccl = ours.iter().filter(|(_, name)| name.starts_with("nccl_")).count();
+    assert_eq!(nccl, 7, "the NCCL probes' seven programs: {ours:?}");
     let v = &run.summary()["verdict"];
     let s = &v["straggler"];
     assert_eq!(s["rank"], 1, "{v:#}");
     assert!(s["late_s"].as_f64().is_some_and(|l| (0.12..0.3).contains(&l)), "{v:#}");
     assert!(v["summary"].as_str().unwrap().contains("per NCCL collective where the others wait"), "{v:#}");
-    wait_until("stall's programs are unloaded", Duration::from_secs(5), || still_loaded(&ours).is_empty());
-    let status = wait_child(&mut job, Duration::from_secs(60)).expect("the job ends");
-    assert!(status.success(), "the job was harmed: {status}");
-    let t = truth(&truth_path);
-    for r in t["ranks"].as_array().unwrap() {
-        assert_eq!(r["results_ok"], r["collectives"], "a wrong all-reduce: {r}");
+}
+
+/// Ranks no variable names, attached after they made their communicators
+/// (`stall attach --pid <launcher>`): no communicator was seen made, so no
+/// rank number is known, but the processes calling the collectives are
+/// the run's ranks, the launcher none of them, the late one named by its
+/// pid and lateness from the waits, and the run, logging every step, is
+/// never hung.
+#[test]
+fn ranks_no_variable_names_attached_after_their_communicators_are_found_by_their_calls() {
+    let (run, _, t) =
+        attached_after_the_communicators("nccl-attach-no-env", "29544", 4, 2, &["--no-rank-env"]);
+    let roles: Vec<String> = run
+        .processes()
+        .iter()
+        .map(|p| format!("{} {} rank {} from {}", p["pid"], p["role"], p["rank"], p["rank_from"]))
+        .collect();
+    for r in 0..4 {
+        let p = run.process(rank_truth(&t, r)["pid"].as_u64().unwrap());
+        assert_eq!(p["role"], "trainer", "rank {r}: {roles:?}");
+    }
+    assert_eq!(run.process(t["launcher"].as_u64().unwrap())["role"], "other", "{roles:?}");
+    let v = &run.summary()["verdict"];
+    eprintln!("attached, no rank named: {}", v["summary"]);
+    let s = &v["straggler"];
+    assert_eq!(s["pid"], rank_truth(&t, 2)["pid"], "{v:#}");
+    // No number is made up for a rank that says none.
+    assert_eq!(s["rank"], Value::Null, "{v:#}");
+    assert!(s["late_s"].as_f64().is_some_and(|l| (0.12..0.3).contains(&l)), "{v:#}");
+    for rec in &run.records {
+        assert_ne!(
+            rec["verdict"]["kind"], "hang",
+            "ranks logging every step are not hung: {}",
+            rec["verdict"]
+        );
     }
 }

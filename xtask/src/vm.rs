@@ -68,7 +68,7 @@ const DEFAULT_TIMEOUT_SECS: u64 = 1800;
 /// them depends on the kernel. Of the launch chains (chains.rs), one
 /// workload under every chain: the others walk the same exec and fork
 /// paths, each as long (about 50 s a kernel under TCG).
-const VM_SKIP: [(&str, &str); 37] = [
+const VM_SKIP: [(&str, &str); 38] = [
     ("scenarios", "cpu_bound_transforms"),
     ("scenarios", "a_short_run_is_judged_after_its_startup"),
     ("scenarios", "attach_to_cgroup"),
@@ -110,6 +110,9 @@ const VM_SKIP: [(&str, &str); 37] = [
     ("waits", "a_feature_server_on_cpu_on_localhost_is_no_network_input"),
     ("waits", "a_feature_server_reading_cold_files_is_named_with_its_storage_reads"),
     ("waits", "a_fifo_writer_on_cpu_is_the_input"),
+    // Attaches the probes to running ranks as the attach test beside it
+    // does on every kernel; what differs is the role logic, no kernel's.
+    ("nccl", "ranks_no_variable_names_attached_after_their_communicators_are_found_by_their_calls"),
 ];
 
 #[derive(Subcommand)]

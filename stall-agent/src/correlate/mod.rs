@@ -34,8 +34,13 @@ pub struct Roles {
     pub trainers: Vec<u32>,
     pub workers: Vec<u32>,
     /// A distributed run: each rank and its trainer process, by rank
-    /// (empty: not a run).
+    /// (empty: not a run). Where no rank says its number (`unnumbered`),
+    /// each is keyed by its trainer's pid.
     pub ranks: Vec<(u32, u32)>,
+    /// The ranks are trainers that call the same collectives, with no
+    /// number known: none was named, and no communicator was seen made
+    /// (stall attached after).
+    pub unnumbered: bool,
     /// The rank each trainer and worker of a run works for.
     rank_of: HashMap<u32, u32>,
     /// The run's id, as its ranks' environments name it.
@@ -50,6 +55,21 @@ impl Roles {
     /// The rank a trainer or worker works for (None: not a run, or neither).
     pub fn rank_of(&self, tgid: u32) -> Option<u32> {
         self.rank_of.get(&tgid).copied()
+    }
+
+    /// The number of the rank a trainer or worker works for, where known.
+    pub fn rank_number(&self, tgid: u32) -> Option<u32> {
+        self.rank_of(tgid).filter(|_| !self.unnumbered)
+    }
+
+    /// "rank 2 (pid 301)", or where no number is known "the rank in pid
+    /// 301".
+    pub fn rank_name(&self, rank: u32, pid: u32) -> String {
+        if self.unnumbered {
+            format!("the rank in pid {pid}")
+        } else {
+            format!("rank {rank} (pid {pid})")
+        }
     }
 
     /// One rank's part of the job: its trainer and the workers that work
@@ -68,6 +88,7 @@ impl Roles {
             trainers: vec![trainer],
             workers,
             ranks: Vec::new(),
+            unnumbered: false,
             rank_of: HashMap::new(),
             run_id: None,
         }
@@ -119,16 +140,28 @@ fn rank_processes(w: &Window, by_tgid: &HashMap<u32, &ProcWindow>) -> Vec<(u32, 
 pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
     // Indexes first: a fork storm leaves thousands of processes here.
     let ev = Evidence::of(w);
-    let ranks = rank_processes(w, &ev.by_tgid);
+    let mut ranks = rank_processes(w, &ev.by_tgid);
     let trainers = trainers_by_rank(&ranks)
         .or_else(|| trainers_by_gpu(w, &ev, gpu_pids))
         .or_else(|| trainer_fed_or_forking(w, &ev))
         .or_else(|| root.and_then(|r| ev.standing_for(r)).map(|t| vec![t]))
         .unwrap_or_else(|| busiest(w, &ev));
+    let unnumbered = ranks.is_empty() && is_a_run(w, &trainers);
+    if unnumbered {
+        ranks = trainers.iter().map(|&t| (t, t)).collect();
+        ranks.sort_unstable();
+    }
     let (roles, workers) = workers_of(w, &ev, &trainers, &ranks);
     let rank_of = rank_of_each(&ranks, &workers, &ev.parent);
     let run_id = ranks.iter().find_map(|(_, t)| ev.by_tgid.get(t)?.rank.as_ref()?.run_id.clone());
-    Roles { by_tgid: roles, trainers, workers, ranks, rank_of, run_id }
+    Roles { by_tgid: roles, trainers, workers, ranks, unnumbered, rank_of, run_id }
+}
+
+/// Trainers that each call collectives are ranks of one run, even where
+/// none says which (stall attached after their communicators were made,
+/// and no launcher named them).
+fn is_a_run(w: &Window, trainers: &[u32]) -> bool {
+    trainers.len() > 1 && trainers.iter().all(|&t| w.proc(t).is_some_and(|p| p.sum().gpu.collectives > 0))
 }
 
 /// A run's ranks are its trainers, whatever else looks like one (the

@@ -54,9 +54,12 @@ impl JobLabels {
     }
     /// A rank of a distributed run that runs in the job. The run is named
     /// by a hash of its id (an environment value, a detail): the same on
-    /// every node, which is all an alert's join needs.
-    pub fn rank(&self, run_id: &str, rank: u32) -> RankLabels {
-        RankLabels { job: self.clone(), run_id: crate::output::jobs::id(run_id), rank: rank.to_string() }
+    /// every node, which is all an alert's join needs. A rank whose
+    /// number is unknown (`None`) is labelled by its trainer's pid,
+    /// `pid-<pid>`.
+    pub fn rank(&self, run_id: &str, rank: Option<u32>, pid: u32) -> RankLabels {
+        let rank = rank.map_or_else(|| format!("pid-{pid}"), |r| r.to_string());
+        RankLabels { job: self.clone(), run_id: crate::output::jobs::id(run_id), rank }
     }
     fn gpu(&self, gpu: u32) -> JobGpuLabels {
         JobGpuLabels { job: self.clone(), gpu: gpu.to_string() }
@@ -529,7 +532,7 @@ mod tests {
     #[test]
     fn ranks_come_and_go_with_their_runs() {
         let m = Metrics::new();
-        let (r0, r1) = (job().rank("run-7", 0), job().rank("run-7", 1));
+        let (r0, r1) = (job().rank("run-7", Some(0), 100), job().rank("run-7", Some(1), 200));
         let nccl = Collectives { calls: 40, wait_s: 0.25, compared: 40, last: 0, late_s: 0.002 };
         let set = m.set_ranks(
             vec![

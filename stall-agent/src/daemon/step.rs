@@ -57,7 +57,7 @@ pub(super) fn step(
     let ranks = verdict.run.iter().flat_map(|r| &r.ranks);
     let ranks = ranks
         .map(|r| RankState {
-            labels: w.labels.rank(run_id, r.rank),
+            labels: w.labels.rank(run_id, r.number, r.pid),
             kind: r.kind,
             peer_wait: r.peer_wait,
             collectives: r.collectives,

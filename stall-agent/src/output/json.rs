@@ -447,7 +447,7 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
         processes: w
             .procs
             .iter()
-            .map(|p| process(p, v.roles.of(p.tgid).as_str(), v.roles.rank_of(p.tgid)))
+            .map(|p| process(p, v.roles.of(p.tgid).as_str(), v.roles.rank_number(p.tgid)))
             .collect(),
         run_id: v.roles.run_id.as_deref().map(EnvValue::from),
         cpu_limits: w

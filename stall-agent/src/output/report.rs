@@ -48,6 +48,7 @@ pub fn table(v: &View, max_rows: usize, file_cols: Option<usize>) -> Vec<String>
         if !v.roles.ranks.is_empty() && of_rank != group && rows.len() <= max_rows {
             group = of_rank;
             rows.push(match of_rank {
+                Some(r) if v.roles.unnumbered => format!("-- the rank in pid {r}"),
                 Some(r) => format!("-- rank {r}"),
                 None => "-- not a rank".to_string(),
             });

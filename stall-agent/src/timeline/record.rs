@@ -164,7 +164,7 @@ impl Recording {
         let mut names = Names::default();
         for p in model.procs.values() {
             names.processes.insert(p.tgid, (p.comm.clone(), roles.of(p.tgid).as_str().to_string()));
-            names.add_family(p.tgid, p.ppid, roles.rank_of(p.tgid));
+            names.add_family(p.tgid, p.ppid, roles.rank_number(p.tgid));
         }
         for t in model.threads.values() {
             names.threads.insert(t.tid, t.comm.clone());
@@ -180,7 +180,7 @@ impl Recording {
         let mut names = Names::default();
         for p in &report.summary.procs {
             names.processes.insert(p.tgid, (p.comm.clone(), report.roles.of(p.tgid).as_str().to_string()));
-            names.add_family(p.tgid, p.ppid, report.roles.rank_of(p.tgid));
+            names.add_family(p.tgid, p.ppid, report.roles.rank_number(p.tgid));
             for t in &p.threads {
                 names.threads.insert(t.tid, t.comm.clone());
             }

@@ -29,7 +29,13 @@ pub struct RunVerdict {
 /// One rank, judged on its own part of the job (host side).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RankVerdict {
+    /// The rank as stall keys it: its number, or where the run's ranks
+    /// say none ([`Roles::unnumbered`]) its trainer's pid.
+    #[serde(skip)]
     pub rank: u32,
+    /// Its number (null: none known).
+    #[serde(rename = "rank")]
+    pub number: Option<u32>,
     /// Its trainer process.
     pub pid: u32,
     pub kind: Kind,
@@ -63,11 +69,21 @@ pub struct Collectives {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Straggler {
+    /// Keyed as [`RankVerdict::rank`].
+    #[serde(skip)]
     pub rank: u32,
+    /// Its number (null: none known).
+    #[serde(rename = "rank")]
+    pub number: Option<u32>,
     pub pid: u32,
     pub kind: Kind,
-    /// The ranks that wait for it, and their mean share waiting.
+    /// The ranks that wait for it (keyed as `rank`), their numbers where
+    /// known, their trainers, and their mean share waiting.
+    #[serde(skip)]
     pub waiting_ranks: Vec<u32>,
+    #[serde(rename = "waiting_ranks")]
+    pub waiting_numbers: Vec<u32>,
+    pub waiting_pids: Vec<u32>,
     pub peer_wait: f64,
     /// Named by its arrivals at the NCCL collectives: how late it calls
     /// each, on average, seconds (absent: named by its host side).
@@ -129,6 +145,7 @@ pub(super) fn judge(
             Judged {
                 rank: RankVerdict {
                     rank,
+                    number: roles.rank_number(pid),
                     pid,
                     kind: verdict.kind,
                     summary: summary.into(),
@@ -154,26 +171,28 @@ pub(super) fn judge(
             let mean_wait = waiting.iter().map(|x| x.peer_wait).sum::<f64>() / waiting.len() as f64;
             let straggler = Straggler {
                 rank: r.rank,
+                number: r.number,
                 pid: r.pid,
                 kind: r.kind,
                 waiting_ranks: waiting.iter().map(|x| x.rank).collect(),
+                waiting_numbers: waiting.iter().filter_map(|x| x.number).collect(),
+                waiting_pids: waiting.iter().map(|x| x.pid).collect(),
                 peer_wait: mean_wait,
                 late_s: None,
             };
             let mut v = v.clone();
             v.summary = format!(
-                "rank {} (pid {}) holds the run: {} — {}; {} wait for it {} of the time",
-                r.rank,
-                r.pid,
+                "{} holds the run: {} — {}; {} wait for it {} of the time",
+                roles.rank_name(r.rank, r.pid),
                 r.kind,
                 &r.summary,
-                ranks_word(&straggler.waiting_ranks),
+                ranks_word(roles, &straggler.waiting_ranks),
                 units::pct(mean_wait)
             )
             .into();
             (v, Some(straggler))
         }
-        _ => (even(&judged), None),
+        _ => (even(roles, &judged), None),
     };
     // Every rank looks hung: their trainers' Python stacks (read for the
     // blamed threads) can tell the ranks waiting in a collective from the
@@ -192,7 +211,7 @@ pub(super) fn judge(
     }
     let mut evidence: Vec<Text> = ranks
         .iter()
-        .map(|r| format!("rank {} (pid {}): {} — {}", r.rank, r.pid, r.kind, &r.summary).into())
+        .map(|r| format!("{}: {} — {}", roles.rank_name(r.rank, r.pid), r.kind, &r.summary).into())
         .collect();
     evidence.append(&mut v.evidence);
     v.evidence = evidence;
@@ -355,7 +374,15 @@ fn late_at_collectives(
                 .map(|p| p.sum().gpu.collective_wait_ns)
                 .sum::<u64>();
             let peer_wait = if rank == late { 0.0 } else { (waited as f64 / 1e9 / secs).min(1.0) };
-            RankVerdict { rank, pid, kind: verdict.kind, summary: summary.into(), peer_wait, collectives: c }
+            RankVerdict {
+                rank,
+                number: roles.rank_number(pid),
+                pid,
+                kind: verdict.kind,
+                summary: summary.into(),
+                peer_wait,
+                collectives: c,
+            }
         })
         .collect();
     let r = ranks.iter().find(|r| r.rank == late)?;
@@ -386,9 +413,10 @@ fn late_at_collectives(
     let mut v = Verdict {
         kind,
         summary: format!(
-            "rank {late} (pid {pid}) calls the collectives late: {how}; {} wait for it {} of the time (from each \
-             collective to the synchronization that sees it done) — rank {late} itself: {} — {}",
-            ranks_word(&waiting.iter().map(|x| x.rank).collect::<Vec<_>>()),
+            "{} calls the collectives late: {how}; {} wait for it {} of the time (from each collective to the \
+             synchronization that sees it done) — the late rank itself: {} — {}",
+            roles.rank_name(late, pid),
+            ranks_word(roles, &waiting.iter().map(|x| x.rank).collect::<Vec<_>>()),
             units::pct(mean_wait),
             r.kind,
             r.summary
@@ -406,9 +434,8 @@ fn late_at_collectives(
         .map(|r| {
             let c = r.collectives.unwrap_or_default();
             format!(
-                "rank {} (pid {}): {} collectives, waits {} for each{}; {} — {}",
-                r.rank,
-                r.pid,
+                "{}: {} collectives, waits {} for each{}; {} — {}",
+                roles.rank_name(r.rank, r.pid),
                 c.calls,
                 units::millis(c.wait_s),
                 if c.compared > 0 {
@@ -429,9 +456,12 @@ fn late_at_collectives(
         .collect();
     let straggler = Straggler {
         rank: late,
+        number: r.number,
         pid,
         kind,
         waiting_ranks: waiting.iter().map(|x| x.rank).collect(),
+        waiting_numbers: waiting.iter().filter_map(|x| x.number).collect(),
+        waiting_pids: waiting.iter().map(|x| x.pid).collect(),
         peer_wait: mean_wait,
         late_s: Some(late_s),
     };
@@ -440,7 +470,7 @@ fn late_at_collectives(
 }
 
 /// No rank holds the others: what most ranks say, from the lowest of them.
-fn even(judged: &[Judged]) -> Verdict {
+fn even(roles: &Roles, judged: &[Judged]) -> Verdict {
     let count = |k: Kind| judged.iter().filter(|j| j.rank.kind == k).count();
     let Some(Judged { rank: first, verdict: v, .. }) = judged
         .iter()
@@ -450,12 +480,11 @@ fn even(judged: &[Judged]) -> Verdict {
     };
     let mut v = v.clone();
     v.summary = format!(
-        "{} of {} ranks {}; rank {} (pid {}): {}",
+        "{} of {} ranks {}; {}: {}",
         count(first.kind),
         judged.len(),
         first.kind,
-        first.rank,
-        first.pid,
+        roles.rank_name(first.rank, first.pid),
         &first.summary
     )
     .into();
@@ -470,12 +499,15 @@ struct Judged {
     blocked: f64,
 }
 
-/// "ranks 0, 1, 3" / "rank 1".
-fn ranks_word(ranks: &[u32]) -> String {
+/// "ranks 0, 1, 3" / "rank 1"; where no number is known (the ranks keyed
+/// by their trainers' pids), "the ranks in pids 301, 302".
+fn ranks_word(roles: &Roles, ranks: &[u32]) -> String {
     let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
-    match ranks.len() {
-        1 => format!("rank {}", list[0]),
-        _ => format!("ranks {}", list.join(", ")),
+    match (roles.unnumbered, ranks.len()) {
+        (false, 1) => format!("rank {}", list[0]),
+        (false, _) => format!("ranks {}", list.join(", ")),
+        (true, 1) => format!("the rank in pid {}", list[0]),
+        (true, _) => format!("the ranks in pids {}", list.join(", ")),
     }
 }
 

@@ -512,3 +512,59 @@ fn a_window_ending_inside_the_waits_keeps_their_mean() {
     let r0 = &v.run.as_ref().unwrap().ranks[0];
     assert!(r0.collectives.is_some_and(|c| (c.wait_s - 0.205).abs() < 0.001), "{:?}", r0.collectives);
 }
+
+/// Four trainers that call the same collectives, none named a rank (no
+/// variable, no spawn index) and no communicator seen made (stall attached
+/// after): the pid at `late` calls each all-reduce `late_ms` after the
+/// others, so waits least from each to the synchronization after it.
+fn unnamed_nccl_run(late: u32, late_ms: u64) -> Run {
+    let mut run = Run::new();
+    let n: u64 = 20;
+    for pid in [100, 200, 300, 400] {
+        run.model.note_process(pid, Some(LAUNCHER), "python", Some("python rank.py".into()));
+        run.thread(pid, pid, counters(0.05, PEER_WAIT, 0));
+        let wait_ms = if pid == late { 5 } else { 5 + late_ms };
+        run.gpu_calls.push((
+            pid,
+            GpuCounters {
+                collectives: n,
+                collective_waits: n,
+                collective_wait_ns: n * wait_ms * 1_000_000,
+                collective_waited_ns: n * wait_ms * 1_000_000,
+                sync_calls: n,
+                sync_ns: n * wait_ms * 1_000_000,
+                ..Default::default()
+            },
+        ));
+    }
+    run
+}
+
+#[test]
+fn trainers_at_the_same_collectives_are_ranks_even_unnumbered() {
+    let (v, roles) = unnamed_nccl_run(200, 200).judged();
+    assert!(roles.unnumbered);
+    assert_eq!(roles.ranks, [(100, 100), (200, 200), (300, 300), (400, 400)]);
+    assert_eq!(roles.of(LAUNCHER), Role::Other);
+    assert_eq!(roles.rank_number(200), None);
+    let s = v.run.as_ref().and_then(|r| r.straggler.as_ref()).expect("a straggler");
+    assert_eq!((s.pid, s.number, &s.waiting_pids[..]), (200, None, &[100, 300, 400][..]), "{}", v.summary);
+    assert!((s.late_s.unwrap() - 0.2).abs() < 0.001);
+    let line = v.summary.to_string();
+    assert!(line.starts_with("the rank in pid 200 calls the collectives late"), "{line}");
+    assert!(line.contains("; the ranks in pids 100, 300, 400 wait for it"), "{line}");
+    // No number is made up for the JSON either.
+    let json = serde_json::to_value(&v.run).unwrap();
+    assert_eq!(json["straggler"]["rank"], serde_json::Value::Null, "{json}");
+    assert_eq!(json["straggler"]["waiting_ranks"], serde_json::json!([]), "{json}");
+    assert!(json["ranks"].as_array().unwrap().iter().all(|r| r["rank"].is_null()), "{json}");
+}
+
+#[test]
+fn one_trainer_at_its_collectives_is_no_run() {
+    let mut run = unnamed_nccl_run(200, 200);
+    run.gpu_calls.retain(|(pid, _)| *pid == 100);
+    let (v, roles) = run.judged();
+    assert!(!roles.unnumbered && roles.ranks.is_empty(), "{:?}", roles.ranks);
+    assert!(v.run.is_none(), "{}", v.summary);
+}
