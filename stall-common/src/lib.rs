@@ -33,7 +33,7 @@ pub use pagecache::PageCacheOffsets;
 pub use sched::{
     kclock, reason, run_state, sleep, slot_state, store_apart, task_flags, zeroed_in, CpuSlot, Plain, Regs,
     SwitchReads, TaskOffsets, ThreadStats, WakeCache, WakeKey, WakeStats, WAIT_NOTED, WAKER_ANY_THREAD,
-    WAKE_CACHE_SLOTS, WOKEN_UNTIMED,
+    WAKER_SIGNAL, WAKE_CACHE_SLOTS, WOKEN_UNTIMED,
 };
 pub use syscalls::{hook, syscall_class, SyscallTables};
 pub use uring::{uring_op, UringKey, UringLayout, UringRead, UringReads};

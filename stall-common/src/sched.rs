@@ -353,6 +353,11 @@ pub struct WakeKey {
 /// and the rest are counted per waking process instead of lost.
 pub const WAKER_ANY_THREAD: u32 = 1 << 31;
 
+/// [`ThreadStats::waited_by`] of a thread whose wait a signal ended, or its
+/// own process's exit: no waker's (PIDs stay below 2^22), and no pair in
+/// `WAKES` takes its blocked time.
+pub const WAKER_SIGNAL: u32 = 1 << 29;
+
 /// Set in [`ThreadStats::waited_by`] while the wait that waker ended has
 /// not been switched in from yet (the bit below [`WAKER_ANY_THREAD`]: PIDs
 /// stay below 2^22).

@@ -65,6 +65,14 @@ pub mod syscall_class {
     pub const WRITE: u8 = 5;
     /// The sync family: always SYNC.
     pub const SYNC: u8 = 6;
+    /// Sends a signal (kill, tgkill, pidfd_send_signal...): a thread it
+    /// wakes was interrupted, not handed what it waited for. Blocked in
+    /// it is OTHER, as any unclassed call.
+    pub const SIGNAL: u8 = 7;
+    /// exit_group: the threads of its own process it wakes are being
+    /// killed with it (a wait for its exit in another process, a parent's
+    /// `wait4`, ends as any other wait does). Blocked in it is OTHER.
+    pub const EXIT_GROUP: u8 = 8;
     pub const TABLE_LEN: u32 = 1024;
 }
 

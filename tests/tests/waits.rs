@@ -3,7 +3,7 @@
 //! threads instead of worker processes, a thread holding the GIL, workers
 //! that sleep, stdout into a slow pipe, an upload to a slow peer, a lock
 //! another program holds, an evaluation subprocess (through a shell, too),
-//! an upload by a subprocess. Each workload writes
+//! an upload by a subprocess, a deadlock. Each workload writes
 //! what it did; the verdict must name the other party and the bytes.
 //!
 //! Needs root.
@@ -17,7 +17,7 @@ use std::{
 use serde_json::Value;
 use stall_tests::procs::{run_with_timeout_as_is, spawn_announcing, stop, wait_until};
 use stall_tests::scratch::{disk_scratch, tempfile_path, Scratch};
-use stall_tests::stall::{stall, stall_bin, Attached, Run};
+use stall_tests::stall::{stall, stall_bin, Attached, Background, Run};
 use stall_tests::workload::{python, secs, shards, truth};
 
 fn waits_py() -> PathBuf {
@@ -642,4 +642,47 @@ fn a_wakeup_in_an_interrupt_is_the_kernels_not_the_interrupted_tasks() {
         by_kernel >= 450,
         "{by_kernel} wakeups by interrupts of 500 sleeps: {wakers:?}"
     );
+}
+
+/// Two threads of the job deadlock over two locks while the main thread
+/// joins one of them: hung, in the final report too, however the job then
+/// ends — its own exit (a watchdog thread's `os._exit`) or `kill -9` from
+/// outside — and nobody named for the waits that ended so: a signal or
+/// its process's death hands a thread nothing it waited for.
+#[test]
+fn a_deadlock_ended_by_its_exit_or_a_kill_is_hung_and_its_waits_woken_by_nobody() {
+    let s = Scratch::new("deadlock");
+    let log = s.path("train.log");
+    for killed in [false, true] {
+        let t_path = s.path(if killed { "killed.json" } else { "exited.json" });
+        // Killed from outside, the job would otherwise wait for good.
+        let hang_s = if killed { "600" } else { "10" };
+        let cmd = job(&["deadlock", "--log", log.to_str().unwrap(), "--hang-s", hang_s]);
+        let mut argv = vec!["run", "-q", "--"];
+        argv.extend(cmd.iter().map(String::as_str));
+        argv.extend(["--truth", t_path.to_str().unwrap()]);
+        let bg = Background::start(&argv);
+        // Written as the job hangs.
+        let t = truth_of(&t_path);
+        let trainer = t["trainer"].as_u64().unwrap();
+        if killed {
+            std::thread::sleep(Duration::from_secs(10));
+            let pid = nix::unistd::Pid::from_raw(trainer as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("kill the job");
+        }
+        let run = bg.finish(Duration::from_secs(120));
+        let how = if killed { "killed" } else { "exited" };
+        let (kind, line) = verdict(&run);
+        eprintln!("deadlock, {how}: {kind}: {line}");
+        assert_eq!(kind, "hang", "{how}: {line}");
+        assert!(
+            run.records.iter().any(|r| r["type"] == "interval" && r["verdict"]["kind"] == "hang"),
+            "{how}"
+        );
+        for tid in [trainer, t["prefetch"].as_u64().unwrap(), t["writer"].as_u64().unwrap()] {
+            let wakers = &run.thread(tid)["woken_by"];
+            let long = wakers.as_array().into_iter().flatten().find(|b| b["blocked_s"].as_f64() > Some(5.0));
+            assert!(long.is_none(), "{how}: a waker ended thread {tid}'s deadlocked wait: {wakers}");
+        }
+    }
 }

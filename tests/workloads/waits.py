@@ -10,6 +10,8 @@ JSON (--truth): pids, tids, bytes, what it waited on.
   gil             a pure-Python metrics thread keeps the GIL; the main
                   thread makes short GIL-releasing calls and logs a line
                   per step
+  deadlock        logs steps, then two of its threads take two locks in
+                  opposite orders while the main thread joins one of them
   sleepy-workers  forked workers whose __getitem__ sleeps (a rate limit)
                   feed the trainer through a multiprocessing queue
   produce         a preprocessor on CPU writing 64 KiB records to stdout
@@ -168,6 +170,49 @@ def gil(a):
     stop.set()
     t.join()
     write_truth(a.truth, {"trainer": os.getpid(), "metrics": metrics_tid[0], "steps": steps})
+
+
+# ----------------------------------------------------------------- deadlock
+
+def deadlock(a):
+    """Logs a step every 0.1 s, then its prefetch and writer threads take
+    two locks in opposite orders and block each other for good; the main
+    thread, done with its step, joins the prefetcher. Nothing moves until
+    a watchdog ends the process --hang-s later (a real job would stay)."""
+    first, second = threading.Lock(), threading.Lock()
+    tids = {}
+    both = threading.Barrier(2)
+
+    def take(name, one, other):
+        name_thread(name)
+        tids[name] = gettid()
+        with one:
+            both.wait()  # each holds its first lock before either goes on
+            with other:
+                pass
+
+    steps = 0
+    with open(a.log, "a") as log:
+        for _ in range(a.steps):
+            time.sleep(0.1)
+            log.write(f"step {steps}\n")
+            log.flush()
+            steps += 1
+    prefetch = threading.Thread(target=take, args=("prefetch", first, second), daemon=True)
+    writer = threading.Thread(target=take, args=("writer", second, first), daemon=True)
+    prefetch.start()
+    writer.start()
+    while len(tids) < 2:
+        time.sleep(0.01)
+    # Written as the job hangs: nothing is written after.
+    write_truth(a.truth, {"trainer": os.getpid(), "steps": steps, **tids})
+
+    def watchdog():
+        time.sleep(a.hang_s)
+        os._exit(0)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    prefetch.join()
 
 
 # ----------------------------------------------------------- sleepy workers
@@ -586,6 +631,12 @@ def main():
     s.add_argument("--log", required=True)
     s.add_argument("--seconds", type=float, default=5)
     s.set_defaults(fn=gil)
+
+    s = sub.add_parser("deadlock")
+    s.add_argument("--log", required=True)
+    s.add_argument("--steps", type=int, default=10)
+    s.add_argument("--hang-s", type=float, default=12)
+    s.set_defaults(fn=deadlock)
 
     s = sub.add_parser("sleepy-workers")
     s.add_argument("--workers", type=int, default=2)

@@ -7,8 +7,8 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use stall_common::{
-    counter, kfunc, reason, run_state, Config, ThreadStats, WakeCache, WakeKey, WakeStats, WAIT_NOTED,
-    WAKER_ANY_THREAD, WAKE_CACHE_SLOTS, WOKEN_UNTIMED,
+    counter, kfunc, reason, run_state, syscall_class, Config, ThreadStats, WakeCache, WakeKey, WakeStats,
+    WAIT_NOTED, WAKER_ANY_THREAD, WAKER_SIGNAL, WAKE_CACHE_SLOTS, WOKEN_UNTIMED,
 };
 
 use super::thread_of;
@@ -78,14 +78,27 @@ fn waking<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
     // The waker is whoever runs now, unless this is interrupt context (a
     // device, a timer, the network's softirq): the wakeup is the kernel's
     // then, not the interrupted task's.
-    let pid_tgid = if in_interrupt::<HOW>(cfg) { 0 } else { bpf_get_current_pid_tgid() };
-    let key = WakeKey { wakee, waker: pid_tgid as u32 };
+    let waker_nr = waker_syscall::<HOW>(cfg);
+    let pid_tgid = if waker_nr.is_none() { 0 } else { bpf_get_current_pid_tgid() };
     let waker_tgid = (pid_tgid >> 32) as u32;
+    // A signal, or its own process's exit killing it, interrupts the wait:
+    // nobody handed it what it waited for, and no pair is counted (a
+    // deadlocked job ended by `kill`, or by `os._exit` from a watchdog
+    // thread, was otherwise "waiting for" its killer all along).
+    let interrupted = match waker_nr.map(|nr| cfg.tables.class(i64::from(nr))) {
+        Some(syscall_class::SIGNAL) => true,
+        Some(syscall_class::EXIT_GROUP) => waker_tgid == t.tgid,
+        _ => false,
+    };
+    let key = WakeKey { wakee, waker: if interrupted { WAKER_SIGNAL } else { pid_tgid as u32 } };
     if t.waited_by & !WAIT_NOTED != key.waker {
         flush_waited(t, wakee);
         t.waited_by_tgid = waker_tgid;
     }
     t.waited_by = key.waker | WAIT_NOTED;
+    if interrupted {
+        return 0;
+    }
     // SAFETY: this CPU's element of a per-CPU array, valid memory for the
     // program's run. Besides this program only the agent writes it (to
     // clear gone pairs); that, or a wakeup in an interrupt nested in this
@@ -125,16 +138,18 @@ fn waking<const HOW: u8>(ctx: &RawTracePointContext) -> i32 {
     0
 }
 
-/// Whether this program runs in interrupt context (a device, a timer, the
-/// network's softirq). x86-64 runs an interrupt that came while the CPU ran
+/// The syscall the waker (the current task) is in — -1 where it is in
+/// none, or its registers are unknown — or None in interrupt context (a
+/// device, a timer, the network's softirq). x86-64 runs an interrupt that came while the CPU ran
 /// kernel code (a syscall, the idle loop) on a stack of its own, outside
 /// the current task's (`stack` up to its saved user registers); one that
 /// came from user mode on the task's own stack, then empty, whose saved
 /// registers are the interrupted program's — where a syscall's hold
 /// `-ENOSYS` in `ax` until it returns. `CHECKED` (6.12 on, the placeholders
 /// rewritten) reads them by plain loads; the others with two probe reads.
+/// The syscall's number (`orig_ax`) lies between the two.
 #[inline(always)]
-fn in_interrupt<const HOW: u8>(cfg: &Config) -> bool {
+fn waker_syscall<const HOW: u8>(cfg: &Config) -> Option<i32> {
     const ENOSYS: u64 = 38;
     let task = crate::current_task();
     let base = if HOW == CHECKED {
@@ -147,7 +162,7 @@ fn in_interrupt<const HOW: u8>(cfg: &Config) -> bool {
         read_u64(task, cfg.task.stack)
     };
     if base == 0 {
-        return false;
+        return Some(-1);
     }
     let regs = base + u64::from(cfg.task.regs_in_stack);
     let mark = 0u8;
@@ -155,15 +170,17 @@ fn in_interrupt<const HOW: u8>(cfg: &Config) -> bool {
     // (comparing a stack pointer needs CAP_PERFMON, which stall has).
     let here = core::hint::black_box(core::ptr::addr_of!(mark)) as u64;
     if here < base || here >= regs {
-        return true;
+        return None;
     }
-    let (ax, cs) = if HOW == CHECKED {
+    let (ax, nr, cs) = if HOW == CHECKED {
         let at = crate::rdonly_cast(regs, kfunc::PT_REGS_TYPE);
         // SAFETY: fault-safe loads checked against `struct pt_regs` at
-        // x86-64's offsets of `ax` and `cs`; any 8 bytes are a `u64`.
+        // x86-64's offsets of `ax`, `orig_ax` and `cs`; any 8 bytes are a
+        // `u64`.
         unsafe {
             (
                 core::ptr::read_volatile(at.add(kfunc::X86_64_AX) as *const u64),
+                core::ptr::read_volatile(at.add(kfunc::X86_64_NR) as *const u64),
                 core::ptr::read_volatile(at.add(kfunc::X86_64_CS) as *const u64),
             )
         }
@@ -173,9 +190,12 @@ fn in_interrupt<const HOW: u8>(cfg: &Config) -> bool {
         // reads as 0; any 64 bytes are eight `u64`s.
         let w = unsafe { bpf_probe_read_kernel((regs + kfunc::X86_64_AX as u64) as *const [u64; WORDS]) }
             .unwrap_or([0; WORDS]);
-        (w[0], w[WORDS - 1])
+        (w[0], w[(kfunc::X86_64_NR - kfunc::X86_64_AX) / 8], w[WORDS - 1])
     };
-    cs & 3 == 3 && ax != ENOSYS.wrapping_neg()
+    if cs & 3 == 3 && ax != ENOSYS.wrapping_neg() {
+        return None;
+    }
+    Some(if cs & 3 == 3 { nr as i32 } else { -1 })
 }
 
 /// The `sched_info.last_queued` of the task at `task` (not the current one),
