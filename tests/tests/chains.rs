@@ -176,8 +176,16 @@ fn under_every_chain(tag: &str, job: &[String], truth_path: &Path, check: &Check
         let trainer = t["trainer"].as_u64().unwrap();
         let role = run.process(trainer)["role"].as_str().unwrap_or("?").to_string();
         eprintln!("{tag} via {}: {kind}: {line} (the job, pid {trainer}: {role})", chain.name);
+        // The live view as the job ended takes the same process for the
+        // trainer as the final report.
+        let last_live = run.records.iter().rev().find(|r| r["type"] == "interval");
+        let live_role = last_live
+            .and_then(|r| r["processes"].as_array()?.iter().find(|p| p["pid"] == trainer))
+            .map_or("absent", |p| p["role"].as_str().unwrap_or("?"));
         let result = if role != "trainer" {
             Err(format!("the job (pid {trainer}) is {role}; processes: {}", roles(&run)))
+        } else if live_role != "trainer" {
+            Err(format!("in the last live view the job (pid {trainer}) is {live_role}"))
         } else {
             check(&run, &t)
         };
@@ -230,6 +238,36 @@ fn a_thread_holding_the_gil_under_every_chain() {
         expect(line.contains(&format!("for thread {metrics} (metrics) of the trainer")), || {
             format!("the metrics thread {metrics} is not named")
         })
+    });
+}
+
+/// Two threads of the job deadlock over two locks while the main thread
+/// joins one of them: `hang`, live and in the final report, the two
+/// threads named in the live view, and the watchdog thread that ends the
+/// job (`os._exit`) never its waker.
+#[test]
+fn a_deadlock_between_two_threads_under_every_chain() {
+    let s = Scratch::new("chain-deadlock");
+    let t_path = s.path("truth.json");
+    let log = s.path("train.log");
+    let job = job(&["deadlock", "--log", log.to_str().unwrap(), "--hang-s", "10"], &t_path);
+    under_every_chain("deadlock", &job, &t_path, &|run, t| {
+        let (kind, _) = verdict(run);
+        expect(kind == "hang", || "the final report is no hang".into())?;
+        let (prefetch, writer) = (t["prefetch"].as_u64().unwrap(), t["writer"].as_u64().unwrap());
+        let named = |r: &&Value| {
+            let line = r["verdict"]["summary"].as_str().unwrap_or("");
+            line.contains(&format!("prefetch {prefetch} (futex"))
+                && line.contains(&format!("writer {writer} (futex"))
+        };
+        expect(run.records.iter().any(|r| r["verdict"]["kind"] == "hang" && named(&r)), || {
+            "no live hang names the two threads".into()
+        })?;
+        // The 10 s wait ended as the process did (the watchdog's exit):
+        // nobody handed it anything.
+        let wakers = &run.thread(t["trainer"].as_u64().unwrap())["woken_by"];
+        let long = wakers.as_array().into_iter().flatten().find(|b| b["blocked_s"].as_f64() > Some(5.0));
+        expect(long.is_none(), || format!("a waker ended the deadlock's wait: {wakers}"))
     });
 }
 

@@ -81,7 +81,8 @@ impl Capture {
             .into_iter()
             .map(|(tid, s)| {
                 let (counters, now) = decode::fold(&s, ts);
-                ThreadSnap { tid, tgid: s.tgid, job: s.job, counters, now, other_nr: s.other_nr }
+                let other_nr = decode::last_other_nr(&s, &now);
+                ThreadSnap { tid, tgid: s.tgid, job: s.job, counters, now, other_nr }
             })
             .collect();
         let mut lost = [0u64; counter::LOST_CAUSES];

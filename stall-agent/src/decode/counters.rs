@@ -284,9 +284,41 @@ pub fn fold(s: &ThreadStats, now: u64) -> (ThreadCounters, ThreadNow) {
     (c, state)
 }
 
+/// The syscall its time counted as OTHER was last spent in: the kernel
+/// notes it as a wait ends, so a thread blocked in one since (a shell in
+/// `wait4` for its only child) is named by the call it is in now.
+pub fn last_other_nr(s: &ThreadStats, now: &ThreadNow) -> i32 {
+    if s.state == run_state::OFF && !now.running && now.reason == reason::OTHER && now.syscall >= 0 {
+        now.syscall
+    } else {
+        s.other_nr
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_in_progress_names_its_call() {
+        let waiting = ThreadStats {
+            state: run_state::OFF,
+            off_reason: reason::OTHER,
+            off_nr: 61,
+            other_nr: -1,
+            last_ts: 100,
+            ..Default::default()
+        };
+        let (_, n) = fold(&waiting, 1100);
+        assert_eq!(last_other_nr(&waiting, &n), 61);
+        // Blocked in a futex now: the last OTHER call stays the one named.
+        let futex = ThreadStats { off_reason: reason::FUTEX, off_nr: 202, other_nr: 61, ..waiting };
+        let (_, n) = fold(&futex, 1100);
+        assert_eq!(last_other_nr(&futex, &n), 61);
+        let running = ThreadStats { state: run_state::RUNNING, ..waiting };
+        let (_, n) = fold(&running, 1100);
+        assert_eq!(last_other_nr(&running, &n), -1);
+    }
 
     #[test]
     fn fold_adds_span_in_progress() {

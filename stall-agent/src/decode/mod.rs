@@ -11,7 +11,7 @@ mod counters;
 mod snapshot;
 
 pub(crate) use counters::counters;
-pub use counters::{fold, Counter, FileCounters, GpuCounters, ThreadCounters, ThreadNow};
+pub use counters::{fold, last_other_nr, Counter, FileCounters, GpuCounters, ThreadCounters, ThreadNow};
 pub use snapshot::{CommSnap, FdWaitSnap, FileSnap, Inode, InodeSnap, Snapshot, ThreadSnap, WakeSnap};
 
 #[derive(Debug, Clone, PartialEq)]

@@ -99,24 +99,28 @@ pub(in crate::verdict) fn no_progress(
     // one long send, whose bytes are counted as the call returns). A pipe
     // inside the job is no such thing: a child blocked writing into the
     // pipe its waiting parent never reads is the classic deadlock.
+    // What started the trainer (a shell script, a Python parent, a
+    // launcher) is no part of its progress: a shell reading its script's
+    // next line, or a parent unmapping its libraries, after the trainer
+    // ended hung moves nothing.
+    let above = ancestors(w, trainer.tgid);
+    let procs = || w.procs.iter().filter(|p| !above.contains(&p.tgid));
     let half = (secs * 0.5 * 1e9) as u64;
-    if w.procs.iter().flat_map(|p| &p.fd_waits).any(|f| f.outside && f.blocked_ns >= half) {
+    if procs().flat_map(|p| &p.fd_waits).any(|f| f.outside && f.blocked_ns >= half) {
         return None;
     }
     // Bytes through pipes and sockets, either way: batches, an upload.
-    let ipc: u64 = w.procs.iter().map(|p| p.other_read_bytes + p.sum().other_write_bytes).sum();
+    let ipc: u64 = procs().map(|p| p.other_read_bytes + p.sum().other_write_bytes).sum();
     // File writes are not asked about here: `silent_enough` has judged
     // them against the job's rhythm (a heartbeat line within it is not a
     // hang; one that stopped three rhythms ago no longer moves anything).
-    let file_bytes: u64 = w.procs.iter().map(ProcWindow::file_read_bytes).sum();
+    let file_bytes: u64 = procs().map(ProcWindow::file_read_bytes).sum();
     // Pages faulted in (from storage or the page cache) are work too: a
     // process blocked on its faults (an import, a teardown unmapping its
     // libraries from a cold cache) moves, however slowly. A few pages now
     // and then are not: a heartbeat rewriting a status file reads a
     // directory block.
-    let paged: u64 = w
-        .procs
-        .iter()
+    let paged: u64 = procs()
         .map(|p| p.storage_bytes.unwrap_or(0) + p.mmap_bytes.unwrap_or(0) + p.mmap_shared_bytes.unwrap_or(0))
         .sum();
     if file_bytes > 0
@@ -138,6 +142,8 @@ pub(in crate::verdict) fn no_progress(
     }
     let mut blocked = Vec::new();
     for p in std::iter::once(trainer).chain(workers.iter().copied()) {
+        // Of a process that ended (killed at last, hung) nothing is said
+        // now: what its threads' state was at the end is not kept.
         for t in p.threads.iter().filter(|t| t.alive && !t.now.running) {
             blocked.push(BlockedThread {
                 comm: t.comm.clone(),
@@ -150,4 +156,17 @@ pub(in crate::verdict) fn no_progress(
         }
     }
     Some(NoProgress { blocked })
+}
+
+/// The processes above `tgid` in the window's tree.
+fn ancestors(w: &Window, mut tgid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    while let Some(pp) = w.proc(tgid).and_then(|p| p.ppid).filter(|pp| w.proc(*pp).is_some()) {
+        if out.contains(&pp) || out.len() >= 64 {
+            break;
+        }
+        out.push(pp);
+        tgid = pp;
+    }
+    out
 }

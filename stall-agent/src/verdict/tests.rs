@@ -742,6 +742,38 @@ fn workers_that_lived_part_of_the_window_are_judged_on_their_lifetime() {
     assert!(v.summary.contains("88% off-CPU in file reads"), "{}", v.summary);
 }
 
+/// A trainer hung for the whole window under a shell script: the shell
+/// reading its script's next line (as the trainer ended) is none of the
+/// job's progress.
+#[test]
+fn what_started_the_trainer_moves_nothing_of_a_hung_job() {
+    let mut job = Job::new(6).trainer(0.001, [0.999, 0.0, 0.0, 0.0, 0.0, 0.0], blocked(reason::FUTEX));
+    job.model.note_process(1, None, "bash", Some("bash run.sh".into()));
+    job.model.apply(&Event::Open {
+        ts: 0,
+        tid: 1,
+        tgid: 1,
+        fd: 255,
+        file_id: 1,
+        path: "/runs/run.sh".into(),
+        dfd: -100,
+        dup_of: None,
+    });
+    job.files.push(FileSnap {
+        tgid: 1,
+        fd: 255,
+        file_id: 1,
+        kind: fd_kind::REGULAR,
+        counters: FileCounters { read_bytes: 191, read_calls: 3, ..Default::default() },
+    });
+    let shell = counters(6, 0.001, [0.0, 0.0, 0.0, 0.0, 0.0, 0.999], 191);
+    let job =
+        job.thread(1, 1, shell, ThreadNow { running: false, reason: reason::OTHER, syscall: 61, for_ns: 1 });
+    // Progress counts no read of a process with no role (the shell).
+    let v = job.silent(6.0, Some(0.5), None).judge(&[]);
+    assert_eq!(v.kind, Kind::Hang, "{}", v.summary);
+}
+
 #[test]
 fn short_stall_is_not_a_hang() {
     let v = Job::new(2).trainer(0.0, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0], blocked(reason::FUTEX)).judge(&[]);

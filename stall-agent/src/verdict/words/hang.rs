@@ -78,11 +78,15 @@ pub(super) fn no_progress(
     // A trainer without workers is blocked alone ("and 0 workers" said
     // nothing).
     let with = if workers == 0 { String::new() } else { format!(" and {}", workers_word(workers)) };
+    let list = if blocked.is_empty() {
+        String::new()
+    } else {
+        format!(". Blocked: {}", blocked[..shown].join(", "))
+    };
     format!(
-        "No progress {silent}: trainer (pid {}){with} blocked, no file reads, nobody wakes the trainer{}: the job is hung. Blocked: {}{more}",
+        "No progress {silent}: trainer (pid {}){with} blocked, no file reads, nobody wakes the trainer{}: the job is hung{list}{more}",
         trainer.tgid,
         stale_output(progress),
-        blocked[..shown].join(", ")
     )
 }
 
