@@ -486,3 +486,29 @@ fn a_pod_run_through_an_init_and_an_entrypoint_gets_the_bare_verdict() {
     let metrics = truth(&t_path)["metrics"].as_u64().unwrap();
     assert!(line.contains(&format!("for thread {metrics} (")), "{line}");
 }
+
+/// A job its shell starts only after a helper ran (`sh -c "sleep 2;
+/// python3 job.py"`): while the helper runs it stands for the job; once
+/// the job runs, the report and the JSON say when the trainer changed and
+/// why, and the final verdict is the bare run's.
+#[test]
+fn the_report_says_when_the_trainer_changed_and_why() {
+    let s = Scratch::new("chain-role-change");
+    let t_path = s.path("truth.json");
+    let log = s.path("train.log");
+    let job = job(&["gil", "--log", log.to_str().unwrap(), "--seconds", "4"], &t_path);
+    let argv = vec!["sh".to_string(), "-c".into(), format!("sleep 2; {}", quoted(&job))];
+    let (run, t) = run(&argv, &t_path);
+    let trainer = t["trainer"].as_u64().unwrap();
+    let changes = run.summary()["role_changes"].as_array().cloned().unwrap_or_default();
+    eprintln!("role changes: {changes:?}");
+    let to_job =
+        changes.iter().find(|c| c["to"] == serde_json::json!([trainer])).expect("a change to the job");
+    let says = to_job["says"].as_str().unwrap();
+    assert!(says.contains(&format!("the trainer now: pid {trainer} (")), "{says}");
+    assert!(says.contains(" ended; "), "the helper's end is not said: {says}");
+    let at = to_job["at_s"].as_f64().unwrap();
+    assert!((1.5..=8.0).contains(&at), "changed at {at} s");
+    assert!(run.stdout.contains("Roles at ") && run.stdout.contains(says), "{}", run.stdout);
+    assert_eq!(verdict(&run).0, "trainer-host-bound");
+}

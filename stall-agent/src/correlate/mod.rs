@@ -6,7 +6,9 @@ use serde::Serialize;
 
 use crate::aggregate::{ProcWindow, Window};
 
+mod changes;
 mod evidence;
+pub use changes::{change, RoleChange};
 pub use evidence::FEEDER_MIN_WAKES;
 use evidence::{calls_the_gpu, Evidence};
 
@@ -28,10 +30,43 @@ impl Role {
     }
 }
 
+/// The evidence that made the trainers the trainers, strongest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrainerRule {
+    /// A launcher's variable, `mp.spawn`'s index or an NCCL communicator
+    /// names it a rank (or, unnumbered, it calls the run's collectives).
+    Rank,
+    /// It holds a GPU, or calls the job's GPU libraries.
+    Gpu,
+    /// Its workers, or a producer through a pipe, feed it.
+    Fed,
+    /// What stall was pointed at, past the wrappers that only wait.
+    Root,
+    /// Nothing else told: the busiest process.
+    #[default]
+    Busiest,
+}
+
+impl TrainerRule {
+    /// Why, in words: "the trainer: pid 12, which {says}".
+    pub fn says(self) -> &'static str {
+        match self {
+            TrainerRule::Rank => "is a rank of the run",
+            TrainerRule::Gpu => "holds a GPU or calls the job's GPU libraries",
+            TrainerRule::Fed => "its workers or a producer feed",
+            TrainerRule::Root => "is what stall was pointed at, past the wrappers that only wait",
+            TrainerRule::Busiest => "is the busiest process, nothing else telling",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Roles {
     by_tgid: HashMap<u32, Role>,
     pub trainers: Vec<u32>,
+    /// What made them so.
+    pub rule: TrainerRule,
     pub workers: Vec<u32>,
     /// A distributed run: each rank and its trainer process, by rank
     /// (empty: not a run). Where no rank says its number (`unnumbered`),
@@ -86,6 +121,7 @@ impl Roles {
         Roles {
             by_tgid,
             trainers: vec![trainer],
+            rule: self.rule,
             workers,
             ranks: Vec::new(),
             unnumbered: false,
@@ -141,12 +177,15 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
     // Indexes first: a fork storm leaves thousands of processes here.
     let ev = Evidence::of(w);
     let mut ranks = rank_processes(w, &ev.by_tgid);
-    let trainers = trainers_by_rank(&ranks)
-        .or_else(|| trainers_by_gpu(w, &ev, gpu_pids))
-        .or_else(|| trainer_fed_or_forking(w, &ev))
-        .or_else(|| root.and_then(|r| ev.standing_for(r)).map(|t| vec![t]))
-        .unwrap_or_else(|| busiest(w, &ev));
+    let by = |rule: TrainerRule| move |t: Vec<u32>| (t, rule);
+    let (trainers, rule) = trainers_by_rank(&ranks)
+        .map(by(TrainerRule::Rank))
+        .or_else(|| trainers_by_gpu(w, &ev, gpu_pids).map(by(TrainerRule::Gpu)))
+        .or_else(|| trainer_fed_or_forking(w, &ev).map(by(TrainerRule::Fed)))
+        .or_else(|| root.and_then(|r| ev.standing_for(r)).map(|t| (vec![t], TrainerRule::Root)))
+        .unwrap_or_else(|| (busiest(w, &ev), TrainerRule::Busiest));
     let unnumbered = ranks.is_empty() && is_a_run(w, &trainers);
+    let rule = if unnumbered { TrainerRule::Rank } else { rule };
     if unnumbered {
         ranks = trainers.iter().map(|&t| (t, t)).collect();
         ranks.sort_unstable();
@@ -154,7 +193,7 @@ pub fn assign(w: &Window, gpu_pids: &HashSet<u32>, root: Option<u32>) -> Roles {
     let (roles, workers) = workers_of(w, &ev, &trainers, &ranks);
     let rank_of = rank_of_each(&ranks, &workers, &ev.parent);
     let run_id = ranks.iter().find_map(|(_, t)| ev.by_tgid.get(t)?.rank.as_ref()?.run_id.clone());
-    Roles { by_tgid: roles, trainers, workers, ranks, unnumbered, rank_of, run_id }
+    Roles { by_tgid: roles, trainers, rule, workers, ranks, unnumbered, rank_of, run_id }
 }
 
 /// Trainers that each call collectives are ranks of one run, even where

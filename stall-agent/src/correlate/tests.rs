@@ -380,3 +380,29 @@ fn a_process_calling_the_gpu_libraries_is_the_trainer() {
     let r = assign(&chained(vec![launcher, job, helper]), &HashSet::new(), Some(1));
     assert_eq!(r.trainers, vec![2]);
 }
+
+#[test]
+fn a_role_change_says_what_became_of_the_former_trainer_and_why_the_new_one() {
+    // The first tick took the shell (1) for the trainer, before its job
+    // (2) had run; now the shell only waits for it.
+    let shell = with_cmdline(waiting(1, 0, WAIT4, 9_990, 2), "bash run.sh");
+    let job = with_cmdline(proc(2, 1, 4_000, 0), "python3 job.py");
+    let w = chained(vec![shell, job]);
+    let r = assign(&w, &HashSet::new(), Some(1));
+    assert_eq!((r.trainers.clone(), r.rule), (vec![2], TrainerRule::Root));
+    let c = change(&[1], &r, &w, 1.5).expect("a change");
+    assert_eq!((c.from.as_slice(), c.to.as_slice(), c.at_s), (&[1][..], &[2][..], 1.5));
+    assert_eq!(
+        c.says,
+        "pid 1 (p1) only waits for its child; the trainer now: pid 2 (p2), which is what stall was pointed at, \
+         past the wrappers that only wait"
+    );
+    // The same trainers, or none before: no change.
+    assert_eq!(change(&[2], &r, &w, 2.0), None);
+    assert_eq!(change(&[], &r, &w, 0.5), None);
+    // A former trainer that ended.
+    let mut ended = w.clone();
+    ended.procs[0].alive = false;
+    let c = change(&[1], &r, &ended, 3.0).expect("a change");
+    assert!(c.says.starts_with("pid 1 (p1) ended; the trainer now: pid 2 (p2)"), "{}", c.says);
+}

@@ -25,7 +25,7 @@ use self::{
 };
 use crate::{
     aggregate::{push_recent, Model, ProcWindow, ThreadWindow, Window},
-    correlate::{self, Roles},
+    correlate::{self, RoleChange, Roles},
     decode::{Event, Inode, Snapshot},
     gpu::GpuWindow,
     progress::{Progress, ProgressView},
@@ -96,7 +96,15 @@ pub struct Job {
     filesystems: HashMap<String, Option<String>>,
     /// Which rank each process is, as its sources tell.
     identities: Identities,
+    /// The trainers as last assigned, and each time they changed (the
+    /// newest [`MAX_ROLE_CHANGES`]).
+    trainers: Vec<u32>,
+    role_changes: VecDeque<RoleChange>,
 }
+
+/// Role changes kept for the report: a job whose trainer flaps between two
+/// processes says so in the last few.
+const MAX_ROLE_CHANGES: usize = 16;
 
 /// What the outputs need after one interval.
 #[derive(Debug, Clone)]
@@ -130,6 +138,8 @@ pub struct Report {
     pub startup_s: Option<f64>,
     /// The same instant, monotonic ns (the timeline marks it).
     pub startup_end_ns: Option<u64>,
+    /// Each time the trainers changed while tracing, and why.
+    pub role_changes: Vec<RoleChange>,
 }
 
 impl Job {
@@ -153,6 +163,8 @@ impl Job {
             waits: HashMap::new(),
             filesystems: HashMap::new(),
             identities: Identities::default(),
+            trainers: Vec::new(),
+            role_changes: VecDeque::new(),
         }
     }
 
@@ -374,6 +386,7 @@ impl Job {
         let tracks = self.tracks(gpus);
         let summary = self.model.summary(snap.ts);
         let roles = self.roles(&tracks, &summary);
+        self.note_roles(&roles, &summary, snap.ts);
         self.progress.observe(&interval, &roles);
         let window_of = |w: &Window| -> Vec<GpuWindow> {
             tracks.iter().map(|g| g.window(w.start_ns, w.end_ns)).collect()
@@ -412,6 +425,7 @@ impl Job {
         let mut summary = self.model.summary(end_ns);
         let tracks = self.tracks(gpus);
         let roles = self.roles(&tracks, &summary);
+        self.note_roles(&roles, &summary, end_ns);
         let mut recent = Window::merge(self.recent.make_contiguous());
         self.note_waits(host, &recent, &roles);
         self.place_seen(&mut recent);
@@ -446,7 +460,29 @@ impl Job {
             verdict = placed(host, verdict, &recent, &roles, &recent_gpus, &progress);
         }
         let startup_s = startup_end_ns.map(|t| (t - self.model.start_ns) as f64 / 1e9);
-        Report { summary, gpus: summary_gpus, roles, verdict, progress, startup_s, startup_end_ns }
+        let role_changes = self.role_changes.iter().cloned().collect();
+        Report {
+            summary,
+            gpus: summary_gpus,
+            roles,
+            verdict,
+            progress,
+            startup_s,
+            startup_end_ns,
+            role_changes,
+        }
+    }
+
+    /// Keeps the trainers just assigned over `summary`, noting a change.
+    fn note_roles(&mut self, roles: &Roles, summary: &Window, now_ns: u64) {
+        let at_s = now_ns.saturating_sub(self.model.start_ns) as f64 / 1e9;
+        if let Some(c) = correlate::change(&self.trainers, roles, summary, at_s) {
+            if self.role_changes.len() == MAX_ROLE_CHANGES {
+                self.role_changes.pop_front();
+            }
+            self.role_changes.push_back(c);
+        }
+        self.trainers.clone_from(&roles.trainers);
     }
 
     /// The syscall hooks are attached again after a stretch without them

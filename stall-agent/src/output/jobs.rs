@@ -45,13 +45,7 @@ pub fn job(j: &JobView) -> Value {
                 target: j.cgroup,
                 gpu_note: None,
                 progress: &tick.progress,
-                startup_s: None,
-                syscall_backend: None,
-                gpu_probes: None,
-                mmap_hooks: None,
-                switch_reads: None,
-                exit_status: None,
-                unreadable_threads: None,
+                ending: None,
                 starting_up: false,
             };
             serde_json::to_value(jsonl::record("job", &view)).unwrap_or_default()

@@ -78,6 +78,10 @@ pub struct Record<'a> {
     /// not be read at the start (their reason then is a guess); absent if none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unreadable_threads: Option<u32>,
+    /// Summary only: each time the trainers changed while tracing, and
+    /// why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role_changes: Option<&'a [crate::correlate::RoleChange]>,
     pub verdict: &'a Verdict,
 }
 
@@ -431,6 +435,7 @@ fn process(p: &ProcWindow, role: &'static str, rank: Option<u32>) -> Process {
 
 pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
     let w = v.window;
+    let ending = v.ending.as_ref();
     let lost_by_cause = counter::LOST_NAMES.iter().zip(w.lost).map(|(n, c)| (*n, c)).collect();
     Record {
         kind,
@@ -463,14 +468,15 @@ pub fn record<'a>(kind: &'static str, v: &'a View<'a>) -> Record<'a> {
             .collect(),
         gpus: v.gpus,
         progress: v.progress,
-        startup_s: v.startup_s,
-        syscall_backend: v.syscall_backend.map(|(name, _, _)| name),
-        syscall_reads: v.syscall_backend.map(|(_, reads, _)| reads),
-        gpu_probes: v.gpu_probes,
-        mmap_hooks: v.mmap_hooks,
-        switch_reads: v.switch_reads,
-        exit_status: v.syscall_backend.map(|_| v.exit_status),
-        unreadable_threads: v.unreadable_threads.filter(|&n| n > 0),
+        startup_s: ending.and_then(|e| e.startup_s),
+        syscall_backend: ending.map(|e| e.syscall_backend.0),
+        syscall_reads: ending.map(|e| e.syscall_backend.1),
+        gpu_probes: ending.and_then(|e| e.gpu_probes),
+        mmap_hooks: ending.map(|e| e.mmap_hooks),
+        switch_reads: ending.map(|e| e.switch_reads),
+        exit_status: ending.map(|e| e.exit_status),
+        unreadable_threads: ending.map(|e| e.unreadable_threads).filter(|&n| n > 0),
+        role_changes: ending.map(|e| e.role_changes),
         verdict: v.verdict,
     }
 }

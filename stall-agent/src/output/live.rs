@@ -212,13 +212,7 @@ mod tests {
             target: &target,
             gpu_note: None,
             progress: &progress,
-            startup_s: None,
-            syscall_backend: None,
-            gpu_probes: None,
-            mmap_hooks: None,
-            switch_reads: None,
-            exit_status: None,
-            unreadable_threads: None,
+            ending: None,
             starting_up: false,
         };
         for (rows, cols) in [(24, 20), (24, 40), (24, 80), (30, 100), (40, 130), (50, 200), (60, 250)] {
@@ -253,13 +247,7 @@ mod tests {
             target: "python3 train.py",
             gpu_note: None,
             progress: &progress,
-            startup_s: None,
-            syscall_backend: None,
-            gpu_probes: None,
-            mmap_hooks: None,
-            switch_reads: None,
-            exit_status: None,
-            unreadable_threads: None,
+            ending: None,
             starting_up: true,
         };
         for text in [plain(&v), screen(&v, 100.0, 40, 200)] {

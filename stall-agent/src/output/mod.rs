@@ -6,7 +6,12 @@ pub mod live;
 pub mod report;
 
 use crate::{
-    aggregate::Window, correlate::Roles, gpu::GpuWindow, progress::ProgressView, units, verdict::Verdict,
+    aggregate::Window,
+    correlate::{RoleChange, Roles},
+    gpu::GpuWindow,
+    progress::ProgressView,
+    units,
+    verdict::Verdict,
 };
 
 /// Everything an output needs about one window.
@@ -22,32 +27,39 @@ pub struct View<'a> {
     pub gpu_note: Option<&'a str>,
     /// When the job last moved (reads, writes), at the window's end.
     pub progress: &'a ProgressView,
-    /// The final report: how long the startup before the input pipeline
-    /// took, when the verdict is on the steady state after it.
-    pub startup_s: Option<f64>,
-    /// The final report: the syscall hooks' backend (`trampoline`,
-    /// `tracepoint`), how they read a returning call's registers (`cast`,
-    /// `probe`) and the line that says so for people.
-    pub syscall_backend: Option<(&'static str, &'static str, &'a str)>,
-    /// The final report: the CUDA libraries the GPU library probes went on,
-    /// in words (None: not asked for).
-    pub gpu_probes: Option<&'a str>,
-    /// The final report: how faults on file mappings were followed
-    /// (`tracepoint`, `trampoline`, `none`).
-    pub mmap_hooks: Option<&'static str>,
-    /// The final report: how `sched_switch` read the task going off-CPU
-    /// (`direct`, `probe`, `probe-stack`).
-    pub switch_reads: Option<&'static str>,
-    /// The final report of `stall run`: the command's exit status,
-    /// shell-style (128 + N: killed by signal N); None while it runs or
-    /// when it was not stall's to wait for.
-    pub exit_status: Option<i32>,
-    /// The final report: blocked threads whose /proc syscall file could not
-    /// be read when tracing began (their first wait's reason is a guess).
-    pub unreadable_threads: Option<u32>,
+    /// What only the final report says (None: a live view).
+    pub ending: Option<Ending<'a>>,
     /// The live view: the job is still starting up (its input pipeline has
     /// not run), when a verdict on its imports would mislead.
     pub starting_up: bool,
+}
+
+/// What the final report says beyond a window's view.
+pub struct Ending<'a> {
+    /// How long the startup before the input pipeline took, when the
+    /// verdict is on the steady state after it.
+    pub startup_s: Option<f64>,
+    /// The syscall hooks' backend (`trampoline`, `tracepoint`), how they
+    /// read a returning call's registers (`cast`, `probe`) and the line
+    /// that says so for people.
+    pub syscall_backend: (&'static str, &'static str, &'a str),
+    /// The CUDA libraries the GPU library probes went on, in words (None:
+    /// not asked for).
+    pub gpu_probes: Option<&'a str>,
+    /// How faults on file mappings were followed (`tracepoint`,
+    /// `trampoline`, `none`).
+    pub mmap_hooks: &'static str,
+    /// How `sched_switch` read the task going off-CPU (`direct`, `probe`,
+    /// `probe-stack`).
+    pub switch_reads: &'static str,
+    /// `stall run`'s command's exit status, shell-style (128 + N: killed
+    /// by signal N); None when it was not stall's to wait for.
+    pub exit_status: Option<i32>,
+    /// Blocked threads whose /proc syscall file could not be read when
+    /// tracing began (their first wait's reason is a guess).
+    pub unreadable_threads: u32,
+    /// Each time the trainers changed while tracing, and why.
+    pub role_changes: &'a [RoleChange],
 }
 
 /// "status 7", "status 143 (killed by SIGTERM)".

@@ -126,16 +126,17 @@ pub fn render(v: &View) -> String {
     let secs = w.secs();
     let mut out = String::new();
     let _ = writeln!(out, "stall report: {} over {}", v.target, units::secs(secs));
-    if let Some((_, _, line)) = v.syscall_backend {
+    let ending = v.ending.as_ref();
+    if let Some((_, _, line)) = ending.map(|e| e.syscall_backend) {
         let _ = writeln!(out, "{line}");
     }
-    if let Some(line) = v.gpu_probes {
+    if let Some(line) = ending.and_then(|e| e.gpu_probes) {
         let _ = writeln!(out, "{line}");
     }
     if let Some(note) = v.gpu_note {
         let _ = writeln!(out, "{note}");
     }
-    if let Some(n) = v.unreadable_threads.filter(|&n| n > 0) {
+    if let Some(n) = ending.map(|e| e.unreadable_threads).filter(|&n| n > 0) {
         let _ = writeln!(
             out,
             "/proc would not say which syscall {} waited in (task/TID/syscall unreadable, even for root): counted as blocked for a reason guessed from their state, not on-CPU",
@@ -179,7 +180,8 @@ pub fn render(v: &View) -> String {
     let _ = writeln!(out);
     // The table and the verdict differ where a startup was set apart: say
     // what each share is of, or the same thread reads two ways.
-    match v.startup_s {
+    let startup_s = ending.and_then(|e| e.startup_s);
+    match startup_s {
         Some(s) => {
             let _ = writeln!(
                 out,
@@ -293,11 +295,14 @@ pub fn render(v: &View) -> String {
             String::new()
         }
     );
-    if let Some(status) = v.exit_status {
+    if let Some(status) = ending.and_then(|e| e.exit_status) {
         let _ = writeln!(out, "The command exited with {}.", super::exit_words(status));
     }
     let _ = writeln!(out);
-    if let Some(s) = v.startup_s {
+    for c in ending.map_or(&[][..], |e| e.role_changes) {
+        let _ = writeln!(out, "Roles at {}: {}.", units::secs(c.at_s), c.says);
+    }
+    if let Some(s) = startup_s {
         let _ = writeln!(
             out,
             "Startup (imports and set-up, until the interval in which the input pipeline started): {}; the verdict and its shares are of the {} after it.",
@@ -326,7 +331,9 @@ pub fn render(v: &View) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{aggregate::Window, correlate::Roles, progress::ProgressView, verdict::Verdict};
+    use crate::{
+        aggregate::Window, correlate::Roles, output::Ending, progress::ProgressView, verdict::Verdict,
+    };
 
     fn rendered(startup_s: Option<f64>) -> String {
         let window = Window { start_ns: 0, end_ns: 20_000_000_000, ..Default::default() };
@@ -340,13 +347,16 @@ mod tests {
             target: "python3 train.py",
             gpu_note: None,
             progress: &progress,
-            startup_s,
-            syscall_backend: None,
-            gpu_probes: None,
-            mmap_hooks: None,
-            switch_reads: None,
-            exit_status: None,
-            unreadable_threads: None,
+            ending: Some(Ending {
+                startup_s,
+                syscall_backend: ("tracepoint", "cast", "syscall hooks: tracepoint"),
+                gpu_probes: None,
+                mmap_hooks: "tracepoint",
+                switch_reads: "direct",
+                exit_status: None,
+                unreadable_threads: 0,
+                role_changes: &[],
+            }),
             starting_up: false,
         })
     }

@@ -18,7 +18,7 @@ use crate::{
     error::Error,
     gpu::GpuSelect,
     job::{Feed, GpuFleet, GpuScope, Job, LiveHost, Stacks, Tick, Wake},
-    output::{self, View},
+    output::{self, Ending, View},
     timeline::Recording,
     verdict::Verdict,
 };
@@ -339,13 +339,16 @@ async fn run_with(target: Target, opts: Options, sinks: &mut Sinks) -> Result<Ou
         target: out.label,
         gpu_note: out.gpu_note,
         progress: &report.progress,
-        startup_s: report.startup_s,
-        syscall_backend: Some((out.syscall_backend, out.syscall_reads, out.hooks_line)),
-        gpu_probes: gpu_probes.as_deref(),
-        mmap_hooks: Some(out.mmap_hooks),
-        switch_reads: Some(out.switch_reads),
-        exit_status: child_status,
-        unreadable_threads: Some(live.capture.unreadable_threads()),
+        ending: Some(Ending {
+            startup_s: report.startup_s,
+            syscall_backend: (out.syscall_backend, out.syscall_reads, out.hooks_line),
+            gpu_probes: gpu_probes.as_deref(),
+            mmap_hooks: out.mmap_hooks,
+            switch_reads: out.switch_reads,
+            exit_status: child_status,
+            unreadable_threads: live.capture.unreadable_threads(),
+            role_changes: &report.role_changes,
+        }),
         starting_up: false,
     };
     sinks.write_json("summary", &view)?;
@@ -423,13 +426,7 @@ fn emit_interval(sinks: &mut Sinks, tick: &Tick, out: &Out) -> Result<()> {
         target: out.label,
         gpu_note: out.gpu_note,
         progress: &tick.progress,
-        startup_s: None,
-        syscall_backend: None,
-        gpu_probes: None,
-        mmap_hooks: None,
-        switch_reads: None,
-        exit_status: None,
-        unreadable_threads: None,
+        ending: None,
         starting_up: tick.starting_up,
     };
     sinks.write_json("interval", &v)?;
