@@ -1,5 +1,6 @@
-//! The same job however it was started. Each workload of
-//! tests/workloads/waits.py runs bare, then under each launch chain users
+//! The same job however it was started. Each workload (tests/workloads/
+//! waits.py's, and the demo's DataLoader workers) runs bare, then under
+//! each launch chain users
 //! put in front of their jobs: a shim that runs short-lived helpers and then
 //! exec's the interpreter (what pyenv's `python3` does; the real one too,
 //! where pyenv is installed), a shell script that waits for the job,
@@ -20,7 +21,7 @@ use serde_json::Value;
 use stall_tests::procs::wait_until;
 use stall_tests::scratch::{disk_scratch, Scratch};
 use stall_tests::stall::{stall, Run};
-use stall_tests::workload::{python, shards, truth};
+use stall_tests::workload::{python, shards, truth, workload};
 
 fn waits_py() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/waits.py").display().to_string()
@@ -164,14 +165,22 @@ fn verdict(run: &Run) -> (String, String) {
 /// is wrong.
 type Check = dyn Fn(&Run, &Value) -> Result<(), String>;
 
+/// How a chain's argv is run: the run and the job's truth.
+type Runner = dyn Fn(&[String], &Path) -> (Run, Value);
+
 /// Runs `job` (bare argv, ending in `--truth PATH`) under every chain and
 /// applies `check` to each; fails listing every chain that differs.
 fn under_every_chain(tag: &str, job: &[String], truth_path: &Path, check: &Check) {
+    under_every_chain_run_by(tag, job, truth_path, &run, check)
+}
+
+/// [`under_every_chain`], each chain's argv run by `runner`.
+fn under_every_chain_run_by(tag: &str, job: &[String], truth_path: &Path, runner: &Runner, check: &Check) {
     let s = Scratch::new(tag);
     let mut failures = Vec::new();
     for chain in chains(&s) {
         let argv = (chain.argv)(job);
-        let (run, t) = run(&argv, truth_path);
+        let (run, t) = runner(&argv, truth_path);
         let (kind, line) = verdict(&run);
         let trainer = t["trainer"].as_u64().unwrap();
         let role = run.process(trainer)["role"].as_str().unwrap_or("?").to_string();
@@ -511,4 +520,99 @@ fn the_report_says_when_the_trainer_changed_and_why() {
     assert!((1.5..=8.0).contains(&at), "changed at {at} s");
     assert!(run.stdout.contains("Roles at ") && run.stdout.contains(says), "{}", run.stdout);
     assert_eq!(verdict(&run).0, "trainer-host-bound");
+}
+
+/// DataLoader-style worker processes (the demo's, 4) read 8 shards of 8 MB
+/// from storage throttled to 16 MB/s: input-io-bound, the 4 workers named
+/// as workers.
+#[test]
+fn dataloader_workers_on_slow_storage_under_every_chain() {
+    let s = disk_scratch("chain-workers");
+    let cache = s.path("shards");
+    let t_path = s.path("truth.json");
+    let mut args = shards(&cache, 8, 8, 16);
+    args.extend(
+        ["--workers", "4", "--start-delay", "0", "--truth", t_path.to_str().unwrap()].map(String::from),
+    );
+    let job = workload(&args);
+    under_every_chain("dataloader workers", &job, &t_path, &|run, t| {
+        let (kind, line) = verdict(run);
+        expect(kind == "input-io-bound", || "not input-io-bound".into())?;
+        expect(line.contains("4 workers"), || "the 4 workers are not named".into())?;
+        for w in t["workers"].as_array().unwrap() {
+            let pid = w["pid"].as_u64().unwrap();
+            let role = run.process(pid)["role"].clone();
+            expect(role == "worker", || format!("worker {pid} is {role}"))?;
+        }
+        Ok(())
+    });
+}
+
+/// A reader outside the job, draining stdin at `kbps`, killed when
+/// dropped.
+struct SlowReader(std::process::Child);
+
+impl Drop for SlowReader {
+    fn drop(&mut self) {
+        stall_tests::procs::stop(&mut self.0, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// `stall run` with its (and so the job's) stdout a pipe that a reader
+/// outside the job drains at 1.6 MB/s; the truth gains `reader`, its pid.
+fn run_into_a_slow_reader(argv: &[String], truth_path: &Path) -> (Run, Value) {
+    let r_truth = truth_path.with_extension("reader.json");
+    let _ = std::fs::remove_file(&r_truth);
+    let mut reader = std::process::Command::new(python());
+    reader
+        .args([waits_py().as_str(), "slow-reader", "--kbps", "1600", "--truth", r_truth.to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null());
+    let mut reader = SlowReader(reader.spawn().expect("the slow reader"));
+    let into_reader = std::process::Stdio::from(reader.0.stdin.take().unwrap());
+    wait_until("the reader's truth", Duration::from_secs(30), || r_truth.exists());
+    let _ = std::fs::remove_file(truth_path);
+    let json = stall_tests::scratch::tempfile_path("chain-pipe-json");
+    let mut cmd = std::process::Command::new(stall_tests::stall::stall_bin());
+    cmd.args(["run", "--json", json.to_str().unwrap(), "--gpu", "off", "-q", "--"])
+        .args(argv)
+        .stdout(into_reader);
+    let out = stall_tests::procs::run_with_timeout_as_is(cmd, Duration::from_secs(180));
+    let text = std::fs::read_to_string(&json).unwrap_or_default();
+    let _ = std::fs::remove_file(&json);
+    let run = Run {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::new(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        records: text.lines().map(|l| serde_json::from_str(l).unwrap()).collect(),
+    };
+    assert_eq!(run.status, 0, "stall run {argv:?} failed:\n{}", run.stderr);
+    wait_until("the workload's truth", Duration::from_secs(30), || truth_path.exists());
+    let mut t = truth(truth_path);
+    t["reader"] = truth(&r_truth)["reader"].clone();
+    (run, t)
+}
+
+/// The job prints 64 KiB per step into a pipe a reader outside the job
+/// drains at 1.6 MB/s: output-io-bound, blocked writing stdout, the
+/// reader named, whatever waits between the job and the pipe.
+#[test]
+fn stdout_into_a_slow_reader_under_every_chain() {
+    let s = Scratch::new("chain-pipe");
+    let t_path = s.path("truth.json");
+    let job = job(&["pipe-writer", "--steps", "64"], &t_path);
+    under_every_chain_run_by(
+        "stdout into a slow reader",
+        &job,
+        &t_path,
+        &run_into_a_slow_reader,
+        &|run, t| {
+            let (kind, line) = verdict(run);
+            expect(kind == "output-io-bound", || "not output-io-bound".into())?;
+            let r = t["reader"].as_u64().unwrap();
+            expect(line.contains(&format!("writing stdout, a pipe read by pid {r} (")), || {
+                format!("the reader {r} is not named")
+            })
+        },
+    );
 }

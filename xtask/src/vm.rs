@@ -68,7 +68,7 @@ const DEFAULT_TIMEOUT_SECS: u64 = 1800;
 /// them depends on the kernel. Of the launch chains (chains.rs), one
 /// workload under every chain: the others walk the same exec and fork
 /// paths, each as long (about 50 s a kernel under TCG).
-const VM_SKIP: [(&str, &str); 40] = [
+const VM_SKIP: [(&str, &str); 42] = [
     ("scenarios", "cpu_bound_transforms"),
     ("scenarios", "a_short_run_is_judged_after_its_startup"),
     ("scenarios", "attach_to_cgroup"),
@@ -105,6 +105,8 @@ const VM_SKIP: [(&str, &str); 40] = [
     ("chains", "an_evaluation_subprocess_under_every_chain"),
     ("chains", "loader_threads_on_slow_storage_under_every_chain"),
     ("chains", "a_deadlock_between_two_threads_under_every_chain"),
+    ("chains", "dataloader_workers_on_slow_storage_under_every_chain"),
+    ("chains", "stdout_into_a_slow_reader_under_every_chain"),
     // The image's busybox shell runs `sleep` in its own process: no helper
     // stands for the job before it runs.
     ("chains", "the_report_says_when_the_trainer_changed_and_why"),
