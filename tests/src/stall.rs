@@ -206,6 +206,11 @@ impl Background {
         self.child.id()
     }
 
+    /// Where it writes its JSON Lines.
+    pub fn json(&self) -> &std::path::Path {
+        &self.json
+    }
+
     /// Waits for stall to end (killing it after `timeout`) and reads its output.
     pub fn finish(self, timeout: Duration) -> Run {
         let pid = self.child.id();

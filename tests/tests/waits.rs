@@ -515,7 +515,9 @@ fn checkpoint_uploaded_by_a_subprocess(scratch: &str, parts: u32, mb: u32) {
 }
 
 /// The trainer waits in `flock` on a lock another program holds (a build
-/// lock): a hang, naming the call, the lock file and its holder.
+/// lock): a hang, naming the call, the lock file and its holder — attached
+/// to, and the same under `stall run` once the operator kills the job,
+/// the final report saying what the live view last saw.
 #[test]
 fn a_lock_held_by_another_program_is_named_with_its_holder() {
     let s = Scratch::new("flock");
@@ -540,10 +542,29 @@ fn a_lock_held_by_another_program_is_named_with_its_holder() {
     let run = stall.finish(Duration::from_secs(60));
     assert_eq!(run.status, 0, "{}", run.stderr);
     let (kind, line) = verdict(&run);
-    eprintln!("flock: {kind}: {line}");
+    eprintln!("flock, attached: {kind}: {line}");
     assert_eq!(kind, "hang", "{line}");
     assert!(line.contains("in flock for "), "{line}");
-    assert!(line.contains(&format!("the lock on {}, held by pid {holder_pid} (", lock.display())), "{line}");
+    let held = format!("the lock on {}, held by pid {holder_pid} (", lock.display());
+    assert!(line.contains(&held), "{line}");
+    drop(_job);
+    // The same job under `stall run`, killed once the live view says hang.
+    let cmd = job(&["flock", "--lock", lock.to_str().unwrap(), "--log", log.to_str().unwrap()]);
+    let mut argv = vec!["run", "-q", "--interval", "0.5", "--"];
+    argv.extend(cmd.iter().map(String::as_str));
+    let bg = Background::start(&argv);
+    let json = bg.json().to_path_buf();
+    wait_until("a live hang", Duration::from_secs(60), || {
+        std::fs::read_to_string(&json).is_ok_and(|t| t.contains(r#""kind":"hang""#))
+    });
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", bg.pid())).unwrap();
+    let job_pid: i32 = children.split_whitespace().next().expect("the job").parse().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(job_pid), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let run = bg.finish(Duration::from_secs(60));
+    let (kind, line) = verdict(&run);
+    eprintln!("flock, run and killed: {kind}: {line}");
+    assert_eq!(kind, "hang", "{line}");
+    assert!(line.contains(&held) && line.contains("as last seen live, before the job ended"), "{line}");
 }
 
 /// Every 4th step the trainer runs a 1 s CPU-bound evaluation as a

@@ -100,6 +100,10 @@ pub struct Job {
     /// newest [`MAX_ROLE_CHANGES`]).
     trainers: Vec<u32>,
     role_changes: VecDeque<RoleChange>,
+    /// The last live verdict, where it was a hang: what the threads were
+    /// blocked on (a lock and its holder, a pipe) is gone with them once
+    /// the job is killed.
+    last_hang: Option<Verdict>,
 }
 
 /// Role changes kept for the report: a job whose trainer flaps between two
@@ -165,6 +169,7 @@ impl Job {
             identities: Identities::default(),
             trainers: Vec::new(),
             role_changes: VecDeque::new(),
+            last_hang: None,
         }
     }
 
@@ -404,6 +409,13 @@ impl Job {
             self.add_stacks(host, &mut verdict, false);
             verdict = placed(host, verdict, &recent, &roles, &gpu_windows, &progress);
         }
+        let alive = roles.trainers.iter().any(|t| recent.proc(*t).is_some_and(|p| p.alive));
+        match verdict.kind {
+            Kind::Hang if alive => self.last_hang = Some(verdict.clone()),
+            // Judged as it died: what its threads waited on is gone.
+            Kind::Hang => {}
+            _ => self.last_hang = None,
+        }
         Tick {
             progress,
             elapsed_s: snap.ts.saturating_sub(self.model.start_ns) as f64 / 1e9,
@@ -454,11 +466,24 @@ impl Job {
             }
             _ => (None, verdict::judge(&summary, &roles, &summary_gpus, &progress)),
         };
-        let mut verdict = verdict;
-        self.add_stacks(host, &mut verdict, true);
-        if hung_now {
-            verdict = placed(host, verdict, &recent, &roles, &recent_gpus, &progress);
-        }
+        // Killed hung (by its operator, a timeout): its threads are gone,
+        // and with them what they were blocked on; the last live verdict
+        // still says.
+        let ended = roles.trainers.iter().all(|t| summary.proc(*t).is_none_or(|p| !p.alive));
+        let verdict = match self.last_hang.take().filter(|_| hung_now && ended) {
+            Some(mut last) => {
+                last.summary.push_str(" (as last seen live, before the job ended)");
+                last
+            }
+            None => {
+                let mut verdict = verdict;
+                self.add_stacks(host, &mut verdict, true);
+                if hung_now {
+                    verdict = placed(host, verdict, &recent, &roles, &recent_gpus, &progress);
+                }
+                verdict
+            }
+        };
         let startup_s = startup_end_ns.map(|t| (t - self.model.start_ns) as f64 / 1e9);
         let role_changes = self.role_changes.iter().cloned().collect();
         Report {
