@@ -124,12 +124,13 @@ pub fn stall(args: &[&str], env: &[(&str, &Path)], timeout: Duration) -> Run {
 }
 
 /// [`stall`], with stall's stdout (which `stall run` hands to the command)
-/// going to the file `stdout` instead of a pipe; `Run::stdout` is then empty.
+/// going to `stdout` (a file, a pipe to a reader) instead of a pipe the
+/// test reads; `Run::stdout` is then empty.
 pub fn stall_with_stdout(
     args: &[&str],
     env: &[(&str, &Path)],
     timeout: Duration,
-    stdout: Option<&Path>,
+    stdout: Option<Stdio>,
 ) -> Run {
     require_root();
     let json = tempfile_path("json");
@@ -146,8 +147,8 @@ pub fn stall_with_stdout(
     }
     let out = match stdout {
         None => run_with_timeout(cmd, timeout),
-        Some(path) => {
-            cmd.stdout(std::fs::File::create(path).expect("stdout file"));
+        Some(to) => {
+            cmd.stdout(to);
             run_with_timeout_as_is(cmd, timeout)
         }
     };

@@ -471,7 +471,7 @@ fn written_bytes_exact_per_file_thread_and_stdio() {
         let mut args: Vec<String> = vec!["run".into(), "-q".into(), "--".into()];
         args.extend(job(&job_args));
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = to_file.then_some(stdout_file.as_path());
+        let out = to_file.then(|| std::fs::File::create(&stdout_file).expect("stdout file").into());
         let run = stall_with_stdout(&refs, &[("TRUTH", &truth_path)], T, out);
         assert_eq!(run.status, 0, "{}", run.stderr);
         let t = truth(&truth_path);

@@ -572,20 +572,9 @@ fn run_into_a_slow_reader(argv: &[String], truth_path: &Path) -> (Run, Value) {
     let into_reader = std::process::Stdio::from(reader.0.stdin.take().unwrap());
     wait_until("the reader's truth", Duration::from_secs(30), || r_truth.exists());
     let _ = std::fs::remove_file(truth_path);
-    let json = stall_tests::scratch::tempfile_path("chain-pipe-json");
-    let mut cmd = std::process::Command::new(stall_tests::stall::stall_bin());
-    cmd.args(["run", "--json", json.to_str().unwrap(), "--gpu", "off", "-q", "--"])
-        .args(argv)
-        .stdout(into_reader);
-    let out = stall_tests::procs::run_with_timeout_as_is(cmd, Duration::from_secs(180));
-    let text = std::fs::read_to_string(&json).unwrap_or_default();
-    let _ = std::fs::remove_file(&json);
-    let run = Run {
-        status: out.status.code().unwrap_or(-1),
-        stdout: String::new(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        records: text.lines().map(|l| serde_json::from_str(l).unwrap()).collect(),
-    };
+    let mut args = vec!["run", "-q", "--"];
+    args.extend(argv.iter().map(String::as_str));
+    let run = stall_tests::stall::stall_with_stdout(&args, &[], Duration::from_secs(180), Some(into_reader));
     assert_eq!(run.status, 0, "stall run {argv:?} failed:\n{}", run.stderr);
     wait_until("the workload's truth", Duration::from_secs(30), || truth_path.exists());
     let mut t = truth(truth_path);

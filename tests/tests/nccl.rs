@@ -109,6 +109,14 @@ fn four_ranks_rank_2_late(tag: &str, port: &str, extra: &[&str]) -> (Run, Value)
     (run, t)
 }
 
+/// Each process's pid, role and rank, and where the rank came from.
+fn roles(run: &Run) -> Vec<String> {
+    run.processes()
+        .iter()
+        .map(|p| format!("{} {} rank {} from {}", p["pid"], p["role"], p["rank"], p["rank_from"]))
+        .collect()
+}
+
 /// Rank 2 named the straggler by its arrivals, within 20 ms of the ranks'
 /// own clocks, the others waiting for it.
 fn rank_2_is_the_straggler(run: &Run, t: &Value) {
@@ -165,11 +173,7 @@ fn a_rank_calling_each_all_reduce_late_is_named_by_its_lateness() {
 #[test]
 fn ranks_no_variable_names_are_found_by_their_communicators() {
     let (run, t) = four_ranks_rank_2_late("nccl-no-env", "29543", &["--no-rank-env"]);
-    let roles: Vec<String> = run
-        .processes()
-        .iter()
-        .map(|p| format!("{} {} rank {} from {}", p["pid"], p["role"], p["rank"], p["rank_from"]))
-        .collect();
+    let roles = roles(&run);
     for r in 0..4 {
         let own = rank_truth(&t, r);
         let p = run.process(own["pid"].as_u64().unwrap());
@@ -270,11 +274,7 @@ fn attached_mid_run_the_waits_name_the_late_rank_and_the_probes_go_with_stall() 
 fn ranks_no_variable_names_attached_after_their_communicators_are_found_by_their_calls() {
     let (run, _, t) =
         attached_after_the_communicators("nccl-attach-no-env", "29544", 4, 2, &["--no-rank-env"]);
-    let roles: Vec<String> = run
-        .processes()
-        .iter()
-        .map(|p| format!("{} {} rank {} from {}", p["pid"], p["role"], p["rank"], p["rank_from"]))
-        .collect();
+    let roles = roles(&run);
     for r in 0..4 {
         let p = run.process(rank_truth(&t, r)["pid"].as_u64().unwrap());
         assert_eq!(p["role"], "trainer", "rank {r}: {roles:?}");

@@ -15,9 +15,9 @@ use std::{
 };
 
 use serde_json::Value;
-use stall_tests::procs::{run_with_timeout_as_is, spawn_announcing, stop, wait_until};
-use stall_tests::scratch::{disk_scratch, tempfile_path, Scratch};
-use stall_tests::stall::{stall, stall_bin, Attached, Background, Run};
+use stall_tests::procs::{spawn_announcing, stop, wait_until};
+use stall_tests::scratch::{disk_scratch, Scratch};
+use stall_tests::stall::{stall, stall_with_stdout, Attached, Background, Run};
 use stall_tests::workload::{python, secs, shards, truth};
 
 fn waits_py() -> PathBuf {
@@ -159,20 +159,10 @@ fn stdout_into_a_slow_pipe_names_its_reader() {
     let r = truth_of(&r_truth)["reader"].as_u64().unwrap();
     assert_eq!(u64::from(reader.0.id()), r);
     let t_path = s.path("truth.json");
-    let json = tempfile_path("pipe-json");
-    let mut cmd = Command::new(stall_bin());
-    cmd.args(["run", "--json", json.to_str().unwrap(), "--gpu", "off", "-q", "--"])
-        .args(job(&["pipe-writer", "--steps", "64", "--truth", t_path.to_str().unwrap()]))
-        .stdout(into_reader);
-    let out = run_with_timeout_as_is(cmd, Duration::from_secs(90));
-    let text = std::fs::read_to_string(&json).unwrap_or_default();
-    let _ = std::fs::remove_file(&json);
-    let run = Run {
-        status: out.status.code().unwrap_or(-1),
-        stdout: String::new(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        records: text.lines().map(|l| serde_json::from_str(l).unwrap()).collect(),
-    };
+    let cmd = job(&["pipe-writer", "--steps", "64", "--truth", t_path.to_str().unwrap()]);
+    let mut args = vec!["run", "-q", "--"];
+    args.extend(cmd.iter().map(String::as_str));
+    let run = stall_with_stdout(&args, &[], Duration::from_secs(90), Some(into_reader));
     assert_eq!(run.status, 0, "{}", run.stderr);
     let t = truth_of(&t_path);
     let (kind, line) = verdict(&run);

@@ -50,6 +50,29 @@ pub struct RankVerdict {
     pub collectives: Option<Collectives>,
 }
 
+impl RankVerdict {
+    /// Rank `rank` (keyed as the roles key it) whose trainer is `pid`,
+    /// judged on its own part of the job.
+    fn of(
+        roles: &Roles,
+        (rank, pid): (u32, u32),
+        own: &Verdict,
+        summary: String,
+        peer_wait: f64,
+        collectives: Option<&Collectives>,
+    ) -> Self {
+        RankVerdict {
+            rank,
+            number: roles.rank_number(pid),
+            pid,
+            kind: own.kind,
+            summary: summary.into(),
+            peer_wait,
+            collectives: collectives.copied(),
+        }
+    }
+}
+
 /// A rank's NCCL collectives in a window: how long it waited for each,
 /// and, compared with the other ranks on this node, how late it called
 /// them.
@@ -143,15 +166,14 @@ pub(super) fn judge(
                 _ => blocked,
             };
             Judged {
-                rank: RankVerdict {
-                    rank,
-                    number: roles.rank_number(pid),
-                    pid,
-                    kind: verdict.kind,
-                    summary: summary.into(),
+                rank: RankVerdict::of(
+                    roles,
+                    (rank, pid),
+                    &verdict,
+                    summary,
                     peer_wait,
-                    collectives: collectives.get(&rank).copied(),
-                },
+                    collectives.get(&rank),
+                ),
                 verdict,
                 blocked,
             }
@@ -374,15 +396,7 @@ fn late_at_collectives(
                 .map(|p| p.sum().gpu.collective_wait_ns)
                 .sum::<u64>();
             let peer_wait = if rank == late { 0.0 } else { (waited as f64 / 1e9 / secs).min(1.0) };
-            RankVerdict {
-                rank,
-                number: roles.rank_number(pid),
-                pid,
-                kind: verdict.kind,
-                summary: summary.into(),
-                peer_wait,
-                collectives: c,
-            }
+            RankVerdict::of(roles, (rank, pid), &verdict, summary, peer_wait, c.as_ref())
         })
         .collect();
     let r = ranks.iter().find(|r| r.rank == late)?;

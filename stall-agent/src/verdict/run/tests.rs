@@ -420,6 +420,19 @@ fn a_futex_wait_is_placed_by_the_stack() {
     assert_eq!(super::collective_waits(&v, &w, none), None);
 }
 
+/// `n` collectives, each waited `wait_ms` to the synchronization after it.
+fn collective_calls(n: u64, wait_ms: u64) -> GpuCounters {
+    GpuCounters {
+        collectives: n,
+        collective_waits: n,
+        collective_wait_ns: n * wait_ms * 1_000_000,
+        collective_waited_ns: n * wait_ms * 1_000_000,
+        sync_calls: n,
+        sync_ns: n * wait_ms * 1_000_000,
+        ..Default::default()
+    }
+}
+
 /// NCCL ranks: each trainer made `n` all-reduces, one every 300 ms, rank
 /// `late` `late_ms` after the others, and waited from each to the
 /// synchronization after it (the late rank barely). `known`: the
@@ -432,18 +445,7 @@ fn nccl_run(late: u32, late_ms: u64, known: bool) -> Run {
         let pid = 100 + r * 100;
         let lateness = if r == late { late_ms } else { 0 };
         let wait_ms = if r == late { 5 } else { 5 + late_ms };
-        run.gpu_calls.push((
-            pid,
-            GpuCounters {
-                collectives: n,
-                collective_waits: n,
-                collective_wait_ns: n * wait_ms * 1_000_000,
-                collective_waited_ns: n * wait_ms * 1_000_000,
-                sync_calls: n,
-                sync_ns: n * wait_ms * 1_000_000,
-                ..Default::default()
-            },
-        ));
+        run.gpu_calls.push((pid, collective_calls(n, wait_ms)));
         let ring: Vec<u64> = (0..128u64)
             .map(|slot| if slot < n { (1000 + slot * 300 + lateness + u64::from(r)) * 1_000_000 } else { 0 })
             .collect();
@@ -524,18 +526,7 @@ fn unnamed_nccl_run(late: u32, late_ms: u64) -> Run {
         run.model.note_process(pid, Some(LAUNCHER), "python", Some("python rank.py".into()));
         run.thread(pid, pid, counters(0.05, PEER_WAIT, 0));
         let wait_ms = if pid == late { 5 } else { 5 + late_ms };
-        run.gpu_calls.push((
-            pid,
-            GpuCounters {
-                collectives: n,
-                collective_waits: n,
-                collective_wait_ns: n * wait_ms * 1_000_000,
-                collective_waited_ns: n * wait_ms * 1_000_000,
-                sync_calls: n,
-                sync_ns: n * wait_ms * 1_000_000,
-                ..Default::default()
-            },
-        ));
+        run.gpu_calls.push((pid, collective_calls(n, wait_ms)));
     }
     run
 }
