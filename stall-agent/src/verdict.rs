@@ -76,6 +76,10 @@ pub mod rules {
     pub const TRAINER_OUTPUT: f64 = 0.3;
     /// Trainer on CPU at least this share: host-bound.
     pub const TRAINER_BUSY: f64 = 0.5;
+    /// Trainer on CPU and waiting for a busy thread of its own (a GIL
+    /// holder) together at least this share, neither alone enough:
+    /// host-bound all the same.
+    pub const TRAINER_HOST: f64 = 0.8;
     /// Hang: the trainer and its workers show no progress for this long.
     pub const HANG_MIN_S: f64 = 4.0;
     /// Hang: at most this on-CPU share for each of them.

@@ -376,6 +376,16 @@ pub(super) fn classify<'a>(s: &Scene<'a>) -> Finding<'a> {
             return f;
         }
     }
+    // Its time split between its own work and waits that a busy thread of
+    // its own ends (the GIL's holder, on a slow CPU, takes the GIL back
+    // as often as the main thread's own bytecode runs): host-bound all the
+    // same.
+    if waits >= rules::WORKER_SHARE && tm.cpu() + waits >= rules::TRAINER_HOST {
+        if let Some(f @ Finding::OwnThreadBusy { .. }) = own_threads(trainer, main, &s.workers, s.secs, waits)
+        {
+            return f;
+        }
+    }
     if tm.cpu() >= rules::TRAINER_BUSY {
         return Finding::TrainerBusy { cpu: tm.cpu() };
     }

@@ -121,6 +121,31 @@ fn a_thread_of_the_trainer_holding_the_gil_is_what_it_waits_for() {
     assert_ne!(v.kind, Kind::Hang, "{v:?}");
 }
 
+/// The same on a slow CPU: the main thread runs its own bytecode 45 % of
+/// the time and waits for the GIL's holder 47 %, neither alone the half
+/// that names a cause: together they are the host.
+#[test]
+fn a_main_thread_between_its_own_work_and_the_gil_holder_is_host_bound() {
+    let metrics = counters(10, 0.97, [0.01, 0.0, 0.0, 0.0, 0.02, 0.0], 0);
+    let v = Job::new(10)
+        .trainer(0.45, [0.47, 0.0, 0.0, 0.08, 0.0, 0.0], blocked(reason::FUTEX))
+        .thread_of(3837, 100, metrics, RUNNING, -1)
+        .woken_by_thread(100, 3837, 100, "metrics", 1800)
+        .printed(4096)
+        .judge(&[gpu(0.0, 10, None)]);
+    assert_eq!(v.kind, Kind::TrainerHostBound, "{v:?}");
+    assert!(v.summary.contains("waiting for thread 3837 (python) of the trainer"), "{}", v.summary);
+    // Half of that waiting, and the rest asleep: no cause named.
+    let metrics = counters(10, 0.97, [0.01, 0.0, 0.0, 0.0, 0.02, 0.0], 0);
+    let v = Job::new(10)
+        .trainer(0.10, [0.35, 0.0, 0.0, 0.55, 0.0, 0.0], blocked(reason::FUTEX))
+        .thread_of(3837, 100, metrics, RUNNING, -1)
+        .woken_by_thread(100, 3837, 100, "metrics", 1800)
+        .printed(4096)
+        .judge(&[gpu(0.0, 10, None)]);
+    assert_ne!(v.kind, Kind::TrainerHostBound, "{v:?}");
+}
+
 /// The same, with the waits timed by the kernel: the line and the path
 /// say how much of the window the main thread waited for that thread.
 #[test]
