@@ -293,7 +293,7 @@ pub fn parse_sockets_at(text: &str, ip: std::net::IpAddr, port: u16) -> Vec<u64>
             if u16::from_str_radix(hex_port, 16).ok()? != port {
                 return None;
             }
-            let bound = kernel_ip(hex_addr)?;
+            let bound = super::sockets::kernel_ip(hex_addr)?;
             let same = bound == ip || bound.to_canonical() == ip.to_canonical();
             let inode: u64 = inode.parse().ok()?;
             (same || (*state == "0A" && bound.is_unspecified())).then_some(inode).filter(|i| *i != 0)
@@ -314,25 +314,11 @@ pub fn parse_listener(text: &str, ip: std::net::IpAddr, port: u16) -> Option<u64
         if u16::from_str_radix(hex_port, 16).ok()? != port {
             return None;
         }
-        let bound = kernel_ip(hex_addr)?;
+        let bound = super::sockets::kernel_ip(hex_addr)?;
         let wildcard = bound.is_unspecified();
         let same = bound == ip || bound.to_canonical() == ip.to_canonical();
         (wildcard || same).then(|| inode.parse().ok()).flatten()
     })
-}
-
-/// An address as /proc/net/tcp prints it: the kernel's 32-bit words in
-/// host (little-endian) order, hex.
-pub fn kernel_ip(hex: &str) -> Option<std::net::IpAddr> {
-    let words: Vec<u32> = (0..hex.len() / 8)
-        .map(|i| u32::from_str_radix(&hex[i * 8..i * 8 + 8], 16).ok())
-        .collect::<Option<_>>()?;
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    match bytes.len() {
-        4 => Some(std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
-        16 => Some(std::net::IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
-        _ => None,
-    }
 }
 
 /// The peers of the connected TCP sockets in `pid`'s network namespace, by

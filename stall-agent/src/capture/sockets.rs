@@ -51,13 +51,27 @@ pub fn other_of(all: &[TcpEnds], inode: u64) -> Option<u64> {
     all.iter().find(|s| s.inode != 0 && s.local == mine.remote && s.remote == mine.local).map(|s| s.inode)
 }
 
+/// An address as /proc/net/tcp prints it: the kernel's 32-bit words in
+/// host (little-endian) order, hex.
+pub fn kernel_ip(hex: &str) -> Option<IpAddr> {
+    let words: Vec<u32> = (0..hex.len() / 8)
+        .map(|i| u32::from_str_radix(&hex[i * 8..i * 8 + 8], 16).ok())
+        .collect::<Option<_>>()?;
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    match bytes.len() {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
+        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
+        _ => None,
+    }
+}
+
 /// The sockets in the text of /proc/net/tcp{,6} that have a peer, with
 /// their addresses made canonical (an IPv4-mapped IPv6 address as IPv4:
 /// a dual-stack listener's accepted end shows its client that way).
 pub fn parse_tcp(text: &str) -> Vec<TcpEnds> {
     let end = |s: &str| -> Option<(IpAddr, u16)> {
         let (addr, port) = s.split_once(':')?;
-        Some((super::procfs::kernel_ip(addr)?.to_canonical(), u16::from_str_radix(port, 16).ok()?))
+        Some((kernel_ip(addr)?.to_canonical(), u16::from_str_radix(port, 16).ok()?))
     };
     text.lines()
         .skip(1)
