@@ -348,19 +348,25 @@ fn daemon_as_nobody_with_the_documented_capabilities() {
         .spawn()
         .unwrap();
     let label = format!("cgroup=\"{}\"", job_cg.name);
-    let read_bytes = || -> Option<u64> {
+    // The job's bytes, and whether the syscall hooks are on: its series
+    // appears once it is watched, the hooks come on after.
+    let read_bytes = || -> Option<(u64, bool)> {
         let text = http_get(port, "/metrics")?;
+        let hooked = text.lines().any(|l| l == "stall_syscall_hooks_attached 1");
         let lines: Vec<&str> =
             text.lines().filter(|l| l.starts_with("stall_read_bytes_total{") && l.contains(&label)).collect();
         (!lines.is_empty()).then(|| {
-            lines.iter().filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>() as u64
+            let n =
+                lines.iter().filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>() as u64;
+            (n, hooked)
         })
     };
     let deadline = std::time::Instant::now() + T;
     let mut got = None;
     while std::time::Instant::now() < deadline {
-        got = read_bytes();
-        if got.is_some() && !go.exists() {
+        let seen = read_bytes();
+        got = seen.map(|(n, _)| n);
+        if seen.is_some_and(|(_, hooked)| hooked) && !go.exists() {
             std::fs::write(&go, "").unwrap();
         }
         if got == Some(size as u64) || daemon.try_wait().unwrap().is_some() {
