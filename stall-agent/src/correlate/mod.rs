@@ -340,7 +340,7 @@ fn workers_of(
 }
 
 /// Every process above `of` in the tree.
-fn ancestors(of: impl Iterator<Item = u32>, parent: &HashMap<u32, u32>) -> HashSet<u32> {
+pub(crate) fn ancestors(of: impl Iterator<Item = u32>, parent: &HashMap<u32, u32>) -> HashSet<u32> {
     let mut out = HashSet::new();
     for mut t in of {
         for _ in 0..64 {

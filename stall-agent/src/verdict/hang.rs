@@ -103,7 +103,8 @@ pub(in crate::verdict) fn no_progress(
     // launcher) is no part of its progress: a shell reading its script's
     // next line, or a parent unmapping its libraries, after the trainer
     // ended hung moves nothing.
-    let above = ancestors(w, trainer.tgid);
+    let parent = w.procs.iter().filter_map(|p| Some((p.tgid, p.ppid?))).collect();
+    let above = crate::correlate::ancestors(std::iter::once(trainer.tgid), &parent);
     let procs = || w.procs.iter().filter(|p| !above.contains(&p.tgid));
     let half = (secs * 0.5 * 1e9) as u64;
     if procs().flat_map(|p| &p.fd_waits).any(|f| f.outside && f.blocked_ns >= half) {
@@ -156,17 +157,4 @@ pub(in crate::verdict) fn no_progress(
         }
     }
     Some(NoProgress { blocked })
-}
-
-/// The processes above `tgid` in the window's tree.
-fn ancestors(w: &Window, mut tgid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    while let Some(pp) = w.proc(tgid).and_then(|p| p.ppid).filter(|pp| w.proc(*pp).is_some()) {
-        if out.contains(&pp) || out.len() >= 64 {
-            break;
-        }
-        out.push(pp);
-        tgid = pp;
-    }
-    out
 }
